@@ -1,0 +1,4 @@
+fn main() {
+    eprintln!("provium: not implemented yet");
+    std::process::exit(2);
+}

@@ -1,0 +1,205 @@
+//! The frames of an agent connection.
+//!
+//! Host -> agent: [`HostFrame`]; agent -> host: [`AgentFrame`]. Wire shape of
+//! both: `{"type": "<kind>", "body": {…}}`. The first host frame is `hello`, the
+//! first agent frame `hello_ok` or `hello_err`; then requests and their
+//! responses interleave freely with stream frames, matched by id, so several
+//! requests can be in flight and several streams open on one connection.
+
+use serde::{Deserialize, Serialize};
+
+use crate::handshake::{Hello, HelloErr, HelloOk};
+use crate::op::{Op, StreamId, WorkerId};
+use crate::result::OpResult;
+use crate::{ProtocolError, WireMessage, MAX_CHUNK_BYTES, STREAM_WINDOW_BYTES};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "body", deny_unknown_fields)]
+pub enum HostFrame {
+    #[serde(rename = "hello")]
+    Hello(Hello),
+    #[serde(rename = "request")]
+    Request(Request),
+    /// More stdin for a spawned process. The host keeps at most
+    /// [`STREAM_WINDOW_BYTES`] unacknowledged per process.
+    #[serde(rename = "stdin_data")]
+    StdinData(StdinData),
+    /// The host consumed `bytes` of a stream; the agent may send that many more.
+    #[serde(rename = "stream_ack")]
+    StreamAck(StreamAck),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "body", deny_unknown_fields)]
+pub enum AgentFrame {
+    #[serde(rename = "hello_ok")]
+    HelloOk(HelloOk),
+    #[serde(rename = "hello_err")]
+    HelloErr(HelloErr),
+    /// The one answer to request `id`. For an exec it is the terminal frame:
+    /// every output chunk of that exec precedes it.
+    #[serde(rename = "response")]
+    Response(Response),
+    /// Output of an exec, a spawned process or a tail. At most
+    /// [`STREAM_WINDOW_BYTES`] unacknowledged per stream.
+    #[serde(rename = "stream_chunk")]
+    StreamChunk(StreamChunk),
+    /// No more chunks will come on this stream.
+    #[serde(rename = "stream_end")]
+    StreamEnd(StreamEnd),
+    /// The agent wrote `bytes` of stdin to the process; the host may send more.
+    #[serde(rename = "stdin_ack")]
+    StdinAck(StdinAck),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Request {
+    /// Chosen by the host, unique per connection; the id of streams it opens.
+    pub id: u64,
+    /// Run in this worker's namespace and queue; `None`: the connection's own.
+    pub worker: Option<WorkerId>,
+    pub op: Op,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Response {
+    pub id: u64,
+    pub result: OpResult,
+}
+
+closed_enum! {
+    pub enum Channel {
+        Stdout => "stdout",
+        Stderr => "stderr",
+        /// Tail data.
+        Data => "data",
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamChunk {
+    pub stream: StreamId,
+    pub channel: Channel,
+    /// Never empty, at most [`MAX_CHUNK_BYTES`].
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+}
+
+closed_enum! {
+    pub enum StreamEndReason {
+        /// The source ended (process output closed, tailed handle closed).
+        Eof => "eof",
+        /// The host closed it (close_stream, release, worker close).
+        Closed => "closed",
+        /// Reading the source failed; see `message`.
+        Error => "error",
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamEnd {
+    pub stream: StreamId,
+    pub channel: Channel,
+    pub reason: StreamEndReason,
+    pub message: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StdinData {
+    pub process: StreamId,
+    /// Never empty, at most [`MAX_CHUNK_BYTES`].
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamAck {
+    pub stream: StreamId,
+    pub channel: Channel,
+    /// Never 0, at most [`STREAM_WINDOW_BYTES`].
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StdinAck {
+    pub process: StreamId,
+    /// Never 0, at most [`STREAM_WINDOW_BYTES`].
+    pub bytes: u64,
+}
+
+fn check_chunk(what: &'static str, data: &[u8]) -> Result<(), ProtocolError> {
+    if data.is_empty() {
+        return Err(ProtocolError::Invalid {
+            what,
+            reason: "empty data chunk".into(),
+        });
+    }
+    if data.len() > MAX_CHUNK_BYTES {
+        return Err(ProtocolError::Invalid {
+            what,
+            reason: format!(
+                "chunk of {} bytes exceeds the maximum of {MAX_CHUNK_BYTES}",
+                data.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn check_ack(what: &'static str, bytes: u64) -> Result<(), ProtocolError> {
+    if bytes == 0 || bytes > STREAM_WINDOW_BYTES {
+        return Err(ProtocolError::Invalid {
+            what,
+            reason: format!("acknowledges {bytes} bytes; must be 1..={STREAM_WINDOW_BYTES}"),
+        });
+    }
+    Ok(())
+}
+
+impl WireMessage for HostFrame {
+    const WHAT: &'static str = "host frame";
+
+    fn validate(&self) -> Result<(), ProtocolError> {
+        match self {
+            HostFrame::StdinData(d) => check_chunk("stdin_data", &d.data),
+            HostFrame::StreamAck(a) => check_ack("stream_ack", a.bytes),
+            HostFrame::Hello(_) | HostFrame::Request(_) => Ok(()),
+        }
+    }
+}
+
+impl WireMessage for AgentFrame {
+    const WHAT: &'static str = "agent frame";
+
+    fn validate(&self) -> Result<(), ProtocolError> {
+        match self {
+            AgentFrame::StreamChunk(c) => check_chunk("stream_chunk", &c.data),
+            AgentFrame::StdinAck(a) => check_ack("stdin_ack", a.bytes),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// serde helper: `Vec<Vec<u8>>` as an array of msgpack `bin`.
+pub(crate) mod byte_vecs {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use serde_bytes::ByteBuf;
+
+    pub fn serialize<S: Serializer>(v: &[Vec<u8>], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(v.iter().map(|b| serde_bytes::Bytes::new(b)))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Vec<u8>>, D::Error> {
+        Ok(Vec::<ByteBuf>::deserialize(d)?
+            .into_iter()
+            .map(ByteBuf::into_vec)
+            .collect())
+    }
+}
