@@ -10,6 +10,7 @@ macro_rules! closed_enum {
         }
     ) => {
         $(#[$meta])*
+        #[cfg_attr(test, derive(proptest_derive::Arbitrary))]
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord,
                  serde::Serialize, serde::Deserialize)]
         pub enum $name {

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::meta::MetaMap;
 use crate::WireMessage;
 
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq)]
 pub struct EventFrame {
     /// Nanoseconds since the Unix epoch, host clock at emission.
@@ -19,6 +20,7 @@ pub struct EventFrame {
 }
 
 /// Resources in pool / claim / reservation events.
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResourceAmount {
@@ -45,11 +47,13 @@ macro_rules! events {
 
         $(
             $(#[$doc])*
+            #[cfg_attr(test, derive(proptest_derive::Arbitrary))]
             #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
             #[serde(deny_unknown_fields)]
             pub struct $variant { $( $(#[$fdoc])* pub $field: $ty ),* }
         )+
 
+        #[cfg_attr(test, derive(proptest_derive::Arbitrary))]
         #[derive(Debug, Clone, PartialEq)]
         pub enum Event { $( $variant($variant) ),+ }
 

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::PROTOCOL_VERSION;
 
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Hello {
@@ -19,6 +20,7 @@ impl Hello {
     }
 }
 
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HelloOk {
@@ -30,6 +32,7 @@ pub struct HelloOk {
     pub agent_features: Vec<String>,
 }
 
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HelloErr {

@@ -24,6 +24,8 @@ pub mod wire;
 
 mod codec;
 mod error;
+#[cfg(test)]
+mod proptests;
 
 pub use codec::{decode, encode, WireMessage};
 pub use error::ProtocolError;

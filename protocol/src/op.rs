@@ -24,6 +24,7 @@ pub type WorkerId = u64;
 /// Most integer arguments a syscall takes on Linux.
 pub const MAX_SYSCALL_ARGS: usize = 6;
 
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", content = "args", deny_unknown_fields)]
 pub enum Op {
@@ -150,7 +151,10 @@ pub enum Op {
     /// Several ops in one round trip; one result each, no short-circuit.
     /// Streaming ops and nested batches are refused per op.
     #[serde(rename = "batch")]
-    Batch { ops: Vec<Op> },
+    Batch {
+        #[cfg_attr(test, proptest(strategy = "crate::proptests::leaf_ops()"))]
+        ops: Vec<Op>,
+    },
 }
 
 closed_enum! {
@@ -245,6 +249,7 @@ impl Op {
 }
 
 /// What to run: through `/bin/sh -c`, or a program with its argv.
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "form", deny_unknown_fields)]
 pub enum Command {
@@ -254,6 +259,7 @@ pub enum Command {
     Argv { program: String, args: Vec<String> },
 }
 
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExecSpec {
@@ -269,6 +275,7 @@ pub struct ExecSpec {
     pub timeout_ms: Option<u64>,
 }
 
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpawnSpec {
@@ -282,6 +289,7 @@ pub struct SpawnSpec {
 }
 
 /// The six open flags, each its own named field (not a bitfield).
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OpenMode {
@@ -321,6 +329,7 @@ closed_enum! {
     }
 }
 
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", deny_unknown_fields)]
 pub enum TailSource {
@@ -331,6 +340,7 @@ pub enum TailSource {
 }
 
 /// Where a tail starts. Offsets past the end clamp to the end.
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "at", deny_unknown_fields)]
 pub enum TailStart {
@@ -349,6 +359,7 @@ pub enum TailStart {
 /// A nested pointer: before the call, the address of `bufs[child]` is written
 /// into `bufs[parent]` at byte `offset` (8 bytes, native endian). Indices are
 /// 0-based on the wire (the Lua API's are 1-based).
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NestedPtr {
@@ -357,6 +368,7 @@ pub struct NestedPtr {
     pub offset: u32,
 }
 
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SyscallSpec {
@@ -397,10 +409,11 @@ impl SyscallSpec {
                 return bad(format!("ptrs[{i}] = {slot} is not an argument slot (0..5)"));
             }
         }
-        check_nested(&self.nested, &self.bufs).or_else(|r| bad(r))
+        check_nested(&self.nested, &self.bufs).or_else(bad)
     }
 }
 
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IoctlSpec {
@@ -465,4 +478,107 @@ fn check_nested(nested: &[NestedPtr], bufs: &[Vec<u8>]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(
+        args: Vec<i64>,
+        bufs: Vec<Vec<u8>>,
+        ptrs: Vec<u32>,
+        nested: Vec<NestedPtr>,
+    ) -> SyscallSpec {
+        SyscallSpec {
+            nr: 0,
+            args,
+            bufs,
+            ptrs,
+            nested,
+        }
+    }
+
+    #[test]
+    fn syscall_checks_name_the_bad_part() {
+        assert!(spec(vec![1; 6], vec![vec![0; 8]], vec![5], vec![])
+            .check()
+            .is_ok());
+        let msg = |s: SyscallSpec| s.check().unwrap_err().to_string();
+        assert!(
+            msg(spec(vec![0; 7], vec![], vec![], vec![])).contains("7 arguments given, at most 6")
+        );
+        assert!(msg(spec(vec![], vec![], vec![0], vec![])).contains("1 ptrs but only 0 bufs"));
+        assert!(msg(spec(vec![], vec![vec![]], vec![6], vec![])).contains("ptrs[0] = 6"));
+        let nested = |parent, child, offset| {
+            vec![NestedPtr {
+                parent,
+                child,
+                offset,
+            }]
+        };
+        assert!(msg(spec(vec![], vec![vec![0; 8]], vec![], nested(1, 0, 0)))
+            .contains("nested[0].parent = 1"));
+        assert!(msg(spec(vec![], vec![vec![0; 8]], vec![], nested(0, 2, 0)))
+            .contains("nested[0].child = 2"));
+        assert!(
+            msg(spec(vec![], vec![vec![0; 8]], vec![], nested(0, 0, 1))).contains("does not fit")
+        );
+        assert!(
+            spec(vec![], vec![vec![0; 16], vec![1]], vec![], nested(0, 1, 8))
+                .check()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn ioctl_pointer_offsets_must_fit_in_data() {
+        let s = |data: Option<Vec<u8>>, offs: Vec<u32>| IoctlSpec {
+            fd: 0,
+            cmd: 0,
+            data,
+            bufs: vec![vec![1]],
+            ptr_offsets: offs,
+        };
+        assert!(s(Some(vec![0; 8]), vec![0]).check().is_ok());
+        assert!(s(Some(vec![0; 8]), vec![1])
+            .check()
+            .unwrap_err()
+            .to_string()
+            .contains("does not fit in 8 bytes"));
+        assert!(s(None, vec![0]).check().is_err());
+    }
+
+    #[test]
+    fn open_mode_needs_an_access_flag() {
+        let err = OpenMode::default().check().unwrap_err().to_string();
+        assert!(
+            err.contains("at least one of read, write or append"),
+            "{err}"
+        );
+        let excl = OpenMode {
+            write: true,
+            exclusive: true,
+            ..Default::default()
+        };
+        assert!(excl
+            .check()
+            .unwrap_err()
+            .to_string()
+            .contains("exclusive needs create"));
+        assert!(OpenMode {
+            append: true,
+            ..Default::default()
+        }
+        .check()
+        .is_ok());
+    }
+
+    #[test]
+    fn batch_refuses_streaming_ops_only() {
+        assert!(Op::Ping.allowed_in_batch());
+        assert!(Op::Stat { path: "/".into() }.allowed_in_batch());
+        assert!(!Op::Batch { ops: vec![] }.allowed_in_batch());
+        assert!(!Op::WorkerSpawn.allowed_in_batch());
+    }
 }

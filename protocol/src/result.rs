@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::op::{HandleId, StreamId, WorkerId};
 
 /// `{"outcome": "ok", "value": OpValue}` or `{"outcome": "err", "value": OpError}`.
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "outcome", content = "value", deny_unknown_fields)]
 pub enum OpResult {
@@ -33,6 +34,7 @@ impl From<Result<OpValue, OpError>> for OpResult {
 }
 
 /// The value of a successful op. Wire shape: `{"type": "<kind>", "data": …}`.
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", content = "data", deny_unknown_fields)]
 pub enum OpValue {
@@ -86,7 +88,7 @@ pub enum OpValue {
     Worker { worker: WorkerId },
     /// One result per batched op, in order.
     #[serde(rename = "batch")]
-    Batch(Vec<OpResult>),
+    Batch(#[cfg_attr(test, proptest(strategy = "crate::proptests::leaf_results()"))] Vec<OpResult>),
 }
 
 closed_enum! {
@@ -100,6 +102,7 @@ closed_enum! {
 
 /// The terminal status of a process. `exit_code` is -1 when signalled and -2
 /// when timed out; `signal` is set only when signalled.
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExitInfo {
@@ -136,6 +139,7 @@ impl ExitInfo {
 }
 
 /// A spawned process's state: still running, or how it ended.
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProcessState {
@@ -157,6 +161,7 @@ closed_enum! {
     }
 }
 
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StatInfo {
@@ -167,6 +172,7 @@ pub struct StatInfo {
     pub entry_type: EntryType,
 }
 
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DirEntry {
@@ -176,6 +182,7 @@ pub struct DirEntry {
 
 /// A syscall's outcome. `errno` is 0 unless `ret` is negative; `out_bufs` (the
 /// buffers after the call, nested targets included) is omitted when empty.
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SyscallResult {
@@ -189,6 +196,7 @@ pub struct SyscallResult {
     pub out_bufs: Vec<Vec<u8>>,
 }
 
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IoctlResult {
@@ -225,6 +233,7 @@ closed_enum! {
     }
 }
 
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OpError {

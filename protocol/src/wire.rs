@@ -13,6 +13,7 @@ use crate::op::{Op, StreamId, WorkerId};
 use crate::result::OpResult;
 use crate::{ProtocolError, WireMessage, MAX_CHUNK_BYTES, STREAM_WINDOW_BYTES};
 
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", content = "body", deny_unknown_fields)]
 pub enum HostFrame {
@@ -29,6 +30,7 @@ pub enum HostFrame {
     StreamAck(StreamAck),
 }
 
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", content = "body", deny_unknown_fields)]
 pub enum AgentFrame {
@@ -52,6 +54,7 @@ pub enum AgentFrame {
     StdinAck(StdinAck),
 }
 
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Request {
@@ -62,6 +65,7 @@ pub struct Request {
     pub op: Op,
 }
 
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Response {
@@ -78,6 +82,7 @@ closed_enum! {
     }
 }
 
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StreamChunk {
@@ -85,6 +90,7 @@ pub struct StreamChunk {
     pub channel: Channel,
     /// Never empty, at most [`MAX_CHUNK_BYTES`].
     #[serde(with = "serde_bytes")]
+    #[cfg_attr(test, proptest(strategy = "crate::proptests::chunk()"))]
     pub data: Vec<u8>,
 }
 
@@ -99,6 +105,7 @@ closed_enum! {
     }
 }
 
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StreamEnd {
@@ -108,29 +115,35 @@ pub struct StreamEnd {
     pub message: Option<String>,
 }
 
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StdinData {
     pub process: StreamId,
     /// Never empty, at most [`MAX_CHUNK_BYTES`].
     #[serde(with = "serde_bytes")]
+    #[cfg_attr(test, proptest(strategy = "crate::proptests::chunk()"))]
     pub data: Vec<u8>,
 }
 
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StreamAck {
     pub stream: StreamId,
     pub channel: Channel,
     /// Never 0, at most [`STREAM_WINDOW_BYTES`].
+    #[cfg_attr(test, proptest(strategy = "1..=crate::STREAM_WINDOW_BYTES"))]
     pub bytes: u64,
 }
 
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StdinAck {
     pub process: StreamId,
     /// Never 0, at most [`STREAM_WINDOW_BYTES`].
+    #[cfg_attr(test, proptest(strategy = "1..=crate::STREAM_WINDOW_BYTES"))]
     pub bytes: u64,
 }
 
