@@ -2,5 +2,7 @@
 //!
 //! - [`client`]: the typed agent client, spoken over any byte stream
 //!   (a Unix socket to a local sandbox today, vsock to a KVM guest next).
+//! - [`backend`]: the ways a test VM is created; today the `local` sandbox.
 
+pub mod backend;
 pub mod client;

@@ -1,0 +1,1061 @@
+//! The `local` backend: the agent runs on this host inside fresh namespaces
+//! instead of a VM.
+//!
+//! A sandbox is a process tree in new mount, pid, uts, ipc and net
+//! namespaces (see [`init`] for how it is created and why it cannot outlive
+//! us):
+//! - `/` is an overlay whose lower layer is the host's root filesystem and
+//!   whose upper and work layers are on a tmpfs, so writes inside never reach
+//!   the host's files (mounts below `/` on the host, e.g. `/proc` or a
+//!   separate `/home`, are not part of the lower layer);
+//! - fresh `/proc` (of the new pid namespace), `/sys`, `/tmp`, and a `/dev`
+//!   tmpfs holding the host's null, zero, full, random, urandom and tty
+//!   bind-mounted, a new-instance `/dev/pts` and a `/dev/shm`;
+//! - the hostname is the VM's name; the network namespace has only `lo`, up.
+//!
+//! The agent listens on a Unix socket in a per-sandbox host directory,
+//! `<runtime dir>/<name>-<random>/sock/agent.sock`, which is bind-mounted at
+//! the same path inside, so the host connects to it directly. The runtime
+//! directory itself is covered by a tmpfs inside, so a sandbox cannot see
+//! (or connect to) its siblings' sockets.
+//!
+//! Teardown kills the sandbox's init (the kernel then kills the rest of its
+//! pid namespace), reaps it and removes the sandbox's directory. If
+//! `provium` itself is SIGKILLed, the init dies by PDEATHSIG and takes the
+//! namespace with it; only the directory (with a socket nobody listens on:
+//! connecting is refused) stays behind, and the next sandbox started under
+//! the same runtime directory removes directories whose owner is dead.
+
+mod init;
+
+use std::ffi::{CString, OsString};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use crate::client::{AgentClient, ClientError, ClientOptions};
+use init::{InitPlan, Step};
+
+/// Environment variable naming the agent binary (read by [`locate_agent`]).
+pub const AGENT_ENV: &str = "PROVIUM_AGENT";
+/// Where sandboxes keep their sockets and logs unless told otherwise.
+pub const DEFAULT_RUNTIME_DIR: &str = "/run/provium/local";
+/// The agent binary's file name.
+pub const AGENT_BIN: &str = "provium-agent";
+
+/// Everything that can go wrong creating, using or tearing down a sandbox.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    #[error("the local backend needs root to create mount, pid, uts, ipc and net namespaces (running as uid {euid}); run provium as root, or use the kvm backend")]
+    NotRoot { euid: u32 },
+    #[error("invalid sandbox name `{name}`: use 1 to 63 characters from a-z, A-Z, 0-9, `-`, `_` and `.` (it becomes the hostname)")]
+    InvalidName { name: String },
+    #[error("provium-agent not found (looked at: {tried}); build it with `cargo build -p provium-agent`, or set PROVIUM_AGENT to its path")]
+    AgentNotFound { tried: String },
+    #[error("cannot open the agent binary {path}")]
+    AgentOpen {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot prepare the sandbox runtime directory {path}")]
+    RuntimeDir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot create the sandbox's namespaces (clone with new mount, pid, uts, ipc and net namespaces); namespaces may be unavailable here (a container without CAP_SYS_ADMIN, or a seccomp policy that forbids them)")]
+    Namespaces {
+        #[source]
+        source: io::Error,
+    },
+    #[error("sandbox `{name}` setup failed: cannot {step}")]
+    Setup {
+        name: String,
+        step: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("sandbox `{name}` setup did not finish within {timeout_ms} ms")]
+    SetupTimeout { name: String, timeout_ms: u64 },
+    #[error(
+        "the agent in sandbox `{name}` exited during start-up ({status}); log {log}: {log_tail}"
+    )]
+    AgentExited {
+        name: String,
+        status: String,
+        log: PathBuf,
+        log_tail: String,
+    },
+    #[error("the agent in sandbox `{name}` did not accept a connection on {socket} within {timeout_ms} ms; log {log}: {log_tail}")]
+    AgentTimeout {
+        name: String,
+        socket: PathBuf,
+        timeout_ms: u64,
+        log: PathBuf,
+        log_tail: String,
+    },
+    #[error("cannot connect to the agent in sandbox `{name}`")]
+    Connect {
+        name: String,
+        #[source]
+        source: ClientError,
+    },
+    #[error("sandbox `{name}` is shut down")]
+    ShutDown { name: String },
+    #[error("cannot remove sandbox directory {path}")]
+    Teardown {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// How to start a sandbox.
+#[derive(Debug, Clone)]
+pub struct LocalOptions {
+    /// The agent binary on the host (see [`locate_agent`]).
+    pub agent: PathBuf,
+    /// Parent of the per-sandbox directories; created if missing.
+    pub runtime_dir: PathBuf,
+    /// How long namespace setup plus the agent's first handshake may take.
+    pub start_timeout: Duration,
+    /// Options for connections made by [`LocalSandbox::connect`].
+    pub client: ClientOptions,
+}
+
+impl LocalOptions {
+    /// Defaults: [`DEFAULT_RUNTIME_DIR`], a 10 s start timeout.
+    pub fn new(agent: PathBuf) -> Self {
+        LocalOptions {
+            agent,
+            runtime_dir: PathBuf::from(DEFAULT_RUNTIME_DIR),
+            start_timeout: Duration::from_secs(10),
+            client: ClientOptions::default(),
+        }
+    }
+}
+
+/// Find the agent binary: `$PROVIUM_AGENT` if set, else next to the current
+/// executable (or its parent directory, for test binaries in `deps/`), else
+/// in this workspace's `target/{debug,release}`.
+pub fn locate_agent() -> Result<PathBuf, LocalError> {
+    locate_agent_in(
+        std::env::var_os(AGENT_ENV),
+        std::env::current_exe().ok(),
+        Path::new(env!("CARGO_MANIFEST_DIR")).parent(),
+    )
+}
+
+/// [`locate_agent`] over explicit inputs.
+pub fn locate_agent_in(
+    env: Option<OsString>,
+    current_exe: Option<PathBuf>,
+    workspace: Option<&Path>,
+) -> Result<PathBuf, LocalError> {
+    if let Some(path) = env {
+        let path = PathBuf::from(path);
+        return if is_executable(&path) {
+            Ok(path)
+        } else {
+            Err(LocalError::AgentNotFound {
+                tried: format!("{} (from {AGENT_ENV})", path.display()),
+            })
+        };
+    }
+    let mut candidates = Vec::new();
+    if let Some(dir) = current_exe.as_deref().and_then(Path::parent) {
+        candidates.push(dir.join(AGENT_BIN));
+        if let Some(up) = dir.parent() {
+            candidates.push(up.join(AGENT_BIN));
+        }
+    }
+    if let Some(ws) = workspace {
+        for profile in ["debug", "release"] {
+            candidates.push(ws.join("target").join(profile).join(AGENT_BIN));
+        }
+    }
+    candidates.dedup();
+    candidates
+        .iter()
+        .find(|p| is_executable(p))
+        .cloned()
+        .ok_or_else(|| LocalError::AgentNotFound {
+            tried: candidates
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// The init's exit, shared with the keeper thread that reaps it.
+type ExitSlot = Arc<(Mutex<Option<i32>>, Condvar)>;
+
+/// A running sandbox. Dropping it tears it down (see [`LocalSandbox::shutdown`]).
+pub struct LocalSandbox {
+    name: String,
+    dir: PathBuf,
+    socket: PathBuf,
+    log: PathBuf,
+    init_pid: libc::pid_t,
+    pidfd: OwnedFd,
+    exit: ExitSlot,
+    keeper: Option<JoinHandle<()>>,
+    /// Held so the init can tell, at birth, that we are still alive.
+    _lifeline: OwnedFd,
+    client: ClientOptions,
+    down: bool,
+}
+
+impl std::fmt::Debug for LocalSandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalSandbox")
+            .field("name", &self.name)
+            .field("init_pid", &self.init_pid)
+            .field("socket", &self.socket)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LocalSandbox {
+    /// Create the sandbox and wait until its agent answers a handshake.
+    pub fn start(name: &str, opts: &LocalOptions) -> Result<LocalSandbox, LocalError> {
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
+        if euid != 0 {
+            return Err(LocalError::NotRoot { euid });
+        }
+        check_name(name)?;
+        let agent = File::options()
+            .read(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&opts.agent)
+            .map_err(|source| LocalError::AgentOpen {
+                path: opts.agent.clone(),
+                source,
+            })?;
+
+        let base = &opts.runtime_dir;
+        let rt_err = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| LocalError::RuntimeDir { path, source }
+        };
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(base)
+            .map_err(rt_err(base))?;
+        let base = fs::canonicalize(base).map_err(rt_err(base))?;
+        remove_stale(&base);
+        let dir = base.join(format!("{name}-{}", random_hex()?));
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(rt_err(&dir))?;
+        let mut sandbox_dir = DirGuard(Some(dir.clone()));
+        fs::write(dir.join("owner"), owner_record(std::process::id())?).map_err(rt_err(&dir))?;
+        let sock_dir = dir.join("sock");
+        let fs_dir = dir.join("fs");
+        for d in [&sock_dir, &fs_dir] {
+            fs::create_dir(d).map_err(rt_err(d))?;
+        }
+        let socket = sock_dir.join("agent.sock");
+        let log = dir.join("agent.log");
+        let log_file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&log)
+            .map_err(rt_err(&log))?;
+
+        let (err_r, err_w) = pipe().map_err(rt_err(&dir))?;
+        let (life_r, life_w) = pipe().map_err(rt_err(&dir))?;
+        let mut plan = build_plan(
+            name,
+            &base,
+            &fs_dir,
+            &sock_dir,
+            &socket,
+            &opts.agent,
+            [
+                err_w.as_raw_fd(),
+                log_file.as_raw_fd(),
+                agent.as_raw_fd(),
+                life_r.as_raw_fd(),
+            ],
+        )?;
+        plan.seal();
+
+        let exit: ExitSlot = Arc::new((Mutex::new(None), Condvar::new()));
+        let (tx, rx) = mpsc::channel();
+        let keeper_exit = Arc::clone(&exit);
+        // The keeper thread clones the init and then blocks reaping it. The
+        // init's PDEATHSIG fires when *this thread* exits, so it must live
+        // exactly as long as the sandbox: not the caller's thread, which may
+        // end first.
+        let keeper = thread::Builder::new()
+            .name(format!("sandbox-{name}"))
+            .spawn(move || keep(plan, tx, keeper_exit))
+            .map_err(|source| LocalError::Namespaces { source })?;
+        let started = rx
+            .recv()
+            .unwrap_or_else(|_| Err(io::Error::other("the sandbox keeper thread died")));
+        let (init_pid, pidfd, plan_descriptions) = match started {
+            Ok(v) => v,
+            Err(source) => {
+                let _ = keeper.join();
+                return Err(LocalError::Namespaces { source });
+            }
+        };
+        // Our copies: the init holds its own; EOF on err_r now means the agent exec'd.
+        drop(err_w);
+        drop(life_r);
+        drop(log_file);
+        drop(agent);
+
+        let mut sandbox = LocalSandbox {
+            name: name.to_string(),
+            dir: dir.clone(),
+            socket,
+            log,
+            init_pid,
+            pidfd,
+            exit,
+            keeper: Some(keeper),
+            _lifeline: life_w,
+            client: opts.client.clone(),
+            down: false,
+        };
+        sandbox_dir.0 = None; // the sandbox owns the directory now
+        let deadline = Instant::now() + opts.start_timeout;
+        sandbox.await_setup(err_r, &plan_descriptions, deadline, opts.start_timeout)?;
+        sandbox.await_agent(deadline, opts.start_timeout)?;
+        Ok(sandbox)
+    }
+
+    /// The sandbox's (and VM's) name; also its hostname.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The agent's socket on the host.
+    pub fn socket_path(&self) -> &Path {
+        &self.socket
+    }
+
+    /// This sandbox's host directory (socket, agent log).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The agent's log (its stdout and stderr) on the host.
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// Host pid of the sandbox's init (pid 1 inside).
+    pub fn init_pid(&self) -> i32 {
+        self.init_pid
+    }
+
+    /// Host pids of every process in the sandbox's pid namespace.
+    pub fn host_pids(&self) -> Vec<i32> {
+        pids_in_pid_ns_of(self.init_pid)
+    }
+
+    /// Whether the sandbox's init is still running.
+    pub fn is_running(&self) -> bool {
+        self.exit
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+    }
+
+    /// A new connection to the agent, handshake done.
+    pub fn connect(&self) -> Result<AgentClient, LocalError> {
+        if self.down {
+            return Err(LocalError::ShutDown {
+                name: self.name.clone(),
+            });
+        }
+        AgentClient::connect_unix(&self.socket, self.client.clone()).map_err(|source| {
+            LocalError::Connect {
+                name: self.name.clone(),
+                source,
+            }
+        })
+    }
+
+    /// Kill everything in the sandbox, reap it and remove its directory.
+    /// Connections to it see "agent connection closed". Idempotent.
+    pub fn shutdown(&mut self) -> Result<(), LocalError> {
+        if self.down {
+            return Ok(());
+        }
+        self.down = true;
+        // SAFETY: pidfd_send_signal on our own pidfd; the pidfd pins the
+        // process identity, so a reused pid can never be hit.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.pidfd.as_raw_fd(),
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0u32,
+            );
+        }
+        if let Some(keeper) = self.keeper.take() {
+            // The kernel reaps the pid namespace before the init's wait
+            // returns, so after this no sandbox process is left.
+            let _ = keeper.join();
+        }
+        match fs::remove_dir_all(&self.dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(LocalError::Teardown {
+                path: self.dir.clone(),
+                source,
+            }),
+        }
+    }
+
+    fn exit_status(&self) -> Option<i32> {
+        *self.exit.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn log_tail(&self) -> String {
+        let text = fs::read(&self.log).unwrap_or_default();
+        let start = text.len().saturating_sub(2000);
+        let tail = String::from_utf8_lossy(&text[start..]).trim().to_string();
+        if tail.is_empty() {
+            "(empty)".into()
+        } else {
+            tail
+        }
+    }
+
+    fn exited_error(&self, status: i32) -> LocalError {
+        LocalError::AgentExited {
+            name: self.name.clone(),
+            status: describe_wait_status(status),
+            log: self.log.clone(),
+            log_tail: self.log_tail(),
+        }
+    }
+
+    /// Wait for the init to report a failed step, or for EOF on the error
+    /// pipe (every copy closed: the agent was exec'd).
+    fn await_setup(
+        &mut self,
+        err_r: OwnedFd,
+        descriptions: &InitPlanDescriptions,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<(), LocalError> {
+        let mut rec = [0u8; 8];
+        let mut got = 0;
+        let mut file = File::from(err_r);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let mut pfd = libc::pollfd {
+                fd: file.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = libc::c_int::try_from(left.as_millis()).unwrap_or(libc::c_int::MAX);
+            // SAFETY: poll on one valid pollfd.
+            let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+            if n == 0 {
+                return Err(LocalError::SetupTimeout {
+                    name: self.name.clone(),
+                    timeout_ms: millis(timeout),
+                });
+            }
+            match file.read(&mut rec[got..]) {
+                Ok(0) => break,
+                Ok(n) => {
+                    got += n;
+                    if got == rec.len() {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    return Err(LocalError::Namespaces { source });
+                }
+            }
+        }
+        if got == rec.len() {
+            let step = u32::from_ne_bytes([rec[0], rec[1], rec[2], rec[3]]);
+            let errno = i32::from_ne_bytes([rec[4], rec[5], rec[6], rec[7]]);
+            return Err(LocalError::Setup {
+                name: self.name.clone(),
+                step: descriptions.describe(step),
+                source: io::Error::from_raw_os_error(errno),
+            });
+        }
+        if let Some(status) = self.exit_status() {
+            if got == 0 {
+                // Died without a report (e.g. killed): say how.
+                return Err(self.exited_error(status));
+            }
+        }
+        Ok(())
+    }
+
+    /// Poll the socket until a handshake succeeds.
+    fn await_agent(&mut self, deadline: Instant, timeout: Duration) -> Result<(), LocalError> {
+        loop {
+            if let Some(status) = self.exit_status() {
+                return Err(self.exited_error(status));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let opts = ClientOptions {
+                handshake_timeout: left.max(Duration::from_millis(1)),
+                ..self.client.clone()
+            };
+            match AgentClient::connect_unix(&self.socket, opts) {
+                Ok(client) => {
+                    client.close();
+                    return Ok(());
+                }
+                Err(ClientError::Connect { .. }) if !left.is_zero() => {
+                    thread::sleep(Duration::from_millis(5));
+                }
+                Err(ClientError::Connect { .. }) | Err(ClientError::HandshakeTimeout { .. }) => {
+                    return Err(LocalError::AgentTimeout {
+                        name: self.name.clone(),
+                        socket: self.socket.clone(),
+                        timeout_ms: millis(timeout),
+                        log: self.log.clone(),
+                        log_tail: self.log_tail(),
+                    });
+                }
+                Err(source) => {
+                    return Err(LocalError::Connect {
+                        name: self.name.clone(),
+                        source,
+                    })
+                }
+            }
+        }
+    }
+}
+
+impl Drop for LocalSandbox {
+    fn drop(&mut self) {
+        // Errors here can only be reported by calling shutdown() first.
+        let _ = self.shutdown();
+    }
+}
+
+/// Removes a half-made sandbox directory if start-up fails before the
+/// sandbox owns it.
+struct DirGuard(Option<PathBuf>);
+
+impl Drop for DirGuard {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.take() {
+            let _ = fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// The step descriptions, kept on the host after the plan moved to the keeper.
+struct InitPlanDescriptions(Vec<String>);
+
+impl InitPlanDescriptions {
+    fn describe(&self, step: u32) -> String {
+        init::describe_step(&self.0, step)
+    }
+}
+
+type Started = io::Result<(libc::pid_t, OwnedFd, InitPlanDescriptions)>;
+
+/// The keeper thread: clone the init, report, then reap it.
+fn keep(plan: InitPlan, tx: mpsc::Sender<Started>, exit: ExitSlot) {
+    // SAFETY: the plan is sealed; the child runs only `init::run_init`.
+    let pid = match unsafe { init::clone_init(&plan) } {
+        Ok(pid) => pid,
+        Err(e) => {
+            let _ = tx.send(Err(e));
+            return;
+        }
+    };
+    // SAFETY: pidfd_open on our own unreaped child.
+    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let pidfd = match RawFd::try_from(raw) {
+        // SAFETY: a fresh descriptor from pidfd_open, owned by nobody else.
+        Ok(fd) if fd >= 0 => Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
+        _ => Err(io::Error::last_os_error()),
+    };
+    let descriptions = InitPlanDescriptions(plan.descriptions.clone());
+    let failed = pidfd.is_err();
+    let _ = tx.send(pidfd.map(|fd| (pid, fd, descriptions)));
+    if failed {
+        // SAFETY: killing our own unreaped child.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let mut status = 0;
+    loop {
+        // SAFETY: waiting for our own child.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::__WALL) };
+        if r == pid || (r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR)) {
+            break;
+        }
+    }
+    let (lock, cond) = &*exit;
+    *lock.lock().unwrap_or_else(|p| p.into_inner()) = Some(status);
+    cond.notify_all();
+    drop(plan);
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn describe_wait_status(status: i32) -> String {
+    if libc::WIFEXITED(status) {
+        format!("exit code {}", libc::WEXITSTATUS(status))
+    } else if libc::WIFSIGNALED(status) {
+        format!("killed by signal {}", libc::WTERMSIG(status))
+    } else {
+        format!("wait status {status:#x}")
+    }
+}
+
+fn check_name(name: &str) -> Result<(), LocalError> {
+    let ok = !name.is_empty()
+        && name.len() < 64
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(LocalError::InvalidName {
+            name: name.to_string(),
+        })
+    }
+}
+
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: pipe2 fills the two-element array on success.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors are fresh and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+fn random_hex() -> Result<String, LocalError> {
+    let mut buf = [0u8; 8];
+    File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .map_err(|source| LocalError::RuntimeDir {
+            path: "/dev/urandom".into(),
+            source,
+        })?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// "<pid> <start time>": identifies a process even if its pid is reused.
+fn owner_record(pid: u32) -> Result<String, LocalError> {
+    let start = process_start_time(pid).ok_or_else(|| LocalError::RuntimeDir {
+        path: format!("/proc/{pid}/stat").into(),
+        source: io::Error::other("cannot read this process's start time"),
+    })?;
+    Ok(format!("{pid} {start}\n"))
+}
+
+fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 22; fields after the command (which may hold spaces) start at 3.
+    let after = &stat[stat.rfind(')')? + 2..];
+    after.split(' ').nth(19)?.parse().ok()
+}
+
+/// Remove sandbox directories under `base` whose owning process is gone
+/// (left behind when `provium` was killed). Best effort.
+fn remove_stale(base: &Path) {
+    let Ok(entries) = fs::read_dir(base) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(owner) = fs::read_to_string(path.join("owner")) else {
+            continue;
+        };
+        let mut parts = owner.split_whitespace();
+        let pid = parts.next().and_then(|p| p.parse::<u32>().ok());
+        let start = parts.next().and_then(|s| s.parse::<u64>().ok());
+        let alive = match (pid, start) {
+            (Some(pid), Some(start)) => process_start_time(pid) == Some(start),
+            _ => true, // not ours to judge
+        };
+        if !alive {
+            let _ = fs::remove_dir_all(&path);
+        }
+    }
+}
+
+/// Host pids whose pid namespace is `pid`'s.
+pub fn pids_in_pid_ns_of(pid: i32) -> Vec<i32> {
+    let Ok(ns) = fs::read_link(format!("/proc/{pid}/ns/pid")) else {
+        return Vec::new();
+    };
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids: Vec<i32> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| fs::read_link(format!("/proc/{p}/ns/pid")).is_ok_and(|l| l == ns))
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+fn cstr(path: &Path) -> Result<CString, LocalError> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| LocalError::RuntimeDir {
+        path: path.to_path_buf(),
+        source: io::Error::other("path contains a NUL byte"),
+    })
+}
+
+fn c(s: &str) -> CString {
+    CString::new(s).expect("literal without NUL")
+}
+
+/// The setup steps, in order, with their descriptions.
+fn build_plan(
+    name: &str,
+    runtime_base: &Path,
+    fs_dir: &Path,
+    sock_dir: &Path,
+    socket: &Path,
+    agent: &Path,
+    fds: [RawFd; 4],
+) -> Result<InitPlan, LocalError> {
+    let root = fs_dir.join("root");
+    let upper = fs_dir.join("upper");
+    let work = fs_dir.join("work");
+    let inside = |p: &str| root.join(p.trim_start_matches('/'));
+    let mut steps = Vec::new();
+    let mut descriptions = Vec::new();
+    let mut add = |step: Step, what: String| {
+        steps.push(step);
+        descriptions.push(what);
+    };
+    let mount = |source: Option<&str>,
+                 target: &Path,
+                 fstype: Option<&str>,
+                 flags: libc::c_ulong,
+                 data: Option<&str>|
+     -> Result<Step, LocalError> {
+        Ok(Step::Mount {
+            source: source.map(c),
+            target: cstr(target)?,
+            fstype: fstype.map(c),
+            flags,
+            data: data.map(c),
+        })
+    };
+    let mkdir = |p: &Path, mode| -> Result<Step, LocalError> {
+        Ok(Step::Mkdir {
+            path: cstr(p)?,
+            mode,
+        })
+    };
+    let nosuid_nodev = libc::MS_NOSUID | libc::MS_NODEV;
+
+    add(
+        mount(
+            None,
+            Path::new("/"),
+            None,
+            libc::MS_REC | libc::MS_PRIVATE,
+            None,
+        )?,
+        "make / recursively private (so no mount reaches the host)".into(),
+    );
+    add(
+        mount(
+            Some("tmpfs"),
+            fs_dir,
+            Some("tmpfs"),
+            nosuid_nodev,
+            Some("mode=0700"),
+        )?,
+        format!("mount the overlay's tmpfs on {}", fs_dir.display()),
+    );
+    for d in [&upper, &work, &root] {
+        add(mkdir(d, 0o755)?, format!("create {}", d.display()));
+    }
+    let overlay = format!(
+        "lowerdir=/,upperdir={},workdir={}",
+        upper.display(),
+        work.display()
+    );
+    add(
+        mount(Some("overlay"), &root, Some("overlay"), 0, Some(&overlay))?,
+        format!("mount the root overlay ({overlay}) on {}", root.display()),
+    );
+    add(
+        mount(
+            Some("proc"),
+            &inside("/proc"),
+            Some("proc"),
+            nosuid_nodev | libc::MS_NOEXEC,
+            None,
+        )?,
+        "mount a fresh /proc".into(),
+    );
+    add(
+        mount(
+            Some("sysfs"),
+            &inside("/sys"),
+            Some("sysfs"),
+            nosuid_nodev | libc::MS_NOEXEC | libc::MS_RDONLY,
+            None,
+        )?,
+        "mount /sys (read-only)".into(),
+    );
+    add(
+        mount(
+            Some("tmpfs"),
+            &inside("/dev"),
+            Some("tmpfs"),
+            libc::MS_NOSUID,
+            Some("mode=0755"),
+        )?,
+        "mount a tmpfs on /dev".into(),
+    );
+    for node in ["null", "zero", "full", "random", "urandom", "tty"] {
+        let target = inside(&format!("/dev/{node}"));
+        add(
+            Step::Touch {
+                path: cstr(&target)?,
+            },
+            format!("create /dev/{node}"),
+        );
+        add(
+            mount(
+                Some(&format!("/dev/{node}")),
+                &target,
+                None,
+                libc::MS_BIND,
+                None,
+            )?,
+            format!("bind-mount the host's /dev/{node}"),
+        );
+    }
+    add(mkdir(&inside("/dev/pts"), 0o755)?, "create /dev/pts".into());
+    add(
+        mount(
+            Some("devpts"),
+            &inside("/dev/pts"),
+            Some("devpts"),
+            libc::MS_NOSUID | libc::MS_NOEXEC,
+            Some("newinstance,ptmxmode=0666,mode=0620"),
+        )?,
+        "mount a new devpts instance on /dev/pts".into(),
+    );
+    add(
+        mkdir(&inside("/dev/shm"), 0o1777)?,
+        "create /dev/shm".into(),
+    );
+    add(
+        mount(
+            Some("tmpfs"),
+            &inside("/dev/shm"),
+            Some("tmpfs"),
+            nosuid_nodev,
+            Some("mode=1777"),
+        )?,
+        "mount a tmpfs on /dev/shm".into(),
+    );
+    for (target, link) in [
+        ("pts/ptmx", "/dev/ptmx"),
+        ("/proc/self/fd", "/dev/fd"),
+        ("/proc/self/fd/0", "/dev/stdin"),
+        ("/proc/self/fd/1", "/dev/stdout"),
+        ("/proc/self/fd/2", "/dev/stderr"),
+    ] {
+        add(
+            Step::Symlink {
+                target: c(target),
+                link: cstr(&inside(link))?,
+            },
+            format!("link {link} to {target}"),
+        );
+    }
+    add(
+        mount(
+            Some("tmpfs"),
+            &inside("/tmp"),
+            Some("tmpfs"),
+            nosuid_nodev,
+            Some("mode=1777"),
+        )?,
+        "mount a fresh tmpfs on /tmp".into(),
+    );
+    // Hide the host's runtime directory (siblings' sockets) under a tmpfs,
+    // then bring back only this sandbox's socket directory at the same path.
+    let mut made = PathBuf::from("/");
+    for comp in runtime_base.components().skip(1) {
+        made.push(comp);
+        let p = inside(&made.to_string_lossy());
+        add(
+            mkdir(&p, 0o755)?,
+            format!("create {} inside", made.display()),
+        );
+    }
+    add(
+        mount(
+            Some("tmpfs"),
+            &inside(&runtime_base.to_string_lossy()),
+            Some("tmpfs"),
+            nosuid_nodev,
+            Some("mode=0755"),
+        )?,
+        format!("hide {} under a tmpfs", runtime_base.display()),
+    );
+    let rel = sock_dir.strip_prefix(runtime_base).unwrap_or(sock_dir);
+    let mut made = runtime_base.to_path_buf();
+    for comp in rel.components() {
+        made.push(comp);
+        let p = inside(&made.to_string_lossy());
+        add(
+            mkdir(&p, 0o700)?,
+            format!("create {} inside", made.display()),
+        );
+    }
+    let sock_inside = inside(&sock_dir.to_string_lossy());
+    add(
+        Step::Mount {
+            source: Some(cstr(sock_dir)?),
+            target: cstr(&sock_inside)?,
+            fstype: None,
+            flags: libc::MS_BIND,
+            data: None,
+        },
+        format!("bind-mount the socket directory {}", sock_dir.display()),
+    );
+    add(
+        Step::Hostname { name: c(name) },
+        format!("set the hostname to `{name}`"),
+    );
+    add(Step::LoopbackUp, "bring the loopback interface up".into());
+    add(
+        Step::PivotRoot { root: cstr(&root)? },
+        "pivot_root into the overlay".into(),
+    );
+    add(
+        Step::StdinDevNull {
+            dev_null: c("/dev/null"),
+        },
+        "open /dev/null for stdin".into(),
+    );
+
+    let listen = format!("unix:{}", socket.display());
+    let argv = vec![
+        cstr(agent)?,
+        c("--listen"),
+        CString::new(listen).map_err(|_| LocalError::RuntimeDir {
+            path: socket.to_path_buf(),
+            source: io::Error::other("path contains a NUL byte"),
+        })?,
+        c("--no-clock"),
+    ];
+    let envp = vec![
+        c("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+        c("HOME=/root"),
+        c("LANG=C.UTF-8"),
+        CString::new(format!("PROVIUM_SANDBOX={name}")).expect("checked name has no NUL"),
+    ];
+    let fd_base = fds.iter().copied().max().unwrap_or(2).max(2) + 1;
+    Ok(InitPlan {
+        steps,
+        descriptions,
+        err_fd: fds[0],
+        log_fd: fds[1],
+        agent_fd: fds[2],
+        lifeline_fd: fds[3],
+        fd_base,
+        argv,
+        envp,
+        argv_ptrs: Vec::new(),
+        envp_ptrs: Vec::new(),
+        empty: CString::default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_must_be_hostnames() {
+        for good in ["a", "vm-1", "node_2.lab"] {
+            check_name(good).unwrap();
+        }
+        for bad in ["", ".hidden", "a/b", "sp ace", &"x".repeat(64)] {
+            let err = check_name(bad).unwrap_err();
+            assert!(err.to_string().contains("invalid sandbox name"), "{err}");
+        }
+    }
+
+    #[test]
+    fn locate_agent_prefers_env_then_exe_dir_then_workspace() {
+        let tmp = std::env::temp_dir().join(format!("provium-locate-{}", std::process::id()));
+        let deps = tmp.join("target/debug/deps");
+        fs::create_dir_all(&deps).unwrap();
+        let err = locate_agent_in(None, Some(deps.join("t")), Some(&tmp)).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("cargo build -p provium-agent"), "{msg}");
+        assert!(
+            msg.contains(&deps.join(AGENT_BIN).display().to_string()),
+            "{msg}"
+        );
+
+        let agent = tmp.join("target/debug").join(AGENT_BIN);
+        fs::write(&agent, b"#!/bin/sh\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&agent, fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(
+            locate_agent_in(None, Some(deps.join("t")), None).unwrap(),
+            agent
+        );
+        let err = locate_agent_in(Some("/nonexistent/agent".into()), None, None).unwrap_err();
+        assert!(err.to_string().contains("from PROVIUM_AGENT"), "{err}");
+        assert_eq!(
+            locate_agent_in(Some(agent.clone().into()), None, None).unwrap(),
+            agent
+        );
+        fs::remove_dir_all(&tmp).unwrap();
+    }
+
+    #[test]
+    fn start_time_identifies_this_process() {
+        let me = std::process::id();
+        assert!(process_start_time(me).is_some());
+        let rec = owner_record(me).unwrap();
+        assert!(rec.starts_with(&format!("{me} ")), "{rec}");
+    }
+}

@@ -1,0 +1,4 @@
+//! Backends: the ways a test VM is created. `local` runs the agent in fresh
+//! namespaces on the host; `kvm` (the product) boots a guest on our VMM.
+
+pub mod local;
