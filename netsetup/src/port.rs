@@ -1,0 +1,182 @@
+//! The receive side of a switch port: a bounded frame queue plus hooks.
+//!
+//! Every port (in-process or TAP) owns one [`RxQueue`]; the switch pushes
+//! frames into it and the port's consumer (the VMM's virtio-net RX path, a TAP
+//! writer thread, a test) pops them. Both a frame count and a byte count bound
+//! it; a push that would exceed either is refused and the caller counts the
+//! drop, so a guest that never reads its RX ring costs at most the bound.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// A callback run (outside the switch lock) after a frame is queued for a
+/// port: the VMM writes its RX eventfd here. It must not block.
+pub type RxWaker = Arc<dyn Fn() + Send + Sync>;
+
+/// A callback run (outside the switch lock) when a port's link goes down
+/// (`false`) or up (`true`): virtio-net sets its link status and raises a
+/// config interrupt; a TAP port sets the carrier. It must not block.
+pub type LinkWatcher = Arc<dyn Fn(bool) + Send + Sync>;
+
+#[derive(Debug, Default)]
+struct Inner {
+    frames: VecDeque<Vec<u8>>,
+    bytes: usize,
+    closed: bool,
+}
+
+/// A bounded FIFO of frames for one port.
+pub(crate) struct RxQueue {
+    inner: Mutex<Inner>,
+    ready: Condvar,
+    max_frames: usize,
+    max_bytes: usize,
+    waker: Mutex<Option<RxWaker>>,
+}
+
+impl RxQueue {
+    pub(crate) fn new(max_frames: usize, max_bytes: usize) -> RxQueue {
+        RxQueue {
+            inner: Mutex::new(Inner::default()),
+            ready: Condvar::new(),
+            max_frames: max_frames.max(1),
+            max_bytes,
+            waker: Mutex::new(None),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues `frame`; false (frame not queued) when full or closed.
+    pub(crate) fn push(&self, frame: Vec<u8>) -> bool {
+        let mut q = self.lock();
+        if q.closed
+            || q.frames.len() >= self.max_frames
+            || q.bytes.saturating_add(frame.len()) > self.max_bytes
+        {
+            return false;
+        }
+        q.bytes += frame.len();
+        q.frames.push_back(frame);
+        drop(q);
+        self.ready.notify_one();
+        true
+    }
+
+    pub(crate) fn try_pop(&self) -> Option<Vec<u8>> {
+        let mut q = self.lock();
+        let f = q.frames.pop_front()?;
+        q.bytes -= f.len();
+        Some(f)
+    }
+
+    /// Waits for a frame until `deadline` (forever with `None`); `None` on
+    /// timeout or once closed and empty.
+    pub(crate) fn pop_until(&self, deadline: Option<Instant>) -> Option<Vec<u8>> {
+        let mut q = self.lock();
+        loop {
+            if let Some(f) = q.frames.pop_front() {
+                q.bytes -= f.len();
+                return Some(f);
+            }
+            if q.closed {
+                return None;
+            }
+            q = match deadline {
+                None => self.ready.wait(q).unwrap_or_else(|e| e.into_inner()),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return None;
+                    }
+                    self.ready
+                        .wait_timeout(q, d - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+            };
+        }
+    }
+
+    pub(crate) fn pop_timeout(&self, timeout: Duration) -> Option<Vec<u8>> {
+        self.pop_until(Some(Instant::now() + timeout))
+    }
+
+    /// Empties the queue; returns how many frames were discarded.
+    pub(crate) fn clear(&self) -> usize {
+        let mut q = self.lock();
+        let n = q.frames.len();
+        q.frames.clear();
+        q.bytes = 0;
+        n
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.lock().frames.len()
+    }
+
+    /// Refuses further pushes and wakes every waiter.
+    pub(crate) fn close(&self) {
+        self.lock().closed = true;
+        self.ready.notify_all();
+    }
+
+    pub(crate) fn set_waker(&self, w: Option<RxWaker>) {
+        *self.waker.lock().unwrap_or_else(|e| e.into_inner()) = w;
+    }
+
+    pub(crate) fn wake(&self) {
+        let w = self.waker.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(w) = w {
+            w();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn bounded_by_frames_and_bytes() {
+        let q = RxQueue::new(3, 100);
+        assert!(q.push(vec![0; 10]));
+        assert!(q.push(vec![0; 10]));
+        assert!(q.push(vec![0; 10]));
+        assert!(!q.push(vec![0; 10]), "frame bound");
+        assert_eq!(q.try_pop().map(|f| f.len()), Some(10));
+        assert!(!q.push(vec![0; 81]), "byte bound: 20 + 81 > 100");
+        assert!(q.push(vec![0; 80]));
+        assert_eq!(q.len(), 3);
+        assert_eq!(q.clear(), 3);
+        assert_eq!(q.try_pop(), None);
+    }
+
+    #[test]
+    fn close_wakes_waiters_and_refuses() {
+        let q = Arc::new(RxQueue::new(4, 1000));
+        let q2 = Arc::clone(&q);
+        let t = std::thread::spawn(move || q2.pop_until(None));
+        q.close();
+        assert_eq!(t.join().unwrap(), None);
+        assert!(!q.push(vec![1]));
+        assert_eq!(q.pop_timeout(Duration::from_millis(1)), None);
+    }
+
+    #[test]
+    fn waker_runs() {
+        let q = RxQueue::new(4, 1000);
+        let n = Arc::new(AtomicUsize::new(0));
+        let n2 = Arc::clone(&n);
+        q.set_waker(Some(Arc::new(move || {
+            n2.fetch_add(1, Ordering::SeqCst);
+        })));
+        q.wake();
+        q.wake();
+        assert_eq!(n.load(Ordering::SeqCst), 2);
+    }
+}

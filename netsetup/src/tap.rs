@@ -1,0 +1,389 @@
+//! TAP devices: opening one, and attaching its file descriptor to a switch.
+//!
+//! [`Tap::open`] creates (or opens) a TAP interface in the *calling thread's*
+//! network namespace through `/dev/net/tun` with `IFF_TAP | IFF_NO_PI`, so
+//! every read is exactly one Ethernet frame and every write sends one. It needs
+//! CAP_NET_ADMIN in that namespace.
+//!
+//! [`TapPort`] owns a TAP fd opened elsewhere (the local backend opens it inside
+//! a sandbox's namespace and hands it over) and runs two threads: a reader that
+//! waits in `poll(2)` on the fd and a stop pipe and feeds frames to the switch,
+//! and a writer that blocks on the port's receive queue and writes frames out.
+//! No thread spins. Link changes from [`crate::Switch::disconnect`] set the
+//! carrier with `TUNSETCARRIER` (Linux ≥ 4.9), so the interface shows
+//! NO-CARRIER inside the sandbox.
+
+use std::ffi::CStr;
+use std::fs::OpenOptions;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crate::mac::{MacAddr, MAX_FRAME_BYTES};
+use crate::switch::{Port, Switch, SwitchError};
+
+// From <linux/if_tun.h>: _IOW('T', 202, int), _IOR('T', 210, unsigned int),
+// _IOW('T', 226, int).
+const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+const TUNGETIFF: libc::c_ulong = 0x8004_54d2;
+const TUNSETCARRIER: libc::c_ulong = 0x4004_54e2;
+const IFF_TAP: libc::c_short = 0x0002;
+const IFF_NO_PI: libc::c_short = 0x1000;
+
+/// Errors opening or configuring a TAP.
+#[derive(Debug, thiserror::Error)]
+pub enum TapError {
+    /// The name does not fit IFNAMSIZ or has a NUL.
+    #[error("`{0}` is not a valid interface name (1 to 15 bytes, no NUL or '/')")]
+    BadName(String),
+    /// `/dev/net/tun` could not be opened.
+    #[error("cannot open /dev/net/tun (load the `tun` module and run with CAP_NET_ADMIN)")]
+    OpenTun(#[source] io::Error),
+    /// An ioctl on the TAP failed.
+    #[error("{op} on tap `{name}` failed (CAP_NET_ADMIN in this network namespace is required)")]
+    Ioctl {
+        /// Which request.
+        op: &'static str,
+        /// The interface.
+        name: String,
+        /// The errno.
+        #[source]
+        source: io::Error,
+    },
+    /// Attaching to the switch failed.
+    #[error("cannot attach tap to the switch")]
+    Attach(#[source] SwitchError),
+    /// Spawning a port thread failed.
+    #[error("cannot start the tap port threads")]
+    Spawn(#[source] io::Error),
+}
+
+fn ifreq_for(name: &str) -> Result<libc::ifreq, TapError> {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ || bytes.contains(&0) || bytes.contains(&b'/')
+    {
+        return Err(TapError::BadName(name.to_owned()));
+    }
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in ifr.ifr_name.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    Ok(ifr)
+}
+
+fn ifr_name(ifr: &libc::ifreq) -> String {
+    // SAFETY: the kernel NUL-terminates ifr_name within IFNAMSIZ, and we
+    // zero-initialised it, so a NUL is always present.
+    unsafe { CStr::from_ptr(ifr.ifr_name.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// An open TAP device.
+#[derive(Debug)]
+pub struct Tap {
+    fd: OwnedFd,
+    name: String,
+}
+
+impl Tap {
+    /// Creates or opens TAP `name` in the calling thread's network namespace.
+    pub fn open(name: &str) -> Result<Tap, TapError> {
+        let mut ifr = ifreq_for(name)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NONBLOCK)
+            .open("/dev/net/tun")
+            .map_err(TapError::OpenTun)?;
+        ifr.ifr_ifru.ifru_flags = IFF_TAP | IFF_NO_PI;
+        // SAFETY: TUNSETIFF reads and writes one ifreq, which outlives the call.
+        let r = unsafe { libc::ioctl(file.as_raw_fd(), TUNSETIFF as _, &mut ifr) };
+        if r < 0 {
+            return Err(TapError::Ioctl {
+                op: "TUNSETIFF",
+                name: name.to_owned(),
+                source: io::Error::last_os_error(),
+            });
+        }
+        Ok(Tap {
+            name: ifr_name(&ifr),
+            fd: file.into(),
+        })
+    }
+
+    /// The interface name the kernel assigned.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Gives up the fd (to hand to [`TapPort::attach`]).
+    pub fn into_fd(self) -> OwnedFd {
+        self.fd
+    }
+}
+
+impl AsFd for Tap {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// The interface name behind a TAP fd (`TUNGETIFF`).
+pub fn tap_name(fd: BorrowedFd<'_>) -> io::Result<String> {
+    // SAFETY: plain old data; all-zero is valid.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    // SAFETY: TUNGETIFF writes one ifreq, which outlives the call.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), TUNGETIFF as _, &mut ifr) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(ifr_name(&ifr))
+}
+
+/// Sets the TAP's carrier on or off (`TUNSETCARRIER`).
+pub fn set_carrier(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
+    let v: libc::c_int = on.into();
+    // SAFETY: TUNSETCARRIER reads one int, which outlives the call.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETCARRIER as _, &v) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Sets interface `name` up (IFF_UP) in the calling thread's namespace.
+pub fn set_link_up(name: &str) -> Result<(), TapError> {
+    let mut ifr = ifreq_for(name)?;
+    let ioctl_err = |op| TapError::Ioctl {
+        op,
+        name: name.to_owned(),
+        source: io::Error::last_os_error(),
+    };
+    // SAFETY: plain socket(2); the result is checked.
+    let s = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if s < 0 {
+        return Err(ioctl_err("socket"));
+    }
+    // SAFETY: `s` is a fresh fd we own.
+    let sock = unsafe { OwnedFd::from_raw_fd(s) };
+    // SAFETY: SIOCGIFFLAGS fills one ifreq, which outlives the call.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS as _, &mut ifr) } < 0 {
+        return Err(ioctl_err("SIOCGIFFLAGS"));
+    }
+    // SAFETY: the kernel just wrote the flags member of the union.
+    let flags = unsafe { ifr.ifr_ifru.ifru_flags };
+    ifr.ifr_ifru.ifru_flags = flags | libc::IFF_UP as libc::c_short;
+    // SAFETY: SIOCSIFFLAGS reads one ifreq, which outlives the call.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS as _, &ifr) } < 0 {
+        return Err(ioctl_err("SIOCSIFFLAGS"));
+    }
+    Ok(())
+}
+
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: pipe2 writes two fds into the array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both fds are fresh and ours.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// A TAP fd attached to a switch. Dropping it stops its threads, detaches
+/// the port and closes the fd.
+pub struct TapPort {
+    port: Arc<Port>,
+    fd: Arc<OwnedFd>,
+    stop: Option<OwnedFd>,
+    write_errors: Arc<AtomicU64>,
+    reader: Option<JoinHandle<()>>,
+    writer: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for TapPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TapPort").field("port", &self.port).finish()
+    }
+}
+
+impl TapPort {
+    /// Attaches `fd` (a TAP opened with IFF_TAP|IFF_NO_PI, anywhere) to
+    /// `switch` as port `name` with `mac`. The fd is made non-blocking.
+    pub fn attach(
+        switch: &Switch,
+        name: &str,
+        mac: MacAddr,
+        fd: OwnedFd,
+    ) -> Result<TapPort, TapError> {
+        // SAFETY: F_GETFL/F_SETFL on an fd we own.
+        unsafe {
+            let fl = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+            if fl >= 0 {
+                libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK);
+            }
+        }
+        let port = Arc::new(switch.attach(name, mac).map_err(TapError::Attach)?);
+        let fd = Arc::new(fd);
+        let (stop_r, stop_w) = pipe().map_err(TapError::Spawn)?;
+        let write_errors = Arc::new(AtomicU64::new(0));
+        {
+            let fd = Arc::clone(&fd);
+            port.set_link_watcher(Some(Arc::new(move |up| {
+                // Kernels without TUNSETCARRIER (< 4.9) keep the carrier on;
+                // frames are still dropped by the switch.
+                let _ = set_carrier(fd.as_fd(), up);
+            })));
+        }
+        let _ = set_carrier(fd.as_fd(), true);
+        let reader = {
+            let (port, fd) = (Arc::clone(&port), Arc::clone(&fd));
+            std::thread::Builder::new()
+                .name(format!("tap-rx-{name}"))
+                .spawn(move || reader_loop(&port, fd.as_fd(), stop_r))
+                .map_err(TapError::Spawn)?
+        };
+        let writer = {
+            let (port, fd, errs) = (Arc::clone(&port), Arc::clone(&fd), Arc::clone(&write_errors));
+            std::thread::Builder::new()
+                .name(format!("tap-tx-{name}"))
+                .spawn(move || writer_loop(&port, fd.as_fd(), &errs))
+                .map_err(TapError::Spawn)?
+        };
+        Ok(TapPort {
+            port,
+            fd,
+            stop: Some(stop_w),
+            write_errors,
+            reader: Some(reader),
+            writer: Some(writer),
+        })
+    }
+
+    /// The switch port (counters, link state).
+    pub fn port(&self) -> &Port {
+        &self.port
+    }
+
+    /// The TAP fd.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Frames the kernel refused on write (interface down, queue full).
+    pub fn write_errors(&self) -> u64 {
+        self.write_errors.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for TapPort {
+    fn drop(&mut self) {
+        // Closing the pipe's write end makes the reader's poll return.
+        drop(self.stop.take());
+        self.port.detach();
+        if let Some(t) = self.reader.take() {
+            let _ = t.join();
+        }
+        if let Some(t) = self.writer.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn reader_loop(port: &Port, fd: BorrowedFd<'_>, stop: OwnedFd) {
+    // One byte more than the largest accepted frame, so an oversized frame is
+    // seen as oversized (and counted) rather than silently cut.
+    let mut buf = vec![0u8; MAX_FRAME_BYTES + 1];
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: stop.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: poll reads/writes the two pollfds, which outlive the call.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if r < 0 {
+            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
+        }
+        if fds[1].revents != 0 {
+            return;
+        }
+        if fds[0].revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
+            return;
+        }
+        loop {
+            // SAFETY: read into our buffer, at most its length.
+            let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n < 0 {
+                match io::Error::last_os_error().kind() {
+                    io::ErrorKind::Interrupted => continue,
+                    // WouldBlock: drained; anything else: wait for poll.
+                    _ => break,
+                }
+            }
+            let n = usize::try_from(n).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            // Refusals are counted on the port; the reader carries on.
+            let _ = port.send(&buf[..n]);
+        }
+    }
+}
+
+fn writer_loop(port: &Port, fd: BorrowedFd<'_>, errors: &AtomicU64) {
+    while let Some(frame) = port.recv() {
+        loop {
+            // SAFETY: write from the frame, at most its length.
+            let n = unsafe { libc::write(fd.as_raw_fd(), frame.as_ptr().cast(), frame.len()) };
+            if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            if n < 0 {
+                errors.fetch_add(1, Ordering::Relaxed);
+            }
+            break;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked() {
+        assert!(matches!(ifreq_for(""), Err(TapError::BadName(_))));
+        assert!(matches!(ifreq_for("a/b"), Err(TapError::BadName(_))));
+        assert!(matches!(
+            ifreq_for("sixteen-bytes-xx"),
+            Err(TapError::BadName(_))
+        ));
+        let ifr = ifreq_for("tap0").unwrap();
+        assert_eq!(ifr_name(&ifr), "tap0");
+    }
+
+    #[test]
+    fn ioctl_numbers_match_linux() {
+        // _IOW('T', n, int) = 1<<30 | 4<<16 | 'T'<<8 | n; _IOR sets bit 31.
+        let iow = |n: libc::c_ulong| (1 << 30) | (4 << 16) | (0x54 << 8) | n;
+        assert_eq!(TUNSETIFF, iow(202));
+        assert_eq!(TUNSETCARRIER, iow(226));
+        assert_eq!(TUNGETIFF, (2 << 30) | (4 << 16) | (0x54 << 8) | 210);
+    }
+}
