@@ -1,0 +1,116 @@
+//! The agent as PID 1, in a fresh pid + mount namespace (`unshare`), the
+//! closest this machine gets to `rdinit=` (its KVM cannot run Linux user
+//! space). Skipped, with the reason printed, where unshare is not permitted.
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Command, Stdio};
+
+use provium_protocol::op::{Op, SyscallSpec};
+use provium_protocol::wire::Channel;
+use provium_protocol::OpValue;
+
+use crate::client::*;
+
+fn unshare_works() -> Result<(), String> {
+    let out = Command::new("unshare")
+        .args([
+            "--pid",
+            "--fork",
+            "--mount",
+            "--mount-proc",
+            "--kill-child",
+            "true",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run unshare: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "unshare --pid --mount failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+fn start_pid1(extra: &[String]) -> Agent {
+    let extra = extra.to_vec();
+    Agent::start_with(move |sock| {
+        let mut c = Command::new("unshare");
+        c.args(["--pid", "--fork", "--mount", "--mount-proc", "--kill-child"])
+            .arg(agent_bin())
+            .arg("--listen")
+            .arg(format!("unix:{}", sock.display()))
+            .arg("--no-clock")
+            .args(extra)
+            // Words the kernel would pass along: ignored as PID 1.
+            .arg("quiet");
+        c
+    })
+}
+
+fn getpid(c: &mut Client) -> i64 {
+    match c.ok(Op::Syscall(SyscallSpec {
+        nr: libc::SYS_getpid,
+        args: vec![],
+        bufs: vec![],
+        ptrs: vec![],
+        nested: vec![],
+    })) {
+        OpValue::Syscall(r) => r.ret,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn pid1_forks_the_agent_and_execs_init() {
+    if let Err(why) = unshare_works() {
+        eprintln!("skipping pid1_forks_the_agent_and_execs_init: {why}");
+        return;
+    }
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let init = dir.path().join("init.sh");
+    std::fs::write(&init, "#!/bin/sh\nexec sleep 300\n").unwrap();
+    std::fs::set_permissions(&init, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let a = start_pid1(&["--init".into(), init.display().to_string()]);
+    let mut c = a.client();
+    // The agent is PID 1's child; PID 1 became the init.
+    assert_ne!(getpid(&mut c), 1);
+    let (_, comm, _) = c.sh("cat /proc/1/comm");
+    assert_eq!(comm, "sleep\n");
+    // /tmp was not a mount point in the new namespace, so it got a tmpfs.
+    let (_, fstype, _) = c.sh("awk '$2 == \"/tmp\" {print $3}' /proc/mounts | tail -n 1");
+    assert_eq!(fstype, "tmpfs\n");
+}
+
+#[test]
+fn pid1_without_init_reaps_orphans() {
+    if let Err(why) = unshare_works() {
+        eprintln!("skipping pid1_without_init_reaps_orphans: {why}");
+        return;
+    }
+    if std::path::Path::new("/init").exists() {
+        eprintln!("skipping pid1_without_init_reaps_orphans: this host has an /init, which PID 1 would exec");
+        return;
+    }
+    let a = start_pid1(&[]);
+    let mut c = a.client();
+    let agent_pid = getpid(&mut c);
+    assert_ne!(agent_pid, 1);
+    // An orphan: its parent shell exits at once, so PID 1 must reap it.
+    let (id, exit) = c.exec(shell("sleep 0.2 > /dev/null 2>&1 & echo $!"));
+    assert_eq!(exit.exit_code, 0);
+    let orphan = c.output(id, Channel::Stdout).trim().to_string();
+    let gone = format!("/proc/{orphan}");
+    let mut last = String::new();
+    wait_until("PID 1 to reap the orphan", || {
+        let (_, out, _) = c.sh(&format!("cat {gone}/stat 2>/dev/null || echo gone"));
+        last = out;
+        last == "gone\n"
+    });
+    // Still PID 1 itself (no init exec'd).
+    let (_, comm, _) = c.sh("cat /proc/1/comm");
+    assert!(comm.starts_with("provium-agent"), "{comm}");
+}
