@@ -276,10 +276,10 @@ impl Pump {
         loop {
             let mut pfds = Vec::with_capacity(4);
             let mut polled = Vec::with_capacity(2);
-            let mut open = false;
+            let mut open = 0;
             for i in 0..self.chans.len() {
                 if let Some(fd) = &self.chans[i].pipe {
-                    open = true;
+                    open += 1;
                     let fd = fd.as_raw_fd();
                     if let Some(room) = self.room(i) {
                         pfds.push(pollfd(fd));
@@ -287,9 +287,11 @@ impl Pump {
                     }
                 }
             }
-            if exit.is_some() && !open {
+            if exit.is_some() && open == 0 {
                 break;
             }
+            // A channel waiting for acks may still hold data in its pipe.
+            let all_polled = polled.len() == open;
             let waker_at = pfds.len();
             pfds.push(pollfd(self.waker.raw_fd()));
             let pid_at = match (&self.pidfd, exit) {
@@ -300,12 +302,12 @@ impl Pump {
                 _ => None,
             };
             let timeout = if exit.is_some() {
-                if polled.is_empty() {
+                if all_polled {
+                    0
+                } else {
                     // Exited, output waiting on host acks.
                     events.settled();
                     -1
-                } else {
-                    0
                 }
             } else {
                 let base = if self.pidfd.is_none() { 10 } else { -1 };
@@ -368,7 +370,8 @@ impl Pump {
                 }
             }
             if exit.is_some() && n == 0 {
-                // Exited and nothing left in the pipes right now.
+                // Exited, and every open pipe was polled and is empty (a zero
+                // count needs the zero timeout, which needs all_polled).
                 break;
             }
             if exit.is_none() && !timed_out && self.deadline.is_some_and(|d| Instant::now() >= d) {

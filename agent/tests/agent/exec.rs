@@ -167,3 +167,32 @@ fn without_acks_the_agent_stops_at_the_window() {
     assert_eq!(r, OpValue::Exit(ExitInfo::exited(0)));
     assert_eq!(c.counts[&(id, Channel::Stdout)], 10 * 1024 * 1024);
 }
+
+#[test]
+fn output_held_by_the_window_at_exit_is_still_delivered() {
+    let a = Agent::start();
+    let mut c = a.client();
+    c.auto_ack = false;
+    c.keep_data = false;
+    let exited = a.path("exited");
+    // The window (256 KiB) fills; 32 KiB more wait in the pipe while the
+    // command exits. A background sleep keeps stderr open and empty.
+    let total = STREAM_WINDOW_BYTES + 32 * 1024;
+    let id = c.request(
+        None,
+        Op::Exec(shell(&format!(
+            "sleep 2 >/dev/null & head -c {total} /dev/zero; touch {exited}"
+        ))),
+    );
+    c.pump_until("a full window", |c| {
+        c.counts.get(&(id, Channel::Stdout)).copied().unwrap_or(0) >= STREAM_WINDOW_BYTES
+    });
+    wait_until("the command to finish writing", || {
+        std::path::Path::new(&exited).exists()
+    });
+    c.auto_ack = true;
+    c.ack(id, Channel::Stdout, STREAM_WINDOW_BYTES);
+    let r = c.response(id).into_result().unwrap();
+    assert_eq!(r, OpValue::Exit(ExitInfo::exited(0)));
+    assert_eq!(c.counts[&(id, Channel::Stdout)], total);
+}
