@@ -317,7 +317,10 @@ mod tests {
         // 514 bytes left; a 1000-byte frame needs 486 more bytes = 0.486 s.
         assert_eq!(b.schedule(Duration::ZERO, 1000), Duration::from_millis(486));
         // Bucket empty now; the next needs a full second after that.
-        assert_eq!(b.schedule(Duration::ZERO, 1000), Duration::from_millis(1486));
+        assert_eq!(
+            b.schedule(Duration::ZERO, 1000),
+            Duration::from_millis(1486)
+        );
         // Arriving long after: tokens refill up to the burst only.
         let t = Duration::from_secs(100);
         assert_eq!(b.schedule(t, 1514), t);

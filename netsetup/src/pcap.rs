@@ -226,11 +226,7 @@ impl Read for Capture {
             if b.closed {
                 return Ok(0);
             }
-            b = self
-                .shared
-                .ready
-                .wait(b)
-                .unwrap_or_else(|e| e.into_inner());
+            b = self.shared.ready.wait(b).unwrap_or_else(|e| e.into_inner());
         }
         let n = out.len().min(b.bytes.len());
         for (dst, src) in out.iter_mut().zip(b.bytes.drain(..n)) {

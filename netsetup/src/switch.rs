@@ -1342,8 +1342,10 @@ mod tests {
         let (sw, _) = manual();
         let a = sw.attach("a", MacAddr::local(1)).unwrap();
         let b = sw.attach("b", MacAddr::local(2)).unwrap();
-        a.send(&frame(MacAddr::BROADCAST, MacAddr::local(1), 0)).unwrap();
-        a.send(&frame(MacAddr::local(1), MacAddr::local(1), 1)).unwrap();
+        a.send(&frame(MacAddr::BROADCAST, MacAddr::local(1), 0))
+            .unwrap();
+        a.send(&frame(MacAddr::local(1), MacAddr::local(1), 1))
+            .unwrap();
         assert_eq!(sw.stats().dropped_hairpin, 1);
         assert_eq!(b.pending(), 1);
     }

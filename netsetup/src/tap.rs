@@ -63,7 +63,10 @@ pub enum TapError {
 
 fn ifreq_for(name: &str) -> Result<libc::ifreq, TapError> {
     let bytes = name.as_bytes();
-    if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ || bytes.contains(&0) || bytes.contains(&b'/')
+    if bytes.is_empty()
+        || bytes.len() >= libc::IFNAMSIZ
+        || bytes.contains(&0)
+        || bytes.contains(&b'/')
     {
         return Err(TapError::BadName(name.to_owned()));
     }
@@ -249,7 +252,11 @@ impl TapPort {
                 .map_err(TapError::Spawn)?
         };
         let writer = {
-            let (port, fd, errs) = (Arc::clone(&port), Arc::clone(&fd), Arc::clone(&write_errors));
+            let (port, fd, errs) = (
+                Arc::clone(&port),
+                Arc::clone(&fd),
+                Arc::clone(&write_errors),
+            );
             std::thread::Builder::new()
                 .name(format!("tap-tx-{name}"))
                 .spawn(move || writer_loop(&port, fd.as_fd(), &errs))

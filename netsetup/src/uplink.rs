@@ -35,7 +35,9 @@ use crate::tap::{set_link_up, tap_name, TapError};
 #[derive(Debug, thiserror::Error)]
 pub enum UplinkError {
     /// A required command is not on the search path.
-    #[error("`{tool}` not found on PATH `{path}` (uplink needs {package}: apt-get install {package})")]
+    #[error(
+        "`{tool}` not found on PATH `{path}` (uplink needs {package}: apt-get install {package})"
+    )]
     ToolNotFound {
         /// `ip` or `nft`.
         tool: &'static str,
@@ -277,7 +279,8 @@ pub fn enable_uplink(
 ) -> Result<Uplink, UplinkError> {
     let ip = env.find("ip", "iproute2")?;
     let nft = env.find("nft", "nftables")?;
-    let (_, _, subnet) = parse_cidr(addr).ok_or_else(|| UplinkError::BadAddress(addr.to_owned()))?;
+    let (_, _, subnet) =
+        parse_cidr(addr).ok_or_else(|| UplinkError::BadAddress(addr.to_owned()))?;
     let tap = tap_name(tap).map_err(UplinkError::NotTap)?;
     let wan = default_route_iface(&ip)?;
     let table = table_name(bridge);
@@ -354,7 +357,10 @@ fn teardown(up: &Uplink) -> Result<(), UplinkError> {
     let listed = run(&up.nft, &["list", "tables", "ip"], None);
     let ours_present = listed
         .as_ref()
-        .map(|s| s.lines().any(|l| l.trim() == format!("table ip {}", up.table)))
+        .map(|s| {
+            s.lines()
+                .any(|l| l.trim() == format!("table ip {}", up.table))
+        })
         .unwrap_or(true);
     if ours_present {
         note(run(&up.nft, &["delete", "table", "ip", &up.table], None).map(drop));
@@ -362,7 +368,9 @@ fn teardown(up: &Uplink) -> Result<(), UplinkError> {
     match run(&up.ip, &["addr", "del", &up.addr, "dev", &up.tap], None) {
         // Already gone (the TAP was deleted, or the address removed) is fine.
         Err(UplinkError::Command { stderr, .. })
-            if stderr.contains("Cannot find device") || stderr.contains("Cannot assign") => {}
+            if stderr.contains("Cannot find device")
+                || stderr.contains("Cannot assign")
+                || stderr.contains("Address not found") => {}
         r => note(r.map(drop)),
     }
     if let Some(before) = &up.wan_forwarding_before {
@@ -389,8 +397,14 @@ mod tests {
             parse_cidr("10.0.2.1/24"),
             Some((Ipv4Addr::new(10, 0, 2, 1), 24, "10.0.2.0/24".into()))
         );
-        assert_eq!(parse_cidr("10.0.2.1/0").map(|c| c.2), Some("0.0.0.0/0".into()));
-        assert_eq!(parse_cidr("10.0.2.1/32").map(|c| c.2), Some("10.0.2.1/32".into()));
+        assert_eq!(
+            parse_cidr("10.0.2.1/0").map(|c| c.2),
+            Some("0.0.0.0/0".into())
+        );
+        assert_eq!(
+            parse_cidr("10.0.2.1/32").map(|c| c.2),
+            Some("10.0.2.1/32".into())
+        );
         assert_eq!(parse_cidr("10.0.2.1"), None);
         assert_eq!(parse_cidr("10.0.2.1/33"), None);
         assert_eq!(parse_cidr("10.0.2.1/+3"), None);

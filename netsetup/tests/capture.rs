@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pcap_parser::{Linktype, PcapCapture};
-use provium_netsetup::{CaptureScope, ManualClock, MacAddr, Switch, SwitchConfig, Timer};
+use provium_netsetup::{CaptureScope, MacAddr, ManualClock, Switch, SwitchConfig, Timer};
 
 fn frame(dst: MacAddr, src: MacAddr, tag: u8, len: usize) -> Vec<u8> {
     let mut f = Vec::new();
@@ -59,7 +59,10 @@ fn bridge_capture_is_valid_pcap_with_frames_in_order() {
 
     let pcap = PcapCapture::from_file(&bytes).expect("valid pcap");
     assert_eq!(pcap.header.magic_number, 0xa1b2_c3d4);
-    assert_eq!((pcap.header.version_major, pcap.header.version_minor), (2, 4));
+    assert_eq!(
+        (pcap.header.version_major, pcap.header.version_minor),
+        (2, 4)
+    );
     assert_eq!(pcap.header.snaplen, 65_535);
     assert_eq!(pcap.header.network, Linktype::ETHERNET);
     let blocks = &pcap.blocks;
@@ -67,8 +70,14 @@ fn bridge_capture_is_valid_pcap_with_frames_in_order() {
     assert_eq!(blocks[0].data, &f1[..]);
     assert_eq!(blocks[1].data, &f2[..]);
     assert_eq!(blocks[2].data, &f3[..]);
-    assert_eq!((blocks[0].ts_sec, blocks[0].ts_usec), (1_700_000_000, 250_000));
-    assert_eq!((blocks[1].ts_sec, blocks[1].ts_usec), (1_700_000_000, 251_500));
+    assert_eq!(
+        (blocks[0].ts_sec, blocks[0].ts_usec),
+        (1_700_000_000, 250_000)
+    );
+    assert_eq!(
+        (blocks[1].ts_sec, blocks[1].ts_usec),
+        (1_700_000_000, 251_500)
+    );
     for (blk, f) in blocks.iter().zip([&f1, &f2, &f3]) {
         assert_eq!(blk.caplen as usize, f.len());
         assert_eq!(blk.origlen as usize, f.len());

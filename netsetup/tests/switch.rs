@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use provium_netsetup::{
-    ManualClock, MacAddr, Port, SendError, Switch, SwitchConfig, Timer, MAX_FRAME_BYTES,
+    MacAddr, ManualClock, Port, SendError, Switch, SwitchConfig, Timer, MAX_FRAME_BYTES,
 };
 
 fn mac(n: u32) -> MacAddr {
@@ -30,7 +30,9 @@ fn tag(f: &[u8]) -> u32 {
 }
 
 fn drain(p: &Port) -> Vec<u32> {
-    std::iter::from_fn(|| p.try_recv()).map(|f| tag(&f)).collect()
+    std::iter::from_fn(|| p.try_recv())
+        .map(|f| tag(&f))
+        .collect()
 }
 
 struct Lab {
@@ -380,7 +382,11 @@ fn combined_impairments_whole_bridge_and_per_pair() {
     let got_b = drain(&b);
     let got_c = drain(&c);
     assert_eq!(drain(&a), Vec::<u32>::new(), "b->a partitioned");
-    assert_eq!(got_c, (100..140).collect::<Vec<_>>(), "a->c: no drops, in order");
+    assert_eq!(
+        got_c,
+        (100..140).collect::<Vec<_>>(),
+        "a->c: no drops, in order"
+    );
     assert!(got_b.windows(2).all(|w| w[0] < w[1]), "a->b in order");
     assert!(
         (5..=35).contains(&got_b.len()),
@@ -470,7 +476,11 @@ fn disconnect_and_reconnect() {
     l.sw.disconnect("a").unwrap();
     assert!(!a.is_link_up());
     assert!(!l.sw.is_connected("a").unwrap());
-    assert_eq!(a.try_recv(), None, "queued frames are discarded on link down");
+    assert_eq!(
+        a.try_recv(),
+        None,
+        "queued frames are discarded on link down"
+    );
     assert_eq!(a.send(&frame(mac(2), mac(1), 2)), Err(SendError::LinkDown));
     b.send(&frame(mac(1), mac(2), 3)).unwrap();
     assert_eq!(drain(&a), Vec::<u32>::new());
@@ -518,7 +528,10 @@ fn untrusted_input_is_bounded() {
 
     // Oversized and malformed frames are refused and counted.
     let huge = vec![0u8; MAX_FRAME_BYTES + 1];
-    assert_eq!(a.send(&huge), Err(SendError::Oversized(MAX_FRAME_BYTES + 1)));
+    assert_eq!(
+        a.send(&huge),
+        Err(SendError::Oversized(MAX_FRAME_BYTES + 1))
+    );
     let mut max = frame(mac(2), mac(1), 1);
     max.resize(MAX_FRAME_BYTES, 0);
     assert_eq!(a.send(&max), Ok(()));
@@ -544,7 +557,11 @@ fn untrusted_input_is_bounded() {
     }
     assert_eq!(l.sw.lookup_mac(mac(2)).as_deref(), Some("b"));
     assert_eq!(l.sw.lookup_mac(mac(3)).as_deref(), Some("c"));
-    assert_eq!(l.sw.lookup_mac(mac(1)), None, "a's oldest entry was evicted");
+    assert_eq!(
+        l.sw.lookup_mac(mac(1)),
+        None,
+        "a's oldest entry was evicted"
+    );
     assert!(l.sw.stats().mac_evictions >= 5000 - 8);
     drain(&c);
 
@@ -587,7 +604,9 @@ fn system_clock_timer_thread_releases_delayed_frames() {
     let b = sw.attach("b", mac(2)).unwrap();
     sw.set_latency(Duration::from_millis(20));
     a.send(&frame(MacAddr::BROADCAST, mac(1), 1)).unwrap();
-    let f = b.recv_timeout(Duration::from_secs(30)).expect("released by the timer");
+    let f = b
+        .recv_timeout(Duration::from_secs(30))
+        .expect("released by the timer");
     assert_eq!(tag(&f), 1);
     assert_eq!(sw.stats().delayed, 1);
 }
