@@ -298,7 +298,8 @@ impl AgentClient {
     }
 
     /// Close the connection now. Pending calls wake with "agent connection
-    /// closed"; the agent sees end of stream.
+    /// closed"; the agent sees end of stream. (Closing a file handle is
+    /// [`AgentOps::close`](super::AgentOps::close): `AgentOps::close(&client, handle)`.)
     pub fn close(&self) {
         self.shared
             .mark_lost(Lost::Closed("the host closed the connection".into()));
