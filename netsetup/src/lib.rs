@@ -9,6 +9,23 @@
 //! pcap streams written by the switch. Only [`uplink`] needs host privileges.
 //!
 //! This crate depends on no other workspace crate. See `docs/networking.md`.
+//!
+//! ```
+//! use std::time::Duration;
+//! use provium_netsetup::{MacAddr, Switch, SwitchConfig};
+//!
+//! let lan = Switch::new("lan", SwitchConfig { run_seed: 42, ..SwitchConfig::default() });
+//! let a = lan.attach("a", MacAddr::local(1)).unwrap();
+//! let b = lan.attach("b", MacAddr::local(2)).unwrap();
+//! lan.partition_directional("a", "b").unwrap(); // a -> b dropped, b -> a flows
+//!
+//! let mut frame = vec![0xff; 6]; // broadcast destination
+//! frame.extend_from_slice(&MacAddr::local(2).0); // source: b
+//! frame.extend_from_slice(&[0x88, 0xb5, 1, 2, 3]);
+//! b.send(&frame).unwrap();
+//! assert_eq!(a.recv_timeout(Duration::from_secs(5)), Some(frame));
+//! assert_eq!(b.counters().tx_packets, 1);
+//! ```
 
 #![warn(missing_docs)]
 
