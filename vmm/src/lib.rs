@@ -1,7 +1,26 @@
-//! The in-process microVMM (KVM, guest memory, loader, vCPUs, virtio-mmio devices).
+//! Provium's in-process microVMM on the rust-vmm crates.
 //!
-//! Not built yet: the VMM issue fills this crate in. The crate edges to
-//! `provium-snapshot` (save/restore) and `provium-netsetup` (virtio-net's switch
-//! port) are part of the design and are referenced here so they are real.
+//! Layout (after Firecracker's `src/vmm`): `vmm_config/` is the validated user
+//! config; `builder` turns it into a running `Machine` (memory, KVM VM, kernel,
+//! boot params, devices, vCPUs); `vstate/` owns every KVM object and is the only
+//! module issuing KVM ioctls; `device_manager/` places devices on buses and wires
+//! interrupts; `devices/` holds the models (they know no KVM); `arch/` is the
+//! x86_64 boot data; `lifecycle` is the public `Vm` with its state machine;
+//! `console` is the serial console log/stream/input; `tiny_guest` is the test
+//! guest built at compile time. See docs/vmm.md.
+
+pub mod arch;
+pub mod builder;
+pub mod console;
+pub mod device_manager;
+pub mod devices;
+pub mod lifecycle;
+pub mod tiny_guest;
+pub mod vmm_config;
+pub mod vstate;
+
+pub use console::{Console, ConsoleRead, ConsoleSubscriber};
+pub use lifecycle::{StopReason, Vm, VmError, VmState};
 pub use provium_netsetup as netsetup;
 pub use provium_snapshot as snapshot;
+pub use vmm_config::{BootSource, KernelImage, MachineConfig, VmConfig};

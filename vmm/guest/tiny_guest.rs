@@ -1,0 +1,189 @@
+//! The tiny test guest: a bzImage whose 64-bit entry talks to COM1.
+//!
+//! Built by `build.rs` (no assembler on the machine: `asm.rs` emits the bytes).
+//! It is packaged exactly like a Linux bzImage (Documentation/arch/x86/boot.rst):
+//! a one-sector boot block + one setup sector holding the setup header (`HdrS`,
+//! protocol 2.15, LOADED_HIGH, XLF_KERNEL_64), then the protected-mode kernel,
+//! whose 64-bit entry (`startup_64`) sits at offset 0x200, as Linux's does. So it
+//! takes the same linux-loader path as a real kernel.
+//!
+//! Behaviour, entered in long mode with RSI = boot_params (zero page):
+//! 1. prints `PROVIUM-TINY-GUEST v1`, then `cmdline=<the command line read
+//!    through boot_params.hdr.cmd_line_ptr>`, then `e820=<entries, hex>
+//!    initrd=<ramdisk_image hex>+<ramdisk_size hex>`, then `READY`, on COM1;
+//! 2. loops forever: increments a u64 counter (at `COUNTER_OFFSET` from the
+//!    kernel's load address), polls COM1's LSR, and for each received byte:
+//!    `R` writes 0xFE to the i8042 command port (reset), `P` writes SLP_EN to
+//!    the PM1a control port 0x604 (power off), anything else is echoed.
+//!
+//! It stays tiny because its CPL0 code is emulated (~2-3 M instructions/s) on
+//! kvm_pvm, and uses no instruction that emulator lacks.
+
+use crate::asm::{Asm, Cond, Reg};
+
+const COM1: u32 = 0x3F8;
+const COM1_LSR: u32 = COM1 + 5;
+const I8042_COMMAND: u32 = 0x64;
+const PM1A_CNT: u32 = 0x604;
+/// SLP_EN (bit 13) with SLP_TYP 0: what QEMU's PIIX4/ICH9 PM treats as S5.
+const PM1_SLP_EN: u16 = 1 << 13;
+
+/// boot_params offsets (arch/x86/include/uapi/asm/bootparam.h).
+const BP_E820_ENTRIES: u32 = 0x1E8;
+const BP_RAMDISK_IMAGE: u32 = 0x218;
+const BP_RAMDISK_SIZE: u32 = 0x21C;
+const BP_CMD_LINE_PTR: u32 = 0x228;
+
+/// Where linux-loader puts the protected-mode kernel (`code32_start`).
+pub const LOAD_ADDR: u32 = 0x10_0000;
+/// Offset of `startup_64` in the protected-mode kernel (Linux's convention).
+pub const STARTUP_64_OFFSET: usize = 0x200;
+
+pub struct TinyGuest {
+    pub bzimage: Vec<u8>,
+    /// Offset of the u64 loop counter from `LOAD_ADDR`.
+    pub counter_offset: usize,
+}
+
+fn program() -> (Vec<u8>, usize) {
+    let mut a = Asm::default();
+    // startup_32: the 32-bit entry is not supported; park the CPU.
+    a.label("startup_32");
+    a.hlt();
+    a.jmp("startup_32");
+    a.pad_to(STARTUP_64_OFFSET, 0xF4);
+
+    a.label("startup_64");
+    a.cli();
+    a.lea_rip(Reg::Rbx, "s_banner");
+    a.call("puts");
+    a.lea_rip(Reg::Rbx, "s_cmdline");
+    a.call("puts");
+    // cmd_line_ptr is a 32-bit GPA; the VMM identity-maps the first GiB.
+    a.mov_r32_mem(Reg::Rbx, Reg::Rsi, BP_CMD_LINE_PTR);
+    a.call("puts");
+    a.lea_rip(Reg::Rbx, "s_e820");
+    a.call("puts");
+    a.movzx_r32_mem8(Reg::Rax, Reg::Rsi, BP_E820_ENTRIES);
+    a.call("puthex8");
+    a.lea_rip(Reg::Rbx, "s_initrd");
+    a.call("puts");
+    a.mov_r32_mem(Reg::Rax, Reg::Rsi, BP_RAMDISK_IMAGE);
+    a.call("puthex32");
+    a.mov_al(b'+');
+    a.call("putc");
+    a.mov_r32_mem(Reg::Rax, Reg::Rsi, BP_RAMDISK_SIZE);
+    a.call("puthex32");
+    a.lea_rip(Reg::Rbx, "s_ready");
+    a.call("puts");
+
+    a.label("main_loop");
+    a.inc_qword_rip("counter");
+    a.mov_r32_imm(Reg::Rdx, COM1_LSR);
+    a.in_al_dx();
+    a.test_al(0x01); // LSR.DR: a byte is waiting
+    a.jcc(Cond::Z, "main_loop");
+    a.mov_r32_imm(Reg::Rdx, COM1);
+    a.in_al_dx();
+    a.cmp_al(b'R');
+    a.jcc(Cond::Z, "do_reset");
+    a.cmp_al(b'P');
+    a.jcc(Cond::Z, "do_poweroff");
+    a.out_dx_al(); // echo
+    a.jmp("main_loop");
+
+    a.label("do_reset");
+    a.mov_r32_imm(Reg::Rdx, I8042_COMMAND);
+    a.mov_al(0xFE);
+    a.out_dx_al();
+    a.jmp("main_loop");
+
+    a.label("do_poweroff");
+    a.mov_r32_imm(Reg::Rdx, PM1A_CNT);
+    a.mov_ax(PM1_SLP_EN);
+    a.out_dx_ax();
+    a.jmp("main_loop");
+
+    // puts: RBX = NUL-terminated string. Clobbers AL, EDX, RBX.
+    a.label("puts");
+    a.mov_al_at_rbx();
+    a.test_al_al();
+    a.jcc(Cond::Z, "puts_done");
+    a.call("putc");
+    a.inc_rbx();
+    a.jmp("puts");
+    a.label("puts_done");
+    a.ret();
+
+    // putc: AL = byte. Clobbers EDX.
+    a.label("putc");
+    a.mov_r32_imm(Reg::Rdx, COM1);
+    a.out_dx_al();
+    a.ret();
+
+    // puthex8: AL (zero-extended in EAX) as 2 hex digits.
+    a.label("puthex8");
+    a.shl_eax(24);
+    a.mov_r32_imm(Reg::Rcx, 2);
+    a.jmp("hex_loop");
+    // puthex32: EAX as 8 hex digits. Clobbers EAX, ECX, EDX.
+    a.label("puthex32");
+    a.mov_r32_imm(Reg::Rcx, 8);
+    a.label("hex_loop");
+    a.rol_eax(4);
+    a.push_rax();
+    a.and_al(0x0F);
+    a.cmp_al(10);
+    a.jcc(Cond::B, "hex_digit");
+    a.add_al(b'a' - b'0' - 10);
+    a.label("hex_digit");
+    a.add_al(b'0');
+    a.call("putc");
+    a.pop_rax();
+    a.dec_ecx();
+    a.jcc(Cond::Nz, "hex_loop");
+    a.ret();
+
+    a.cstr("s_banner", "PROVIUM-TINY-GUEST v1\n");
+    a.cstr("s_cmdline", "cmdline=");
+    a.cstr("s_e820", "\ne820=");
+    a.cstr("s_initrd", " initrd=");
+    a.cstr("s_ready", "\nREADY\n");
+    a.align(8, 0);
+    a.label("counter");
+    a.bytes(&[0; 8]);
+    let counter = a.offset_of("counter");
+    (a.finish(), counter)
+}
+
+/// Packages the program as a bzImage.
+pub fn build() -> TinyGuest {
+    let (kernel, counter_offset) = program();
+    const SETUP_SECTS: u8 = 1;
+    let setup_len = (usize::from(SETUP_SECTS) + 1) * 512;
+    let mut img = vec![0u8; setup_len];
+    let put = |img: &mut Vec<u8>, off: usize, bytes: &[u8]| {
+        img[off..off + bytes.len()].copy_from_slice(bytes);
+    };
+    let syssize = u32::try_from(kernel.len().div_ceil(16)).expect("small kernel");
+    let init_size = u32::try_from(kernel.len().next_multiple_of(4096)).expect("small kernel");
+    put(&mut img, 0x1F1, &[SETUP_SECTS]); // setup_sects
+    put(&mut img, 0x1F4, &syssize.to_le_bytes()); // syssize (16-byte units)
+    put(&mut img, 0x1FE, &0xAA55u16.to_le_bytes()); // boot_flag
+    put(&mut img, 0x200, &[0xEB, 0x66]); // jump over the header (real mode; unused)
+    put(&mut img, 0x202, b"HdrS"); // header
+    put(&mut img, 0x206, &0x020Fu16.to_le_bytes()); // version 2.15
+    put(&mut img, 0x211, &[0x01]); // loadflags: LOADED_HIGH
+    put(&mut img, 0x214, &LOAD_ADDR.to_le_bytes()); // code32_start
+    put(&mut img, 0x22C, &0x37FF_FFFFu32.to_le_bytes()); // initrd_addr_max
+    put(&mut img, 0x230, &0x20_0000u32.to_le_bytes()); // kernel_alignment
+    put(&mut img, 0x236, &0x0001u16.to_le_bytes()); // xloadflags: XLF_KERNEL_64
+    put(&mut img, 0x238, &2047u32.to_le_bytes()); // cmdline_size
+    put(&mut img, 0x258, &u64::from(LOAD_ADDR).to_le_bytes()); // pref_address
+    put(&mut img, 0x260, &init_size.to_le_bytes()); // init_size
+    img.extend_from_slice(&kernel);
+    TinyGuest {
+        bzimage: img,
+        counter_offset,
+    }
+}

@@ -1,0 +1,397 @@
+//! Builds a running machine from a `VmConfig`: guest RAM, the KVM VM, the
+//! kernel (bzImage or ELF through linux-loader), initrd, command line, zero
+//! page, page tables and GDT, legacy devices, then configured vCPU threads.
+//!
+//! A warm reset runs this again: the same path as the first boot.
+
+use std::fs::File;
+use std::io::{self, Cursor, Read, Seek};
+use std::sync::Arc;
+
+use linux_loader::cmdline::Cmdline;
+use linux_loader::configurator::linux::LinuxBootConfigurator;
+use linux_loader::configurator::{BootConfigurator, BootParams};
+use linux_loader::loader::{load_cmdline, BzImage, Elf, KernelLoader, KernelLoaderResult};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryError, ReadVolatile};
+
+use crate::arch::boot_params::{
+    build_zero_page, initrd_gpa, BootParamsError, ZeroPageSpec, DEFAULT_INITRD_ADDR_MAX,
+};
+use crate::arch::layout::{
+    ram_ranges, CMDLINE_ADDR, CMDLINE_MAX_BYTES, HIMEM_START, ZERO_PAGE_ADDR,
+};
+use crate::arch::regs::write_boot_tables;
+use crate::console::Console;
+use crate::device_manager::legacy::{attach_legacy_devices, LegacyDevices, LegacyDevicesError};
+use crate::devices::bus::Bus;
+use crate::devices::GuestRequestSink;
+use crate::vmm_config::machine_config::MachineConfigError;
+use crate::vmm_config::{KernelImage, VmConfig};
+use crate::vstate::kvm::KvmContext;
+use crate::vstate::memory::{create_guest_ram, GuestRam, MemoryError};
+use crate::vstate::vcpu::{
+    configure_vcpu, VcpuBootConfig, VcpuError, VcpuIo, VcpuSet, VcpuStopSink,
+};
+use crate::vstate::vm::{KvmVm, KvmVmError};
+
+/// Offset of the 64-bit entry (`startup_64`) in a bzImage's protected-mode kernel.
+pub const BZIMAGE_STARTUP_64_OFFSET: u64 = 0x200;
+/// `xloadflags` bit: the kernel has a 64-bit entry at +0x200.
+const XLF_KERNEL_64: u16 = 1;
+const ELF_MAGIC: &[u8; 4] = b"\x7fELF";
+
+/// An error building the machine.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// Invalid machine shape.
+    #[error("invalid machine configuration")]
+    Machine(#[source] MachineConfigError),
+    /// Guest RAM.
+    #[error("cannot create guest memory")]
+    Memory(#[source] MemoryError),
+    /// The KVM VM.
+    #[error("cannot set up the KVM VM")]
+    Vm(#[source] KvmVmError),
+    /// Opening or reading the kernel or initrd.
+    #[error("cannot read {what} {path}")]
+    ReadImage {
+        /// "kernel" or "initrd".
+        what: &'static str,
+        /// Its path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+    /// linux-loader refused the kernel.
+    #[error("cannot load the kernel {path} as {format} (is it a bzImage or an ELF vmlinux?)")]
+    LoadKernel {
+        /// Its path.
+        path: String,
+        /// "bzImage" or "ELF".
+        format: &'static str,
+        /// Cause.
+        #[source]
+        source: linux_loader::loader::Error,
+    },
+    /// A bzImage without the 64-bit entry this VMM uses.
+    #[error(
+        "the kernel {path} has no 64-bit entry point (boot protocol {version:#x}, xloadflags \
+         {xloadflags:#x}); build it with CONFIG_X86_64 and boot protocol 2.12 or later"
+    )]
+    No64BitEntry {
+        /// Its path.
+        path: String,
+        /// Boot protocol version.
+        version: u16,
+        /// xloadflags.
+        xloadflags: u16,
+    },
+    /// The initrd does not fit.
+    #[error(
+        "initrd {path} ({size_bytes} bytes) does not fit in guest memory above the kernel \
+         (give the VM more memory)"
+    )]
+    InitrdTooLarge {
+        /// Its path.
+        path: String,
+        /// Its size.
+        size_bytes: u64,
+    },
+    /// Copying the initrd into guest memory failed.
+    #[error("cannot copy initrd {path} into guest memory")]
+    CopyInitrd {
+        /// Its path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: GuestMemoryError,
+    },
+    /// The command line is invalid or too long.
+    #[error("invalid kernel command line (at most {max_bytes} bytes, printable ASCII)")]
+    Cmdline {
+        /// Capacity including the NUL.
+        max_bytes: usize,
+        /// Cause.
+        #[source]
+        source: linux_loader::cmdline::Error,
+    },
+    /// Writing the command line failed.
+    #[error("cannot write the command line to guest memory")]
+    WriteCmdline(#[source] linux_loader::loader::Error),
+    /// Writing page tables or GDT failed.
+    #[error("cannot write boot page tables and GDT")]
+    BootTables(#[source] GuestMemoryError),
+    /// Building the zero page failed.
+    #[error("cannot build boot_params")]
+    ZeroPage(#[source] BootParamsError),
+    /// Writing the zero page failed.
+    #[error("cannot write boot_params to guest memory")]
+    WriteZeroPage(#[source] linux_loader::configurator::Error),
+    /// Legacy devices.
+    #[error("cannot attach legacy devices")]
+    Legacy(#[source] LegacyDevicesError),
+    /// vCPU setup.
+    #[error("cannot set up vCPUs")]
+    Vcpu(#[source] VcpuError),
+    /// Too many vCPUs for KVM.
+    #[error("invalid machine configuration for this KVM")]
+    VcpuLimit(#[source] MachineConfigError),
+}
+
+/// Where things landed in guest memory.
+#[derive(Clone, Debug)]
+pub struct BootInfo {
+    /// Where the kernel was loaded.
+    pub kernel_load_gpa: u64,
+    /// The 64-bit entry point.
+    pub entry_gpa: u64,
+    /// End of the loaded kernel.
+    pub kernel_end_gpa: u64,
+    /// Initrd (gpa, size).
+    pub initrd: Option<(u64, u32)>,
+    /// The command line as written.
+    pub cmdline: String,
+}
+
+/// A running machine: one boot of a VM. Fields drop in order: vCPU threads
+/// stop before the devices, the VM fd and the memory they use go away.
+pub struct Machine {
+    /// vCPU threads.
+    pub vcpus: VcpuSet,
+    /// Legacy devices.
+    pub legacy: LegacyDevices,
+    /// The PIO bus.
+    pub pio: Arc<Bus>,
+    /// The KVM VM.
+    pub vm: KvmVm,
+    /// Guest RAM.
+    pub ram: GuestRam,
+    /// Load results.
+    pub boot: BootInfo,
+}
+
+/// The bits of a boot that come from loading the kernel.
+struct LoadedKernel {
+    result: KernelLoaderResult,
+    entry_gpa: u64,
+}
+
+fn load_kernel(ram: &GuestRam, img: &KernelImage) -> Result<LoadedKernel, BuildError> {
+    match img {
+        KernelImage::Path(p) => {
+            let path = p.display().to_string();
+            let f = File::open(p).map_err(|source| BuildError::ReadImage {
+                what: "kernel",
+                path: path.clone(),
+                source,
+            })?;
+            load_kernel_from(ram, f, path)
+        }
+        KernelImage::Bytes(b) => {
+            load_kernel_from(ram, Cursor::new(b.clone()), "<in-memory image>".into())
+        }
+    }
+}
+
+fn load_kernel_from<R: Read + ReadVolatile + Seek>(
+    ram: &GuestRam,
+    mut src: R,
+    path: String,
+) -> Result<LoadedKernel, BuildError> {
+    let read_err = |path: &str, source| BuildError::ReadImage {
+        what: "kernel",
+        path: path.to_string(),
+        source,
+    };
+    let mut magic = [0u8; 4];
+    src.read_exact(&mut magic).map_err(|e| read_err(&path, e))?;
+    src.rewind().map_err(|e| read_err(&path, e))?;
+    let highmem = Some(GuestAddress(HIMEM_START));
+    if &magic == ELF_MAGIC {
+        let result = Elf::load(&ram.memory, None, &mut src, highmem).map_err(|source| {
+            BuildError::LoadKernel {
+                path: path.clone(),
+                format: "ELF",
+                source,
+            }
+        })?;
+        return Ok(LoadedKernel {
+            entry_gpa: result.kernel_load.0,
+            result,
+        });
+    }
+    let result = BzImage::load(&ram.memory, None, &mut src, highmem).map_err(|source| {
+        BuildError::LoadKernel {
+            path: path.clone(),
+            format: "bzImage",
+            source,
+        }
+    })?;
+    let hdr = result
+        .setup_header
+        .expect("the bzImage loader returns the setup header");
+    let (version, xloadflags) = (hdr.version, hdr.xloadflags);
+    if version < 0x20c || xloadflags & XLF_KERNEL_64 == 0 {
+        return Err(BuildError::No64BitEntry {
+            path,
+            version,
+            xloadflags,
+        });
+    }
+    Ok(LoadedKernel {
+        entry_gpa: result.kernel_load.0 + BZIMAGE_STARTUP_64_OFFSET,
+        result,
+    })
+}
+
+fn load_initrd(
+    ram: &GuestRam,
+    mem_bytes: u64,
+    path: &std::path::Path,
+    kernel_end: u64,
+    addr_max: u64,
+) -> Result<(u64, u32), BuildError> {
+    let shown = path.display().to_string();
+    let read_err = |source| BuildError::ReadImage {
+        what: "initrd",
+        path: shown.clone(),
+        source,
+    };
+    let mut f = File::open(path).map_err(read_err)?;
+    let size_bytes = f.metadata().map_err(read_err)?.len();
+    let too_large = || BuildError::InitrdTooLarge {
+        path: shown.clone(),
+        size_bytes,
+    };
+    let size32 = u32::try_from(size_bytes).map_err(|_| too_large())?;
+    let gpa = initrd_gpa(&ram_ranges(mem_bytes), kernel_end, size_bytes, addr_max)
+        .ok_or_else(too_large)?;
+    let len = usize::try_from(size_bytes).map_err(|_| too_large())?;
+    ram.memory
+        .read_exact_volatile_from(GuestAddress(gpa), &mut f, len)
+        .map_err(|source| BuildError::CopyInitrd {
+            path: shown.clone(),
+            source,
+        })?;
+    Ok((gpa, size32))
+}
+
+/// Builds the machine and starts its vCPUs.
+pub fn build_and_start(
+    kvm: &KvmContext,
+    cfg: &VmConfig,
+    console: &Arc<Console>,
+    requests: Arc<dyn GuestRequestSink>,
+    stops: Arc<dyn VcpuStopSink>,
+) -> Result<Machine, BuildError> {
+    let m = &cfg.machine;
+    m.validate().map_err(BuildError::Machine)?;
+    if usize::from(m.vcpu_count) > kvm.max_vcpus {
+        return Err(BuildError::VcpuLimit(MachineConfigError::VcpuCountKvm {
+            count: m.vcpu_count,
+            max: kvm.max_vcpus,
+        }));
+    }
+    let mem_bytes = m.mem_bytes().map_err(BuildError::Machine)?;
+    let ram = create_guest_ram(mem_bytes).map_err(BuildError::Memory)?;
+    let vm = KvmVm::new(kvm).map_err(BuildError::Vm)?;
+    vm.register_memory(&ram.memory).map_err(BuildError::Vm)?;
+
+    let kernel = load_kernel(&ram, &cfg.boot.kernel)?;
+    let hdr = kernel.result.setup_header;
+    let initrd_max = match hdr {
+        Some(h) if h.version >= 0x203 => u64::from(h.initrd_addr_max),
+        _ => DEFAULT_INITRD_ADDR_MAX,
+    };
+    let initrd = cfg
+        .boot
+        .initrd
+        .as_deref()
+        .map(|p| load_initrd(&ram, mem_bytes, p, kernel.result.kernel_end, initrd_max))
+        .transpose()?;
+
+    let cmdline_cap = match hdr {
+        Some(h) if h.version >= 0x206 && h.cmdline_size > 0 => CMDLINE_MAX_BYTES.min(
+            usize::try_from(h.cmdline_size)
+                .unwrap_or(usize::MAX)
+                .saturating_add(1),
+        ),
+        _ => CMDLINE_MAX_BYTES,
+    };
+    let cmdline = Cmdline::try_from(&cfg.boot.cmdline, cmdline_cap).map_err(|source| {
+        BuildError::Cmdline {
+            max_bytes: cmdline_cap,
+            source,
+        }
+    })?;
+    load_cmdline(&ram.memory, GuestAddress(CMDLINE_ADDR), &cmdline)
+        .map_err(BuildError::WriteCmdline)?;
+    write_boot_tables(&ram.memory).map_err(BuildError::BootTables)?;
+    let spec = ZeroPageSpec {
+        setup_header: hdr,
+        cmdline_gpa: CMDLINE_ADDR,
+        cmdline_len_bytes: u32::try_from(cfg.boot.cmdline.len()).expect("bounded by cmdline_cap"),
+        initrd,
+    };
+    let zero_page = build_zero_page(&spec, &ram_ranges(mem_bytes)).map_err(BuildError::ZeroPage)?;
+    LinuxBootConfigurator::write_bootparams(
+        &BootParams::new(&zero_page, GuestAddress(ZERO_PAGE_ADDR)),
+        &ram.memory,
+    )
+    .map_err(BuildError::WriteZeroPage)?;
+
+    let mut pio = Bus::new();
+    let legacy =
+        attach_legacy_devices(&vm, &mut pio, console, requests).map_err(BuildError::Legacy)?;
+
+    let mut fds = Vec::with_capacity(usize::from(m.vcpu_count));
+    for index in 0..m.vcpu_count {
+        let fd = vm.create_vcpu(index).map_err(BuildError::Vm)?;
+        let boot = VcpuBootConfig {
+            index,
+            count: m.vcpu_count,
+            template: m.cpu_template,
+            entry_gpa: (index == 0).then_some(kernel.entry_gpa),
+        };
+        configure_vcpu(&fd, kvm, &boot).map_err(BuildError::Vcpu)?;
+        fds.push(fd);
+    }
+    let pio = Arc::new(pio);
+    let io = VcpuIo {
+        pio: pio.clone(),
+        mmio: Arc::new(Bus::new()),
+        stops,
+    };
+    let vcpus = VcpuSet::start(fds, io).map_err(BuildError::Vcpu)?;
+    Ok(Machine {
+        vcpus,
+        legacy,
+        pio,
+        vm,
+        ram,
+        boot: BootInfo {
+            kernel_load_gpa: kernel.result.kernel_load.0,
+            entry_gpa: kernel.entry_gpa,
+            kernel_end_gpa: kernel.result.kernel_end,
+            initrd,
+            cmdline: cfg.boot.cmdline.clone(),
+        },
+    })
+}
+
+/// Loads `img` into fresh memory of `mem_bytes` without KVM and returns where
+/// it landed and its entry point: what `build_and_start` would use. For tests
+/// and tools that check an image before booting it.
+pub fn probe_kernel(img: &KernelImage, mem_bytes: u64) -> Result<(BootInfo, GuestRam), BuildError> {
+    let ram = create_guest_ram(mem_bytes).map_err(BuildError::Memory)?;
+    let k = load_kernel(&ram, img)?;
+    let info = BootInfo {
+        kernel_load_gpa: k.result.kernel_load.0,
+        entry_gpa: k.entry_gpa,
+        kernel_end_gpa: k.result.kernel_end,
+        initrd: None,
+        cmdline: String::new(),
+    };
+    Ok((info, ram))
+}

@@ -1,0 +1,185 @@
+//! COM1: vm-superio's 16550A model, its output feeding the `Console` and its
+//! receive FIFO fed from the console's pending input.
+//!
+//! The guest drives every register; `vm_superio::Serial` bounds its FIFO (64
+//! bytes) and the console bounds everything else, so no guest behaviour grows
+//! host memory. Input moves into the FIFO when the host writes and again each
+//! time the guest drains a byte.
+
+use std::io;
+use std::sync::{Arc, Mutex};
+
+use vm_superio::serial::NoEvents;
+use vm_superio::Serial;
+
+use super::EventFdTrigger;
+use crate::console::{Console, ConsoleInputSink};
+use crate::devices::bus::BusDevice;
+
+/// COM1's base port.
+pub const COM1_PORT: u64 = 0x3f8;
+/// Registers per UART.
+pub const UART_PORT_COUNT: u64 = 8;
+/// COM1's ISA IRQ.
+pub const COM1_IRQ: u32 = 4;
+const DATA_OFFSET: u8 = 0;
+
+/// `io::Write` into the console log.
+pub struct ConsoleWriter(pub Arc<Console>);
+
+impl io::Write for ConsoleWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.push_output(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The serial device on the bus.
+pub struct SerialDevice {
+    serial: Serial<EventFdTrigger, NoEvents, ConsoleWriter>,
+    console: Arc<Console>,
+    /// Trigger/IO errors seen (the guest cannot act on them; counted for tests and logs).
+    pub error_count: u64,
+}
+
+impl SerialDevice {
+    /// A UART raising `irq` and writing to `console`.
+    pub fn new(irq: EventFdTrigger, console: Arc<Console>) -> SerialDevice {
+        SerialDevice {
+            serial: Serial::new(irq, ConsoleWriter(console.clone())),
+            console,
+            error_count: 0,
+        }
+    }
+
+    /// The interrupt trigger (its eventfd is registered as an irqfd).
+    pub fn interrupt(&self) -> &EventFdTrigger {
+        self.serial.interrupt_evt()
+    }
+
+    /// Moves pending console input into the receive FIFO, as much as fits.
+    pub fn fill_from_console(&mut self) {
+        let room = self.serial.fifo_capacity();
+        if room == 0 {
+            return;
+        }
+        let bytes = self.console.take_input(room);
+        if bytes.is_empty() {
+            return;
+        }
+        match self.serial.enqueue_raw_bytes(&bytes) {
+            Ok(n) if n < bytes.len() => self.console.unread_input(&bytes[n..]),
+            Ok(_) => {}
+            Err(_) => {
+                self.error_count += 1;
+                self.console.unread_input(&bytes);
+            }
+        }
+    }
+}
+
+impl BusDevice for SerialDevice {
+    fn read(&mut self, offset: u64, data: &mut [u8]) {
+        let Ok(off) = u8::try_from(offset) else {
+            data.fill(0xff);
+            return;
+        };
+        for b in data.iter_mut() {
+            *b = self.serial.read(off);
+        }
+        if off == DATA_OFFSET {
+            self.fill_from_console();
+        }
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        let Ok(off) = u8::try_from(offset) else {
+            return;
+        };
+        for b in data {
+            if self.serial.write(off, *b).is_err() {
+                self.error_count += 1;
+            }
+        }
+    }
+}
+
+impl ConsoleInputSink for Mutex<SerialDevice> {
+    fn pump(&self) {
+        self.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .fill_from_console();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LSR: u64 = 5;
+
+    /// The device, its console, and the strong sink reference the console's
+    /// weak one needs (the machine holds it in real use).
+    fn device() -> (
+        Arc<Mutex<SerialDevice>>,
+        Arc<Console>,
+        Arc<dyn ConsoleInputSink>,
+    ) {
+        let console = Console::new(4096);
+        let dev = Arc::new(Mutex::new(SerialDevice::new(
+            EventFdTrigger::new().expect("eventfd"),
+            console.clone(),
+        )));
+        let sink: Arc<dyn ConsoleInputSink> = dev.clone();
+        console.set_input_sink(Arc::downgrade(&sink));
+        (dev, console, sink)
+    }
+
+    #[test]
+    fn output_reaches_console_and_raises_irq() {
+        let (dev, console, _sink) = device();
+        let mut d = dev.lock().expect("fresh");
+        d.write(1, &[0x02]); // IER: THR empty interrupt
+        d.write(0, b"hi");
+        assert_eq!(console.log(), b"hi");
+        assert!(d.interrupt().0.read().expect("irq raised") >= 1);
+    }
+
+    #[test]
+    fn input_flows_through_the_fifo() {
+        let (dev, console, _sink) = device();
+        let input: Vec<u8> = (0..100u8).collect();
+        console.write_input(&input).expect("fits");
+        let mut got = Vec::new();
+        let mut d = dev.lock().expect("fresh");
+        for _ in 0..200 {
+            let mut lsr = [0];
+            d.read(LSR, &mut lsr);
+            if lsr[0] & 1 == 0 {
+                break;
+            }
+            let mut b = [0];
+            d.read(0, &mut b);
+            got.push(b[0]);
+        }
+        assert_eq!(got, input, "100 bytes pass a 64-byte FIFO in order");
+        assert_eq!(console.pending_input_bytes(), 0);
+    }
+
+    #[test]
+    fn hostile_accesses_are_harmless() {
+        let (dev, _console, _sink) = device();
+        let mut d = dev.lock().expect("fresh");
+        let mut big = [0u8; 4];
+        d.read(u64::MAX, &mut big);
+        assert_eq!(big, [0xff; 4]);
+        d.write(u64::MAX, &[1]);
+        for off in 0..16 {
+            d.write(off, &[0xff, 0x00, 0x80]);
+            d.read(off, &mut big);
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! Device models. They know nothing of KVM, the builder or the device manager:
+//! they see register accesses (`bus::BusDevice`) and call out through small
+//! traits (interrupt `Trigger`s, `GuestRequestSink`), so each is unit-tested
+//! directly.
+
+pub mod bus;
+pub mod legacy;
+
+/// A platform request the guest makes through a device register.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuestRequest {
+    /// Warm reset (i8042 command 0xFE, the path Linux's `reboot=k` takes).
+    Reset,
+    /// Power off (SLP_EN written to the PM1a control port).
+    PowerOff,
+}
+
+/// Receives guest requests; implemented by the VM's lifecycle monitor.
+pub trait GuestRequestSink: Send + Sync {
+    /// Records `req`. Must not block the calling vCPU.
+    fn request(&self, req: GuestRequest);
+}

@@ -1,0 +1,594 @@
+//! The VM lifecycle: `Vm` with the reference's state machine
+//! (`Created → Booted ⇄ Paused`, `reset` stays `Booted`, anything `→ Shutdown`,
+//! `Dead` when the guest or a vCPU failed), host requests from the API and
+//! guest requests (i8042 reset, power-off, triple fault) handled by a monitor
+//! thread per VM.
+//!
+//! A reset re-runs the whole boot path (`builder::build_and_start`) on fresh
+//! KVM objects and fresh RAM; the console (log and input queue) carries over.
+//! Guest requests carry the generation of the boot that made them, so a stale
+//! request (a second vCPU asking to reset the boot that is already gone) is
+//! ignored. A guest request that arrives while the VM is paused waits for
+//! `resume`.
+
+use std::fmt;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use vm_memory::{Bytes, GuestAddress};
+
+use crate::builder::{build_and_start, BootInfo, BuildError, Machine};
+use crate::console::Console;
+use crate::devices::{GuestRequest, GuestRequestSink};
+use crate::vmm_config::VmConfig;
+use crate::vstate::kvm::{KvmContext, KvmError};
+use crate::vstate::vcpu::{VcpuError, VcpuStop, VcpuStopSink};
+
+/// How long pause and stop wait for every vCPU to leave `KVM_RUN`.
+pub const VCPU_WAIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A VM's state (`vm:state()` in the reference).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VmState {
+    /// Configured, not booted.
+    Created,
+    /// Running.
+    Booted,
+    /// vCPUs stopped.
+    Paused,
+    /// Torn down (host shutdown or guest power-off).
+    Shutdown,
+    /// The guest or a vCPU failed; `stop_reason` says how.
+    Dead,
+}
+
+impl VmState {
+    /// Every state.
+    pub const ALL: [VmState; 5] = [
+        VmState::Created,
+        VmState::Booted,
+        VmState::Paused,
+        VmState::Shutdown,
+        VmState::Dead,
+    ];
+
+    /// The reference's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VmState::Created => "created",
+            VmState::Booted => "booted",
+            VmState::Paused => "paused",
+            VmState::Shutdown => "shutdown",
+            VmState::Dead => "dead",
+        }
+    }
+}
+
+impl fmt::Display for VmState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a VM left `Booted` for good.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// `Vm::shutdown` was called.
+    HostShutdown,
+    /// The guest powered off.
+    GuestPowerOff,
+    /// A vCPU triple-faulted.
+    TripleFault {
+        /// The vCPU.
+        vcpu: u8,
+    },
+    /// A vCPU could not run.
+    VcpuFailed {
+        /// The vCPU.
+        vcpu: u8,
+        /// What happened.
+        reason: String,
+    },
+    /// A warm reset could not rebuild the machine.
+    ResetFailed(String),
+}
+
+impl fmt::Display for StopReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StopReason::HostShutdown => write!(f, "shut down by the host"),
+            StopReason::GuestPowerOff => write!(f, "the guest powered off"),
+            StopReason::TripleFault { vcpu } => write!(f, "vCPU {vcpu} triple-faulted"),
+            StopReason::VcpuFailed { vcpu, reason } => write!(f, "vCPU {vcpu} failed: {reason}"),
+            StopReason::ResetFailed(r) => write!(f, "reset failed: {r}"),
+        }
+    }
+}
+
+/// A lifecycle error.
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    /// The operation is not allowed in the current state.
+    #[error("cannot {op}: {}", state_hint(*.state))]
+    WrongState {
+        /// The operation.
+        op: &'static str,
+        /// The state the VM was in.
+        state: VmState,
+    },
+    /// /dev/kvm is not usable.
+    #[error("KVM is not available")]
+    Kvm(#[source] KvmError),
+    /// Building the machine failed.
+    #[error("cannot build the VM")]
+    Build(#[source] BuildError),
+    /// vCPUs did not pause or stop.
+    #[error("vCPU control failed")]
+    Vcpu(#[source] VcpuError),
+    /// A guest memory access out of range.
+    #[error("guest memory {gpa:#x}+{len_bytes} is not RAM of this VM")]
+    GuestMemory {
+        /// Address.
+        gpa: u64,
+        /// Length.
+        len_bytes: usize,
+    },
+    /// The monitor thread could not be started.
+    #[error("cannot start the VM monitor thread")]
+    Monitor(#[source] std::io::Error),
+}
+
+fn state_hint(s: VmState) -> &'static str {
+    match s {
+        VmState::Created => "VM not booted",
+        VmState::Booted => "VM is booted (not paused)",
+        VmState::Paused => "VM is paused; use resume()",
+        VmState::Shutdown => "VM is shutdown; create a new one",
+        VmState::Dead => "VM is dead; see its stop reason, then create a new one",
+    }
+}
+
+enum MonitorMsg {
+    Guest {
+        generation: u64,
+        req: GuestRequest,
+    },
+    Vcpu {
+        generation: u64,
+        index: u8,
+        why: VcpuStop,
+    },
+    Exit,
+}
+
+/// The sink each boot's devices and vCPUs report to.
+struct BootEvents {
+    generation: u64,
+    tx: Sender<MonitorMsg>,
+}
+
+impl GuestRequestSink for BootEvents {
+    fn request(&self, req: GuestRequest) {
+        // The monitor only goes away with the Vm; a send error then is moot.
+        let _ = self.tx.send(MonitorMsg::Guest {
+            generation: self.generation,
+            req,
+        });
+    }
+}
+
+impl VcpuStopSink for BootEvents {
+    fn vcpu_stopped(&self, index: u8, why: VcpuStop) {
+        let _ = self.tx.send(MonitorMsg::Vcpu {
+            generation: self.generation,
+            index,
+            why,
+        });
+    }
+}
+
+/// What the monitor does with a guest event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum GuestAction {
+    Reset,
+    PowerOff,
+    Die(StopReason),
+}
+
+struct Inner {
+    state: VmState,
+    machine: Option<Machine>,
+    generation: u64,
+    boots: u64,
+    stop_reason: Option<StopReason>,
+    /// A guest request that arrived while paused.
+    pending: Option<GuestAction>,
+}
+
+struct Shared {
+    config: VmConfig,
+    kvm: KvmContext,
+    console: Arc<Console>,
+    tx: Mutex<Sender<MonitorMsg>>,
+    inner: Mutex<Inner>,
+    changed: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn sender(&self) -> Sender<MonitorMsg> {
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn start_machine(&self, g: &mut Inner) -> Result<(), BuildError> {
+        g.generation += 1;
+        let events = Arc::new(BootEvents {
+            generation: g.generation,
+            tx: self.sender(),
+        });
+        let m = build_and_start(
+            &self.kvm,
+            &self.config,
+            &self.console,
+            events.clone(),
+            events,
+        )?;
+        g.machine = Some(m);
+        g.boots += 1;
+        Ok(())
+    }
+
+    /// Stops the vCPUs and drops the machine.
+    fn teardown(&self, g: &mut Inner) -> Result<(), VcpuError> {
+        let r = match g.machine.as_mut() {
+            Some(m) => m.vcpus.stop(VCPU_WAIT_TIMEOUT),
+            None => Ok(()),
+        };
+        // Dropping the machine closes the VM fd and unmaps RAM only once no
+        // vCPU thread runs; on a stop timeout keep it (leaked) rather than
+        // pull memory from under a thread.
+        if r.is_ok() {
+            g.machine = None;
+        } else if let Some(m) = g.machine.take() {
+            std::mem::forget(m);
+        }
+        self.console.close_subscribers();
+        r
+    }
+
+    fn set_state(&self, g: &mut Inner, s: VmState) {
+        g.state = s;
+        self.changed.notify_all();
+    }
+
+    fn reset(&self, g: &mut Inner) -> Result<(), VmError> {
+        if let Err(e) = self.teardown(g) {
+            g.stop_reason = Some(StopReason::ResetFailed(flatten(&e)));
+            self.set_state(g, VmState::Dead);
+            return Err(VmError::Vcpu(e));
+        }
+        g.pending = None;
+        if let Err(e) = self.start_machine(g) {
+            g.stop_reason = Some(StopReason::ResetFailed(flatten(&e)));
+            self.set_state(g, VmState::Dead);
+            return Err(VmError::Build(e));
+        }
+        self.set_state(g, VmState::Booted);
+        Ok(())
+    }
+
+    fn end(&self, g: &mut Inner, state: VmState, reason: StopReason) -> Result<(), VmError> {
+        let r = self.teardown(g);
+        g.pending = None;
+        g.stop_reason = Some(reason);
+        self.set_state(g, state);
+        r.map_err(VmError::Vcpu)
+    }
+
+    fn apply(&self, g: &mut Inner, action: GuestAction) {
+        // Errors here are recorded in the state and stop reason; nobody to return them to.
+        let _ = match action {
+            GuestAction::Reset => self.reset(g),
+            GuestAction::PowerOff => self.end(g, VmState::Shutdown, StopReason::GuestPowerOff),
+            GuestAction::Die(reason) => self.end(g, VmState::Dead, reason),
+        };
+    }
+
+    fn on_guest_event(&self, generation: u64, action: GuestAction) {
+        let mut g = self.lock();
+        if generation != g.generation {
+            return;
+        }
+        match g.state {
+            VmState::Booted => self.apply(&mut g, action),
+            VmState::Paused => {
+                // Keep the first request; a reset then power-off keeps the reset.
+                g.pending.get_or_insert(action);
+            }
+            _ => {}
+        }
+    }
+}
+
+fn flatten(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
+fn monitor(shared: Arc<Shared>, rx: Receiver<MonitorMsg>) {
+    for msg in rx {
+        match msg {
+            MonitorMsg::Exit => break,
+            MonitorMsg::Guest { generation, req } => {
+                let action = match req {
+                    GuestRequest::Reset => GuestAction::Reset,
+                    GuestRequest::PowerOff => GuestAction::PowerOff,
+                };
+                shared.on_guest_event(generation, action);
+            }
+            MonitorMsg::Vcpu {
+                generation,
+                index,
+                why,
+            } => {
+                let action = match why {
+                    VcpuStop::SystemReset => GuestAction::Reset,
+                    VcpuStop::SystemShutdown => GuestAction::PowerOff,
+                    VcpuStop::TripleFault => {
+                        GuestAction::Die(StopReason::TripleFault { vcpu: index })
+                    }
+                    VcpuStop::Failed(reason) => GuestAction::Die(StopReason::VcpuFailed {
+                        vcpu: index,
+                        reason,
+                    }),
+                };
+                shared.on_guest_event(generation, action);
+            }
+        }
+    }
+}
+
+/// A microVM.
+pub struct Vm {
+    shared: Arc<Shared>,
+    monitor: Option<JoinHandle<()>>,
+}
+
+impl Vm {
+    /// Opens KVM and prepares a VM in `Created`. Nothing runs until `boot`.
+    pub fn new(config: VmConfig) -> Result<Vm, VmError> {
+        config
+            .machine
+            .validate()
+            .map_err(|e| VmError::Build(BuildError::Machine(e)))?;
+        let kvm = KvmContext::open().map_err(VmError::Kvm)?;
+        let console = Console::new(config.console_log_bytes);
+        let (tx, rx) = channel();
+        let shared = Arc::new(Shared {
+            config,
+            kvm,
+            console,
+            tx: Mutex::new(tx),
+            inner: Mutex::new(Inner {
+                state: VmState::Created,
+                machine: None,
+                generation: 0,
+                boots: 0,
+                stop_reason: None,
+                pending: None,
+            }),
+            changed: Condvar::new(),
+        });
+        let s = shared.clone();
+        let monitor = std::thread::Builder::new()
+            .name("vm-monitor".into())
+            .spawn(move || monitor(s, rx))
+            .map_err(VmError::Monitor)?;
+        Ok(Vm {
+            shared,
+            monitor: Some(monitor),
+        })
+    }
+
+    fn require(g: &Inner, op: &'static str, ok: &[VmState]) -> Result<(), VmError> {
+        if ok.contains(&g.state) {
+            Ok(())
+        } else {
+            Err(VmError::WrongState { op, state: g.state })
+        }
+    }
+
+    /// `Created → Booted`: builds the machine and starts the vCPUs.
+    pub fn boot(&self) -> Result<(), VmError> {
+        let s = &self.shared;
+        let mut g = s.lock();
+        Self::require(&g, "boot", &[VmState::Created])?;
+        s.start_machine(&mut g).map_err(VmError::Build)?;
+        s.set_state(&mut g, VmState::Booted);
+        Ok(())
+    }
+
+    /// `Booted → Paused`: every vCPU is out of `KVM_RUN` and parked on return.
+    pub fn pause(&self) -> Result<(), VmError> {
+        let s = &self.shared;
+        let mut g = s.lock();
+        Self::require(&g, "pause", &[VmState::Booted])?;
+        let m = g.machine.as_ref().expect("a booted VM has a machine");
+        if let Err(e) = m.vcpus.pause(VCPU_WAIT_TIMEOUT) {
+            m.vcpus.resume();
+            return Err(VmError::Vcpu(e));
+        }
+        s.set_state(&mut g, VmState::Paused);
+        Ok(())
+    }
+
+    /// `Paused → Booted`. A guest request that arrived while paused (reset,
+    /// power-off, failure) takes effect now instead.
+    pub fn resume(&self) -> Result<(), VmError> {
+        let s = &self.shared;
+        let mut g = s.lock();
+        Self::require(&g, "resume", &[VmState::Paused])?;
+        s.set_state(&mut g, VmState::Booted);
+        if let Some(action) = g.pending.take() {
+            s.apply(&mut g, action);
+            return Ok(());
+        }
+        g.machine
+            .as_ref()
+            .expect("a paused VM has a machine")
+            .vcpus
+            .resume();
+        Ok(())
+    }
+
+    /// Warm reset from `Booted`: tear down and boot again through the boot path.
+    pub fn reset(&self) -> Result<(), VmError> {
+        let s = &self.shared;
+        let mut g = s.lock();
+        Self::require(&g, "reset", &[VmState::Booted])?;
+        s.reset(&mut g)
+    }
+
+    /// Any state `→ Shutdown`. Idempotent.
+    pub fn shutdown(&self) -> Result<(), VmError> {
+        let s = &self.shared;
+        let mut g = s.lock();
+        if g.state == VmState::Shutdown {
+            return Ok(());
+        }
+        let reason = g.stop_reason.clone().unwrap_or(StopReason::HostShutdown);
+        s.end(&mut g, VmState::Shutdown, reason)
+    }
+
+    /// The current state.
+    pub fn state(&self) -> VmState {
+        self.shared.lock().state
+    }
+
+    /// Waits until the state is `want` or `timeout` passes; returns the state then.
+    pub fn wait_for_state(&self, want: VmState, timeout: Duration) -> VmState {
+        let deadline = Instant::now() + timeout;
+        let s = &self.shared;
+        let mut g = s.lock();
+        while g.state != want {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            g = s
+                .changed
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        g.state
+    }
+
+    /// Why the VM stopped, once it has.
+    pub fn stop_reason(&self) -> Option<StopReason> {
+        self.shared.lock().stop_reason.clone()
+    }
+
+    /// How many times the machine was built (1 after boot, +1 per reset).
+    pub fn boot_count(&self) -> u64 {
+        self.shared.lock().boots
+    }
+
+    /// Where the current boot loaded things.
+    pub fn boot_info(&self) -> Option<BootInfo> {
+        self.shared.lock().machine.as_ref().map(|m| m.boot.clone())
+    }
+
+    /// The console (survives resets).
+    pub fn console(&self) -> Arc<Console> {
+        self.shared.console.clone()
+    }
+
+    /// Reads guest RAM of the current boot.
+    pub fn read_guest_memory(&self, gpa: u64, buf: &mut [u8]) -> Result<(), VmError> {
+        let g = self.shared.lock();
+        let len_bytes = buf.len();
+        let bad = || VmError::GuestMemory { gpa, len_bytes };
+        let m = g.machine.as_ref().ok_or_else(|| VmError::WrongState {
+            op: "read guest memory",
+            state: g.state,
+        })?;
+        m.ram
+            .memory
+            .read_slice(buf, GuestAddress(gpa))
+            .map_err(|_| bad())
+    }
+
+    /// Reads a little-endian u64 from guest RAM.
+    pub fn read_guest_u64(&self, gpa: u64) -> Result<u64, VmError> {
+        let mut b = [0u8; 8];
+        self.read_guest_memory(gpa, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+        let _ = self.shared.sender().send(MonitorMsg::Exit);
+        if let Some(t) = self.monitor.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_names_match_the_reference() {
+        let names: Vec<&str> = VmState::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(names, ["created", "booted", "paused", "shutdown", "dead"]);
+    }
+
+    #[test]
+    fn wrong_state_messages_give_the_hint() {
+        let e = VmError::WrongState {
+            op: "pause",
+            state: VmState::Paused,
+        };
+        assert_eq!(e.to_string(), "cannot pause: VM is paused; use resume()");
+        let e = VmError::WrongState {
+            op: "reset",
+            state: VmState::Created,
+        };
+        assert_eq!(e.to_string(), "cannot reset: VM not booted");
+        let e = VmError::WrongState {
+            op: "boot",
+            state: VmState::Shutdown,
+        };
+        assert_eq!(
+            e.to_string(),
+            "cannot boot: VM is shutdown; create a new one"
+        );
+    }
+
+    #[test]
+    fn flatten_joins_the_chain() {
+        let e = VmError::Kvm(KvmError::Open(std::io::Error::from_raw_os_error(
+            libc::EBUSY,
+        )));
+        let s = flatten(&e);
+        assert!(
+            s.starts_with("KVM is not available: cannot open /dev/kvm: "),
+            "{s}"
+        );
+    }
+}

@@ -1,0 +1,70 @@
+//! The tiny test guest built by `build.rs` (see `vmm/guest/tiny_guest.rs` for
+//! what it does). Exposed so tests, benches and `provium` can boot it.
+
+include!(concat!(env!("OUT_DIR"), "/tiny_guest_layout.rs"));
+
+/// The bzImage.
+pub static BZIMAGE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/tiny_guest.bzImage"));
+
+/// The first line the guest prints on every boot.
+pub const BANNER: &str = "PROVIUM-TINY-GUEST v1";
+/// Printed once the guest has reported its boot params and entered its loop.
+pub const READY: &str = "READY";
+/// GPA of the u64 the guest's main loop increments.
+pub const COUNTER_GPA: u64 = LOAD_ADDR + COUNTER_OFFSET;
+/// Console input byte: reset through the i8042.
+pub const CMD_RESET: u8 = b'R';
+/// Console input byte: power off through PM1a_CNT.
+pub const CMD_POWER_OFF: u8 = b'P';
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::builder::probe_kernel;
+    use crate::vmm_config::KernelImage;
+    use vm_memory::{Bytes, GuestAddress};
+
+    fn u16_at(off: usize) -> u16 {
+        u16::from_le_bytes([BZIMAGE[off], BZIMAGE[off + 1]])
+    }
+
+    #[test]
+    fn setup_header_is_a_64_bit_bzimage() {
+        assert_eq!(&BZIMAGE[0x202..0x206], b"HdrS");
+        assert_eq!(u16_at(0x1fe), 0xaa55);
+        assert!(u16_at(0x206) >= 0x0206, "protocol >= 2.06");
+        assert_eq!(BZIMAGE[0x211] & 1, 1, "LOADED_HIGH");
+        assert_eq!(u16_at(0x236) & 1, 1, "XLF_KERNEL_64");
+        assert!(
+            BZIMAGE.len() < 4096,
+            "keep it tiny: {} bytes",
+            BZIMAGE.len()
+        );
+    }
+
+    #[test]
+    fn linux_loader_takes_the_bzimage_path() {
+        let img = KernelImage::Bytes(BZIMAGE.into());
+        let (info, ram) = probe_kernel(&img, 16 << 20).expect("tiny guest loads");
+        assert_eq!(info.kernel_load_gpa, LOAD_ADDR);
+        assert_eq!(info.entry_gpa, LOAD_ADDR + STARTUP_64_OFFSET);
+        let first: u8 = ram
+            .memory
+            .read_obj(GuestAddress(info.entry_gpa))
+            .expect("loaded");
+        assert_eq!(first, 0xfa, "startup_64 begins with cli");
+        let counter: u64 = ram
+            .memory
+            .read_obj(GuestAddress(COUNTER_GPA))
+            .expect("loaded");
+        assert_eq!(counter, 0);
+        assert!(COUNTER_GPA + 8 <= info.kernel_end_gpa);
+    }
+
+    #[test]
+    fn strings_are_in_the_image() {
+        let hay = String::from_utf8_lossy(BZIMAGE);
+        assert!(hay.contains(BANNER));
+        assert!(hay.contains(READY));
+    }
+}

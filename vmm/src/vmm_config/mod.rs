@@ -1,0 +1,29 @@
+//! User-facing VM configuration, validated before anything is built.
+
+pub mod boot_source;
+pub mod machine_config;
+
+pub use boot_source::{BootSource, KernelImage};
+pub use machine_config::MachineConfig;
+
+/// Everything needed to build a VM.
+#[derive(Clone, Debug)]
+pub struct VmConfig {
+    /// vCPUs, memory, CPU template.
+    pub machine: MachineConfig,
+    /// Kernel, initrd, command line.
+    pub boot: BootSource,
+    /// Bytes of console output kept in the log.
+    pub console_log_bytes: usize,
+}
+
+impl VmConfig {
+    /// A config with default machine settings and console size.
+    pub fn new(boot: BootSource) -> VmConfig {
+        VmConfig {
+            machine: MachineConfig::default(),
+            boot,
+            console_log_bytes: crate::console::DEFAULT_LOG_CAPACITY_BYTES,
+        }
+    }
+}

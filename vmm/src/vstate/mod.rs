@@ -1,0 +1,8 @@
+//! The KVM objects: the `/dev/kvm` handle, the VM (memory slots, irqchip, PIT,
+//! irqfds), guest memory and the vCPUs with their threads. This is the only
+//! module that issues KVM ioctls.
+
+pub mod kvm;
+pub mod memory;
+pub mod vcpu;
+pub mod vm;

@@ -1,0 +1,139 @@
+//! The KVM VM: memory slots, the in-kernel irqchip (PIC + IOAPIC + LAPICs),
+//! the PIT, irqfds.
+
+use std::io;
+
+use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_PIT_SPEAKER_DUMMY};
+use kvm_ioctls::{VcpuFd, VmFd};
+use vm_memory::{Address, GuestMemoryBackend, GuestMemoryRegion};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::kvm::KvmContext;
+use super::memory::GuestMemoryMmap;
+use crate::arch::layout::KVM_TSS_ADDR;
+
+/// An error setting up the KVM VM.
+#[derive(Debug, thiserror::Error)]
+pub enum KvmVmError {
+    /// KVM_CREATE_VM failed.
+    #[error("KVM_CREATE_VM failed (too many VMs, or out of memory?)")]
+    Create(#[source] io::Error),
+    /// KVM_SET_TSS_ADDR failed.
+    #[error("KVM_SET_TSS_ADDR at {KVM_TSS_ADDR:#x} failed")]
+    TssAddress(#[source] io::Error),
+    /// KVM_CREATE_IRQCHIP failed.
+    #[error("KVM_CREATE_IRQCHIP failed")]
+    IrqChip(#[source] io::Error),
+    /// KVM_CREATE_PIT2 failed.
+    #[error("KVM_CREATE_PIT2 failed")]
+    Pit(#[source] io::Error),
+    /// KVM_SET_USER_MEMORY_REGION failed.
+    #[error("KVM_SET_USER_MEMORY_REGION for slot {slot} at {gpa:#x} failed")]
+    MemoryRegion {
+        /// Slot number.
+        slot: u32,
+        /// Guest address.
+        gpa: u64,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+    /// KVM_IRQFD failed.
+    #[error("KVM_IRQFD for GSI {gsi} failed")]
+    Irqfd {
+        /// The GSI.
+        gsi: u32,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+    /// KVM_CREATE_VCPU failed.
+    #[error("KVM_CREATE_VCPU {index} failed")]
+    CreateVcpu {
+        /// vCPU index.
+        index: u8,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_err(e: kvm_ioctls::Error) -> io::Error {
+    io::Error::from_raw_os_error(e.errno())
+}
+
+/// A KVM VM with its irqchip and PIT.
+pub struct KvmVm {
+    fd: VmFd,
+}
+
+impl KvmVm {
+    /// Creates the VM, its in-kernel irqchip and PIT.
+    pub fn new(kvm: &KvmContext) -> Result<KvmVm, KvmVmError> {
+        let fd = kvm
+            .kvm
+            .create_vm()
+            .map_err(|e| KvmVmError::Create(io_err(e)))?;
+        let tss = usize::try_from(KVM_TSS_ADDR).expect("64-bit host");
+        fd.set_tss_address(tss)
+            .map_err(|e| KvmVmError::TssAddress(io_err(e)))?;
+        fd.create_irq_chip()
+            .map_err(|e| KvmVmError::IrqChip(io_err(e)))?;
+        let pit = kvm_pit_config {
+            flags: KVM_PIT_SPEAKER_DUMMY,
+            ..Default::default()
+        };
+        fd.create_pit2(pit)
+            .map_err(|e| KvmVmError::Pit(io_err(e)))?;
+        Ok(KvmVm { fd })
+    }
+
+    /// Registers every region of `mem` as a memory slot.
+    ///
+    /// `mem` must outlive the VM's use of it: the caller keeps the mapping alive
+    /// for as long as this VM (and its vCPUs) exist.
+    pub fn register_memory(&self, mem: &GuestMemoryMmap) -> Result<(), KvmVmError> {
+        for (slot, region) in mem.iter().enumerate() {
+            let slot = u32::try_from(slot).expect("few regions");
+            let gpa = region.start_addr().raw_value();
+            let host = mem
+                .get_host_address(region.start_addr())
+                .expect("a region's start is inside guest memory");
+            let r = kvm_userspace_memory_region {
+                slot,
+                guest_phys_addr: gpa,
+                memory_size: region.len(),
+                userspace_addr: host as u64,
+                flags: 0,
+            };
+            // SAFETY: the region describes a live mapping of `region.len()` bytes
+            // owned by `mem`, which the caller keeps alive while the VM runs.
+            unsafe { self.fd.set_user_memory_region(r) }.map_err(|e| KvmVmError::MemoryRegion {
+                slot,
+                gpa,
+                source: io_err(e),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Routes `evt` to `gsi`: a write to the eventfd raises the interrupt.
+    pub fn register_irqfd(&self, evt: &EventFd, gsi: u32) -> Result<(), KvmVmError> {
+        self.fd
+            .register_irqfd(evt, gsi)
+            .map_err(|e| KvmVmError::Irqfd {
+                gsi,
+                source: io_err(e),
+            })
+    }
+
+    /// Creates vCPU `index` (its APIC ID).
+    pub fn create_vcpu(&self, index: u8) -> Result<VcpuFd, KvmVmError> {
+        self.fd
+            .create_vcpu(u64::from(index))
+            .map_err(|e| KvmVmError::CreateVcpu {
+                index,
+                source: io_err(e),
+            })
+    }
+}
