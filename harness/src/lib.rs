@@ -5,4 +5,12 @@
 //! - [`backend`]: the ways a test VM is created; today the `local` sandbox.
 
 pub mod backend;
+pub mod cli;
 pub mod client;
+pub mod config;
+pub mod discover;
+pub mod events;
+pub mod lua;
+pub mod machine;
+pub mod report;
+pub mod runner;

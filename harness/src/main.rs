@@ -1,4 +1,3 @@
 fn main() {
-    eprintln!("provium: not implemented yet");
-    std::process::exit(2);
+    std::process::exit(provium::cli::main());
 }

@@ -1,0 +1,217 @@
+//! The `provium` command line: the test runner (default) and one module per
+//! subcommand. Exit codes: 0 all passed, 1 something failed, 2 internal error.
+
+pub mod console;
+pub mod fixture;
+pub mod list;
+pub mod lsp_setup;
+pub mod preflight;
+pub mod prepare;
+pub mod repl;
+pub mod run;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+pub const EXIT_OK: i32 = 0;
+pub const EXIT_FAILED: i32 = 1;
+pub const EXIT_INTERNAL: i32 = 2;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum VmmChoice {
+    /// kvm when /dev/kvm is usable and the profile has a kernel, else local.
+    Auto,
+    /// The in-process microVMM.
+    Kvm,
+    /// Namespace sandboxes on the host; no kernel is booted.
+    Local,
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "provium",
+    version,
+    about = "Test kernel and system code in real virtual machines"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Files or directories to scan for *.test.lua (default: the config's roots, else `.`).
+    pub paths: Vec<PathBuf>,
+    /// Config file location.
+    #[arg(long, default_value = "provium.toml", global = true)]
+    pub config: PathBuf,
+    /// Only run files whose test-root-relative path contains this substring.
+    #[arg(long)]
+    pub filter: Option<String>,
+    /// Include meta.slow tests.
+    #[arg(long)]
+    pub include_slow: bool,
+    /// Run only tests with one of these tags (repeatable, OR'd).
+    #[arg(long = "tag")]
+    pub tags: Vec<String>,
+    /// Skip tests with any of these tags (wins over --tag).
+    #[arg(long = "no-tag")]
+    pub no_tags: Vec<String>,
+    /// Run only tests where meta[KEY] contains VALUE.
+    #[arg(long = "tag-meta", value_name = "KEY=VALUE")]
+    pub tag_meta: Vec<String>,
+    /// Skip tests where meta[KEY] contains VALUE (wins over --tag-meta).
+    #[arg(long = "no-tag-meta", value_name = "KEY=VALUE")]
+    pub no_tag_meta: Vec<String>,
+    /// Run only the files that failed in the last run.
+    #[arg(long)]
+    pub rerun_failed: bool,
+    /// Run only files modified after this reference file.
+    #[arg(long, value_name = "PATH")]
+    pub since: Option<PathBuf>,
+    /// Re-run when files change (polls every 500 ms).
+    #[arg(long)]
+    pub watch: bool,
+    /// VMM backend.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub vmm: VmmChoice,
+    /// Pool memory budget (default: 80% of host RAM).
+    #[arg(long, value_name = "BYTES")]
+    pub mem: Option<String>,
+    /// Pool vCPU budget (default: online CPUs).
+    #[arg(long)]
+    pub cpus: Option<u32>,
+    /// Multiplier on --cpus, clamped to [0.5, 8.0].
+    #[arg(long, default_value_t = 1.0)]
+    pub cpu_overcommit: f64,
+    /// Skip the start-up checks of what the backend needs.
+    #[arg(long)]
+    pub no_preflight: bool,
+    /// Skip Kernel Same-page Merging tuning.
+    #[arg(long)]
+    pub no_ksm: bool,
+    /// Skip the profiles' build commands.
+    #[arg(long)]
+    pub no_build: bool,
+    /// Per-file timeout: seconds or "30s"/"10m"; 0 disables.
+    #[arg(long, default_value = "300")]
+    pub timeout: String,
+    /// Stop after the first failed file.
+    #[arg(long)]
+    pub fail_fast: bool,
+    /// Show passing and skipped tests too.
+    #[arg(short, long, conflicts_with = "quiet")]
+    pub verbose: bool,
+    /// Show only failures.
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// Line-delimited JSON, one object per file.
+    #[arg(long, conflicts_with = "events_stdout")]
+    pub json: bool,
+    /// Write JUnit XML here.
+    #[arg(long, value_name = "PATH")]
+    pub junit: Option<PathBuf>,
+    /// Save the event stream (length-prefixed msgpack frames).
+    #[arg(long, value_name = "PATH")]
+    pub save_events: Option<PathBuf>,
+    /// Event frames on stdout; human output moves to stderr.
+    #[arg(long)]
+    pub events_stdout: bool,
+    /// Serve the event stream on a Unix socket.
+    #[arg(long, value_name = "PATH")]
+    pub events_socket: Option<PathBuf>,
+    /// Pipe the events into `provium-coverage` after the run.
+    #[arg(long)]
+    pub coverage: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run dynamic profiles' build commands without booting anything.
+    Prepare { profile: Option<String> },
+    /// Boot a VM and read Lua lines against it (`vm` is the VM).
+    Repl {
+        profile: Option<String>,
+        #[arg(long, default_value = "repl")]
+        name: String,
+        #[arg(long)]
+        fixture: Option<String>,
+    },
+    /// Attach the terminal to a VM's serial console.
+    Console {
+        profile: String,
+        #[arg(long)]
+        mem: Option<String>,
+        #[arg(long)]
+        cpus: Option<u32>,
+        #[arg(long)]
+        cmdline: Option<String>,
+        #[arg(long)]
+        agent: bool,
+    },
+    /// Manage the fixture cache.
+    Fixture {
+        #[command(subcommand)]
+        op: FixtureOp,
+    },
+    /// List discovered tests (or fixtures) without running them.
+    List {
+        paths: Vec<PathBuf>,
+        #[arg(long)]
+        fixtures: bool,
+    },
+    /// Write Lua language-server definitions for the harness globals.
+    LspSetup {
+        dir: Option<PathBuf>,
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FixtureOp {
+    List,
+    Build { path: String },
+    Rebuild { path: String },
+    Clean,
+    Stale,
+}
+
+/// Parse and run; returns the process exit code.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() {
+                EXIT_INTERNAL
+            } else {
+                EXIT_OK
+            };
+            let _ = e.print();
+            return code;
+        }
+    };
+    let result = match cli.command {
+        None => run::run(&cli.run),
+        Some(Command::Prepare { profile }) => prepare::run(&cli.run.config, profile.as_deref()),
+        Some(Command::Repl {
+            profile,
+            name,
+            fixture,
+        }) => repl::run(&cli.run, profile, &name, fixture),
+        Some(Command::Console { profile, .. }) => console::run(&cli.run, &profile),
+        Some(Command::Fixture { op }) => fixture::run(&cli.run.config, op),
+        Some(Command::List { paths, fixtures }) => list::run(&cli.run.config, &paths, fixtures),
+        Some(Command::LspSetup { dir, force }) => lsp_setup::run(dir, force),
+    };
+    match result {
+        Ok(code) => code,
+        Err(msg) => {
+            eprintln!("provium: {msg}");
+            EXIT_INTERNAL
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! `provium repl <PROFILE>`: boot a VM and evaluate Lua lines against it.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::run::{choose_backend, load_config};
+use super::{RunArgs, EXIT_OK};
+use crate::events::EventSender;
+use crate::lua;
+use crate::runner::FileEnv;
+
+pub fn run(
+    args: &RunArgs,
+    profile: Option<String>,
+    name: &str,
+    fixture: Option<String>,
+) -> Result<i32, String> {
+    if let Some(f) = fixture {
+        return Err(format!(
+            "repl --fixture {f}: fixtures need VM snapshots, which have not landed yet"
+        ));
+    }
+    let config = Arc::new(load_config(&args.config)?);
+    let profile = profile
+        .or_else(|| config.profiles.keys().next().cloned())
+        .ok_or("repl: give a profile (none in provium.toml)")?;
+    let backend = choose_backend(args.vmm, &config);
+    let env = Arc::new(FileEnv::new(
+        "repl".into(),
+        PathBuf::from("repl"),
+        config.roots.clone(),
+        config.clone(),
+        backend,
+        EventSender::disabled(),
+    ));
+    let (lua_state, _root) = lua::new_state(env).map_err(|e| e.to_string())?;
+    lua_state
+        .load(format!("vm = provium:vm({name:?}, {profile:?}):boot()"))
+        .exec()
+        .map_err(|e| lua::error_message(&e))?;
+    eprintln!("provium repl: `vm` is {name} ({profile}); Ctrl-D quits");
+    let stdin = std::io::stdin();
+    loop {
+        eprint!("> ");
+        let _ = std::io::stderr().flush();
+        let mut line = String::new();
+        if stdin
+            .lock()
+            .read_line(&mut line)
+            .map_err(|e| e.to_string())?
+            == 0
+        {
+            break;
+        }
+        // Try it as an expression first so `vm:state()` prints its value.
+        let as_expr = format!("return {line}");
+        let r = lua_state
+            .load(&as_expr)
+            .eval::<mlua::MultiValue>()
+            .or_else(|_| lua_state.load(&line).eval());
+        match r {
+            Ok(values) => {
+                let shown: Vec<String> = values
+                    .iter()
+                    .map(|v| v.to_string().unwrap_or_else(|_| "?".into()))
+                    .collect();
+                if !shown.is_empty() {
+                    println!("{}", shown.join("\t"));
+                }
+            }
+            Err(e) => eprintln!("error: {}", lua::error_message(&e)),
+        }
+    }
+    let _ = lua_state.load("vm:shutdown()").exec();
+    Ok(EXIT_OK)
+}

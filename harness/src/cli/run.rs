@@ -1,0 +1,398 @@
+//! The default mode: discover, select, schedule, report.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use provium_protocol::event::{Event, FileDiscovered, ResourceAmount};
+
+use super::{preflight, RunArgs, VmmChoice, EXIT_FAILED, EXIT_INTERNAL, EXIT_OK};
+use crate::config::{parse_size, Config};
+use crate::discover::{discover, TestFile};
+use crate::events::EventBus;
+use crate::lua::duration::parse_duration_str;
+use crate::report::{self, progress::Progress, Verbosity};
+use crate::runner::filter::{parse_key_values, TestFilter};
+use crate::runner::outcome::FileOutcome;
+use crate::runner::scheduler::{run_jobs, Job, SchedulerOptions};
+use crate::runner::{BackendKind, FileEnv};
+
+/// Load provium.toml: a missing default file means defaults; a missing
+/// explicit `--config` is an error.
+pub fn load_config(path: &Path) -> Result<Config, String> {
+    if path == Path::new("provium.toml") && !path.exists() {
+        return Ok(Config::defaults(Path::new(".")));
+    }
+    Config::load(path).map_err(|e| e.to_string())
+}
+
+pub fn rerun_state_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("PROVIUM_RERUN_STATE") {
+        return PathBuf::from(p);
+    }
+    match std::env::var_os("HOME") {
+        Some(h) => PathBuf::from(h).join(".cache/provium/rerun.json"),
+        None => PathBuf::from("/tmp/provium-rerun.json"),
+    }
+}
+
+fn read_rerun_state() -> Option<Vec<PathBuf>> {
+    let text = std::fs::read_to_string(rerun_state_path()).ok()?;
+    serde_json::from_str::<Vec<PathBuf>>(&text).ok()
+}
+
+fn write_rerun_state(failed: &[PathBuf]) -> Result<(), String> {
+    let path = rerun_state_path();
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("rerun state `{}`: {e}", path.display()))?;
+    }
+    let text = serde_json::to_string_pretty(failed).unwrap_or_default();
+    std::fs::write(&path, text).map_err(|e| format!("rerun state `{}`: {e}", path.display()))
+}
+
+/// Choose the backend; `auto` says which it picked, and why, on stderr.
+pub fn choose_backend(choice: VmmChoice, config: &Config) -> BackendKind {
+    match choice {
+        VmmChoice::Local => BackendKind::Local,
+        VmmChoice::Kvm => BackendKind::Kvm,
+        VmmChoice::Auto => {
+            let kvm = preflight::kvm_usable();
+            let kernels = config
+                .profiles
+                .values()
+                .any(|p| p.kernel.as_ref().is_some_and(|k| k.exists()));
+            let (kind, why) = match (kvm, kernels) {
+                (Ok(()), true) if preflight::KVM_BACKEND_BOOTS => (
+                    BackendKind::Kvm,
+                    "/dev/kvm is usable and a profile kernel exists".to_string(),
+                ),
+                (Ok(()), true) => (
+                    BackendKind::Local,
+                    "the kvm backend cannot boot guests end to end in this build yet".into(),
+                ),
+                (Err(e), _) => (BackendKind::Local, e),
+                (Ok(()), false) => (BackendKind::Local, "no profile's kernel exists".into()),
+            };
+            eprintln!(
+                "provium: --vmm auto: using the {} backend ({why})",
+                kind.as_str()
+            );
+            kind
+        }
+    }
+}
+
+fn build_filter(args: &RunArgs) -> Result<TestFilter, String> {
+    Ok(TestFilter {
+        include_slow: args.include_slow,
+        tags: args.tags.clone(),
+        no_tags: args.no_tags.clone(),
+        tag_meta: parse_key_values("--tag-meta", &args.tag_meta)?,
+        no_tag_meta: parse_key_values("--no-tag-meta", &args.no_tag_meta)?,
+    })
+}
+
+fn pool_from(args: &RunArgs) -> Result<ResourceAmount, String> {
+    let memory_bytes = match &args.mem {
+        Some(m) => parse_size(m).map_err(|e| format!("--mem: {e}"))?,
+        None => host_memory_bytes() / 10 * 8,
+    };
+    let cpus = args
+        .cpus
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32));
+    let factor = args.cpu_overcommit.clamp(0.5, 8.0);
+    Ok(ResourceAmount {
+        memory_bytes,
+        cpus: ((cpus as f64 * factor).floor() as u32).max(1),
+    })
+}
+
+fn host_memory_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(8 << 30, |kb| kb * 1024)
+}
+
+fn file_timeout(args: &RunArgs) -> Result<Option<Duration>, String> {
+    let d = parse_duration_str(&args.timeout).map_err(|e| format!("--timeout: {e}"))?;
+    Ok(if d.is_zero() { None } else { Some(d) })
+}
+
+/// Run the profiles' `build` commands (once, before anything boots).
+pub fn run_builds(config: &Config, only: Option<&str>) -> Result<(), String> {
+    for (name, p) in &config.profiles {
+        if only.is_some_and(|o| o != name) {
+            continue;
+        }
+        let Some(cmd) = &p.build else { continue };
+        std::fs::create_dir_all(&p.build_out).map_err(|e| {
+            format!(
+                "profile `{name}`: create build_out `{}`: {e}",
+                p.build_out.display()
+            )
+        })?;
+        eprintln!("provium: building profile `{name}`: {cmd}");
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(cmd)
+            .current_dir(&config.base_dir)
+            .status()
+            .map_err(|e| format!("profile `{name}`: cannot run build command: {e}"))?;
+        if !status.success() {
+            return Err(format!(
+                "profile `{name}`: build command failed ({status}); not using stale artifacts"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn select(files: Vec<TestFile>, args: &RunArgs) -> Result<Vec<TestFile>, String> {
+    let mut files: Vec<TestFile> = match &args.filter {
+        Some(f) => files
+            .into_iter()
+            .filter(|t| t.rel.contains(f.as_str()))
+            .collect(),
+        None => files,
+    };
+    if args.rerun_failed && !args.watch {
+        match read_rerun_state() {
+            Some(failed) => files.retain(|f| failed.contains(&f.abs)),
+            None => files.clear(),
+        }
+    }
+    if let Some(reference) = &args.since {
+        let t = std::fs::metadata(reference)
+            .and_then(|m| m.modified())
+            .map_err(|e| format!("--since `{}`: {e}", reference.display()))?;
+        files.retain(|f| {
+            std::fs::metadata(&f.abs)
+                .and_then(|m| m.modified())
+                .is_ok_and(|m| m > t)
+        });
+    }
+    Ok(files)
+}
+
+pub fn run(args: &RunArgs) -> Result<i32, String> {
+    let config = Arc::new(load_config(&args.config)?);
+    let filter = Arc::new(build_filter(args)?);
+    let pool = pool_from(args)?;
+    let timeout = file_timeout(args)?;
+    let backend = choose_backend(args.vmm, &config);
+    if !args.no_preflight {
+        preflight::check(backend, args.coverage)?;
+    }
+    if !args.no_build {
+        run_builds(&config, None)?;
+    }
+    if backend == BackendKind::Kvm && !args.no_ksm {
+        preflight::tune_ksm();
+    }
+    let paths: Vec<PathBuf> = if !args.paths.is_empty() {
+        args.paths.clone()
+    } else if !config.roots.is_empty() {
+        config.roots.clone()
+    } else {
+        vec![PathBuf::from(".")]
+    };
+    if !args.watch {
+        return run_once(args, &config, &filter, pool, timeout, backend, &paths);
+    }
+    // Watch mode: rerun whenever a file under the paths changes.
+    let mut last = newest_mtime(&paths);
+    loop {
+        let _ = run_once(args, &config, &filter, pool, timeout, backend, &paths);
+        eprintln!("provium: watching for changes (Ctrl-C to stop)");
+        loop {
+            std::thread::sleep(Duration::from_millis(500));
+            let now = newest_mtime(&paths);
+            if now != last {
+                last = now;
+                break;
+            }
+        }
+    }
+}
+
+fn newest_mtime(paths: &[PathBuf]) -> Option<SystemTime> {
+    fn walk(p: &Path, best: &mut Option<SystemTime>) {
+        if let Ok(m) = std::fs::metadata(p) {
+            if let Ok(t) = m.modified() {
+                *best = (*best).max(Some(t));
+            }
+            if m.is_dir() {
+                for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
+                    walk(&e.path(), best);
+                }
+            }
+        }
+    }
+    let mut best = None;
+    for p in paths {
+        walk(p, &mut best);
+    }
+    best
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_once(
+    args: &RunArgs,
+    config: &Arc<Config>,
+    filter: &Arc<TestFilter>,
+    pool: ResourceAmount,
+    timeout: Option<Duration>,
+    backend: BackendKind,
+    paths: &[PathBuf],
+) -> Result<i32, String> {
+    let started = Instant::now();
+    let files = select(discover(paths)?, args)?;
+    let coverage_tmp = (args.coverage && args.save_events.is_none()).then(|| {
+        std::env::temp_dir().join(format!("provium-coverage-{}.msgpack", std::process::id()))
+    });
+    let save_to = args.save_events.clone().or(coverage_tmp.clone());
+    let bus = EventBus::start(
+        save_to.as_deref(),
+        args.events_stdout,
+        args.events_socket.as_deref(),
+        false,
+    )
+    .map_err(|e| e.to_string())?;
+    let events = bus.sender();
+    for f in &files {
+        events.emit(Event::FileDiscovered(FileDiscovered {
+            path: f.rel.clone(),
+            fixture_refs: f.fixture_refs.clone(),
+            declared_claim: f.declared_claim,
+        }));
+    }
+    let verbosity = if args.quiet {
+        Verbosity::Quiet
+    } else if args.verbose {
+        Verbosity::Verbose
+    } else {
+        Verbosity::Normal
+    };
+    // Human/JSON output goes to stderr when stdout carries event frames.
+    let mut out: Box<dyn Write> = if args.events_stdout {
+        Box::new(std::io::stderr())
+    } else {
+        Box::new(std::io::stdout())
+    };
+    let roots: Vec<PathBuf> = if config.roots.is_empty() {
+        paths.to_vec()
+    } else {
+        config.roots.clone()
+    };
+    let jobs: Vec<Job> = files
+        .iter()
+        .map(|f| Job {
+            env: Arc::new(FileEnv::new(
+                f.rel.clone(),
+                f.abs.clone(),
+                roots
+                    .iter()
+                    .map(|r| std::fs::canonicalize(r).unwrap_or_else(|_| r.clone()))
+                    .collect(),
+                config.clone(),
+                backend,
+                events.clone(),
+            )),
+            claim: f.declared_claim,
+        })
+        .collect();
+    let progress =
+        std::cell::RefCell::new(Progress::new(jobs.len(), !args.json && !args.events_stdout));
+    let opts = SchedulerOptions {
+        pool,
+        fail_fast: args.fail_fast,
+        file_timeout: timeout,
+    };
+    let outcomes = run_jobs(
+        jobs,
+        filter.clone(),
+        &opts,
+        &events,
+        |_| progress.borrow_mut().started_file(),
+        |o| {
+            progress.borrow().clear();
+            let text = if args.json {
+                report::json::render_file(o)
+            } else {
+                report::plain::render_file(o, verbosity)
+            };
+            let _ = out.write_all(text.as_bytes());
+            let _ = out.flush();
+            progress.borrow_mut().finished_file();
+        },
+    );
+    progress.borrow().clear();
+    if !args.json {
+        let _ =
+            out.write_all(report::plain::render_summary(&outcomes, started.elapsed()).as_bytes());
+    }
+    drop(events);
+    bus.finish().map_err(|e| format!("writing events: {e}"))?;
+    if let Some(path) = &args.junit {
+        std::fs::write(path, report::junit::render(&outcomes))
+            .map_err(|e| format!("--junit `{}`: {e}", path.display()))?;
+    }
+    let failed: Vec<PathBuf> = outcomes
+        .iter()
+        .filter(|o| !o.passed())
+        .map(|o| o.abs_path.clone())
+        .collect();
+    if !failed.is_empty() {
+        write_rerun_state(&failed)?;
+    }
+    let mut code = if failed.is_empty() {
+        EXIT_OK
+    } else {
+        EXIT_FAILED
+    };
+    if args.coverage {
+        code = code.max(run_coverage(save_to.as_deref(), coverage_tmp.is_some()));
+    }
+    Ok(code)
+}
+
+fn run_coverage(events: Option<&Path>, temporary: bool) -> i32 {
+    let Some(path) = events else {
+        return EXIT_INTERNAL;
+    };
+    let mut cmd = std::process::Command::new("provium-coverage");
+    cmd.arg("--from")
+        .arg(path)
+        .env("PROVIUM_COVERAGE_TMP", path);
+    if !temporary {
+        cmd.env("PROVIUM_COVERAGE_USER_FILE", path);
+    }
+    let code = match cmd.status() {
+        Ok(s) if s.success() => EXIT_OK,
+        Ok(_) => EXIT_FAILED,
+        Err(e) => {
+            eprintln!("provium: --coverage: cannot run provium-coverage: {e}");
+            EXIT_FAILED
+        }
+    };
+    if temporary {
+        let _ = std::fs::remove_file(path);
+    }
+    code
+}
+
+/// Used by outcomes-only callers (tests of the renderer).
+pub fn summary_code(outcomes: &[FileOutcome]) -> i32 {
+    if outcomes.iter().all(FileOutcome::passed) {
+        EXIT_OK
+    } else {
+        EXIT_FAILED
+    }
+}

@@ -1,0 +1,160 @@
+//! Finding test files and what they declare statically (fixture references,
+//! file-scope claims), and the selection flags that work on whole files.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use provium_protocol::event::ResourceAmount;
+use regex::Regex;
+
+use crate::config::parse_size;
+
+#[derive(Debug, Clone)]
+pub struct TestFile {
+    pub abs: PathBuf,
+    /// Relative to the root (or CLI path) it was found under.
+    pub rel: String,
+    pub fixture_refs: Vec<String>,
+    pub declared_claim: Option<ResourceAmount>,
+}
+
+/// Walk `paths` (files or directories) for `*.test.lua`, sorted, deduplicated.
+pub fn discover(paths: &[PathBuf]) -> Result<Vec<TestFile>, String> {
+    let mut out: Vec<TestFile> = Vec::new();
+    for p in paths {
+        let meta = std::fs::metadata(p).map_err(|e| format!("`{}`: {e}", p.display()))?;
+        if meta.is_file() {
+            let base = p.parent().unwrap_or(Path::new("."));
+            out.push(describe(p, base)?);
+        } else {
+            let mut found = Vec::new();
+            walk(p, &mut found).map_err(|e| format!("walking `{}`: {e}", p.display()))?;
+            found.sort();
+            for f in found {
+                out.push(describe(&f, p)?);
+            }
+        }
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    out.retain(|f| seen.insert(f.abs.clone()));
+    Ok(out)
+}
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let ty = entry.file_type()?;
+        let path = entry.path();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if ty.is_dir() {
+            // Hidden directories (.git, .provium-meta) and build output are not test trees.
+            if !name.starts_with('.') && name != "target" {
+                walk(&path, out)?;
+            }
+        } else if name.ends_with(".test.lua") {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+fn describe(path: &Path, base: &Path) -> Result<TestFile, String> {
+    let abs = std::fs::canonicalize(path).map_err(|e| format!("`{}`: {e}", path.display()))?;
+    let base_abs = std::fs::canonicalize(base).unwrap_or_else(|_| base.to_path_buf());
+    let rel = abs
+        .strip_prefix(&base_abs)
+        .unwrap_or(&abs)
+        .to_string_lossy()
+        .into_owned();
+    let source = std::fs::read_to_string(&abs).unwrap_or_default();
+    Ok(TestFile {
+        fixture_refs: fixture_refs(&source),
+        declared_claim: declared_claim(&source),
+        abs,
+        rel,
+    })
+}
+
+fn fixture_re() -> &'static Regex {
+    static RE: OnceLock<Regex> = OnceLock::new();
+    RE.get_or_init(|| Regex::new(r#"(?:vm|lab)_fixture\s*\(\s*["']([^"']+)["']"#).unwrap())
+}
+
+/// `vm_fixture("x")` / `lab_fixture("x")` literals in the source.
+pub fn fixture_refs(source: &str) -> Vec<String> {
+    let mut v: Vec<String> = fixture_re()
+        .captures_iter(source)
+        .map(|c| c[1].to_string())
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// A file-scope `provium:claim({memory = ..., cpus = ...})` with literal values.
+pub fn declared_claim(source: &str) -> Option<ResourceAmount> {
+    static RE: OnceLock<Regex> = OnceLock::new();
+    let re = RE.get_or_init(|| Regex::new(r#"(?m)^provium:claim\s*\(\s*\{([^}]*)\}"#).unwrap());
+    let body = re.captures(source)?.get(1)?.as_str().to_string();
+    static MEM: OnceLock<Regex> = OnceLock::new();
+    static CPU: OnceLock<Regex> = OnceLock::new();
+    let mem =
+        MEM.get_or_init(|| Regex::new(r#"memory\s*=\s*(?:"([^"]+)"|'([^']+)'|(\d+))"#).unwrap());
+    let cpu = CPU.get_or_init(|| Regex::new(r#"cpus\s*=\s*(\d+)"#).unwrap());
+    let memory_bytes = mem
+        .captures(&body)
+        .and_then(|c| {
+            c.get(1)
+                .or(c.get(2))
+                .or(c.get(3))
+                .map(|m| m.as_str().to_string())
+        })
+        .and_then(|s| parse_size(&s).ok())
+        .unwrap_or(0);
+    let cpus = cpu
+        .captures(&body)
+        .and_then(|c| c[1].parse().ok())
+        .unwrap_or(0);
+    Some(ResourceAmount { memory_bytes, cpus })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn static_scans() {
+        let src = "provium:claim({memory = \"2G\", cpus = 3})\nlocal v = provium:vm_fixture(\"base\")\nprovium.lab_fixture('pair')\n";
+        assert_eq!(
+            fixture_refs(src),
+            vec!["base".to_string(), "pair".to_string()]
+        );
+        assert_eq!(
+            declared_claim(src),
+            Some(ResourceAmount {
+                memory_bytes: 2 << 30,
+                cpus: 3
+            })
+        );
+        assert_eq!(declared_claim("test('x', function() end)"), None);
+    }
+
+    #[test]
+    fn discovery_is_sorted_and_relative() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("b/.hidden")).unwrap();
+        for f in [
+            "b/z.test.lua",
+            "a.test.lua",
+            "b/.hidden/x.test.lua",
+            "helper.lua",
+            "f.fixture.lua",
+        ] {
+            std::fs::write(d.path().join(f), "").unwrap();
+        }
+        let files = discover(&[d.path().to_path_buf()]).unwrap();
+        let rels: Vec<&str> = files.iter().map(|f| f.rel.as_str()).collect();
+        assert_eq!(rels, vec!["a.test.lua", "b/z.test.lua"]);
+    }
+}

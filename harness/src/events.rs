@@ -1,0 +1,129 @@
+//! The event stream: producers (file runners, the scheduler) send events to
+//! one [`EventBus`], which stamps them and fans them out to the configured
+//! outputs (`--save-events`, `--events-stdout`, `--events-socket`).
+
+use std::io::Write;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use provium_protocol::frame::{write_frame, DEFAULT_MAX_FRAME_BYTES};
+use provium_protocol::{encode, Event, EventFrame};
+
+/// A cheap, cloneable handle producers use to emit events.
+#[derive(Clone)]
+pub struct EventSender {
+    tx: Option<mpsc::Sender<EventFrame>>,
+}
+
+impl EventSender {
+    /// A sender that drops everything (no outputs configured, unit tests).
+    pub fn disabled() -> Self {
+        EventSender { tx: None }
+    }
+
+    pub fn emit(&self, event: Event) {
+        if let Some(tx) = &self.tx {
+            let ts = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as i64);
+            let _ = tx.send(EventFrame { ts, event });
+        }
+    }
+}
+
+type Sink = Box<dyn Write + Send>;
+
+/// Owns the outputs; `finish` flushes everything that was emitted.
+pub struct EventBus {
+    sender: EventSender,
+    worker: Option<std::thread::JoinHandle<std::io::Result<Vec<EventFrame>>>>,
+}
+
+/// Subscribers of `--events-socket`, fed by the bus worker.
+#[derive(Clone, Default)]
+struct SocketClients(Arc<Mutex<Vec<UnixStream>>>);
+
+impl EventBus {
+    /// `keep`: also return every frame from `finish` (for in-process checks).
+    pub fn start(
+        save_to: Option<&Path>,
+        to_stdout: bool,
+        socket: Option<&Path>,
+        keep: bool,
+    ) -> std::io::Result<EventBus> {
+        let mut sinks: Vec<Sink> = Vec::new();
+        if let Some(p) = save_to {
+            let f = std::fs::File::create(p).map_err(|e| {
+                std::io::Error::new(e.kind(), format!("--save-events `{}`: {e}", p.display()))
+            })?;
+            sinks.push(Box::new(std::io::BufWriter::new(f)));
+        }
+        if to_stdout {
+            sinks.push(Box::new(std::io::stdout()));
+        }
+        let clients = SocketClients::default();
+        if let Some(p) = socket {
+            let _ = std::fs::remove_file(p);
+            let listener = UnixListener::bind(p).map_err(|e| {
+                std::io::Error::new(e.kind(), format!("--events-socket `{}`: {e}", p.display()))
+            })?;
+            let c = clients.clone();
+            std::thread::spawn(move || {
+                for conn in listener.incoming().flatten() {
+                    c.0.lock().unwrap().push(conn);
+                }
+            });
+        }
+        if sinks.is_empty() && socket.is_none() && !keep {
+            return Ok(EventBus {
+                sender: EventSender::disabled(),
+                worker: None,
+            });
+        }
+        let (tx, rx) = mpsc::channel::<EventFrame>();
+        let worker = std::thread::spawn(move || {
+            let mut kept = Vec::new();
+            for frame in rx {
+                let body = encode(&frame).map_err(std::io::Error::other)?;
+                for s in sinks.iter_mut() {
+                    write_frame(s, &body, DEFAULT_MAX_FRAME_BYTES)
+                        .map_err(std::io::Error::other)?;
+                }
+                // A dashboard that went away is dropped, not fatal.
+                clients
+                    .0
+                    .lock()
+                    .unwrap()
+                    .retain_mut(|c| write_frame(c, &body, DEFAULT_MAX_FRAME_BYTES).is_ok());
+                if keep {
+                    kept.push(frame);
+                }
+            }
+            for s in sinks.iter_mut() {
+                s.flush()?;
+            }
+            Ok(kept)
+        });
+        Ok(EventBus {
+            sender: EventSender { tx: Some(tx) },
+            worker: Some(worker),
+        })
+    }
+
+    pub fn sender(&self) -> EventSender {
+        self.sender.clone()
+    }
+
+    /// Close the bus and wait until every emitted frame is written.
+    pub fn finish(mut self) -> std::io::Result<Vec<EventFrame>> {
+        self.sender.tx = None;
+        match self.worker.take() {
+            Some(w) => w
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("event writer panicked"))),
+            None => Ok(Vec::new()),
+        }
+    }
+}

@@ -1,0 +1,660 @@
+//! The Lab userdata. The `provium` global is the root Lab of the file; each
+//! test runs with `provium` set to a test-scope Lab whose lookups fall
+//! through to the root, and whose resources are closed when the test ends.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use mlua::{AnyUserData, Lua, MetaMethod, MultiValue, Table, UserData, UserDataMethods, Value};
+use provium_protocol::event::{ClaimAcquired, ClaimReleased, Event, ResourceAmount};
+
+use super::vm::{Vm, VmSizing};
+use super::{duration, err};
+use crate::config::parse_size;
+use crate::runner::FileEnv;
+
+/// Keys of the `provium` table that never resolve to a resource.
+pub const RESERVED_NAMES: &[&str] = &[
+    "pack",
+    "unpack",
+    "vm_fixture",
+    "lab_fixture",
+    "timeout",
+    "reset_between_tests",
+];
+
+#[derive(Clone)]
+pub struct Lab(Arc<LabInner>);
+
+struct LabInner {
+    name: String,
+    env: Arc<FileEnv>,
+    /// Set for a test scope: lookups fall through to the file root.
+    parent: Option<Lab>,
+    state: Mutex<LabState>,
+    /// File-scope coordination shared by the root and its test scopes.
+    file: Arc<FileScope>,
+}
+
+#[derive(Default)]
+struct LabState {
+    vms: BTreeMap<String, Vm>,
+    sub_labs: BTreeMap<String, Lab>,
+    next_anon: usize,
+}
+
+/// File-level settings and one-shot primitives.
+#[derive(Default)]
+struct FileScope {
+    settings: Mutex<FileSettings>,
+    claim: Mutex<Option<ResourceAmount>>,
+    barriers: Mutex<BTreeMap<String, Barrier>>,
+    barrier_cv: Condvar,
+}
+
+#[derive(Default, Clone)]
+struct FileSettings {
+    timeout: Option<Duration>,
+    reset_between_tests: bool,
+}
+
+struct Barrier {
+    count: usize,
+    arrived: usize,
+    generation: u64,
+}
+
+/// Handle for a test scope entered by the runner.
+pub struct TestScope {
+    root_global: Lab,
+}
+
+impl Lab {
+    pub fn root(env: Arc<FileEnv>) -> Lab {
+        Lab(Arc::new(LabInner {
+            name: "provium".into(),
+            env,
+            parent: None,
+            state: Mutex::new(LabState::default()),
+            file: Arc::new(FileScope::default()),
+        }))
+    }
+
+    fn child(&self, name: String, parent: Option<Lab>) -> Lab {
+        Lab(Arc::new(LabInner {
+            name,
+            env: self.0.env.clone(),
+            parent,
+            state: Mutex::new(LabState::default()),
+            file: self.0.file.clone(),
+        }))
+    }
+
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    /// `provium.timeout`, the file-default per-test timeout.
+    pub fn file_timeout(&self) -> mlua::Result<Option<Duration>> {
+        Ok(self.0.file.settings.lock().unwrap().timeout)
+    }
+
+    /// `provium.reset_between_tests = true` needs whole-lab snapshots.
+    pub fn prepare_reset_between_tests(&self) -> mlua::Result<()> {
+        if self.0.file.settings.lock().unwrap().reset_between_tests {
+            return Err(err(format!(
+                "provium.reset_between_tests needs lab snapshots, which are not available on the {} backend yet",
+                self.0.env.backend.as_str()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Restore the baseline after a test (only when reset_between_tests is set,
+    /// which `prepare_reset_between_tests` refuses until snapshots exist).
+    pub fn restore_between_tests(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Swap the `provium` global for a fresh test-scope lab.
+    pub fn enter_test_scope(&self, lua: &Lua) -> TestScope {
+        let scope = self.child(self.0.name.clone(), Some(self.clone()));
+        self.0.env.push_scope();
+        let _ = lua.globals().set("provium", scope);
+        TestScope {
+            root_global: self.clone(),
+        }
+    }
+
+    /// Close what the test created (streams, processes, files, workers,
+    /// bridges, VMs, in that order) and put the root back.
+    pub fn leave_test_scope(&self, lua: &Lua, scope: TestScope) -> Result<(), String> {
+        let r = self.0.env.pop_scope();
+        let _ = lua.globals().set("provium", scope.root_global);
+        r
+    }
+
+    /// File end: close everything at file scope and release the claim.
+    pub fn close_all(&self, lua: &Lua) {
+        let _ = self.0.env.pop_scope();
+        if let Some(amount) = self.0.file.claim.lock().unwrap().take() {
+            self.0.env.events.emit(Event::ClaimReleased(ClaimReleased {
+                path: self.0.env.rel_path.clone(),
+                amount,
+            }));
+        }
+        let _ = lua.globals().set("provium", Value::Nil);
+    }
+
+    /// Scope chain lookup: this lab, then (for a test scope) its parents.
+    fn find_vm(&self, name: &str) -> Option<Vm> {
+        let mut lab = Some(self.clone());
+        while let Some(l) = lab {
+            if let Some(vm) = l.0.state.lock().unwrap().vms.get(name) {
+                return Some(vm.clone());
+            }
+            lab = l.0.parent.clone();
+        }
+        None
+    }
+
+    fn find_sub_lab(&self, name: &str) -> Option<Lab> {
+        let mut lab = Some(self.clone());
+        while let Some(l) = lab {
+            if let Some(s) = l.0.state.lock().unwrap().sub_labs.get(name) {
+                return Some(s.clone());
+            }
+            lab = l.0.parent.clone();
+        }
+        None
+    }
+
+    /// A name may be taken once per lab, never reserved, and (in a test
+    /// scope) not shadow a name of the file root.
+    fn check_new_name(&self, kind: &str, name: &str) -> mlua::Result<()> {
+        if name.is_empty() {
+            return Err(err(format!("{kind} name must not be empty")));
+        }
+        if RESERVED_NAMES.contains(&name) {
+            return Err(err(format!(
+                "`{name}` is a reserved name on a lab ({}); pick another {kind} name",
+                RESERVED_NAMES.join(", ")
+            )));
+        }
+        let st = self.0.state.lock().unwrap();
+        if st.vms.contains_key(name) {
+            return Err(err(format!(
+                "DuplicateVmName: vm `{name}` already exists in lab `{}`; use {}:vm(\"{name}\") to look it up",
+                self.0.name, self.0.name
+            )));
+        }
+        if st.sub_labs.contains_key(name) {
+            return Err(err(format!(
+                "DuplicateLabName: sub-lab `{name}` already exists in lab `{}`",
+                self.0.name
+            )));
+        }
+        drop(st);
+        let mut parent = self.0.parent.clone();
+        while let Some(p) = parent {
+            let st = p.0.state.lock().unwrap();
+            if st.vms.contains_key(name) || st.sub_labs.contains_key(name) {
+                return Err(err(format!(
+                    "name `{name}` already declared at parent scope (lab `{}`). Pick a different name, \
+                     or use `provium:vm(\"{name}\")` to reuse it.",
+                    p.0.name
+                )));
+            }
+            drop(st);
+            parent = p.0.parent.clone();
+        }
+        Ok(())
+    }
+
+    fn vms(&self) -> Vec<Vm> {
+        self.0.state.lock().unwrap().vms.values().cloned().collect()
+    }
+
+    fn not_available(&self, what: &str) -> mlua::Error {
+        err(format!(
+            "{what} is not available on the {} backend yet (it lands with the snapshot/fixture work); \
+             nothing was done",
+            self.0.env.backend.as_str()
+        ))
+    }
+
+    fn claim(&self, spec: Table) -> mlua::Result<()> {
+        let mut held = self.0.file.claim.lock().unwrap();
+        if held.is_some() {
+            return Err(err("lab claim already held; one-shot per lab"));
+        }
+        let memory_bytes = match spec.get::<Value>("memory")? {
+            Value::Nil => 0,
+            Value::Integer(i) if i >= 0 => i as u64,
+            Value::String(s) => {
+                parse_size(&s.to_str()?).map_err(|e| err(format!("claim: memory: {e}")))?
+            }
+            other => {
+                return Err(err(format!(
+                    "claim: memory must be bytes or a size string, got {}",
+                    other.type_name()
+                )))
+            }
+        };
+        let cpus = match spec.get::<Value>("cpus")? {
+            Value::Nil => 0,
+            Value::Integer(i) if i >= 0 && i <= u32::MAX as i64 => i as u32,
+            other => {
+                return Err(err(format!(
+                    "claim: cpus must be a non-negative integer, got {other:?}"
+                )))
+            }
+        };
+        for pair in spec.pairs::<Value, Value>() {
+            let (k, _) = pair?;
+            let key = k.to_string()?;
+            if key != "memory" && key != "cpus" {
+                return Err(err(format!(
+                    "claim: unknown key `{key}` (accepted: memory, cpus)"
+                )));
+            }
+        }
+        let amount = ResourceAmount { memory_bytes, cpus };
+        *held = Some(amount);
+        self.0.env.events.emit(Event::ClaimAcquired(ClaimAcquired {
+            path: self.0.env.rel_path.clone(),
+            amount,
+        }));
+        Ok(())
+    }
+
+    fn barrier(&self, name: String, count: i64, timeout: Option<Duration>) -> mlua::Result<bool> {
+        if count < 1 {
+            return Err(err(format!(
+                "barrier `{name}`: count must be at least 1 (got {count})"
+            )));
+        }
+        let count = count as usize;
+        let deadline = Instant::now() + timeout.unwrap_or(Duration::from_secs(60));
+        let mut barriers = self.0.file.barriers.lock().unwrap();
+        let b = barriers.entry(name.clone()).or_insert(Barrier {
+            count,
+            arrived: 0,
+            generation: 0,
+        });
+        if b.count != count {
+            eprintln!(
+                "provium: warning: barrier `{name}` was created with count {}, called with {count}",
+                b.count
+            );
+            return Ok(false);
+        }
+        b.arrived += 1;
+        if b.arrived >= b.count {
+            b.arrived = 0;
+            b.generation += 1;
+            self.0.file.barrier_cv.notify_all();
+            return Ok(true);
+        }
+        let generation = b.generation;
+        loop {
+            self.0.env.check_cancelled()?;
+            let now = Instant::now();
+            if now >= deadline {
+                if let Some(b) = barriers.get_mut(&name) {
+                    if b.generation == generation {
+                        b.arrived = b.arrived.saturating_sub(1);
+                    }
+                }
+                return Ok(false);
+            }
+            let wait = (deadline - now).min(Duration::from_millis(50));
+            barriers = self
+                .0
+                .file
+                .barrier_cv
+                .wait_timeout(barriers, wait)
+                .unwrap()
+                .0;
+            if barriers
+                .get(&name)
+                .is_some_and(|b| b.generation != generation)
+            {
+                return Ok(true);
+            }
+        }
+    }
+
+    fn set_setting(&self, key: &str, value: Value) -> mlua::Result<()> {
+        if self.0.parent.is_some() || !self.is_file_root() {
+            return Err(err(format!(
+                "provium.{key} can only be set at file scope on the root lab"
+            )));
+        }
+        let mut s = self.0.file.settings.lock().unwrap();
+        match key {
+            "timeout" => {
+                s.timeout = match value {
+                    Value::Nil => None,
+                    v => Some(duration::from_lua(&v, "provium.timeout")?),
+                }
+            }
+            "reset_between_tests" => {
+                s.reset_between_tests = match value {
+                    Value::Boolean(b) => b,
+                    Value::Nil => false,
+                    other => {
+                        return Err(err(format!(
+                            "provium.reset_between_tests must be a boolean, got {}",
+                            other.type_name()
+                        )))
+                    }
+                }
+            }
+            _ => unreachable!(),
+        }
+        Ok(())
+    }
+
+    fn is_file_root(&self) -> bool {
+        self.0.name == "provium"
+    }
+
+    fn members_of(&self, lua: &Lua) -> mlua::Result<Table> {
+        let st = self.0.state.lock().unwrap();
+        let out = lua.create_table()?;
+        for name in st.vms.keys() {
+            let e = lua.create_table()?;
+            e.set("kind", "vm")?;
+            e.set("name", name.as_str())?;
+            out.push(e)?;
+        }
+        for name in st.sub_labs.keys() {
+            let e = lua.create_table()?;
+            e.set("kind", "sub_lab")?;
+            e.set("name", name.as_str())?;
+            out.push(e)?;
+        }
+        Ok(out)
+    }
+
+    fn include_one(&self, v: &Value) -> mlua::Result<()> {
+        let Value::UserData(ud) = v else {
+            return Err(err(format!(
+                "include: expected a VM or a Lab, got {}",
+                v.type_name()
+            )));
+        };
+        if let Ok(vm) = ud.borrow::<Vm>() {
+            let name = vm.name().to_string();
+            self.check_new_name("vm", &name)?;
+            self.0.state.lock().unwrap().vms.insert(name, vm.clone());
+            return Ok(());
+        }
+        if let Ok(lab) = ud.borrow::<Lab>() {
+            let name = lab.name().to_string();
+            self.check_new_name("lab", &name)?;
+            self.0
+                .state
+                .lock()
+                .unwrap()
+                .sub_labs
+                .insert(name, lab.clone());
+            return Ok(());
+        }
+        Err(err("include: expected a VM or a Lab userdata"))
+    }
+}
+
+fn pack(lua: &Lua, args: MultiValue) -> mlua::Result<MultiValue> {
+    let string: Table = lua.globals().get("string")?;
+    string.get::<mlua::Function>("pack")?.call(args)
+}
+
+fn unpack(lua: &Lua, args: MultiValue) -> mlua::Result<MultiValue> {
+    let string: Table = lua.globals().get("string")?;
+    string.get::<mlua::Function>("unpack")?.call(args)
+}
+
+impl UserData for Lab {
+    fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
+        m.add_method("name", |_, this, ()| Ok(this.0.name.clone()));
+        m.add_method("vm", |_, this, (name, profile, opts): (String, Option<String>, Option<Table>)| {
+            match profile {
+                None => {
+                    if opts.is_some() {
+                        return Err(err(format!("vm(\"{name}\", nil, opts): sizing opts need a profile")));
+                    }
+                    this.find_vm(&name).ok_or_else(|| {
+                        err(format!(
+                            "no vm named `{name}` in lab `{}`; create it with {}:vm(\"{name}\", \"<profile>\")",
+                            this.0.name, this.0.name
+                        ))
+                    })
+                }
+                Some(profile) => {
+                    this.check_new_name("vm", &name)?;
+                    let sizing = VmSizing::from_opts(opts.as_ref())?;
+                    let vm = Vm::create(this.0.env.clone(), name.clone(), profile, sizing)?;
+                    this.0.state.lock().unwrap().vms.insert(name, vm.clone());
+                    Ok(vm)
+                }
+            }
+        });
+        m.add_method("bridge", |_, this, (_name, _opts): (String, Option<Table>)| -> mlua::Result<()> {
+            Err(err(format!(
+                "bridges are not available on the {} backend yet (the userspace switch is being wired in); \
+                 nothing was created",
+                this.0.env.backend.as_str()
+            )))
+        });
+        m.add_method("lab", |_, this, name: Option<String>| {
+            let name = match name {
+                Some(n) => n,
+                None => {
+                    let mut st = this.0.state.lock().unwrap();
+                    let n = format!("__lab_{}", st.next_anon);
+                    st.next_anon += 1;
+                    n
+                }
+            };
+            this.check_new_name("lab", &name)?;
+            // Federation sub-labs have no parent chain: no fall-through.
+            let lab = this.child(name.clone(), None);
+            this.0
+                .state
+                .lock()
+                .unwrap()
+                .sub_labs
+                .insert(name, lab.clone());
+            Ok(lab)
+        });
+        m.add_method("include", |_, this, v: Value| {
+            match &v {
+                Value::Table(t) => {
+                    for item in t.sequence_values::<Value>() {
+                        this.include_one(&item?)?;
+                    }
+                }
+                other => this.include_one(other)?,
+            }
+            Ok(())
+        });
+        m.add_method("remove", |_, this, v: Value| {
+            let name = match &v {
+                Value::String(s) => s.to_str()?.to_string(),
+                Value::UserData(ud) => {
+                    if let Ok(vm) = ud.borrow::<Vm>() {
+                        vm.name().to_string()
+                    } else if let Ok(l) = ud.borrow::<Lab>() {
+                        l.name().to_string()
+                    } else {
+                        return Err(err("remove: expected a name, a VM or a Lab"));
+                    }
+                }
+                other => {
+                    return Err(err(format!(
+                        "remove: expected a name or a userdata, got {}",
+                        other.type_name()
+                    )))
+                }
+            };
+            let mut st = this.0.state.lock().unwrap();
+            if st.vms.remove(&name).is_some() || st.sub_labs.remove(&name).is_some() {
+                Ok(())
+            } else {
+                Err(err(format!(
+                    "remove: nothing named `{name}` in lab `{}`",
+                    this.0.name
+                )))
+            }
+        });
+        m.add_method("members", |lua, this, ()| this.members_of(lua));
+        m.add_method("vm_names", |_, this, ()| {
+            Ok(this
+                .0
+                .state
+                .lock()
+                .unwrap()
+                .vms
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>())
+        });
+        m.add_method("bridge_names", |_, _, ()| Ok(Vec::<String>::new()));
+        m.add_method("sub_lab_names", |_, this, ()| {
+            Ok(this
+                .0
+                .state
+                .lock()
+                .unwrap()
+                .sub_labs
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>())
+        });
+        m.add_method("boot", |_, this, ()| {
+            for vm in this.vms() {
+                vm.boot(None)?;
+            }
+            Ok(this.clone())
+        });
+        m.add_method("shutdown", |_, this, ()| {
+            for vm in this.vms() {
+                vm.shutdown()?;
+            }
+            Ok(())
+        });
+        m.add_method("pause", |_, this, ()| {
+            for vm in this.vms() {
+                vm.pause()?;
+            }
+            Ok(())
+        });
+        m.add_method("resume", |_, this, ()| {
+            for vm in this.vms() {
+                vm.resume()?;
+            }
+            Ok(())
+        });
+        m.add_method("claim", |_, this, spec: Table| this.claim(spec));
+        m.add_method(
+            "barrier",
+            |_, this, (name, count, timeout): (String, i64, Value)| {
+                let timeout = match timeout {
+                    Value::Nil => None,
+                    v => Some(duration::from_lua(&v, "barrier: timeout")?),
+                };
+                this.barrier(name, count, timeout)
+            },
+        );
+        m.add_method("snapshot", |_, this, _: MultiValue| -> mlua::Result<()> {
+            Err(this.not_available("lab:snapshot()"))
+        });
+        m.add_method("restore", |_, this, _: MultiValue| -> mlua::Result<()> {
+            Err(this.not_available("lab:restore()"))
+        });
+        m.add_method("vm_fixture", |_, this, _: MultiValue| -> mlua::Result<()> {
+            Err(this.not_available("vm_fixture (the fixture cache)"))
+        });
+        m.add_method(
+            "lab_fixture",
+            |_, this, _: MultiValue| -> mlua::Result<()> {
+                Err(this.not_available("lab_fixture (the fixture cache)"))
+            },
+        );
+        // A marker for the fixture-key scanner; nothing happens at run time.
+        m.add_method("depends_on_file", |_, _, path: String| {
+            if path.is_empty() {
+                return Err(err("depends_on_file: the path must not be empty"));
+            }
+            Ok(())
+        });
+        m.add_method("pack", |lua, _, args: MultiValue| pack(lua, args));
+        m.add_method("unpack", |lua, _, args: MultiValue| unpack(lua, args));
+
+        m.add_meta_method(
+            MetaMethod::Index,
+            |lua, this, key: Value| -> mlua::Result<Value> {
+                let Value::String(s) = &key else {
+                    return Ok(Value::Nil);
+                };
+                let key = s.to_str()?.to_string();
+                match key.as_str() {
+                    "pack" => {
+                        return Ok(Value::Function(
+                            lua.create_function(|lua, args: MultiValue| pack(lua, args))?,
+                        ))
+                    }
+                    "unpack" => {
+                        return Ok(Value::Function(
+                            lua.create_function(|lua, args: MultiValue| unpack(lua, args))?,
+                        ))
+                    }
+                    "vm_fixture" | "lab_fixture" => {
+                        let this = this.clone();
+                        let what = format!("{key} (the fixture cache)");
+                        return Ok(Value::Function(lua.create_function(
+                            move |_, _: MultiValue| -> mlua::Result<()> {
+                                Err(this.not_available(&what))
+                            },
+                        )?));
+                    }
+                    "timeout" => {
+                        let s = this.0.file.settings.lock().unwrap().timeout;
+                        return Ok(s.map_or(Value::Nil, |d| Value::Number(d.as_secs_f64())));
+                    }
+                    "reset_between_tests" => {
+                        return Ok(Value::Boolean(
+                            this.0.file.settings.lock().unwrap().reset_between_tests,
+                        ))
+                    }
+                    _ => {}
+                }
+                if let Some(vm) = this.find_vm(&key) {
+                    return Ok(Value::UserData(lua.create_userdata(vm)?));
+                }
+                if let Some(l) = this.find_sub_lab(&key) {
+                    return Ok(Value::UserData(lua.create_userdata(l)?));
+                }
+                Ok(Value::Nil)
+            },
+        );
+        m.add_meta_method(MetaMethod::NewIndex, |_, this, (key, value): (String, Value)| match key.as_str() {
+            "timeout" | "reset_between_tests" => this.set_setting(&key, value),
+            other => Err(err(format!(
+                "cannot assign provium.{other}: only `timeout` and `reset_between_tests` can be set; \
+                 create resources with provium:vm(name, profile)"
+            ))),
+        });
+        m.add_meta_method(MetaMethod::ToString, |_, this, ()| {
+            Ok(format!("Lab({})", this.0.name))
+        });
+    }
+}
+
+/// Accept a Lab userdata argument.
+pub fn lab_from(ud: &AnyUserData) -> mlua::Result<Lab> {
+    ud.borrow::<Lab>().map(|l| l.clone())
+}

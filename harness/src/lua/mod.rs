@@ -1,0 +1,88 @@
+//! The Lua runtime of one test file: globals, the framework, and one module
+//! per userdata (Lab, VM, File, Process, Worker, streams, Clock, RunResult).
+
+pub mod clock;
+pub mod command;
+pub mod duration;
+pub mod file;
+pub mod guest;
+pub mod json;
+pub mod lab;
+pub mod meta;
+pub mod process;
+pub mod run_result;
+pub mod stream;
+pub mod vm;
+pub mod worker;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mlua::{Lua, Value};
+
+use crate::runner::FileEnv;
+
+const FRAMEWORK: &str = include_str!("framework.lua");
+
+/// Build the Lua state for one file: standard library, `package.path` over
+/// the roots, the framework globals, `json`, and the root Lab as `provium`.
+pub fn new_state(env: Arc<FileEnv>) -> mlua::Result<(Lua, lab::Lab)> {
+    let lua = Lua::new();
+    let globals = lua.globals();
+
+    let package: mlua::Table = globals.get("package")?;
+    let mut path = String::new();
+    for root in &env.roots {
+        let r = root.display();
+        path.push_str(&format!("{r}/?.lua;{r}/?/init.lua;"));
+    }
+    let old: String = package.get("path")?;
+    package.set("path", format!("{path}{old}"))?;
+
+    let host = lua.create_table()?;
+    let epoch = Instant::now();
+    host.set(
+        "now",
+        lua.create_function(move |_, ()| Ok(epoch.elapsed().as_secs_f64()))?,
+    )?;
+    let sleep_env = env.clone();
+    host.set(
+        "sleep",
+        lua.create_function(move |_, secs: f64| {
+            sleep_env.sleep(Duration::from_secs_f64(secs.max(0.0)))?;
+            Ok(())
+        })?,
+    )?;
+    host.set(
+        "duration",
+        lua.create_function(|_, (v, what): (Value, String)| {
+            Ok(duration::from_lua(&v, &what)?.as_secs_f64())
+        })?,
+    )?;
+    globals.set("_provium_host", host)?;
+    lua.load(FRAMEWORK)
+        .set_name("@provium/framework.lua")
+        .exec()?;
+    globals.set("_provium_host", Value::Nil)?;
+
+    json::install(&lua)?;
+    let root = lab::Lab::root(env);
+    globals.set("provium", root.clone())?;
+    Ok((lua, root))
+}
+
+/// A Lua error carrying a message, for userdata methods.
+pub fn err(message: impl Into<String>) -> mlua::Error {
+    mlua::Error::runtime(message.into())
+}
+
+/// The message of an mlua error without the Rust-side decoration (callback
+/// wrappers, tracebacks), as test authors want to read it.
+pub fn error_message(e: &mlua::Error) -> String {
+    match e {
+        mlua::Error::CallbackError { cause, .. } => error_message(cause),
+        mlua::Error::RuntimeError(m) => m.clone(),
+        mlua::Error::WithContext { cause, .. } => error_message(cause),
+        other => other.to_string(),
+    }
+}

@@ -1,0 +1,579 @@
+//! The VM userdata: lifecycle with the reference's state machine, boot
+//! options, accessors, and (through `guest`) every guest operation.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use mlua::{Lua, Table, UserData, UserDataMethods, Value};
+use provium_protocol::event::{Event, VmShutdown, VmSpawned};
+
+use super::clock::ClockUd;
+use super::guest::{add_guest_methods, GuestTarget, Ops};
+use super::stream::{ByteSource, Stream};
+use super::worker::WorkerUd;
+use super::{err, guest::client_err};
+use crate::client::{AgentClient, ClientError};
+use crate::config::parse_size;
+use crate::machine::{BootSpec, Machine};
+use crate::runner::{CloseKind, Closeable, FileEnv, LiveResource};
+
+pub const DEFAULT_MEMORY_BYTES: u64 = 512 << 20;
+pub const DEFAULT_CPUS: u32 = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Created,
+    Booted,
+    Paused,
+    Shutdown,
+    Dead,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Created => "created",
+            Phase::Booted => "booted",
+            Phase::Paused => "paused",
+            Phase::Shutdown => "shutdown",
+            Phase::Dead => "dead",
+        }
+    }
+}
+
+/// `lab:vm` opts: the sizing the scheduler needs at declaration.
+#[derive(Debug, Clone, Copy)]
+pub struct VmSizing {
+    pub memory_bytes: u64,
+    pub cpus: u32,
+}
+
+const BOOT_KEYS: &[&str] = &["kernel_cmdline", "rng_seed", "initial_time", "files"];
+
+impl VmSizing {
+    pub fn from_opts(opts: Option<&Table>) -> mlua::Result<VmSizing> {
+        let mut s = VmSizing {
+            memory_bytes: DEFAULT_MEMORY_BYTES,
+            cpus: DEFAULT_CPUS,
+        };
+        let Some(o) = opts else { return Ok(s) };
+        for pair in o.pairs::<String, Value>() {
+            let (k, v) = pair?;
+            match k.as_str() {
+                "memory" => {
+                    s.memory_bytes = match v {
+                        Value::Integer(i) if i > 0 => i as u64,
+                        Value::String(t) => parse_size(&t.to_str()?)
+                            .map_err(|e| err(format!("vm opts: memory: {e}")))?,
+                        other => {
+                            return Err(err(format!(
+                                "vm opts: memory must be bytes or \"512M\", got {other:?}"
+                            )))
+                        }
+                    }
+                }
+                "cpus" => {
+                    s.cpus = match v {
+                        Value::Integer(i) if (1..=256).contains(&i) => i as u32,
+                        other => {
+                            return Err(err(format!(
+                                "vm opts: cpus must be an integer 1..=256, got {other:?}"
+                            )))
+                        }
+                    }
+                }
+                k if BOOT_KEYS.contains(&k) => {
+                    return Err(err(format!(
+                        "vm opts: `{k}` is a boot option; pass it to vm:boot({{{k} = ...}})"
+                    )))
+                }
+                other => {
+                    return Err(err(format!(
+                        "vm opts: unknown key `{other}` (accepted: memory, cpus)"
+                    )))
+                }
+            }
+        }
+        Ok(s)
+    }
+}
+
+/// `vm:boot` opts, merged per field into the pending options.
+#[derive(Debug, Clone, Default)]
+pub struct BootOpts {
+    pub kernel_cmdline: Option<String>,
+    pub rng_seed: Option<u64>,
+    pub initial_time: Option<f64>,
+    pub files: Vec<(String, Vec<u8>)>,
+}
+
+impl BootOpts {
+    fn merge(&mut self, t: &Table) -> mlua::Result<()> {
+        for pair in t.pairs::<String, Value>() {
+            let (k, v) = pair?;
+            match k.as_str() {
+                "kernel_cmdline" => self.kernel_cmdline = Some(String::from_lua_value(v, "kernel_cmdline")?),
+                "rng_seed" => {
+                    self.rng_seed = Some(match v {
+                        Value::Integer(i) => i as u64,
+                        other => return Err(err(format!("boot: rng_seed must be an integer, got {other:?}"))),
+                    })
+                }
+                "initial_time" => {
+                    self.initial_time = Some(match v {
+                        Value::Integer(i) => i as f64,
+                        Value::Number(n) if n.is_finite() => n,
+                        other => return Err(err(format!("boot: initial_time must be finite seconds, got {other:?}"))),
+                    })
+                }
+                "files" => {
+                    let Value::Table(list) = v else {
+                        return Err(err("boot: files must be an array of {path=..., content=...}"));
+                    };
+                    for (i, f) in list.sequence_values::<Table>().enumerate() {
+                        let f = f.map_err(|_| err(format!("boot: files[{}] must be a table", i + 1)))?;
+                        let path: String =
+                            f.get("path").map_err(|_| err(format!("boot: files[{}].path must be a string", i + 1)))?;
+                        let content: mlua::LuaString = f
+                            .get("content")
+                            .map_err(|_| err(format!("boot: files[{}].content must be a string", i + 1)))?;
+                        self.files.push((path, content.as_bytes().to_vec()));
+                    }
+                }
+                "memory" | "cpus" => {
+                    return Err(err(format!("boot: `{k}` is a sizing option; pass it to lab:vm(name, profile, {{{k} = ...}})")))
+                }
+                other => {
+                    return Err(err(format!("boot: unknown option `{other}` (accepted: {})", BOOT_KEYS.join(", "))))
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+trait FromLuaValue: Sized {
+    fn from_lua_value(v: Value, what: &str) -> mlua::Result<Self>;
+}
+
+impl FromLuaValue for String {
+    fn from_lua_value(v: Value, what: &str) -> mlua::Result<Self> {
+        match v {
+            Value::String(s) => Ok(s.to_str()?.to_string()),
+            other => Err(err(format!(
+                "boot: {what} must be a string, got {}",
+                other.type_name()
+            ))),
+        }
+    }
+}
+
+struct VmState {
+    phase: Phase,
+    pending: BootOpts,
+    client: Option<AgentClient>,
+    booted_at: Option<Instant>,
+}
+
+pub struct VmInner {
+    name: String,
+    profile: String,
+    sizing: VmSizing,
+    env: Arc<FileEnv>,
+    state: Mutex<VmState>,
+    /// Held only briefly, so the watchdog can always reach the kill switch.
+    machine: Mutex<Option<Arc<Machine>>>,
+    open_files: Arc<AtomicUsize>,
+    open_streams: Arc<AtomicUsize>,
+    in_flight: AtomicUsize,
+}
+
+/// A VM handle; clones share the VM.
+#[derive(Clone)]
+pub struct Vm(Arc<VmInner>);
+
+impl LiveResource for VmInner {
+    fn teardown(&self) {
+        // Only the machine's kill switch: never wait on the state lock, which
+        // the file's thread may hold while blocked on the agent.
+        if let Some(m) = self.machine.lock().unwrap().as_ref() {
+            m.kill();
+        }
+    }
+
+    fn console_excerpt(&self) -> Option<String> {
+        let m = self.machine.lock().unwrap().clone()?;
+        m.console_tail(crate::runner::file::CONSOLE_EXCERPT_BYTES)
+            .map(|t| format!("--- {} console ---\n{t}", self.name))
+    }
+}
+
+impl Closeable for Vm {
+    fn auto_close(&self) -> Result<(), String> {
+        self.shutdown().map_err(|e| super::error_message(&e))
+    }
+}
+
+impl Vm {
+    pub fn create(
+        env: Arc<FileEnv>,
+        name: String,
+        profile: String,
+        sizing: VmSizing,
+    ) -> mlua::Result<Vm> {
+        if env.config.path.is_some() && !env.config.profiles.contains_key(&profile) {
+            let known: Vec<&str> = env.config.profiles.keys().map(String::as_str).collect();
+            return Err(err(format!(
+                "vm `{name}`: profile `{profile}` not found in provium.toml (profiles: {})",
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            )));
+        }
+        let vm = Vm(Arc::new(VmInner {
+            name,
+            profile,
+            sizing,
+            env: env.clone(),
+            state: Mutex::new(VmState {
+                phase: Phase::Created,
+                pending: BootOpts::default(),
+                client: None,
+                booted_at: None,
+            }),
+            machine: Mutex::new(None),
+            open_files: Arc::new(AtomicUsize::new(0)),
+            open_streams: Arc::new(AtomicUsize::new(0)),
+            in_flight: AtomicUsize::new(0),
+        }));
+        let live: Arc<dyn LiveResource> = vm.0.clone();
+        env.track(Arc::downgrade(&live));
+        env.register_closeable(CloseKind::Vm, Arc::new(vm.clone()));
+        Ok(vm)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    pub fn env(&self) -> &Arc<FileEnv> {
+        &self.0.env
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.0.state.lock().unwrap().phase
+    }
+
+    pub fn file_counter(&self) -> Arc<AtomicUsize> {
+        self.0.open_files.clone()
+    }
+
+    fn wrong_state(&self, method: &str, phase: Phase, wanted: &str) -> mlua::Error {
+        err(format!(
+            "vm:{method}: vm `{}` is {}; {method} needs it {wanted}",
+            self.0.name,
+            phase.as_str()
+        ))
+    }
+
+    /// The connection for guest ops: only while booted.
+    pub fn client(&self, method: &str) -> mlua::Result<AgentClient> {
+        let st = self.0.state.lock().unwrap();
+        match (st.phase, &st.client) {
+            (Phase::Booted, Some(c)) => Ok(c.clone()),
+            (phase, _) => Err(err(format!(
+                "{method}: vm `{}` is {}; boot it first (vm:boot())",
+                self.0.name,
+                phase.as_str()
+            ))),
+        }
+    }
+
+    /// Run an agent call, counted as in flight, with the watchdog's reason
+    /// taking precedence over the connection error it causes.
+    pub fn guard_op<T>(
+        &self,
+        method: &str,
+        f: impl FnOnce() -> Result<T, ClientError>,
+    ) -> mlua::Result<T> {
+        self.0.in_flight.fetch_add(1, Ordering::SeqCst);
+        let r = f();
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        r.map_err(|e| {
+            if let Some(reason) = self.0.env.cancel_reason() {
+                return err(format!("{method}: {}", reason.message()));
+            }
+            if e.is_connection_lost() {
+                let mut st = self.0.state.lock().unwrap();
+                if st.phase == Phase::Booted {
+                    st.phase = Phase::Dead;
+                }
+            }
+            client_err(method, e)
+        })
+    }
+
+    pub fn open_stream(
+        &self,
+        lua: &Lua,
+        source: Box<dyn ByteSource>,
+        kind: &'static str,
+        detail: String,
+    ) -> Stream {
+        Stream::open(
+            lua,
+            self.0.env.clone(),
+            source,
+            kind,
+            detail,
+            Some(self.0.open_streams.clone()),
+        )
+    }
+
+    pub fn boot(&self, opts: Option<Table>) -> mlua::Result<Vm> {
+        let mut st = self.0.state.lock().unwrap();
+        if st.phase != Phase::Created {
+            return Err(self.wrong_state(
+                "boot",
+                st.phase,
+                "created (a VM boots once; create another or restore a snapshot)",
+            ));
+        }
+        if let Some(o) = &opts {
+            st.pending.merge(o)?;
+        }
+        let env = &self.0.env;
+        let spec = BootSpec {
+            vm_name: self.0.name.clone(),
+            profile: env.config.profiles.get(&self.0.profile).cloned(),
+            profile_name: self.0.profile.clone(),
+            memory_bytes: self.0.sizing.memory_bytes,
+            cpus: self.0.sizing.cpus,
+            kernel_cmdline: st.pending.kernel_cmdline.clone(),
+            rng_seed: st.pending.rng_seed,
+            initial_time: st.pending.initial_time,
+        };
+        let machine = Arc::new(
+            Machine::boot(env.backend, &spec)
+                .map_err(|e| err(format!("vm:boot: vm `{}`: {e}", self.0.name)))?,
+        );
+        *self.0.machine.lock().unwrap() = Some(machine.clone());
+        let client = match machine.connect() {
+            Ok(c) => c,
+            Err(e) => {
+                machine.kill();
+                st.phase = Phase::Dead;
+                return Err(err(format!(
+                    "vm:boot: vm `{}`: the agent did not answer: {e}",
+                    self.0.name
+                )));
+            }
+        };
+        // Files of boot opts land before the test runs anything.
+        for (path, content) in std::mem::take(&mut st.pending.files) {
+            if let Some(parent) = std::path::Path::new(&path).parent() {
+                let _ = provium_ops(&client).mkdir(&parent.to_string_lossy(), true, None);
+            }
+            provium_ops(&client)
+                .write_file(&path, &content)
+                .map_err(|e| client_err(&format!("vm:boot: files: {path}"), e))?;
+        }
+        st.client = Some(client);
+        st.phase = Phase::Booted;
+        st.booted_at = Some(Instant::now());
+        env.events.emit(Event::VmSpawned(VmSpawned {
+            file: env.rel_path.clone(),
+            vm_name: self.0.name.clone(),
+            profile: self.0.profile.clone(),
+            memory_bytes: self.0.sizing.memory_bytes,
+            cid: machine.cid(),
+        }));
+        Ok(self.clone())
+    }
+
+    pub fn shutdown(&self) -> mlua::Result<()> {
+        let mut st = self.0.state.lock().unwrap();
+        if st.phase == Phase::Shutdown {
+            return Ok(());
+        }
+        if let Some(c) = st.client.take() {
+            c.close();
+        }
+        if let Some(m) = self.0.machine.lock().unwrap().take() {
+            m.shutdown();
+        }
+        let was_up = st.booted_at.take();
+        st.phase = Phase::Shutdown;
+        if let Some(t0) = was_up {
+            self.0.env.events.emit(Event::VmShutdown(VmShutdown {
+                file: self.0.env.rel_path.clone(),
+                vm_name: self.0.name.clone(),
+                duration_ns: t0.elapsed().as_nanos() as u64,
+            }));
+        }
+        Ok(())
+    }
+
+    pub fn pause(&self) -> mlua::Result<()> {
+        let mut st = self.0.state.lock().unwrap();
+        if st.phase != Phase::Booted {
+            return Err(self.wrong_state("pause", st.phase, "booted"));
+        }
+        self.machine()?
+            .pause()
+            .map_err(|e| err(format!("vm:pause: {e}")))?;
+        st.phase = Phase::Paused;
+        Ok(())
+    }
+
+    pub fn resume(&self) -> mlua::Result<()> {
+        let mut st = self.0.state.lock().unwrap();
+        if st.phase != Phase::Paused {
+            return Err(self.wrong_state("resume", st.phase, "paused"));
+        }
+        self.machine()?
+            .resume()
+            .map_err(|e| err(format!("vm:resume: {e}")))?;
+        st.phase = Phase::Booted;
+        Ok(())
+    }
+
+    fn machine(&self) -> mlua::Result<Arc<Machine>> {
+        self.0
+            .machine
+            .lock()
+            .unwrap()
+            .clone()
+            .ok_or_else(|| err(format!("vm `{}` has no running machine", self.0.name)))
+    }
+
+    fn booted_machine(&self, method: &str) -> mlua::Result<Arc<Machine>> {
+        let phase = self.phase();
+        if phase != Phase::Booted {
+            return Err(self.wrong_state(method, phase, "booted"));
+        }
+        self.machine()
+    }
+}
+
+/// The client as its op trait (the VM's own namespace).
+fn provium_ops(c: &AgentClient) -> &dyn crate::client::AgentOps {
+    c
+}
+
+impl GuestTarget for Vm {
+    const PREFIX: &'static str = "vm";
+
+    fn ops(&self) -> mlua::Result<Ops> {
+        Ok(Arc::new(self.client("vm")?))
+    }
+
+    fn vm(&self) -> &Vm {
+        self
+    }
+}
+
+impl UserData for Vm {
+    fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
+        m.add_method("boot", |_, this, opts: Option<Table>| this.boot(opts));
+        m.add_method("pause", |_, this, ()| this.pause());
+        m.add_method("resume", |_, this, ()| this.resume());
+        m.add_method("shutdown", |_, this, ()| this.shutdown());
+        m.add_method("close", |_, this, ()| this.shutdown());
+        m.add_method("reset", |_, this, ()| {
+            this.booted_machine("reset")?
+                .reset()
+                .map_err(|e| err(format!("vm:reset: {e}")))
+        });
+        m.add_method("power_button", |_, this, ()| {
+            this.booted_machine("power_button")?
+                .power_button()
+                .map_err(|e| err(format!("vm:power_button: {e}")))?;
+            this.shutdown()
+        });
+        m.add_method("snapshot", |_, this, _: mlua::MultiValue| -> mlua::Result<()> {
+            Err(err(format!(
+                "vm:snapshot: snapshots are not available on the {} backend yet; nothing was written",
+                this.0.env.backend.as_str()
+            )))
+        });
+        m.add_method(
+            "restore",
+            |_, this, _: mlua::MultiValue| -> mlua::Result<()> {
+                Err(err(format!(
+                    "vm:restore: snapshots are not available on the {} backend yet",
+                    this.0.env.backend.as_str()
+                )))
+            },
+        );
+        m.add_method("console", |_, this, ()| -> mlua::Result<()> {
+            Err(err(format!(
+                "vm:console: the {} backend has no kernel console (use the kvm backend)",
+                this.0.env.backend.as_str()
+            )))
+        });
+        m.add_method("clock", |_, this, ()| Ok(ClockUd::new(this.clone())));
+        m.add_method("spawn_worker", |_, this, opts: Option<Table>| {
+            if let Some(o) = opts {
+                if o.contains_key("thread")? {
+                    return Err(err("vm:spawn_worker: {thread = true} is future work (thread-mode workers are not supported yet)"));
+                }
+            }
+            let client = this.client("vm:spawn_worker")?;
+            let w = this.guard_op("vm:spawn_worker", || client.spawn_worker())?;
+            Ok(WorkerUd::new(this.clone(), w))
+        });
+        m.add_method("nic", |_, this, name: String| -> mlua::Result<()> {
+            Err(err(format!("vm:nic(\"{name}\"): vm `{}` has no network attachments (bridges are not available yet)", this.0.name)))
+        });
+        m.add_method("disk", |_, this, id: String| -> mlua::Result<()> {
+            Err(err(format!(
+                "vm:disk(\"{id}\"): vm `{}` has no disk with that id",
+                this.0.name
+            )))
+        });
+        m.add_method("attach_disk", |_, this, _: Option<Table>| -> mlua::Result<()> {
+            Err(err(format!(
+                "vm:attach_disk: disks are not available on the {} backend (they need the kvm backend's virtio-blk)",
+                this.0.env.backend.as_str()
+            )))
+        });
+        m.add_method("name", |_, this, ()| Ok(this.0.name.clone()));
+        m.add_method("profile", |_, this, ()| Ok(this.0.profile.clone()));
+        m.add_method("state", |_, this, ()| Ok(this.phase().as_str()));
+        m.add_method("cid", |_, this, ()| {
+            Ok(this
+                .0
+                .machine
+                .lock()
+                .unwrap()
+                .as_ref()
+                .map(|m| m.cid())
+                .filter(|c| *c != 0))
+        });
+        m.add_method("is_quiescent", |_, this, ()| {
+            Ok(this.0.in_flight.load(Ordering::SeqCst) == 0
+                && this.0.open_files.load(Ordering::SeqCst) == 0
+                && this.0.open_streams.load(Ordering::SeqCst) == 0)
+        });
+        m.add_method("open_file_count", |_, this, ()| {
+            Ok(this.0.open_files.load(Ordering::SeqCst))
+        });
+        m.add_method("open_stream_count", |_, this, ()| {
+            Ok(this.0.open_streams.load(Ordering::SeqCst))
+        });
+        add_guest_methods::<Vm, M>(m);
+        m.add_meta_method(mlua::MetaMethod::ToString, |_, this, ()| {
+            Ok(format!("VM({}, {})", this.0.name, this.phase().as_str()))
+        });
+        m.add_meta_method(mlua::MetaMethod::Eq, |_, this, other: mlua::AnyUserData| {
+            Ok(other
+                .borrow::<Vm>()
+                .map(|o| Arc::ptr_eq(&o.0, &this.0))
+                .unwrap_or(false))
+        });
+    }
+}

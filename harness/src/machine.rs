@@ -1,0 +1,127 @@
+//! A running guest, whatever backend made it: the VM userdata talks to this,
+//! never to a backend directly.
+
+use std::sync::Mutex;
+
+use crate::backend::local::{locate_agent, LocalOptions, LocalSandbox};
+use crate::client::AgentClient;
+use crate::config::Profile;
+use crate::runner::BackendKind;
+
+/// What a boot needs from the VM declaration and `vm:boot` opts.
+#[derive(Debug, Clone)]
+pub struct BootSpec {
+    pub vm_name: String,
+    pub profile_name: String,
+    pub profile: Option<Profile>,
+    pub memory_bytes: u64,
+    pub cpus: u32,
+    pub kernel_cmdline: Option<String>,
+    pub rng_seed: Option<u64>,
+    pub initial_time: Option<f64>,
+}
+
+pub enum Machine {
+    Local(Mutex<LocalSandbox>),
+}
+
+impl Machine {
+    pub fn boot(backend: BackendKind, spec: &BootSpec) -> Result<Machine, String> {
+        match backend {
+            BackendKind::Local => {
+                // The sandbox has no kernel of its own: refuse what only a
+                // kernel could honour instead of silently ignoring it.
+                if spec.kernel_cmdline.is_some() {
+                    return Err("kernel_cmdline needs the kvm backend (the local sandbox has no kernel)".into());
+                }
+                if spec.rng_seed.is_some() {
+                    return Err("rng_seed needs the kvm backend (the local sandbox uses the host's random device)".into());
+                }
+                if spec.initial_time.is_some() {
+                    return Err("initial_time needs the kvm backend (the local sandbox shares the host's clock)".into());
+                }
+                let agent = locate_agent().map_err(|e| e.to_string())?;
+                let sandbox = LocalSandbox::start(&spec.vm_name, &LocalOptions::new(agent)).map_err(|e| e.to_string())?;
+                Ok(Machine::Local(Mutex::new(sandbox)))
+            }
+            BackendKind::Kvm => Err(format!(
+                "the kvm backend cannot boot profile `{}` yet: the microVMM does not run guests end to end on this \
+                 build; run with --vmm local",
+                spec.profile_name
+            )),
+        }
+    }
+
+    pub fn connect(&self) -> Result<AgentClient, String> {
+        match self {
+            Machine::Local(s) => s.lock().unwrap().connect().map_err(|e| e.to_string()),
+        }
+    }
+
+    /// The vsock CID (0 where there is none).
+    pub fn cid(&self) -> u32 {
+        match self {
+            Machine::Local(_) => 0,
+        }
+    }
+
+    /// Stop it now (watchdog, failed boot); safe to call more than once.
+    pub fn kill(&self) {
+        match self {
+            Machine::Local(s) => {
+                let _ = s.lock().unwrap().shutdown();
+            }
+        }
+    }
+
+    pub fn shutdown(&self) {
+        self.kill()
+    }
+
+    /// Freeze every process of the guest (the agent included) until resume.
+    pub fn pause(&self) -> Result<(), String> {
+        match self {
+            Machine::Local(s) => signal_all(&s.lock().unwrap(), libc::SIGSTOP),
+        }
+    }
+
+    pub fn resume(&self) -> Result<(), String> {
+        match self {
+            Machine::Local(s) => signal_all(&s.lock().unwrap(), libc::SIGCONT),
+        }
+    }
+
+    pub fn reset(&self) -> Result<(), String> {
+        Err("reset needs the kvm backend (the local sandbox has no kernel to reboot)".into())
+    }
+
+    pub fn power_button(&self) -> Result<(), String> {
+        Err(
+            "power_button needs the kvm backend (the local sandbox has no ACPI/i8042 to press)"
+                .into(),
+        )
+    }
+
+    /// The last `max` bytes of the console log, where there is a console.
+    pub fn console_tail(&self, _max: usize) -> Option<String> {
+        match self {
+            Machine::Local(_) => None,
+        }
+    }
+}
+
+/// Signal every process in the sandbox. Enumerates twice so a process forked
+/// while the first pass ran is caught by the second.
+fn signal_all(s: &LocalSandbox, sig: i32) -> Result<(), String> {
+    if !s.is_running() {
+        return Err(format!("sandbox `{}` is not running", s.name()));
+    }
+    for _ in 0..2 {
+        for pid in s.host_pids() {
+            // SAFETY: kill(2) on pids enumerated from the sandbox's pid
+            // namespace, which its init keeps alive while running.
+            unsafe { libc::kill(pid, sig) };
+        }
+    }
+    Ok(())
+}

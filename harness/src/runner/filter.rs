@@ -1,0 +1,177 @@
+//! Per-test selection: meta.skip, meta.slow, --tag/--no-tag,
+//! --tag-meta/--no-tag-meta, in the reference's precedence order.
+
+use std::collections::BTreeMap;
+
+use provium_protocol::meta::{MetaMap, MetaValue};
+
+#[derive(Debug, Clone, Default)]
+pub struct TestFilter {
+    pub include_slow: bool,
+    pub tags: Vec<String>,
+    pub no_tags: Vec<String>,
+    /// KEY -> accepted VALUEs (OR within a key, AND across keys).
+    pub tag_meta: BTreeMap<String, Vec<String>>,
+    pub no_tag_meta: BTreeMap<String, Vec<String>>,
+}
+
+/// Parse `KEY=VALUE` flags into a key -> values map.
+pub fn parse_key_values(
+    flag: &str,
+    items: &[String],
+) -> Result<BTreeMap<String, Vec<String>>, String> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for item in items {
+        let (k, v) = item.split_once('=').ok_or_else(|| {
+            format!("{flag} `{item}`: expected KEY=VALUE, e.g. {flag} subsystems=net")
+        })?;
+        out.entry(k.to_string()).or_default().push(v.to_string());
+    }
+    Ok(out)
+}
+
+/// Whether a meta value "contains" a wanted value: equal scalars, or an
+/// array holding it.
+fn contains(v: &MetaValue, want: &str) -> bool {
+    match v {
+        MetaValue::Str(s) => s == want,
+        MetaValue::Int(i) => i.to_string() == want,
+        MetaValue::Bool(b) => b.to_string() == want,
+        MetaValue::Float(f) => f.to_string() == want,
+        MetaValue::Bytes(b) => b == want.as_bytes(),
+        MetaValue::Array(a) => a.iter().any(|x| contains(x, want)),
+        MetaValue::Map(_) | MetaValue::Null => false,
+    }
+}
+
+fn truthy(v: Option<&MetaValue>) -> bool {
+    !matches!(
+        v,
+        None | Some(MetaValue::Null) | Some(MetaValue::Bool(false))
+    )
+}
+
+impl TestFilter {
+    /// `Some(reason)` when the test must be skipped, else `None`.
+    pub fn skip_reason(&self, meta: &MetaMap) -> Option<String> {
+        match meta.get("skip") {
+            Some(MetaValue::Str(reason)) => return Some(reason.clone()),
+            Some(MetaValue::Bool(true)) => return Some("skipped (meta.skip)".into()),
+            _ => {}
+        }
+        if truthy(meta.get("slow")) && !self.include_slow {
+            return Some("slow test (use --include-slow)".into());
+        }
+        let tags: Vec<&str> = match meta.get("tags") {
+            Some(MetaValue::Array(a)) => a
+                .iter()
+                .filter_map(|t| {
+                    if let MetaValue::Str(s) = t {
+                        Some(s.as_str())
+                    } else {
+                        None
+                    }
+                })
+                .collect(),
+            Some(MetaValue::Str(s)) => vec![s.as_str()],
+            _ => Vec::new(),
+        };
+        if let Some(t) = self.no_tags.iter().find(|t| tags.contains(&t.as_str())) {
+            return Some(format!("--no-tag {t}"));
+        }
+        if !self.tags.is_empty() && !self.tags.iter().any(|t| tags.contains(&t.as_str())) {
+            return Some(format!("--tag {}", self.tags.join(",")));
+        }
+        for (key, values) in &self.no_tag_meta {
+            if let Some(v) = values
+                .iter()
+                .find(|v| meta.get(key).is_some_and(|m| contains(m, v)))
+            {
+                return Some(format!("--no-tag-meta {key}={v}"));
+            }
+        }
+        for (key, values) in &self.tag_meta {
+            if !values
+                .iter()
+                .any(|v| meta.get(key).is_some_and(|m| contains(m, v)))
+            {
+                return Some(format!("--tag-meta {key}={}", values.join("|")));
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(pairs: Vec<(&str, MetaValue)>) -> MetaMap {
+        pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+    }
+    fn strs(v: &[&str]) -> MetaValue {
+        MetaValue::Array(v.iter().map(|s| MetaValue::Str(s.to_string())).collect())
+    }
+
+    #[test]
+    fn precedence_follows_the_reference() {
+        let mut f = TestFilter {
+            tags: vec!["smoke".into()],
+            no_tags: vec!["flaky".into()],
+            ..Default::default()
+        };
+        assert_eq!(f.skip_reason(&meta(vec![("tags", strs(&["smoke"]))])), None);
+        assert_eq!(
+            f.skip_reason(&meta(vec![("tags", strs(&["smoke", "flaky"]))]))
+                .as_deref(),
+            Some("--no-tag flaky")
+        );
+        assert!(f.skip_reason(&meta(vec![])).unwrap().starts_with("--tag"));
+        assert_eq!(
+            f.skip_reason(&meta(vec![("skip", MetaValue::Str("why".into()))]))
+                .as_deref(),
+            Some("why")
+        );
+        f.tags.clear();
+        assert!(f
+            .skip_reason(&meta(vec![("slow", MetaValue::Bool(true))]))
+            .unwrap()
+            .contains("--include-slow"));
+        f.include_slow = true;
+        assert_eq!(
+            f.skip_reason(&meta(vec![("slow", MetaValue::Bool(true))])),
+            None
+        );
+    }
+
+    #[test]
+    fn tag_meta_is_or_within_a_key_and_across_keys() {
+        let items = vec![
+            "subsystems=net".to_string(),
+            "subsystems=fs".into(),
+            "owner=me".into(),
+        ];
+        let f = TestFilter {
+            tag_meta: parse_key_values("--tag-meta", &items).unwrap(),
+            ..Default::default()
+        };
+        let m = meta(vec![
+            ("subsystems", strs(&["fs"])),
+            ("owner", MetaValue::Str("me".into())),
+        ]);
+        assert_eq!(f.skip_reason(&m), None);
+        let m = meta(vec![("subsystems", strs(&["fs"]))]);
+        assert!(f.skip_reason(&m).unwrap().starts_with("--tag-meta owner"));
+        let f = TestFilter {
+            no_tag_meta: parse_key_values("--no-tag-meta", &["subsystems=net".to_string()])
+                .unwrap(),
+            ..Default::default()
+        };
+        assert!(f
+            .skip_reason(&meta(vec![("subsystems", strs(&["net", "fs"]))]))
+            .is_some());
+        assert!(parse_key_values("--tag-meta", &["novalue".to_string()])
+            .unwrap_err()
+            .contains("KEY=VALUE"));
+    }
+}
