@@ -10,7 +10,9 @@
 //! Behaviour, entered in long mode with RSI = boot_params (zero page):
 //! 1. prints `PROVIUM-TINY-GUEST v1`, then `cmdline=<the command line read
 //!    through boot_params.hdr.cmd_line_ptr>`, then `e820=<entries, hex>
-//!    initrd=<ramdisk_image hex>+<ramdisk_size hex>`, then `READY`, on COM1;
+//!    initrd=<ramdisk_image hex>+<ramdisk_size hex> mmio0=<magic>/<device id>`
+//!    (the first virtio-mmio window, read through the VMM's 4 GiB identity
+//!    map), then `READY`, on COM1;
 //! 2. loops forever: increments a u64 counter (at `COUNTER_OFFSET` from the
 //!    kernel's load address), polls COM1's LSR, and for each received byte:
 //!    `R` writes 0xFE to the i8042 command port (reset), `P` writes SLP_EN to
@@ -25,6 +27,8 @@ const COM1: u32 = 0x3F8;
 const COM1_LSR: u32 = COM1 + 5;
 const I8042_COMMAND: u32 = 0x64;
 const PM1A_CNT: u32 = 0x604;
+/// The first virtio-mmio window (the VMM's `device_manager::mmio::MMIO_BASE`).
+const MMIO0: u32 = 0xd000_0000;
 /// SLP_EN (bit 13) with SLP_TYP 0: what QEMU's PIIX4/ICH9 PM treats as S5.
 const PM1_SLP_EN: u16 = 1 << 13;
 
@@ -73,6 +77,17 @@ fn program() -> (Vec<u8>, usize) {
     a.mov_al(b'+');
     a.call("putc");
     a.mov_r32_mem(Reg::Rax, Reg::Rsi, BP_RAMDISK_SIZE);
+    a.call("puthex32");
+    // virtio-mmio discovery: the first window's MagicValue and DeviceID
+    // (all ones when no device is there).
+    a.lea_rip(Reg::Rbx, "s_mmio");
+    a.call("puts");
+    a.mov_r32_imm(Reg::Rsi, MMIO0);
+    a.mov_r32_mem(Reg::Rax, Reg::Rsi, 0);
+    a.call("puthex32");
+    a.mov_al(b'/');
+    a.call("putc");
+    a.mov_r32_mem(Reg::Rax, Reg::Rsi, 8);
     a.call("puthex32");
     a.lea_rip(Reg::Rbx, "s_ready");
     a.call("puts");
@@ -148,6 +163,7 @@ fn program() -> (Vec<u8>, usize) {
     a.cstr("s_cmdline", "cmdline=");
     a.cstr("s_e820", "\ne820=");
     a.cstr("s_initrd", " initrd=");
+    a.cstr("s_mmio", " mmio0=");
     a.cstr("s_ready", "\nREADY\n");
     a.align(8, 0);
     a.label("counter");

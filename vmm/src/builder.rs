@@ -23,7 +23,9 @@ use crate::arch::layout::{
 use crate::arch::regs::write_boot_tables;
 use crate::console::Console;
 use crate::device_manager::legacy::{attach_legacy_devices, LegacyDevices, LegacyDevicesError};
+use crate::device_manager::mmio::{attach_virtio_device, MmioDevicesError, MmioSlots};
 use crate::devices::bus::Bus;
+use crate::devices::virtio::block::{Block, BlockConfig, DiskImage};
 use crate::devices::GuestRequestSink;
 use crate::vmm_config::machine_config::MachineConfigError;
 use crate::vmm_config::{KernelImage, VmConfig};
@@ -131,6 +133,12 @@ pub enum BuildError {
     /// Legacy devices.
     #[error("cannot attach legacy devices")]
     Legacy(#[source] LegacyDevicesError),
+    /// A disk image.
+    #[error("cannot attach a disk")]
+    Drive(#[source] crate::devices::virtio::block::BlockError),
+    /// A virtio-mmio slot.
+    #[error("cannot attach a virtio device")]
+    Virtio(#[source] MmioDevicesError),
     /// vCPU setup.
     #[error("cannot set up vCPUs")]
     Vcpu(#[source] VcpuError),
@@ -163,6 +171,8 @@ pub struct Machine {
     pub legacy: LegacyDevices,
     /// The PIO bus.
     pub pio: Arc<Bus>,
+    /// The MMIO bus (virtio-mmio windows).
+    pub mmio: Arc<Bus>,
     /// The KVM VM.
     pub vm: KvmVm,
     /// Guest RAM.
@@ -311,6 +321,27 @@ pub fn build_and_start(
         .map(|p| load_initrd(&ram, mem_bytes, p, kernel.result.kernel_end, initrd_max))
         .transpose()?;
 
+    let mut pio = Bus::new();
+    let legacy =
+        attach_legacy_devices(&vm, &mut pio, console, requests).map_err(BuildError::Legacy)?;
+    let mut mmio = Bus::new();
+    let mut slots = MmioSlots::default();
+    let mut cmdline_text = cfg.boot.cmdline.clone();
+    for drive in &cfg.drives {
+        let disk =
+            DiskImage::open(&drive.path, drive.read_only, &drive.id).map_err(BuildError::Drive)?;
+        let dev = Block::new(BlockConfig {
+            disk: Arc::new(disk),
+            faults: drive.faults.clone(),
+        });
+        let slot = attach_virtio_device(&mut slots, &vm, &mut mmio, &ram.memory, Box::new(dev))
+            .map_err(BuildError::Virtio)?;
+        if !cmdline_text.is_empty() {
+            cmdline_text.push(' ');
+        }
+        cmdline_text.push_str(&slot.cmdline_entry());
+    }
+
     let cmdline_cap = match hdr {
         Some(h) if h.version >= 0x206 && h.cmdline_size > 0 => CMDLINE_MAX_BYTES.min(
             usize::try_from(h.cmdline_size)
@@ -319,19 +350,18 @@ pub fn build_and_start(
         ),
         _ => CMDLINE_MAX_BYTES,
     };
-    let cmdline = Cmdline::try_from(&cfg.boot.cmdline, cmdline_cap).map_err(|source| {
-        BuildError::Cmdline {
+    let cmdline =
+        Cmdline::try_from(&cmdline_text, cmdline_cap).map_err(|source| BuildError::Cmdline {
             max_bytes: cmdline_cap,
             source,
-        }
-    })?;
+        })?;
     load_cmdline(&ram.memory, GuestAddress(CMDLINE_ADDR), &cmdline)
         .map_err(BuildError::WriteCmdline)?;
     write_boot_tables(&ram.memory).map_err(BuildError::BootTables)?;
     let spec = ZeroPageSpec {
         setup_header: hdr,
         cmdline_gpa: CMDLINE_ADDR,
-        cmdline_len_bytes: u32::try_from(cfg.boot.cmdline.len()).expect("bounded by cmdline_cap"),
+        cmdline_len_bytes: u32::try_from(cmdline_text.len()).expect("bounded by cmdline_cap"),
         initrd,
     };
     let zero_page = build_zero_page(&spec, &ram_ranges(mem_bytes)).map_err(BuildError::ZeroPage)?;
@@ -340,10 +370,6 @@ pub fn build_and_start(
         &ram.memory,
     )
     .map_err(BuildError::WriteZeroPage)?;
-
-    let mut pio = Bus::new();
-    let legacy =
-        attach_legacy_devices(&vm, &mut pio, console, requests).map_err(BuildError::Legacy)?;
 
     let mut fds = Vec::with_capacity(usize::from(m.vcpu_count));
     for index in 0..m.vcpu_count {
@@ -358,9 +384,10 @@ pub fn build_and_start(
         fds.push(fd);
     }
     let pio = Arc::new(pio);
+    let mmio = Arc::new(mmio);
     let io = VcpuIo {
         pio: pio.clone(),
-        mmio: Arc::new(Bus::new()),
+        mmio: mmio.clone(),
         stops,
     };
     let vcpus = VcpuSet::start(fds, io).map_err(BuildError::Vcpu)?;
@@ -368,6 +395,7 @@ pub fn build_and_start(
         vcpus,
         legacy,
         pio,
+        mmio,
         vm,
         ram,
         boot: BootInfo {
@@ -375,7 +403,7 @@ pub fn build_and_start(
             entry_gpa: kernel.entry_gpa,
             kernel_end_gpa: kernel.result.kernel_end,
             initrd,
-            cmdline: cfg.boot.cmdline.clone(),
+            cmdline: cmdline_text,
         },
     })
 }

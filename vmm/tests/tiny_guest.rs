@@ -10,6 +10,7 @@
 use std::time::{Duration, Instant};
 
 use provium_vmm::tiny_guest::{self, BANNER, CMD_POWER_OFF, CMD_RESET, COUNTER_GPA, READY};
+use provium_vmm::vmm_config::DriveConfig;
 use provium_vmm::{
     BootSource, ConsoleRead, KernelImage, StopReason, Vm, VmConfig, VmError, VmState,
 };
@@ -24,6 +25,10 @@ fn tiny_vm(test: &str) -> Option<Vm> {
 }
 
 fn tiny_vm_with(test: &str, vcpus: u8) -> Option<Vm> {
+    tiny_vm_cfg(test, vcpus, Vec::new())
+}
+
+fn tiny_vm_cfg(test: &str, vcpus: u8, drives: Vec<DriveConfig>) -> Option<Vm> {
     let mut cfg = VmConfig::new(BootSource {
         kernel: KernelImage::Bytes(tiny_guest::BZIMAGE.into()),
         initrd: None,
@@ -31,6 +36,7 @@ fn tiny_vm_with(test: &str, vcpus: u8) -> Option<Vm> {
     });
     cfg.machine.mem_size_mib = 32;
     cfg.machine.vcpu_count = vcpus;
+    cfg.drives = drives;
     match Vm::new(cfg) {
         Ok(vm) => Some(vm),
         Err(e @ VmError::Kvm(_)) if std::env::var_os("PROVIUM_SKIP_KVM").is_some_and(|v| v == "1") => {
@@ -95,6 +101,10 @@ fn boots_and_reports_boot_params() {
     // 32 MiB: [0, EBDA) and [1 MiB, 32 MiB).
     assert!(log.contains("e820=02"), "two e820 entries: {log}");
     assert!(log.contains("initrd=00000000+00000000"), "no initrd: {log}");
+    assert!(
+        log.contains("mmio0=ffffffff/ffffffff"),
+        "no virtio device, MMIO floats: {log}"
+    );
     let info = vm.boot_info().expect("booted");
     assert_eq!(
         info.entry_gpa,
@@ -281,4 +291,31 @@ fn smp_guest_boots_with_four_vcpus() {
         vm.read_guest_u64(COUNTER_GPA).expect("counter") > a
     });
     vm.shutdown().expect("shutdown");
+}
+
+#[test]
+fn virtio_blk_is_announced_and_discoverable() {
+    let disk = tempfile::NamedTempFile::new().expect("tempfile");
+    disk.as_file().set_len(1 << 20).expect("size");
+    let drive = DriveConfig {
+        path: disk.path().to_path_buf(),
+        read_only: false,
+        id: "vda".into(),
+        faults: Default::default(),
+    };
+    let Some(vm) = tiny_vm_cfg("virtio_blk_is_announced_and_discoverable", 1, vec![drive]) else {
+        return;
+    };
+    boot_ready(&vm);
+    let log = vm.console().log_string();
+    assert!(
+        log.contains(&format!(
+            "cmdline={CMDLINE} virtio_mmio.device=4K@0xd0000000:5\n"
+        )),
+        "the device manager's entry reached the guest: {log}"
+    );
+    assert!(
+        log.contains("mmio0=74726976/00000002"),
+        "magic 'virt', device id 2 (block): {log}"
+    );
 }

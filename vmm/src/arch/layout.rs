@@ -3,7 +3,7 @@
 //! ```text
 //! 0x0000_0500  GDT (4 entries)          0x0000_0520  IDT (one null entry)
 //! 0x0000_7000  zero page (boot_params)  0x0000_8ff0  boot stack top (grows down)
-//! 0x0000_9000  PML4  0x0000_a000 PDPT   0x0000_b000  PD (512 x 2 MiB = first GiB)
+//! 0x0000_9000  PML4  0x0000_a000 PDPT   0x0000_b000  4 PDs (2 MiB pages, first 4 GiB)
 //! 0x0002_0000  kernel command line      0x0009_fc00  EBDA start (end of low RAM)
 //! 0x0010_0000  kernel (HIMEM_START)     0xc000_0000  MMIO gap (devices) .. 4 GiB
 //! ```
@@ -20,8 +20,10 @@ pub const BOOT_STACK_POINTER: u64 = 0x8ff0;
 pub const PML4_ADDR: u64 = 0x9000;
 /// Page-directory-pointer table.
 pub const PDPT_ADDR: u64 = 0xa000;
-/// Page directory (2 MiB pages).
+/// First of `PD_COUNT` consecutive page directories (2 MiB pages).
 pub const PD_ADDR: u64 = 0xb000;
+/// Page directories, one per identity-mapped GiB.
+pub const PD_COUNT: u64 = 4;
 /// Kernel command line.
 pub const CMDLINE_ADDR: u64 = 0x20000;
 /// Upper bound on the command line we write, NUL included (Linux's
@@ -79,7 +81,7 @@ mod tests {
             ),
             (PML4_ADDR, 4096),
             (PDPT_ADDR, 4096),
-            (PD_ADDR, 4096),
+            (PD_ADDR, 4096 * PD_COUNT),
             (CMDLINE_ADDR, CMDLINE_MAX_BYTES as u64),
         ];
         for (i, a) in spans.iter().enumerate() {

@@ -8,7 +8,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryError};
 
 use super::gdt::{kvm_segment_from_gdt, BOOT_GDT, CODE_INDEX, DATA_INDEX, TSS_INDEX};
 use super::layout::{
-    BOOT_STACK_POINTER, GDT_ADDR, IDT_ADDR, PDPT_ADDR, PD_ADDR, PML4_ADDR, ZERO_PAGE_ADDR,
+    BOOT_STACK_POINTER, GDT_ADDR, IDT_ADDR, PDPT_ADDR, PD_ADDR, PD_COUNT, PML4_ADDR, ZERO_PAGE_ADDR,
 };
 
 const X86_CR0_PE: u64 = 0x1;
@@ -23,7 +23,8 @@ const PTE_PW: u64 = 0x3;
 const PDE_PW_PS: u64 = 0x83;
 
 /// Writes the GDT, a null IDT entry and identity-mapping page tables for the
-/// first GiB (2 MiB pages) into guest memory.
+/// first 4 GiB (2 MiB pages; the MMIO gap included, so a guest's first code can
+/// reach device windows) into guest memory.
 pub fn write_boot_tables<M: Bytes<GuestAddress, E = GuestMemoryError>>(
     mem: &M,
 ) -> Result<(), GuestMemoryError> {
@@ -32,9 +33,13 @@ pub fn write_boot_tables<M: Bytes<GuestAddress, E = GuestMemoryError>>(
     }
     mem.write_obj(0u64, GuestAddress(IDT_ADDR))?;
     mem.write_obj(PDPT_ADDR | PTE_PW, GuestAddress(PML4_ADDR))?;
-    mem.write_obj(PD_ADDR | PTE_PW, GuestAddress(PDPT_ADDR))?;
-    for i in 0..512u64 {
-        mem.write_obj((i << 21) | PDE_PW_PS, GuestAddress(PD_ADDR + i * 8))?;
+    for gib in 0..PD_COUNT {
+        let pd = PD_ADDR + gib * 0x1000;
+        mem.write_obj(pd | PTE_PW, GuestAddress(PDPT_ADDR + gib * 8))?;
+        for i in 0..512u64 {
+            let page = (gib << 30) | (i << 21);
+            mem.write_obj(page | PDE_PW_PS, GuestAddress(pd + i * 8))?;
+        }
     }
     Ok(())
 }
@@ -90,7 +95,7 @@ mod tests {
     use vm_memory::GuestMemoryMmap;
 
     #[test]
-    fn page_tables_identity_map_the_first_gib() {
+    fn page_tables_identity_map_four_gib() {
         let mem: GuestMemoryMmap = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)])
             .expect("anonymous test memory");
         write_boot_tables(&mem).expect("tables fit in low memory");

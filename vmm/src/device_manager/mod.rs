@@ -3,3 +3,4 @@
 //! besides `builder` that names concrete devices.
 
 pub mod legacy;
+pub mod mmio;

@@ -1,9 +1,11 @@
 //! User-facing VM configuration, validated before anything is built.
 
 pub mod boot_source;
+pub mod drive;
 pub mod machine_config;
 
 pub use boot_source::{BootSource, KernelImage};
+pub use drive::DriveConfig;
 pub use machine_config::MachineConfig;
 
 /// Everything needed to build a VM.
@@ -15,6 +17,8 @@ pub struct VmConfig {
     pub boot: BootSource,
     /// Bytes of console output kept in the log.
     pub console_log_bytes: usize,
+    /// Disks, in attach order (the guest sees vda, vdb, ...).
+    pub drives: Vec<DriveConfig>,
 }
 
 impl VmConfig {
@@ -24,6 +28,7 @@ impl VmConfig {
             machine: MachineConfig::default(),
             boot,
             console_log_bytes: crate::console::DEFAULT_LOG_CAPACITY_BYTES,
+            drives: Vec::new(),
         }
     }
 }

@@ -1,0 +1,431 @@
+//! The virtio-blk `VirtioDevice`: features, config space (capacity), and a
+//! worker thread per activated device that drains the request queue.
+//!
+//! The worker owns the queue. A notify (MMIO write on a vCPU thread) only sends
+//! a message, so vCPUs never do disk I/O or wait for `slow` completions. With
+//! `slow` set, each completion is held for 50 ms in a deadline queue while the
+//! worker keeps accepting requests; in-flight completions are capped at the
+//! queue size, and beyond that requests stay in the avail ring until earlier
+//! ones complete (backpressure, no unbounded growth whatever the guest does).
+
+use std::collections::VecDeque;
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use virtio_bindings::virtio_blk::{VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
+use virtio_queue::{Queue, QueueT};
+
+use super::defs::{QUEUE_SIZE, SLOW_COMPLETION_MS};
+use super::io::{BlockFaults, DiskImage};
+use super::request::Request;
+use crate::devices::virtio::{read_config_bytes, ActivateError, VirtioDevice, VirtioInterrupt};
+use crate::vstate::memory::GuestMemoryMmap;
+
+/// What a block device is built from.
+#[derive(Clone)]
+pub struct BlockConfig {
+    /// The backing file.
+    pub disk: Arc<DiskImage>,
+    /// Fault modes (the host keeps a clone to flip them).
+    pub faults: Arc<BlockFaults>,
+}
+
+enum Msg {
+    Notify,
+    Stop,
+}
+
+struct Worker {
+    tx: Sender<Msg>,
+    thread: JoinHandle<()>,
+}
+
+/// A virtio-blk device.
+pub struct Block {
+    cfg: BlockConfig,
+    acked_features: u64,
+    worker: Option<Worker>,
+    config_space: [u8; 8],
+}
+
+impl Block {
+    /// A device over `cfg`.
+    pub fn new(cfg: BlockConfig) -> Block {
+        let config_space = cfg.disk.sectors.to_le_bytes();
+        Block {
+            cfg,
+            acked_features: 0,
+            worker: None,
+            config_space,
+        }
+    }
+
+    /// Features the driver accepted.
+    pub fn acked_features(&self) -> u64 {
+        self.acked_features
+    }
+
+    fn stop_worker(&mut self) {
+        if let Some(w) = self.worker.take() {
+            let _ = w.tx.send(Msg::Stop);
+            let _ = w.thread.join();
+        }
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        self.stop_worker();
+    }
+}
+
+impl VirtioDevice for Block {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_BLOCK
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &[QUEUE_SIZE]
+    }
+
+    fn avail_features(&self) -> u64 {
+        let mut f = (1u64 << VIRTIO_F_VERSION_1) | (1u64 << VIRTIO_BLK_F_FLUSH);
+        if self.cfg.disk.read_only {
+            f |= 1u64 << VIRTIO_BLK_F_RO;
+        }
+        f
+    }
+
+    fn set_acked_features(&mut self, features: u64) {
+        self.acked_features = features & self.avail_features();
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        read_config_bytes(&self.config_space, offset, data);
+    }
+
+    fn write_config(&mut self, _offset: u64, _data: &[u8]) {
+        // Capacity is read-only; writeback mode is not offered.
+    }
+
+    fn activate(
+        &mut self,
+        mem: GuestMemoryMmap,
+        mut queues: Vec<Queue>,
+        interrupt: Arc<dyn VirtioInterrupt>,
+    ) -> Result<(), ActivateError> {
+        if queues.len() != 1 {
+            return Err(ActivateError::QueueCount {
+                expected: 1,
+                got: queues.len(),
+            });
+        }
+        self.stop_worker();
+        let queue = queues.remove(0);
+        let (tx, rx) = channel();
+        let cfg = self.cfg.clone();
+        let thread = std::thread::Builder::new()
+            .name("virtio-blk".into())
+            .spawn(move || run_worker(queue, mem, cfg, interrupt, rx))
+            .map_err(ActivateError::Worker)?;
+        self.worker = Some(Worker { tx, thread });
+        Ok(())
+    }
+
+    fn queue_notify(&mut self, _index: u32) {
+        if let Some(w) = &self.worker {
+            let _ = w.tx.send(Msg::Notify);
+        }
+    }
+
+    fn reset(&mut self) {
+        self.stop_worker();
+        self.acked_features = 0;
+    }
+}
+
+struct Pending {
+    due: Instant,
+    head: u16,
+    used_len: u32,
+}
+
+fn complete(queue: &mut Queue, mem: &GuestMemoryMmap, head: u16, len: u32) -> bool {
+    // add_used rejects an out-of-range head; the chain came from this queue so
+    // that cannot happen, and if memory went bad there is no one to tell.
+    queue.add_used(mem, head, len).is_ok()
+}
+
+/// Pops and executes every available request. Returns whether any completed now.
+fn process(
+    queue: &mut Queue,
+    mem: &GuestMemoryMmap,
+    cfg: &BlockConfig,
+    pending: &mut VecDeque<Pending>,
+) -> bool {
+    let mut completed = false;
+    while pending.len() < usize::from(queue.size()) {
+        let Some(chain) = queue.pop_descriptor_chain(mem) else {
+            break;
+        };
+        let head = chain.head_index();
+        let used_len = match Request::parse(chain, mem) {
+            Ok(req) => cfg.disk.execute(&req, mem, &cfg.faults).used_len,
+            Err(_) => 0,
+        };
+        if cfg.faults.is_slow() {
+            pending.push_back(Pending {
+                due: Instant::now() + Duration::from_millis(SLOW_COMPLETION_MS),
+                head,
+                used_len,
+            });
+        } else {
+            completed |= complete(queue, mem, head, used_len);
+        }
+    }
+    completed
+}
+
+fn run_worker(
+    mut queue: Queue,
+    mem: GuestMemoryMmap,
+    cfg: BlockConfig,
+    interrupt: Arc<dyn VirtioInterrupt>,
+    rx: Receiver<Msg>,
+) {
+    let mut pending: VecDeque<Pending> = VecDeque::new();
+    loop {
+        let msg = match pending.front() {
+            Some(p) => rx.recv_timeout(p.due.saturating_duration_since(Instant::now())),
+            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        let mut signal = false;
+        match msg {
+            Ok(Msg::Notify) => signal |= process(&mut queue, &mem, &cfg, &mut pending),
+            Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        let now = Instant::now();
+        let mut freed = false;
+        while pending.front().is_some_and(|p| p.due <= now) {
+            let p = pending.pop_front().expect("front checked");
+            signal |= complete(&mut queue, &mem, p.head, p.used_len);
+            freed = true;
+        }
+        if freed {
+            // Requests held back by the in-flight cap can go now.
+            signal |= process(&mut queue, &mem, &cfg, &mut pending);
+        }
+        if signal && queue.needs_notification(&mem).unwrap_or(true) {
+            interrupt.signal_used_queue();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::virtio::test_utils::{guest_memory, CountingInterrupt};
+    use std::io::Write;
+    use std::sync::atomic::Ordering;
+    use virtio_bindings::virtio_blk::{VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT};
+    use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
+    use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+    use virtio_queue::mock::MockSplitQueue;
+    use vm_memory::{Bytes, GuestAddress};
+
+    const W: u16 = VRING_DESC_F_WRITE as u16;
+    const NEXT: u16 = virtio_bindings::virtio_ring::VRING_DESC_F_NEXT as u16;
+
+    struct Rig {
+        mem: GuestMemoryMmap,
+        faults: Arc<BlockFaults>,
+        irq: Arc<CountingInterrupt>,
+        dev: Block,
+        _file: tempfile::NamedTempFile,
+    }
+
+    fn rig(mem: &GuestMemoryMmap, q: &MockSplitQueue<'_, GuestMemoryMmap>) -> Rig {
+        let mut f = tempfile::NamedTempFile::new().expect("tempfile");
+        f.write_all(&vec![0x5a; 64 * 512]).expect("write");
+        let disk = Arc::new(DiskImage::open(f.path(), false, "vda-id").expect("open"));
+        let faults = Arc::new(BlockFaults::default());
+        let mut dev = Block::new(BlockConfig {
+            disk,
+            faults: faults.clone(),
+        });
+        let irq = Arc::new(CountingInterrupt::default());
+        let queue: Queue = q.create_queue().expect("queue");
+        dev.activate(mem.clone(), vec![queue], irq.clone())
+            .expect("activate");
+        Rig {
+            mem: mem.clone(),
+            faults,
+            irq,
+            dev,
+            _file: f,
+        }
+    }
+
+    fn header(mem: &GuestMemoryMmap, at: u64, t: u32, sector: u64) {
+        let mut h = [0u8; 16];
+        h[..4].copy_from_slice(&t.to_le_bytes());
+        h[8..].copy_from_slice(&sector.to_le_bytes());
+        mem.write_slice(&h, GuestAddress(at)).expect("in memory");
+    }
+
+    fn d(addr: u64, len: u32, flags: u16, next: u16) -> RawDescriptor {
+        RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next))
+    }
+
+    /// Three-descriptor request at table slots `base..base+3`, buffers at
+    /// `buf` (header, +0x1000 data, +0x2000 status); the header is written apart.
+    fn request(base: u16, buf: u64, data_flags: u16) -> Vec<RawDescriptor> {
+        vec![
+            d(buf, 16, NEXT, base + 1),
+            d(buf + 0x1000, 512, data_flags | NEXT, base + 2),
+            d(buf + 0x2000, 1, W, 0),
+        ]
+    }
+
+    fn used_idx(mem: &GuestMemoryMmap, q: &MockSplitQueue<'_, GuestMemoryMmap>) -> u16 {
+        mem.read_obj(q.used_addr().unchecked_add(2))
+            .expect("used idx")
+    }
+
+    fn wait_used(
+        mem: &GuestMemoryMmap,
+        q: &MockSplitQueue<'_, GuestMemoryMmap>,
+        n: u16,
+    ) -> Duration {
+        let start = Instant::now();
+        while used_idx(mem, q) < n {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "used ring stuck at {}",
+                used_idx(mem, q)
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        start.elapsed()
+    }
+
+    use vm_memory::Address;
+
+    #[test]
+    fn write_then_read_through_the_queue() {
+        let mem = guest_memory();
+        let q = MockSplitQueue::create(&mem, GuestAddress(0), 16);
+        let mut r = rig(&mem, &q);
+        header(&mem, 0x10_0000, VIRTIO_BLK_T_OUT, 2);
+        mem.write_slice(&[0xc3; 512], GuestAddress(0x10_1000))
+            .expect("mem");
+        header(&mem, 0x20_0000, VIRTIO_BLK_T_IN, 2);
+        header(&mem, 0x30_0000, VIRTIO_BLK_T_GET_ID, 0);
+        let mut descs = request(0, 0x10_0000, 0);
+        descs.extend(request(3, 0x20_0000, W));
+        descs.extend(request(6, 0x30_0000, W));
+        q.add_desc_chains(&descs, 0).expect("chains");
+        r.dev.queue_notify(0);
+        wait_used(&mem, &q, 3);
+        let mut got = [0u8; 512];
+        mem.read_slice(&mut got, GuestAddress(0x20_1000))
+            .expect("mem");
+        assert_eq!(got, [0xc3; 512]);
+        for st in [0x10_2000, 0x20_2000, 0x30_2000] {
+            let s: u8 = mem.read_obj(GuestAddress(st)).expect("mem");
+            assert_eq!(s, 0, "status at {st:#x}");
+        }
+        let mut id = [0u8; 6];
+        mem.read_slice(&mut id, GuestAddress(0x30_1000))
+            .expect("mem");
+        assert_eq!(&id, b"vda-id");
+        assert!(r.irq.used.load(Ordering::SeqCst) >= 1);
+        r.dev.reset();
+    }
+
+    #[test]
+    fn eio_read_reaches_the_guest() {
+        let mem = guest_memory();
+        let q = MockSplitQueue::create(&mem, GuestAddress(0), 16);
+        let mut r = rig(&mem, &q);
+        r.faults.set("eio_read", true);
+        header(&mem, 0x10_0000, VIRTIO_BLK_T_IN, 0);
+        q.add_desc_chains(&request(0, 0x10_0000, W), 0)
+            .expect("chain");
+        r.dev.queue_notify(0);
+        wait_used(&r.mem, &q, 1);
+        let s: u8 = mem.read_obj(GuestAddress(0x10_2000)).expect("mem");
+        assert_eq!(s, 1, "VIRTIO_BLK_S_IOERR");
+    }
+
+    #[test]
+    fn slow_delays_completion_without_blocking_notify() {
+        let mem = guest_memory();
+        let q = MockSplitQueue::create(&mem, GuestAddress(0), 16);
+        let mut r = rig(&mem, &q);
+        r.faults.set("slow", true);
+        header(&mem, 0x10_0000, VIRTIO_BLK_T_IN, 0);
+        q.add_desc_chains(&request(0, 0x10_0000, W), 0)
+            .expect("chain");
+        let t0 = Instant::now();
+        r.dev.queue_notify(0);
+        assert!(
+            t0.elapsed() < Duration::from_millis(SLOW_COMPLETION_MS),
+            "notify returned at once"
+        );
+        let took = wait_used(&mem, &q, 1);
+        assert!(
+            took >= Duration::from_millis(SLOW_COMPLETION_MS - 5),
+            "completed after {took:?}"
+        );
+    }
+
+    #[test]
+    fn hostile_chains_complete_without_harm() {
+        let mem = guest_memory();
+        let q = MockSplitQueue::create(&mem, GuestAddress(0), 16);
+        let mut r = rig(&mem, &q);
+        // A descriptor loop, and a data buffer outside guest memory. (Chains
+        // over 4 GiB in total are cut short by virtio-queue itself.)
+        let descs = vec![
+            d(0x10_0000, 16, NEXT, 1),
+            d(0x10_1000, 512, NEXT | W, 0), // loops back to 0
+        ];
+        q.add_desc_chains(&descs, 0).expect("loop chain");
+        header(&mem, 0x20_0000, VIRTIO_BLK_T_IN, 0);
+        let bad = vec![
+            d(0x20_0000, 16, NEXT, 3),
+            d(0xffff_ffff_0000, 4096, W | NEXT, 4),
+            d(0x20_2000, 1, W, 0),
+        ];
+        q.add_desc_chains(&bad, 2).expect("bad chain");
+        r.dev.queue_notify(0);
+        r.dev.queue_notify(u32::MAX);
+        wait_used(&mem, &q, 2);
+        let s: u8 = mem.read_obj(GuestAddress(0x20_2000)).expect("mem");
+        assert_eq!(s, 1, "out-of-memory buffer is an I/O error");
+    }
+
+    #[test]
+    fn features_and_config() {
+        let mem = guest_memory();
+        let q = MockSplitQueue::create(&mem, GuestAddress(0), 16);
+        let mut r = rig(&mem, &q);
+        assert_eq!(r.dev.device_type(), 2);
+        assert_ne!(r.dev.avail_features() & (1 << VIRTIO_F_VERSION_1), 0);
+        let mut cap = [0u8; 8];
+        r.dev.read_config(0, &mut cap);
+        assert_eq!(u64::from_le_bytes(cap), 64);
+        let mut past = [0xffu8; 4];
+        r.dev.read_config(u64::MAX - 1, &mut past);
+        assert_eq!(past, [0; 4]);
+        r.dev.set_acked_features(u64::MAX);
+        assert_eq!(r.dev.acked_features(), r.dev.avail_features());
+        r.dev.reset();
+    }
+}

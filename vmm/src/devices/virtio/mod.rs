@@ -1,0 +1,81 @@
+//! Virtio devices (virtio 1.2) and their MMIO transport.
+//!
+//! A device implements `VirtioDevice`; `mmio::MmioTransport` exposes it as a
+//! virtio-mmio (version 2) register window on the MMIO bus and, when the driver
+//! sets DRIVER_OK, hands it its validated queues, the guest memory and a
+//! `VirtioInterrupt`. Queues are virtio-queue's `Queue`; chain walking, loop
+//! and length limits are virtio-queue's.
+
+pub mod block;
+pub mod mmio;
+#[cfg(test)]
+pub mod test_utils;
+
+use std::sync::Arc;
+
+use virtio_queue::Queue;
+
+use crate::vstate::memory::GuestMemoryMmap;
+
+/// Raises the device's interrupt.
+pub trait VirtioInterrupt: Send + Sync {
+    /// A queue's used ring has new entries.
+    fn signal_used_queue(&self);
+    /// The configuration space changed.
+    fn signal_config(&self);
+}
+
+/// A device activation failure.
+#[derive(Debug, thiserror::Error)]
+pub enum ActivateError {
+    /// The driver set up a different number of queues.
+    #[error("device expects {expected} queue(s), driver enabled {got}")]
+    QueueCount {
+        /// Expected.
+        expected: usize,
+        /// Given.
+        got: usize,
+    },
+    /// A worker thread could not start.
+    #[error("cannot start the device worker thread")]
+    Worker(#[source] std::io::Error),
+}
+
+/// A virtio device model, independent of transport.
+pub trait VirtioDevice: Send {
+    /// Virtio device ID (5.x: 2 = block).
+    fn device_type(&self) -> u32;
+    /// Maximum size of each queue; the length is the queue count.
+    fn queue_max_sizes(&self) -> &[u16];
+    /// Feature bits offered.
+    fn avail_features(&self) -> u64;
+    /// Records the features the driver accepted (a subset of `avail_features`).
+    fn set_acked_features(&mut self, features: u64);
+    /// Reads the device configuration space; out-of-range bytes read as 0.
+    fn read_config(&self, offset: u64, data: &mut [u8]);
+    /// Writes the device configuration space; the device may ignore it.
+    fn write_config(&mut self, offset: u64, data: &[u8]);
+    /// Starts the device with the driver's queues.
+    fn activate(
+        &mut self,
+        mem: GuestMemoryMmap,
+        queues: Vec<Queue>,
+        interrupt: Arc<dyn VirtioInterrupt>,
+    ) -> Result<(), ActivateError>;
+    /// The driver notified queue `index` (any value: the guest chooses it).
+    fn queue_notify(&mut self, index: u32);
+    /// Stops the device and forgets the queues (driver wrote status 0).
+    fn reset(&mut self);
+}
+
+/// Copies `src` bytes at `offset` into `data`, zero-filling what lies outside.
+pub fn read_config_bytes(src: &[u8], offset: u64, data: &mut [u8]) {
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = offset
+            .checked_add(i as u64)
+            .and_then(|o| usize::try_from(o).ok())
+            .and_then(|o| src.get(o))
+            .copied()
+            .unwrap_or(0);
+    }
+}
