@@ -1,0 +1,230 @@
+//! `lab.json`: the index of a lab snapshot directory.
+//!
+//! A lab snapshot is a directory holding one snapshot file per VM of the lab
+//! and its sub-labs, plus this index, which says which file belongs to which
+//! VM (by sub-lab path and name) and how each VM was declared, so a restore
+//! can recreate VMs the restoring lab does not have yet.
+//!
+//! ```json
+//! {"format": 1, "lab": "provium",
+//!  "vms": [{"lab_path": [], "name": "a", "profile": "peios",
+//!           "memory_bytes": 536870912, "cpus": 1, "file": "a.snap"}]}
+//! ```
+//!
+//! The index is read from disk and treated as untrusted: file names must be
+//! plain names inside the directory, and every file must exist.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// The file name of the index inside a lab snapshot directory.
+pub const LAB_INDEX_FILE: &str = "lab.json";
+/// The index layout version.
+pub const LAB_INDEX_FORMAT: u32 = 1;
+
+/// One VM of a lab snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LabVm {
+    /// Sub-lab names from the snapshotted lab down to the VM's lab (empty:
+    /// the lab itself).
+    pub lab_path: Vec<String>,
+    /// The VM's name.
+    pub name: String,
+    /// Its profile.
+    pub profile: String,
+    /// Declared memory in bytes.
+    pub memory_bytes: u64,
+    /// Declared vCPUs.
+    pub cpus: u32,
+    /// Its snapshot file, a plain name inside the directory.
+    pub file: String,
+}
+
+/// The whole index.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LabIndex {
+    /// [`LAB_INDEX_FORMAT`].
+    pub format: u32,
+    /// The snapshotted lab's name.
+    pub lab: String,
+    /// Every VM, in snapshot order.
+    pub vms: Vec<LabVm>,
+}
+
+/// Why an index cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum LabIndexError {
+    /// Reading or writing failed.
+    #[error("cannot access lab snapshot index {path}")]
+    Io {
+        /// The index's path.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The JSON does not parse as an index.
+    #[error("lab snapshot index {path} is not valid: {detail} (take the lab snapshot again)")]
+    Invalid {
+        /// The index's path.
+        path: String,
+        /// What is wrong.
+        detail: String,
+    },
+}
+
+/// A file name that stays inside the directory.
+pub fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name.contains('/')
+        && !name.contains('\0')
+        && name != LAB_INDEX_FILE
+}
+
+impl LabIndex {
+    /// An empty index for lab `lab`.
+    pub fn new(lab: &str) -> LabIndex {
+        LabIndex {
+            format: LAB_INDEX_FORMAT,
+            lab: lab.into(),
+            vms: Vec::new(),
+        }
+    }
+
+    /// A file name for a VM at `lab_path`/`name`, unique within this index.
+    pub fn file_name_for(&self, lab_path: &[String], name: &str) -> String {
+        let mut parts: Vec<String> = lab_path.to_vec();
+        parts.push(name.to_string());
+        let stem: String = parts
+            .join(".")
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let stem = stem.trim_start_matches('.').to_string();
+        let mut file = format!("{stem}.snap");
+        let mut n = 1;
+        while self.vms.iter().any(|v| v.file == file) {
+            n += 1;
+            file = format!("{stem}-{n}.snap");
+        }
+        file
+    }
+
+    /// Write `dir/lab.json` (temporary file, then rename).
+    pub fn write(&self, dir: &Path) -> Result<(), LabIndexError> {
+        let path = dir.join(LAB_INDEX_FILE);
+        let io = |source| LabIndexError::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        let json = serde_json::to_vec_pretty(self).expect("an index always serializes");
+        let tmp = crate::format::temp_sibling(&path);
+        std::fs::write(&tmp, json).map_err(io)?;
+        std::fs::rename(&tmp, &path).map_err(io)
+    }
+
+    /// Read and validate `dir/lab.json`.
+    pub fn read(dir: &Path) -> Result<LabIndex, LabIndexError> {
+        let path = dir.join(LAB_INDEX_FILE);
+        let shown = path.display().to_string();
+        let bytes = std::fs::read(&path).map_err(|source| LabIndexError::Io {
+            path: shown.clone(),
+            source,
+        })?;
+        let invalid = |detail: String| LabIndexError::Invalid {
+            path: shown.clone(),
+            detail,
+        };
+        let index: LabIndex = serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
+        if index.format != LAB_INDEX_FORMAT {
+            return Err(invalid(format!(
+                "format {} (this provium reads {LAB_INDEX_FORMAT})",
+                index.format
+            )));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for vm in &index.vms {
+            if !is_plain_file_name(&vm.file) {
+                return Err(invalid(format!(
+                    "vm `{}` names file `{}`, which is not a plain file name in the directory",
+                    vm.name, vm.file
+                )));
+            }
+            if !seen.insert((vm.lab_path.clone(), vm.name.clone())) {
+                return Err(invalid(format!("vm `{}` is listed twice", vm.name)));
+            }
+            if !dir.join(&vm.file).is_file() {
+                return Err(invalid(format!(
+                    "vm `{}`'s snapshot `{}` is missing",
+                    vm.name, vm.file
+                )));
+            }
+        }
+        Ok(index)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vm(name: &str, file: &str) -> LabVm {
+        LabVm {
+            lab_path: vec![],
+            name: name.into(),
+            profile: "p".into(),
+            memory_bytes: 1 << 29,
+            cpus: 1,
+            file: file.into(),
+        }
+    }
+
+    #[test]
+    fn write_read_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut idx = LabIndex::new("provium");
+        let f = idx.file_name_for(&[], "a");
+        assert_eq!(f, "a.snap");
+        idx.vms.push(vm("a", &f));
+        let f2 = idx.file_name_for(&["dc1".into()], "a");
+        assert_eq!(f2, "dc1.a.snap");
+        std::fs::write(dir.path().join("a.snap"), b"x").unwrap();
+        idx.write(dir.path()).unwrap();
+        assert_eq!(LabIndex::read(dir.path()).unwrap(), idx);
+    }
+
+    #[test]
+    fn hostile_indexes_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut idx = LabIndex::new("provium");
+        idx.vms.push(vm("a", "../etc/passwd"));
+        idx.write(dir.path()).unwrap();
+        let e = LabIndex::read(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("not a plain file name"), "{e}");
+
+        let mut idx = LabIndex::new("provium");
+        idx.vms.push(vm("a", "a.snap"));
+        idx.write(dir.path()).unwrap();
+        let e = LabIndex::read(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("`a.snap` is missing"), "{e}");
+
+        std::fs::write(dir.path().join(LAB_INDEX_FILE), b"{\"format\": 1").unwrap();
+        let e = LabIndex::read(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("is not valid"), "{e}");
+        let e = LabIndex::read(&dir.path().join("nope"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cannot access"), "{e}");
+    }
+}
