@@ -19,19 +19,25 @@ pub struct TestFile {
 }
 
 /// Walk `paths` (files or directories) for `*.test.lua`, sorted, deduplicated.
-pub fn discover(paths: &[PathBuf]) -> Result<Vec<TestFile>, String> {
+/// Names are relative to the test root that holds the file (`roots`), else
+/// to the path it was found under.
+pub fn discover(paths: &[PathBuf], roots: &[PathBuf]) -> Result<Vec<TestFile>, String> {
+    let roots: Vec<PathBuf> = roots
+        .iter()
+        .filter_map(|r| std::fs::canonicalize(r).ok())
+        .collect();
     let mut out: Vec<TestFile> = Vec::new();
     for p in paths {
         let meta = std::fs::metadata(p).map_err(|e| format!("`{}`: {e}", p.display()))?;
         if meta.is_file() {
             let base = p.parent().unwrap_or(Path::new("."));
-            out.push(describe(p, base)?);
+            out.push(describe(p, base, &roots)?);
         } else {
             let mut found = Vec::new();
             walk(p, &mut found).map_err(|e| format!("walking `{}`: {e}", p.display()))?;
             found.sort();
             for f in found {
-                out.push(describe(&f, p)?);
+                out.push(describe(&f, p, &roots)?);
             }
         }
     }
@@ -59,9 +65,16 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     Ok(())
 }
 
-fn describe(path: &Path, base: &Path) -> Result<TestFile, String> {
+fn describe(path: &Path, base: &Path, roots: &[PathBuf]) -> Result<TestFile, String> {
     let abs = std::fs::canonicalize(path).map_err(|e| format!("`{}`: {e}", path.display()))?;
-    let base_abs = std::fs::canonicalize(base).unwrap_or_else(|_| base.to_path_buf());
+    let base_abs = match roots
+        .iter()
+        .filter(|r| abs.starts_with(r))
+        .max_by_key(|r| r.as_os_str().len())
+    {
+        Some(root) => root.clone(),
+        None => std::fs::canonicalize(base).unwrap_or_else(|_| base.to_path_buf()),
+    };
     let rel = abs
         .strip_prefix(&base_abs)
         .unwrap_or(&abs)
@@ -153,7 +166,9 @@ mod tests {
         ] {
             std::fs::write(d.path().join(f), "").unwrap();
         }
-        let files = discover(&[d.path().to_path_buf()]).unwrap();
+        let files = discover(&[d.path().to_path_buf()], &[]).unwrap();
+        let under_root = discover(&[d.path().join("b")], &[d.path().to_path_buf()]).unwrap();
+        assert_eq!(under_root[0].rel, "b/z.test.lua");
         let rels: Vec<&str> = files.iter().map(|f| f.rel.as_str()).collect();
         assert_eq!(rels, vec!["a.test.lua", "b/z.test.lua"]);
     }

@@ -102,6 +102,27 @@ impl Machine {
         )
     }
 
+    /// Creates NIC `ifname` with `mac` inside the guest and returns the fd
+    /// of its host end, for a bridge's switch to hold (local: a TAP in the
+    /// sandbox's network namespace).
+    pub fn open_nic(
+        &self,
+        ifname: &str,
+        mac: provium_netsetup::MacAddr,
+    ) -> Result<std::os::fd::OwnedFd, String> {
+        match self {
+            Machine::Local(s) => {
+                // The lock keeps the sandbox (and so its init pid) alive.
+                let s = s.lock().unwrap();
+                if !s.is_running() {
+                    return Err(format!("sandbox `{}` is not running", s.name()));
+                }
+                crate::backend::local::net::open_tap_in_netns(s.init_pid(), ifname, mac)
+                    .map_err(|e| error_chain(&e))
+            }
+        }
+    }
+
     /// The last `max` bytes of the console log, where there is a console.
     pub fn console_tail(&self, _max: usize) -> Option<String> {
         match self {
@@ -124,4 +145,16 @@ fn signal_all(s: &LocalSandbox, sig: i32) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// `e` and its sources, joined with ": " (the chain printed once).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        cur = s.source();
+    }
+    out
 }

@@ -26,7 +26,7 @@ pub fn run(config: &std::path::Path, paths: &[PathBuf], fixtures: bool) -> Resul
         }
         return Ok(EXIT_OK);
     }
-    for f in discover(&paths)? {
+    for f in discover(&paths, &config.roots)? {
         println!("{}", f.rel);
     }
     Ok(EXIT_OK)

@@ -99,6 +99,10 @@ pub struct RunArgs {
     /// Per-file timeout: seconds or "30s"/"10m"; 0 disables.
     #[arg(long, default_value = "300")]
     pub timeout: String,
+    /// Run seed for bridges' drop patterns (default: $PROVIUM_SEED, else random;
+    /// printed when something fails, so the run can be reproduced).
+    #[arg(long)]
+    pub seed: Option<u64>,
     /// Stop after the first failed file.
     #[arg(long)]
     pub fail_fast: bool,

@@ -253,7 +253,8 @@ fn run_once(
     paths: &[PathBuf],
 ) -> Result<i32, String> {
     let started = Instant::now();
-    let files = select(discover(paths)?, args)?;
+    let run_seed = run_seed(args.seed, std::env::var("PROVIUM_SEED").ok().as_deref())?;
+    let files = select(discover(paths, &config.roots)?, args)?;
     let coverage_tmp = (args.coverage && args.save_events.is_none()).then(|| {
         std::env::temp_dir().join(format!("provium-coverage-{}.msgpack", std::process::id()))
     });
@@ -294,17 +295,20 @@ fn run_once(
     let jobs: Vec<Job> = files
         .iter()
         .map(|f| Job {
-            env: Arc::new(FileEnv::new(
-                f.rel.clone(),
-                f.abs.clone(),
-                roots
-                    .iter()
-                    .map(|r| std::fs::canonicalize(r).unwrap_or_else(|_| r.clone()))
-                    .collect(),
-                config.clone(),
-                backend,
-                events.clone(),
-            )),
+            env: Arc::new(
+                FileEnv::new(
+                    f.rel.clone(),
+                    f.abs.clone(),
+                    roots
+                        .iter()
+                        .map(|r| std::fs::canonicalize(r).unwrap_or_else(|_| r.clone()))
+                        .collect(),
+                    config.clone(),
+                    backend,
+                    events.clone(),
+                )
+                .with_run_seed(run_seed),
+            ),
             claim: f.declared_claim,
         })
         .collect();
@@ -351,6 +355,9 @@ fn run_once(
         .collect();
     if !failed.is_empty() {
         write_rerun_state(&failed)?;
+        eprintln!(
+            "provium: run seed {run_seed} (rerun with --seed {run_seed} or PROVIUM_SEED={run_seed} for the same drops)"
+        );
     }
     let mut code = if failed.is_empty() {
         EXIT_OK
@@ -386,6 +393,32 @@ fn run_coverage(events: Option<&Path>, temporary: bool) -> i32 {
         let _ = std::fs::remove_file(path);
     }
     code
+}
+
+/// The run seed: `--seed`, else `PROVIUM_SEED` (read once, by the caller),
+/// else a fresh random one below 2^63 (so Lua shows it as an integer).
+pub fn run_seed(flag: Option<u64>, env: Option<&str>) -> Result<u64, String> {
+    if let Some(s) = flag {
+        return Ok(s);
+    }
+    if let Some(v) = env {
+        return v.trim().parse::<u64>().map_err(|_| {
+            format!(
+                "PROVIUM_SEED=`{v}` is not an unsigned 64-bit integer (unset it for a random seed)"
+            )
+        });
+    }
+    let mut b = [0u8; 8];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
+        .is_err()
+    {
+        let t = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        b = ((t as u64) ^ u64::from(std::process::id()).rotate_left(32)).to_le_bytes();
+    }
+    Ok(u64::from_le_bytes(b) >> 1)
 }
 
 /// Used by outcomes-only callers (tests of the renderer).

@@ -5,6 +5,23 @@
 -- monotonic), _provium_host.duration(value, what) -> seconds.
 
 local host = _provium_host
+
+-- Errors raised by Provium's own (Rust) functions arrive as error objects;
+-- test code sees their message as a plain string, as with error("...").
+local errmsg = host.errmsg
+local raw_pcall, raw_xpcall = pcall, xpcall
+
+function pcall(f, ...)
+  local r = table.pack(raw_pcall(f, ...))
+  if not r[1] then
+    r[2] = errmsg(r[2])
+  end
+  return table.unpack(r, 1, r.n)
+end
+
+function xpcall(f, handler, ...)
+  return raw_xpcall(f, function(e) return handler(errmsg(e)) end, ...)
+end
 local registry = { tests = {}, names = {}, todo = nil }
 
 -- Raised by t:skip(); recognised by identity, never shown to users.
@@ -140,12 +157,19 @@ function T:log(msg)
 end
 
 local function message_of(err)
+  err = errmsg(err)
   if type(err) == "string" then
     return err
   end
   local mt = getmetatable(err)
   if type(err) == "table" and not (mt and mt.__tostring) then
-    return "error object: " .. show(err)
+    -- Show the fields (one level deep, sorted) rather than an address.
+    local parts = {}
+    for k, v in pairs(err) do
+      parts[#parts + 1] = tostring(k) .. " = " .. show(v)
+    end
+    table.sort(parts)
+    return "error object: {" .. table.concat(parts, ", ") .. "}"
   end
   return tostring(err)
 end

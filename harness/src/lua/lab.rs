@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use mlua::{AnyUserData, Lua, MetaMethod, MultiValue, Table, UserData, UserDataMethods, Value};
 use provium_protocol::event::{ClaimAcquired, ClaimReleased, Event, ResourceAmount};
 
+use super::bridge::Bridge;
 use super::vm::{Vm, VmSizing};
 use super::{duration, err};
 use crate::config::parse_size;
@@ -40,6 +41,7 @@ struct LabInner {
 #[derive(Default)]
 struct LabState {
     vms: BTreeMap<String, Vm>,
+    bridges: BTreeMap<String, Bridge>,
     sub_labs: BTreeMap<String, Lab>,
     next_anon: usize,
 }
@@ -159,6 +161,18 @@ impl Lab {
         None
     }
 
+    /// Scope chain lookup for bridges, like [`Lab::find_vm`].
+    fn find_bridge(&self, name: &str) -> Option<Bridge> {
+        let mut lab = Some(self.clone());
+        while let Some(l) = lab {
+            if let Some(b) = l.0.state.lock().unwrap().bridges.get(name) {
+                return Some(b.clone());
+            }
+            lab = l.0.parent.clone();
+        }
+        None
+    }
+
     fn find_sub_lab(&self, name: &str) -> Option<Lab> {
         let mut lab = Some(self.clone());
         while let Some(l) = lab {
@@ -195,11 +209,20 @@ impl Lab {
                 self.0.name
             )));
         }
+        if st.bridges.contains_key(name) {
+            return Err(err(format!(
+                "DuplicateBridgeName: bridge `{name}` already exists in lab `{}`; use {}:bridge(\"{name}\") to look it up",
+                self.0.name, self.0.name
+            )));
+        }
         drop(st);
         let mut parent = self.0.parent.clone();
         while let Some(p) = parent {
             let st = p.0.state.lock().unwrap();
-            if st.vms.contains_key(name) || st.sub_labs.contains_key(name) {
+            if st.vms.contains_key(name)
+                || st.sub_labs.contains_key(name)
+                || st.bridges.contains_key(name)
+            {
                 return Err(err(format!(
                     "name `{name}` already declared at parent scope (lab `{}`). Pick a different name, \
                      or use `provium:vm(\"{name}\")` to reuse it.",
@@ -370,6 +393,12 @@ impl Lab {
             e.set("name", name.as_str())?;
             out.push(e)?;
         }
+        for name in st.bridges.keys() {
+            let e = lua.create_table()?;
+            e.set("kind", "bridge")?;
+            e.set("name", name.as_str())?;
+            out.push(e)?;
+        }
         for name in st.sub_labs.keys() {
             let e = lua.create_table()?;
             e.set("kind", "sub_lab")?;
@@ -392,6 +421,12 @@ impl Lab {
             self.0.state.lock().unwrap().vms.insert(name, vm.clone());
             return Ok(());
         }
+        if let Ok(b) = ud.borrow::<Bridge>() {
+            let name = b.name().to_string();
+            self.check_new_name("bridge", &name)?;
+            self.0.state.lock().unwrap().bridges.insert(name, b.clone());
+            return Ok(());
+        }
         if let Ok(lab) = ud.borrow::<Lab>() {
             let name = lab.name().to_string();
             self.check_new_name("lab", &name)?;
@@ -403,18 +438,30 @@ impl Lab {
                 .insert(name, lab.clone());
             return Ok(());
         }
-        Err(err("include: expected a VM or a Lab userdata"))
+        Err(err("include: expected a VM, a Bridge or a Lab userdata"))
     }
+}
+
+/// The reserved keys work in both call forms, `provium:pack(...)` and
+/// `provium.pack(...)`: a leading Lab argument is the method form's self.
+fn drop_self(args: MultiValue) -> MultiValue {
+    let mut v: Vec<Value> = args.into_iter().collect();
+    if matches!(v.first(), Some(Value::UserData(ud)) if ud.is::<Lab>()) {
+        v.remove(0);
+    }
+    v.into_iter().collect()
 }
 
 fn pack(lua: &Lua, args: MultiValue) -> mlua::Result<MultiValue> {
     let string: Table = lua.globals().get("string")?;
-    string.get::<mlua::Function>("pack")?.call(args)
+    string.get::<mlua::Function>("pack")?.call(drop_self(args))
 }
 
 fn unpack(lua: &Lua, args: MultiValue) -> mlua::Result<MultiValue> {
     let string: Table = lua.globals().get("string")?;
-    string.get::<mlua::Function>("unpack")?.call(args)
+    string
+        .get::<mlua::Function>("unpack")?
+        .call(drop_self(args))
 }
 
 impl UserData for Lab {
@@ -442,12 +489,23 @@ impl UserData for Lab {
                 }
             }
         });
-        m.add_method("bridge", |_, this, (_name, _opts): (String, Option<Table>)| -> mlua::Result<()> {
-            Err(err(format!(
-                "bridges are not available on the {} backend yet (the userspace switch is being wired in); \
-                 nothing was created",
-                this.0.env.backend.as_str()
-            )))
+        m.add_method("bridge", |_, this, (name, opts): (String, Option<Table>)| {
+            if let Some(o) = &opts {
+                if let Some(pair) = o.pairs::<Value, Value>().next() {
+                    let (k, _) = pair?;
+                    return Err(err(format!(
+                        "bridge(\"{name}\", opts): unknown option {k:?} (bridge opts are reserved; none are accepted yet)"
+                    )));
+                }
+            }
+            // Lookup walks up the scope chain; otherwise create here.
+            if let Some(b) = this.find_bridge(&name) {
+                return Ok(b);
+            }
+            this.check_new_name("bridge", &name)?;
+            let b = Bridge::create(&this.0.env, &name);
+            this.0.state.lock().unwrap().bridges.insert(name, b.clone());
+            Ok(b)
         });
         m.add_method("lab", |_, this, name: Option<String>| {
             let name = match name {
@@ -487,10 +545,12 @@ impl UserData for Lab {
                 Value::UserData(ud) => {
                     if let Ok(vm) = ud.borrow::<Vm>() {
                         vm.name().to_string()
+                    } else if let Ok(b) = ud.borrow::<Bridge>() {
+                        b.name().to_string()
                     } else if let Ok(l) = ud.borrow::<Lab>() {
                         l.name().to_string()
                     } else {
-                        return Err(err("remove: expected a name, a VM or a Lab"));
+                        return Err(err("remove: expected a name, a VM, a Bridge or a Lab"));
                     }
                 }
                 other => {
@@ -501,7 +561,10 @@ impl UserData for Lab {
                 }
             };
             let mut st = this.0.state.lock().unwrap();
-            if st.vms.remove(&name).is_some() || st.sub_labs.remove(&name).is_some() {
+            if st.vms.remove(&name).is_some()
+                || st.bridges.remove(&name).is_some()
+                || st.sub_labs.remove(&name).is_some()
+            {
                 Ok(())
             } else {
                 Err(err(format!(
@@ -522,7 +585,17 @@ impl UserData for Lab {
                 .cloned()
                 .collect::<Vec<_>>())
         });
-        m.add_method("bridge_names", |_, _, ()| Ok(Vec::<String>::new()));
+        m.add_method("bridge_names", |_, this, ()| {
+            Ok(this
+                .0
+                .state
+                .lock()
+                .unwrap()
+                .bridges
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>())
+        });
         m.add_method("sub_lab_names", |_, this, ()| {
             Ok(this
                 .0
@@ -591,8 +664,6 @@ impl UserData for Lab {
             }
             Ok(())
         });
-        m.add_method("pack", |lua, _, args: MultiValue| pack(lua, args));
-        m.add_method("unpack", |lua, _, args: MultiValue| unpack(lua, args));
 
         m.add_meta_method(
             MetaMethod::Index,
@@ -634,6 +705,9 @@ impl UserData for Lab {
                 }
                 if let Some(vm) = this.find_vm(&key) {
                     return Ok(Value::UserData(lua.create_userdata(vm)?));
+                }
+                if let Some(b) = this.find_bridge(&key) {
+                    return Ok(Value::UserData(lua.create_userdata(b)?));
                 }
                 if let Some(l) = this.find_sub_lab(&key) {
                     return Ok(Value::UserData(lua.create_userdata(l)?));

@@ -1,6 +1,8 @@
 //! The Lua runtime of one test file: globals, the framework, and one module
 //! per userdata (Lab, VM, File, Process, Worker, streams, Clock, RunResult).
 
+pub mod bridge;
+pub mod capture;
 pub mod clock;
 pub mod command;
 pub mod duration;
@@ -9,6 +11,7 @@ pub mod guest;
 pub mod json;
 pub mod lab;
 pub mod meta;
+pub mod nic;
 pub mod process;
 pub mod run_result;
 pub mod stream;
@@ -57,6 +60,13 @@ pub fn new_state(env: Arc<FileEnv>) -> mlua::Result<(Lua, lab::Lab)> {
         "duration",
         lua.create_function(|_, (v, what): (Value, String)| {
             Ok(duration::from_lua(&v, &what)?.as_secs_f64())
+        })?,
+    )?;
+    host.set(
+        "errmsg",
+        lua.create_function(|lua, v: Value| match v {
+            Value::Error(e) => Ok(Value::String(lua.create_string(error_message(&e))?)),
+            other => Ok(other),
         })?,
     )?;
     globals.set("_provium_host", host)?;

@@ -8,6 +8,7 @@ use std::time::Instant;
 use mlua::{Lua, Table, UserData, UserDataMethods, Value};
 use provium_protocol::event::{Event, VmShutdown, VmSpawned};
 
+use super::bridge::{Bridge, WeakBridge};
 use super::clock::ClockUd;
 use super::guest::{add_guest_methods, GuestTarget, Ops};
 use super::stream::{ByteSource, Stream};
@@ -187,6 +188,8 @@ pub struct VmInner {
     open_files: Arc<AtomicUsize>,
     open_streams: Arc<AtomicUsize>,
     in_flight: AtomicUsize,
+    /// Bridges this VM is attached to (weak: bridges hold their VMs).
+    bridges: Mutex<Vec<WeakBridge>>,
 }
 
 /// A VM handle; clones share the VM.
@@ -248,6 +251,7 @@ impl Vm {
             open_files: Arc::new(AtomicUsize::new(0)),
             open_streams: Arc::new(AtomicUsize::new(0)),
             in_flight: AtomicUsize::new(0),
+            bridges: Mutex::new(Vec::new()),
         }));
         let live: Arc<dyn LiveResource> = vm.0.clone();
         env.track(Arc::downgrade(&live));
@@ -265,6 +269,39 @@ impl Vm {
 
     pub fn phase(&self) -> Phase {
         self.0.state.lock().unwrap().phase
+    }
+
+    /// True when both handles are the same VM.
+    pub fn same(&self, other: &Vm) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// Records that this VM is attached to `b` (called by the bridge).
+    pub fn link_bridge(&self, b: &Bridge) {
+        let mut bs = self.0.bridges.lock().unwrap();
+        bs.retain(|w| w.upgrade().is_some());
+        if !bs.iter().any(|w| w.is(b)) {
+            bs.push(b.downgrade());
+        }
+    }
+
+    /// Forgets the attachment to `b` (called by the bridge).
+    pub fn unlink_bridge(&self, b: &Bridge) {
+        self.0.bridges.lock().unwrap().retain(|w| !w.is(b));
+    }
+
+    /// The live bridges this VM is attached to.
+    pub fn bridges(&self) -> Vec<Bridge> {
+        let bs = self.0.bridges.lock().unwrap().clone();
+        bs.iter().filter_map(WeakBridge::upgrade).collect()
+    }
+
+    /// The machine, while booted (for creating NICs).
+    pub fn running_machine(&self) -> Option<Arc<Machine>> {
+        if self.phase() != Phase::Booted {
+            return None;
+        }
+        self.0.machine.lock().unwrap().clone()
     }
 
     pub fn file_counter(&self) -> Arc<AtomicUsize> {
@@ -391,6 +428,9 @@ impl Vm {
             memory_bytes: self.0.sizing.memory_bytes,
             cid: machine.cid(),
         }));
+        // NICs of bridges attached before boot (eth0, eth1, … by bridge name).
+        drop(st);
+        super::nic::realise_all(self)?;
         Ok(self.clone())
     }
 
@@ -414,6 +454,10 @@ impl Vm {
                 duration_ns: t0.elapsed().as_nanos() as u64,
             }));
         }
+        // Leave every bridge (never while holding the state lock: a bridge
+        // may read this VM's phase).
+        drop(st);
+        super::nic::vm_gone(self);
         Ok(())
     }
 
@@ -526,8 +570,8 @@ impl UserData for Vm {
             let w = this.guard_op("vm:spawn_worker", || client.spawn_worker())?;
             Ok(WorkerUd::new(this.clone(), w))
         });
-        m.add_method("nic", |_, this, name: String| -> mlua::Result<()> {
-            Err(err(format!("vm:nic(\"{name}\"): vm `{}` has no network attachments (bridges are not available yet)", this.0.name)))
+        m.add_method("nic", |_, this, name: String| {
+            super::nic::vm_nic(this, &name)
         });
         m.add_method("disk", |_, this, id: String| -> mlua::Result<()> {
             Err(err(format!(

@@ -89,6 +89,9 @@ pub struct FileEnv {
     pub config: Arc<Config>,
     pub backend: BackendKind,
     pub events: EventSender,
+    /// The run seed: every bridge's drop pattern derives from it (and the
+    /// bridge name), so the same seed reproduces the same drops.
+    pub run_seed: u64,
     cancelled: AtomicBool,
     cancel_reason: Mutex<Option<CancelReason>>,
     live: Mutex<Vec<Weak<dyn LiveResource>>>,
@@ -112,11 +115,18 @@ impl FileEnv {
             config,
             backend,
             events,
+            run_seed: 0,
             cancelled: AtomicBool::new(false),
             cancel_reason: Mutex::new(None),
             live: Mutex::new(Vec::new()),
             scopes: Mutex::new(vec![Vec::new()]),
         }
+    }
+
+    /// Sets the run seed (see [`FileEnv::run_seed`]).
+    pub fn with_run_seed(mut self, seed: u64) -> Self {
+        self.run_seed = seed;
+        self
     }
 
     /// Register something to auto-close at the end of the current scope.

@@ -35,6 +35,12 @@ pub(super) const STEP_FORK: u32 = u32::MAX - 2;
 /// Step index reported when moving the inherited descriptors failed.
 pub(super) const STEP_FDS: u32 = u32::MAX - 3;
 
+/// Where (relative to the plan's `fd_base`) the init keeps its descriptor
+/// of the overlay's upper directory: the host reaches the upper layer, which
+/// is on a tmpfs visible only inside the sandbox's mount namespace, through
+/// `/proc/<init>/fd/<fd_base + UPPER_FD_OFFSET>` (see `snapshot.rs`).
+pub(super) const UPPER_FD_OFFSET: RawFd = 4;
+
 /// One setup action, with every argument prepared.
 pub(super) enum Step {
     Mount {
@@ -48,6 +54,12 @@ pub(super) enum Step {
     Mkdir {
         path: CString,
         mode: libc::mode_t,
+    },
+    /// Open `path` (O_PATH, close-on-exec) and keep it at descriptor `target`
+    /// for the init's lifetime.
+    KeepDir {
+        path: CString,
+        target: RawFd,
     },
     /// Create an empty file to bind-mount a device node over.
     Touch {
@@ -204,6 +216,19 @@ unsafe fn run_step(step: &Step) -> Result<(), c_int> {
                 if rc < 0 && errno() == libc::EEXIST {
                     0
                 } else {
+                    rc
+                }
+            }
+            Step::KeepDir { path, target } => {
+                let fd = libc::open(
+                    path.as_ptr(),
+                    libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                );
+                if fd < 0 || fd == *target {
+                    fd
+                } else {
+                    let rc = libc::dup3(fd, *target, libc::O_CLOEXEC);
+                    libc::close(fd);
                     rc
                 }
             }

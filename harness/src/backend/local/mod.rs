@@ -27,6 +27,8 @@
 //! the same runtime directory removes directories whose owner is dead.
 
 mod init;
+pub mod net;
+pub mod snapshot;
 
 use std::ffi::{CString, OsString};
 use std::fs::{self, File, OpenOptions};
@@ -217,6 +219,8 @@ pub struct LocalSandbox {
     _lifeline: OwnedFd,
     client: ClientOptions,
     down: bool,
+    /// The init's descriptor number of the overlay's upper directory.
+    upper_fd: RawFd,
 }
 
 impl std::fmt::Debug for LocalSandbox {
@@ -297,6 +301,7 @@ impl LocalSandbox {
             ],
         )?;
         plan.seal();
+        let upper_fd = plan.fd_base + init::UPPER_FD_OFFSET;
 
         let exit: ExitSlot = Arc::new((Mutex::new(None), Condvar::new()));
         let (tx, rx) = mpsc::channel();
@@ -337,6 +342,7 @@ impl LocalSandbox {
             _lifeline: life_w,
             client: opts.client.clone(),
             down: false,
+            upper_fd,
         };
         sandbox_dir.0 = None; // the sandbox owns the directory now
         let deadline = Instant::now() + opts.start_timeout;
@@ -756,6 +762,7 @@ fn build_plan(
     let upper = fs_dir.join("upper");
     let work = fs_dir.join("work");
     let inside = |p: &str| root.join(p.trim_start_matches('/'));
+    let fd_base = fds.iter().copied().max().unwrap_or(2).max(2) + 1;
     let mut steps = Vec::new();
     let mut descriptions = Vec::new();
     let mut add = |step: Step, what: String| {
@@ -807,6 +814,13 @@ fn build_plan(
     for d in [&upper, &work, &root] {
         add(mkdir(d, 0o755)?, format!("create {}", d.display()));
     }
+    add(
+        Step::KeepDir {
+            path: cstr(&upper)?,
+            target: fd_base + init::UPPER_FD_OFFSET,
+        },
+        format!("open the overlay's upper directory {}", upper.display()),
+    );
     let overlay = format!(
         "lowerdir=/,upperdir={},workdir={}",
         upper.display(),
@@ -989,7 +1003,6 @@ fn build_plan(
         c("LANG=C.UTF-8"),
         CString::new(format!("PROVIUM_SANDBOX={name}")).expect("checked name has no NUL"),
     ];
-    let fd_base = fds.iter().copied().max().unwrap_or(2).max(2) + 1;
     Ok(InitPlan {
         steps,
         descriptions,

@@ -1,0 +1,133 @@
+-- run_async, Process, workers, syscalls, batch, clock.
+local vm = provium:vm("procs", "linux"):boot()
+
+test("process lifecycle", function(t)
+  local p = vm:run_async("cat; echo done >&2")
+  t:assert(p:pid() > 0)
+  t:assert_eq(p:status().running, true)
+  t:assert_eq(p:stdin_write("abc"), 3)
+  p:close_stdin()
+  local r = p:wait("5s")
+  t:assert_eq(r.stdout, "abc")
+  t:assert_eq(r.stderr, "done\n")
+  t:assert_contains(t:assert_raises(function() p:wait(0) end), "use proc:status() to poll")
+end)
+
+test("kill by name and by number", function(t)
+  local p = vm:run_async("sleep 30")
+  p:kill("sigterm")
+  local r = p:wait("5s")
+  t:assert_eq(r.signal, 15)
+  p = vm:run_async("sleep 30")
+  p:signal(9)
+  t:assert_eq(p:wait("5s").signal, 9)
+  t:assert_contains(t:assert_raises(function() vm:run_async("true"):kill("bogus") end), "unknown signal name `bogus`")
+end)
+
+test("wait with a timeout kills the process", function(t)
+  local p = vm:run_async("sleep 30")
+  local r = p:wait("200ms")
+  t:assert(r.timed_out)
+end)
+
+test("stdout stream while running", function(t)
+  local p = vm:run_async("echo first; sleep 0.2; echo second; sleep 30")
+  local s = p:stdout_stream()
+  s:expect("first\n", "5s")
+  s:expect("second\n", "5s")
+  p:kill()
+end)
+
+test("workers have their own handle namespace", function(t)
+  local w1 = vm:spawn_worker()
+  local w2 = vm:spawn_worker()
+  t:assert_neq(w1:handle(), w2:handle())
+  vm:write_file("/tmp/w", "worker data")
+  local f = w1:open_file("/tmp/w", {read = true})
+  t:assert_eq(f:read(6), "worker")
+  t:assert_eq(w2:run("echo from w2").stdout, "from w2\n")
+  w1:join()
+  w2:close()
+  t:assert_contains(t:assert_raises(function() w2:run("true") end), "is closed")
+  t:assert_contains(t:assert_raises(function() vm:spawn_worker({thread = true}) end), "future work")
+end)
+
+test("syscalls: integer form and buffers", function(t)
+  local SYS_getpid, SYS_read, SYS_open, SYS_close = 39, 0, 2, 3
+  local r = vm:syscall(SYS_getpid)
+  t:assert(r.ret > 0)
+  t:assert_eq(r.ret, r.result)
+  t:assert_eq(r.errno, 0)
+  vm:write_file("/tmp/sys", "syscall bytes")
+  local fd = vm:syscall(SYS_open, {args = {0, 0}, bufs = {"/tmp/sys\0"}, ptrs = {0}}).ret
+  t:assert(fd >= 0)
+  r = vm:syscall(SYS_read, {args = {fd, 0, 7}, bufs = {string.rep("\0", 7)}, ptrs = {1}})
+  t:assert_eq(r.ret, 7)
+  t:assert_eq(r.out_bufs[1], "syscall")
+  vm:syscall(SYS_close, fd)
+  r = vm:syscall(SYS_close, 9999)
+  t:assert_eq(r.ret, -1)
+  t:assert_eq(r.errno, 9) -- EBADF
+end)
+
+test("syscalls: nested pointers (readv into an iovec)", function(t)
+  local SYS_open, SYS_readv = 2, 19
+  vm:write_file("/tmp/iov", "nested!")
+  local fd = vm:syscall(SYS_open, {args = {0, 0}, bufs = {"/tmp/iov\0"}, ptrs = {0}}).ret
+  local iov = string.pack("<I8I8", 0, 7) -- iov_base filled in by nested
+  local r = vm:syscall(SYS_readv, {
+    args = {fd, 0, 1},
+    bufs = {iov, string.rep("\0", 7)},
+    ptrs = {1},
+    nested = {{parent = 1, child = 2, offset = 0}},
+  })
+  t:assert_eq(r.ret, 7)
+  t:assert_eq(r.out_bufs[2], "nested!")
+end)
+
+test("ioctl", function(t)
+  local TCGETS = 0x5401
+  local f = vm:open_file("/tmp/iov", {read = true})
+  local r = vm:ioctl(f:fd(), TCGETS, string.rep("\0", 60))
+  t:assert_eq(r.ret, -1)
+  t:assert_eq(r.errno, 25) -- ENOTTY: a regular file is not a terminal
+  t:assert_eq(#r.out_data, 60)
+end)
+
+test("batch: one round trip, no short-circuit", function(t)
+  local results = vm:batch(function(b)
+    b:write_file("/tmp/ba", "1")
+    b:read_file("/tmp/ba")
+    b:stat("/tmp/missing")
+    b:run("echo batched")
+    b:syscall(39)
+  end)
+  t:assert_eq(#results, 5)
+  t:assert_eq(results[1].ok, nil)
+  t:assert_eq(results[1].err, nil)
+  t:assert_eq(results[2].ok, "1")
+  t:assert_contains(results[3].err, "No such file or directory")
+  t:assert_eq(results[4].ok.stdout, "batched\n")
+  t:assert(results[5].ok.ret > 0)
+  t:assert_contains(t:assert_raises(function()
+    vm:batch(function(b) b:syscall(1, {args = {}}) end)
+  end), "only the integer-args form")
+end)
+
+test("clock: read works, setting is refused on the local backend", function(t)
+  local c = vm:clock()
+  local now = c:get()
+  t:assert(math.abs(now - os.time()) < 5)
+  t:assert_eq(math.type(c:get_ns()), "integer")
+  t:assert_contains(t:assert_raises(function() c:set(0) end), "not supported on the local backend")
+  t:assert_contains(t:assert_raises(function() c:set(0/0) end), "finite number (got NaN)")
+  t:assert_contains(t:assert_raises(function() c:sleep(-1) end), "must not be negative")
+end)
+
+test("backend limits are errors, never silent", function(t)
+  t:assert_contains(t:assert_raises(function() vm:console() end), "has no kernel console")
+  t:assert_contains(t:assert_raises(function() vm:attach_disk() end), "not available on the local backend")
+  t:assert_contains(t:assert_raises(function() vm:snapshot() end), "not available")
+  local v2 = provium:vm("seeded", "linux")
+  t:assert_contains(t:assert_raises(function() v2:boot({rng_seed = 1}) end), "rng_seed needs the kvm backend")
+end)
