@@ -1,0 +1,145 @@
+-- Two local sandboxes on one bridge: NICs realised at boot, ping, NIC
+-- lookups, counters, pcap captures, link down and up.
+
+local lan = provium:bridge("lan")
+local a = provium:vm("a", "linux")
+local b = provium:vm("b", "linux")
+-- Attached before boot: each sandbox gets eth0 when it boots.
+lan:attach({a, b})
+a:boot()
+b:boot()
+a:run("ip addr add 10.0.0.1/24 dev eth0 && ip link set eth0 up"):assert_ok()
+b:run("ip addr add 10.0.0.2/24 dev eth0 && ip link set eth0 up"):assert_ok()
+
+local function ping(from, ip)
+  return from:run("ping -c 1 -W 1 " .. ip):ok()
+end
+
+test("two sandboxes on one bridge ping each other", function(t)
+  t:assert(ping(a, "10.0.0.2"), "a -> b")
+  t:assert(ping(b, "10.0.0.1"), "b -> a")
+  t:assert_eq(table.concat(lan:members(), ","), "a,b")
+end)
+
+test("each NIC is eth0 with the bridge's deterministic MAC", function(t)
+  local nic = a:nic("lan")
+  t:assert_eq(nic:ifname(), "eth0")
+  t:assert_eq(nic:vm_name(), "a")
+  t:assert_eq(nic:bridge(), "lan")
+  t:assert_eq(a:nic("eth0"):mac(), nic:mac())
+  t:assert_eq(lan:nic(a):mac(), nic:mac())
+  t:assert(nic:mac() ~= lan:nic(b):mac())
+  local addr = a:run("cat /sys/class/net/eth0/address"):assert_ok().stdout
+  t:assert_eq(addr, nic:mac() .. "\n")
+end)
+
+test("counters move with traffic, from the guest's perspective", function(t)
+  local before_a = a:nic("lan"):counters()
+  local before_b = b:nic("lan"):counters()
+  t:assert(ping(a, "10.0.0.2"))
+  local after_a = a:nic("lan"):counters()
+  local after_b = b:nic("lan"):counters()
+  t:assert(after_a.tx_packets > before_a.tx_packets, "a sent")
+  t:assert(after_a.rx_packets > before_a.rx_packets, "a received the reply")
+  t:assert(after_a.tx_bytes > before_a.tx_bytes)
+  t:assert(after_b.rx_packets > before_b.rx_packets, "b received the request")
+  t:assert_eq(after_a.errors, 0)
+end)
+
+-- Parses classic pcap; returns the ICMP echo requests and replies seen.
+local function icmp_echoes(t, pcap)
+  t:assert(#pcap >= 24, "pcap shorter than its global header")
+  local magic, major, minor, _, _, snaplen, linktype = string.unpack("<I4 I2 I2 i4 I4 I4 I4", pcap)
+  t:assert_eq(magic, 0xa1b2c3d4)
+  t:assert_eq(major, 2)
+  t:assert_eq(minor, 4)
+  t:assert_eq(snaplen, 65535)
+  t:assert_eq(linktype, 1, "ethernet")
+  local pos, requests, replies, records = 25, 0, 0, 0
+  while pos + 16 <= #pcap + 1 do
+    local _, usec, incl, orig = string.unpack("<I4 I4 I4 I4", pcap, pos)
+    t:assert(usec < 1000000)
+    t:assert(incl <= orig)
+    local frame = pcap:sub(pos + 16, pos + 15 + incl)
+    t:assert_eq(#frame, incl, "truncated record")
+    records = records + 1
+    if #frame >= 14 + 20 + 1 and string.unpack(">I2", frame, 13) == 0x0800 then
+      local ihl = (frame:byte(15) & 0x0f) * 4
+      if frame:byte(14 + 10) == 1 then -- IPv4 protocol 1: ICMP
+        local icmp_type = frame:byte(14 + ihl + 1)
+        if icmp_type == 8 then requests = requests + 1 end
+        if icmp_type == 0 then replies = replies + 1 end
+      end
+    end
+    pos = pos + 16 + incl
+  end
+  t:assert_eq(pos, #pcap + 1, "trailing bytes after the last record")
+  return requests, replies, records
+end
+
+test("bridge capture is pcap holding the ICMP exchange", function(t)
+  local cap = lan:capture()
+  t:assert_eq(cap:kind(), "capture")
+  t:assert(a:run("ping -c 3 -i 0.2 -W 1 10.0.0.2"):ok())
+  local pcap = table.concat(cap:drain("1s"))
+  cap:close()
+  local requests, replies = icmp_echoes(t, pcap)
+  t:assert(requests >= 3, "requests: " .. requests)
+  t:assert(replies >= 3, "replies: " .. replies)
+  t:assert_eq(cap:next(), nil, "closed capture is EOF")
+  t:assert(cap:eof())
+end)
+
+test("nic capture sees one NIC's traffic", function(t)
+  local cap = b:nic("lan"):capture()
+  t:assert_eq(b:open_stream_count(), 1, "a live nic capture counts as a stream")
+  t:assert(ping(a, "10.0.0.2"))
+  local requests, replies = icmp_echoes(t, table.concat(cap:drain("1s")))
+  t:assert(requests >= 1 and replies >= 1, requests .. " requests, " .. replies .. " replies")
+  cap:close()
+  t:assert_eq(b:open_stream_count(), 0)
+end)
+
+test("a capture left open is closed at the end of its test", function(t)
+  local cap = lan:capture()
+  t:assert_eq(#lan:live_captures(), 1)
+  t:assert(cap:creation_site().line > 0)
+end)
+
+test("the previous test's capture was auto-closed", function(t)
+  t:assert_eq(#lan:live_captures(), 0)
+end)
+
+test("disconnect takes the link down; reconnect heals", function(t)
+  local nic = a:nic("lan")
+  nic:disconnect()
+  t:assert(not nic:is_connected())
+  t:assert(not ping(a, "10.0.0.2"), "ping must fail with the link down")
+  local link = a:run("ip -o link show eth0"):assert_ok().stdout
+  t:assert(link:find("NO-CARRIER", 1, true) ~= nil, link)
+  nic:reconnect()
+  t:assert(nic:is_connected())
+  wait_until(function() return ping(a, "10.0.0.2") end, {timeout = "10s", desc = "ping after reconnect"})
+end)
+
+test("detach removes the NIC from the guest; attach brings it back", function(t)
+  lan:detach(b)
+  t:assert_eq(table.concat(lan:members(), ","), "a")
+  t:assert(not b:run("test -e /sys/class/net/eth0"):ok(), "eth0 gone after detach")
+  lan:attach(b)
+  t:assert_eq(b:nic("lan"):ifname(), "eth0")
+  b:run("ip addr add 10.0.0.2/24 dev eth0 && ip link set eth0 up"):assert_ok()
+  wait_until(function() return ping(a, "10.0.0.2") end, {timeout = "10s", desc = "ping after re-attach"})
+end)
+
+test("a test-scope VM attached to the file's bridge leaves it at test end", function(t)
+  local c = provium:vm("c", "linux"):boot()
+  lan:attach(c)
+  t:assert_eq(c:nic("eth0"):ifname(), "eth0")
+  c:run("ip addr add 10.0.0.3/24 dev eth0 && ip link set eth0 up"):assert_ok()
+  wait_until(function() return ping(c, "10.0.0.1") end, {timeout = "10s", desc = "c reaches a"})
+end)
+
+test("after the test, c is no longer a member", function(t)
+  t:assert_eq(table.concat(lan:members(), ","), "a,b")
+end)
