@@ -23,9 +23,10 @@ use crate::arch::layout::{
 use crate::arch::regs::write_boot_tables;
 use crate::console::Console;
 use crate::device_manager::legacy::{attach_legacy_devices, LegacyDevices, LegacyDevicesError};
-use crate::device_manager::mmio::{attach_virtio_device, MmioDevicesError, MmioSlots};
+use crate::device_manager::mmio::{attach_virtio_device, MmioDevicesError, MmioSlot, MmioSlots};
 use crate::devices::bus::Bus;
 use crate::devices::virtio::block::{Block, BlockConfig, DiskImage};
+use crate::devices::virtio::rng::Rng;
 use crate::devices::GuestRequestSink;
 use crate::vmm_config::machine_config::MachineConfigError;
 use crate::vmm_config::{KernelImage, VmConfig};
@@ -287,6 +288,14 @@ fn load_initrd(
     Ok((gpa, size32))
 }
 
+/// Appends a device's `virtio_mmio.device=` entry to the command line.
+fn announce(cmdline: &mut String, slot: &MmioSlot) {
+    if !cmdline.is_empty() {
+        cmdline.push(' ');
+    }
+    cmdline.push_str(&slot.cmdline_entry());
+}
+
 /// Builds the machine and starts its vCPUs.
 pub fn build_and_start(
     kvm: &KvmContext,
@@ -336,10 +345,13 @@ pub fn build_and_start(
         });
         let slot = attach_virtio_device(&mut slots, &vm, &mut mmio, &ram.memory, Box::new(dev))
             .map_err(BuildError::Virtio)?;
-        if !cmdline_text.is_empty() {
-            cmdline_text.push(' ');
-        }
-        cmdline_text.push_str(&slot.cmdline_entry());
+        announce(&mut cmdline_text, &slot);
+    }
+    if let Some(rng) = cfg.rng {
+        let dev = Rng::new(rng);
+        let slot = attach_virtio_device(&mut slots, &vm, &mut mmio, &ram.memory, Box::new(dev))
+            .map_err(BuildError::Virtio)?;
+        announce(&mut cmdline_text, &slot);
     }
 
     let cmdline_cap = match hdr {

@@ -6,14 +6,16 @@
 //! module issuing KVM ioctls; `device_manager/` places devices on buses and wires
 //! interrupts; `devices/` holds the models (they know no KVM); `arch/` is the
 //! x86_64 boot data; `lifecycle` is the public `Vm` with its state machine;
-//! `console` is the serial console log/stream/input; `tiny_guest` is the test
-//! guest built at compile time. See docs/vmm.md.
+//! `console` is the serial console log/stream/input; `initrd` writes newc cpio
+//! archives and injects the agent; `tiny_guest` is the test guest built at
+//! compile time. See docs/vmm.md.
 
 pub mod arch;
 pub mod builder;
 pub mod console;
 pub mod device_manager;
 pub mod devices;
+pub mod initrd;
 pub mod lifecycle;
 pub mod tiny_guest;
 pub mod vmm_config;

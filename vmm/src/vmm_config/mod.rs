@@ -8,6 +8,8 @@ pub use boot_source::{BootSource, KernelImage};
 pub use drive::DriveConfig;
 pub use machine_config::MachineConfig;
 
+pub use crate::devices::virtio::rng::RngConfig;
+
 /// Everything needed to build a VM.
 #[derive(Clone, Debug)]
 pub struct VmConfig {
@@ -19,6 +21,8 @@ pub struct VmConfig {
     pub console_log_bytes: usize,
     /// Disks, in attach order (the guest sees vda, vdb, ...).
     pub drives: Vec<DriveConfig>,
+    /// A virtio-rng device (after the disks), seeded or from host randomness.
+    pub rng: Option<RngConfig>,
 }
 
 impl VmConfig {
@@ -29,6 +33,7 @@ impl VmConfig {
             boot,
             console_log_bytes: crate::console::DEFAULT_LOG_CAPACITY_BYTES,
             drives: Vec::new(),
+            rng: None,
         }
     }
 }

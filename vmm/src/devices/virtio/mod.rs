@@ -8,6 +8,7 @@
 
 pub mod block;
 pub mod mmio;
+pub mod rng;
 #[cfg(test)]
 pub mod test_utils;
 
