@@ -917,6 +917,77 @@ impl Bridge {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
+    use crate::events::EventSender;
+    use crate::runner::BackendKind;
+
+    fn env(seed: u64) -> Arc<FileEnv> {
+        Arc::new(
+            FileEnv::new(
+                "t.test.lua".into(),
+                "/t.test.lua".into(),
+                Vec::new(),
+                Arc::new(Config::default()),
+                BackendKind::Local,
+                EventSender::disabled(),
+            )
+            .with_run_seed(seed),
+        )
+    }
+
+    #[test]
+    fn the_run_seed_reaches_the_switch() {
+        let b = Bridge::create(&env(99), "lan");
+        assert_eq!(
+            b.seeds(),
+            (99, provium_netsetup::impair::bridge_seed(99, "lan"))
+        );
+    }
+
+    #[test]
+    fn close_drops_members_and_is_idempotent() {
+        let b = Bridge::create(&env(1), "lan");
+        b.attach_all(vec![("x".into(), None), ("y".into(), None)])
+            .unwrap();
+        assert_eq!(b.members_sorted(), vec!["x", "y"]);
+        b.close().unwrap();
+        b.close().unwrap();
+        assert!(b.members_sorted().is_empty());
+        assert!(b.attach_all(vec![("x".into(), None)]).is_err());
+    }
+
+    #[test]
+    fn uplink_failure_carries_the_detail_and_leaves_nothing() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 || !std::path::Path::new("/dev/net/tun").exists() {
+            eprintln!("SKIP uplink_failure_carries_the_detail_and_leaves_nothing: needs root and /dev/net/tun");
+            return;
+        }
+        // A fresh network namespace for this thread only: it has no default
+        // route, so enable_uplink must fail, saying why.
+        std::thread::spawn(|| {
+            // SAFETY: unshare affects only this thread's network namespace.
+            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
+            let b = Bridge::create(&env(1), "lan");
+            let e = b
+                .enable_uplink(DEFAULT_UPLINK_ADDR)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("bridge:enable_uplink: bridge `lan`: "), "{e}");
+            assert!(
+                e.contains("no default route") || e.contains("not found on PATH"),
+                "the underlying detail is missing: {e}"
+            );
+            assert!(b.lock().uplink.is_none());
+            assert!(
+                !b.0.switch.members().iter().any(|m| m == UPLINK_PORT),
+                "the uplink port was left on the switch"
+            );
+            b.disable_uplink().unwrap();
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn macs_are_deterministic_local_unicast_and_distinct() {
