@@ -80,7 +80,12 @@ fn show(o: &Output) -> String {
 #[test]
 fn network_suite_passes() {
     require_environment();
-    let o = provium(&["tests/lua/network"], Some("4242"));
+    // The suites' config: profile `linux` is declared there (the local
+    // backend reads no kernel from it).
+    let o = provium(
+        &["--config", "tests/lua/provium.toml", "tests/lua/network"],
+        Some("4242"),
+    );
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     for file in [
