@@ -563,11 +563,10 @@ test("still runs afterwards", function(t) t:assert(true) end)
 
 #[test]
 fn fail_fast_stops_dispatching() {
-    let p = Project::new(&[
-        ("a.test.lua", FAILING),
-        ("b.test.lua", PASSING),
-        ("c.test.lua", PASSING),
-    ]);
+    // Each file claims the single vCPU, so they run one at a time.
+    let claim = "provium:claim({cpus = 1})\n";
+    let (a, b) = (format!("{claim}{FAILING}"), format!("{claim}{PASSING}"));
+    let p = Project::new(&[("a.test.lua", &a), ("b.test.lua", &b), ("c.test.lua", &b)]);
     let out = stdout(&p.run(&["--fail-fast", "--cpus", "1", "--json"]));
     assert_eq!(out.lines().count(), 1, "{out}");
 }
@@ -634,4 +633,145 @@ fn a_failing_build_command_aborts_with_exit_two() {
         .trim()
         .ends_with("/out"));
     assert_eq!(code(&p.run(&["--no-build"])), 0);
+}
+
+#[test]
+fn events_socket_serves_the_stream() {
+    use std::io::Read;
+    use std::os::unix::net::UnixStream;
+    let p = Project::new(&[(
+        "slow.test.lua",
+        // Give the test a moment to connect before the first test runs.
+        "local t0 = os.clock()\nwhile os.clock() - t0 < 0.5 do end\ntest('a', function() end)\n",
+    )]);
+    let sock = p.path().join("events.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_provium"))
+        .args([
+            "--vmm",
+            "local",
+            "--no-preflight",
+            "--events-socket",
+            sock.to_str().unwrap(),
+        ])
+        .current_dir(p.path())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut conn = None;
+    for _ in 0..200 {
+        if let Ok(c) = UnixStream::connect(&sock) {
+            conn = Some(c);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let mut conn = conn.expect("connect to --events-socket");
+    assert!(child.wait().unwrap().success());
+    let mut bytes = Vec::new();
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let _ = conn.read_to_end(&mut bytes);
+    let mut r = &bytes[..];
+    let mut kinds = Vec::new();
+    while let Ok(Some(f)) = read_message::<EventFrame, _>(&mut r, DEFAULT_MAX_FRAME_BYTES) {
+        kinds.push(f.event.kind().as_str());
+    }
+    assert!(
+        kinds.contains(&"test_passed") && kinds.contains(&"file_completed"),
+        "{kinds:?}"
+    );
+}
+
+#[test]
+fn coverage_hook_runs_and_its_failure_counts() {
+    let p = Project::new(&[("a.test.lua", PASSING)]);
+    let bin = p.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let hook = bin.join("provium-coverage");
+    // The fake consumer records its arguments and the stream's size, then
+    // exits with the code the test asks for.
+    std::fs::write(&hook, "#!/bin/sh\necho \"$@\" > \"$COV_LOG\"\nwc -c < \"$2\" >> \"$COV_LOG\"\nexit \"$COV_EXIT\"\n").unwrap();
+    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let log = p.path().join("cov.log");
+    let run = |exit: &str| {
+        Command::new(env!("CARGO_BIN_EXE_provium"))
+            .args(["--vmm", "local", "--coverage"])
+            .current_dir(p.path())
+            .env("PATH", &path)
+            .env("COV_LOG", &log)
+            .env("COV_EXIT", exit)
+            .env("PROVIUM_RERUN_STATE", p.path().join("rerun.json"))
+            .output()
+            .unwrap()
+    };
+    let o = run("0");
+    assert_eq!(code(&o), 0, "{o:?}");
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(logged.starts_with("--from "), "{logged}");
+    let size: u64 = logged.lines().nth(1).unwrap().trim().parse().unwrap();
+    assert!(size > 0, "the hook saw an empty event stream");
+    assert_eq!(code(&run("3")), 1, "a failing coverage hook fails the run");
+}
+
+#[test]
+fn repl_evaluates_lines_against_a_vm() {
+    use std::io::Write;
+    let p = Project::new(&[]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_provium"))
+        .args(["--vmm", "local", "repl", "linux", "--name", "box"])
+        .current_dir(p.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"vm:state()\nvm:run('hostname').stdout\nnot_a_thing()\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(code(&o), 0, "{o:?}");
+    assert_eq!(stdout(&o), "booted\nbox\n\n");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("error: "),
+        "{o:?}"
+    );
+}
+
+#[test]
+fn watch_reruns_when_a_file_changes() {
+    use std::io::{BufRead, BufReader};
+    let p = Project::new(&[("a.test.lua", PASSING)]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_provium"))
+        .args(["--vmm", "local", "--no-preflight", "--watch", "-q"])
+        .current_dir(p.path())
+        .env("PROVIUM_RERUN_STATE", p.path().join("rerun.json"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut summaries = 0;
+    while let Some(Ok(line)) = lines.next() {
+        if line.contains(" file(s); ") {
+            summaries += 1;
+            if summaries == 1 {
+                // Change the test so the next run fails, and bump its mtime.
+                std::fs::write(p.path().join("tests/a.test.lua"), FAILING).unwrap();
+            } else {
+                assert!(line.contains("1 failed"), "{line}");
+                break;
+            }
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(summaries, 2);
 }

@@ -15,7 +15,7 @@ use crate::lua::duration::parse_duration_str;
 use crate::report::{self, progress::Progress, Verbosity};
 use crate::runner::filter::{parse_key_values, TestFilter};
 use crate::runner::outcome::FileOutcome;
-use crate::runner::scheduler::{run_jobs, Job, SchedulerOptions};
+use crate::runner::scheduler::{run_jobs, Job, PsiMonitor, SchedulerOptions};
 use crate::runner::{BackendKind, FileEnv};
 
 /// Load provium.toml: a missing default file means defaults; a missing
@@ -324,6 +324,7 @@ fn run_once(
         filter.clone(),
         &opts,
         &events,
+        &mut PsiMonitor::new("/proc/pressure"),
         |_| progress.borrow_mut().started_file(),
         |o| {
             progress.borrow().clear();

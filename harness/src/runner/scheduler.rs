@@ -18,11 +18,64 @@ use super::outcome::FileOutcome;
 use super::FileEnv;
 use crate::events::EventSender;
 
-/// What running one file costs besides its claim: a Lua state and a thread.
+/// What running one file costs besides its claim (the reference's per-file
+/// default: a Lua state and a thread, no vCPU).
 pub const RUNNER_OVERHEAD: ResourceAmount = ResourceAmount {
-    memory_bytes: 64 << 20,
-    cpus: 1,
+    memory_bytes: 50 << 20,
+    cpus: 0,
 };
+
+/// Some-pressure (avg10, percent) above which new dispatches pause.
+pub const PSI_THRESHOLD: f64 = 10.0;
+
+/// Where pressure readings come from: the kernel's PSI files, or a test's.
+pub trait Pressure: Send {
+    /// `true` when the host is too loaded to start another file.
+    fn high(&mut self) -> bool;
+}
+
+/// `/proc/pressure/{cpu,memory}`, read at most once a second.
+pub struct PsiMonitor {
+    dir: std::path::PathBuf,
+    last_read: Option<Instant>,
+    high: bool,
+}
+
+impl PsiMonitor {
+    pub fn new(dir: impl Into<std::path::PathBuf>) -> Self {
+        PsiMonitor {
+            dir: dir.into(),
+            last_read: None,
+            high: false,
+        }
+    }
+
+    /// The `some avg10=` value of one PSI file, if present.
+    pub fn some_avg10(text: &str) -> Option<f64> {
+        let line = text.lines().find(|l| l.starts_with("some "))?;
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix("avg10=")?.parse().ok())
+    }
+}
+
+impl Pressure for PsiMonitor {
+    fn high(&mut self) -> bool {
+        if self
+            .last_read
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+        {
+            self.last_read = Some(Instant::now());
+            // Hosts without PSI never throttle.
+            self.high = ["cpu", "memory"].iter().any(|f| {
+                std::fs::read_to_string(self.dir.join(f))
+                    .ok()
+                    .and_then(|t| Self::some_avg10(&t))
+                    .is_some_and(|v| v > PSI_THRESHOLD)
+            });
+        }
+        self.high
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct SchedulerOptions {
@@ -61,6 +114,7 @@ pub fn run_jobs(
     filter: Arc<TestFilter>,
     opts: &SchedulerOptions,
     events: &EventSender,
+    pressure: &mut dyn Pressure,
     mut on_start: impl FnMut(&FileEnv),
     mut on_done: impl FnMut(&FileOutcome),
 ) -> Vec<FileOutcome> {
@@ -76,15 +130,25 @@ pub fn run_jobs(
         // Dispatch as many queued files as fit, in order.
         while let Some(job) = queue.front().filter(|_| !stop) {
             let want = add(RUNNER_OVERHEAD, job.claim.unwrap_or_default());
-            // A file bigger than the whole pool still runs, alone.
-            if !(fits(used, want, opts.pool) || running == 0) {
-                if blocked_reported.as_deref() != Some(job.env.rel_path.as_str()) {
+            // A file bigger than the whole pool still runs, alone; pressure
+            // pauses new dispatches only while something else is running
+            // (load from outside Provium must not stall the run forever).
+            let reason = if !(fits(used, want, opts.pool) || running == 0) {
+                Some("pool_full")
+            } else if running > 0 && pressure.high() {
+                Some("psi_pressure")
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                let key = format!("{}\0{reason}", job.env.rel_path);
+                if blocked_reported.as_deref() != Some(key.as_str()) {
                     events.emit(Event::FileBlocked(FileBlocked {
                         path: job.env.rel_path.clone(),
                         waiting_for: want,
-                        reason: "pool_full".into(),
+                        reason: reason.into(),
                     }));
-                    blocked_reported = Some(job.env.rel_path.clone());
+                    blocked_reported = Some(key);
                 }
                 break;
             }
@@ -132,4 +196,122 @@ pub fn run_jobs(
         }
     }
     outcomes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::events::EventBus;
+    use crate::runner::BackendKind;
+
+    struct Fixed(bool);
+    impl Pressure for Fixed {
+        fn high(&mut self) -> bool {
+            self.0
+        }
+    }
+
+    fn jobs(
+        dir: &std::path::Path,
+        n: usize,
+        claim: Option<ResourceAmount>,
+        events: &EventSender,
+    ) -> Vec<Job> {
+        (0..n)
+            .map(|i| {
+                let p = dir.join(format!("f{i}.test.lua"));
+                std::fs::write(&p, "test('t', function() end)").unwrap();
+                let env = FileEnv::new(
+                    format!("f{i}.test.lua"),
+                    p,
+                    vec![],
+                    Arc::new(Config::defaults(dir)),
+                    BackendKind::Local,
+                    events.clone(),
+                );
+                Job {
+                    env: Arc::new(env),
+                    claim,
+                }
+            })
+            .collect()
+    }
+
+    fn blocked_reasons(kept: &[provium_protocol::EventFrame]) -> Vec<String> {
+        kept.iter()
+            .filter_map(|f| match &f.event {
+                Event::FileBlocked(b) => Some(b.reason.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn run(
+        n: usize,
+        claim: Option<ResourceAmount>,
+        pool: ResourceAmount,
+        high: bool,
+    ) -> Vec<String> {
+        let dir = tempfile::tempdir().unwrap();
+        let bus = EventBus::start(None, false, None, true).unwrap();
+        let events = bus.sender();
+        let opts = SchedulerOptions {
+            pool,
+            fail_fast: false,
+            file_timeout: None,
+        };
+        let out = run_jobs(
+            jobs(dir.path(), n, claim, &events),
+            Arc::default(),
+            &opts,
+            &events,
+            &mut Fixed(high),
+            |_| {},
+            |_| {},
+        );
+        assert_eq!(out.len(), n);
+        assert!(out.iter().all(|o| o.passed()));
+        drop(events);
+        blocked_reasons(&bus.finish().unwrap())
+    }
+
+    #[test]
+    fn parses_psi_lines() {
+        let text = "some avg10=12.50 avg60=1.00 avg300=0.00 total=1\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n";
+        assert_eq!(PsiMonitor::some_avg10(text), Some(12.5));
+        assert_eq!(PsiMonitor::some_avg10("garbage"), None);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("cpu"), text).unwrap();
+        assert!(PsiMonitor::new(dir.path()).high());
+        assert!(!PsiMonitor::new(dir.path().join("absent")).high());
+    }
+
+    #[test]
+    fn a_full_pool_blocks_in_fifo_order() {
+        let claim = ResourceAmount {
+            memory_bytes: 1 << 30,
+            cpus: 2,
+        };
+        let pool = ResourceAmount {
+            memory_bytes: 3 << 30,
+            cpus: 2,
+        };
+        let reasons = run(3, Some(claim), pool, false);
+        assert!(
+            !reasons.is_empty() && reasons.iter().all(|r| r == "pool_full"),
+            "{reasons:?}"
+        );
+    }
+
+    #[test]
+    fn pressure_pauses_new_dispatches_but_never_stalls() {
+        let pool = ResourceAmount {
+            memory_bytes: 8 << 30,
+            cpus: 8,
+        };
+        let reasons = run(3, None, pool, true);
+        assert!(reasons.iter().any(|r| r == "psi_pressure"), "{reasons:?}");
+        assert!(run(3, None, pool, false).is_empty());
+    }
 }
