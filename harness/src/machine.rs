@@ -123,6 +123,71 @@ impl Machine {
         }
     }
 
+    /// The shape a snapshot of a machine booted from `spec` records.
+    pub fn snapshot_shape(backend: BackendKind, spec: &BootSpec) -> provium_snapshot::Shape {
+        provium_snapshot::Shape {
+            backend: match backend {
+                BackendKind::Local => crate::backend::local::snapshot::BACKEND.into(),
+                BackendKind::Kvm => "kvm".into(),
+            },
+            memory_bytes: spec.memory_bytes,
+            vcpus: spec.cpus,
+        }
+    }
+
+    /// Write a snapshot of the running guest to `path` (atomically); returns
+    /// its size in bytes. Local: the sandbox's files (see
+    /// `backend::local::snapshot`).
+    pub fn snapshot_to(
+        &self,
+        path: &std::path::Path,
+        shape: provium_snapshot::Shape,
+    ) -> Result<u64, String> {
+        use crate::backend::local::snapshot;
+        match self {
+            Machine::Local(s) => snapshot::write_snapshot(
+                &s.lock().unwrap(),
+                path,
+                shape,
+                provium_protocol::PROTOCOL_VERSION,
+            )
+            .map_err(|e| snapshot::chain(&e)),
+        }
+    }
+
+    /// A new machine restored from the snapshot at `path`. The file is
+    /// validated (version, checksums, shape) before anything boots.
+    pub fn restore(
+        backend: BackendKind,
+        spec: &BootSpec,
+        path: &std::path::Path,
+    ) -> Result<Machine, String> {
+        use crate::backend::local::snapshot;
+        match backend {
+            BackendKind::Local => {
+                let state = snapshot::read_snapshot(
+                    path,
+                    Machine::snapshot_shape(backend, spec),
+                    provium_protocol::PROTOCOL_VERSION,
+                )
+                .map_err(|e| snapshot::chain(&e))?;
+                let machine = Machine::boot(backend, spec)?;
+                let Machine::Local(s) = &machine;
+                let applied = s.lock().unwrap().restore_fs(&state);
+                if let Err(e) = applied {
+                    machine.kill();
+                    return Err(snapshot::chain(&e));
+                }
+                Ok(machine)
+            }
+            BackendKind::Kvm => Err(format!(
+                "the kvm backend cannot restore profile `{}` yet: the microVMM does not run guests end to end on \
+                 this build; run with --vmm local",
+                spec.profile_name
+            )),
+        }
+    }
+
     /// The last `max` bytes of the console log, where there is a console.
     pub fn console_tail(&self, _max: usize) -> Option<String> {
         match self {

@@ -53,6 +53,8 @@ struct FileScope {
     claim: Mutex<Option<ResourceAmount>>,
     barriers: Mutex<BTreeMap<String, Barrier>>,
     barrier_cv: Condvar,
+    /// The `reset_between_tests` baseline (a lab snapshot directory).
+    baseline: Mutex<Option<std::path::PathBuf>>,
 }
 
 #[derive(Default, Clone)]
@@ -102,20 +104,179 @@ impl Lab {
         Ok(self.0.file.settings.lock().unwrap().timeout)
     }
 
-    /// `provium.reset_between_tests = true` needs whole-lab snapshots.
+    /// `provium.reset_between_tests = true`: after the chunk, snapshot the
+    /// root lab as the baseline every test is restored to.
     pub fn prepare_reset_between_tests(&self) -> mlua::Result<()> {
-        if self.0.file.settings.lock().unwrap().reset_between_tests {
+        if !self.0.file.settings.lock().unwrap().reset_between_tests {
+            return Ok(());
+        }
+        let mut vms = Vec::new();
+        self.vms_downward(&mut Vec::new(), &mut vms);
+        let live: Vec<String> = vms.iter().flat_map(|(_, vm)| vm.live_streams()).collect();
+        if !live.is_empty() {
             return Err(err(format!(
-                "provium.reset_between_tests needs lab snapshots, which are not available on the {} backend yet",
-                self.0.env.backend.as_str()
+                "provium.reset_between_tests would auto-snapshot a live stream: {}",
+                super::snapshot::live_streams_refusal(
+                    "the baseline snapshot",
+                    &self.0.env.rel_path,
+                    &live
+                )
             )));
         }
-        Ok(())
+        let dir = super::snapshot::temp_path(".lab");
+        *self.0.file.baseline.lock().unwrap() = Some(dir.clone());
+        self.snapshot_into(&dir).map_err(|e| {
+            err(format!(
+                "provium.reset_between_tests: taking the baseline failed: {}",
+                super::error_message(&e)
+            ))
+        })
     }
 
-    /// Restore the baseline after a test (only when reset_between_tests is set,
-    /// which `prepare_reset_between_tests` refuses until snapshots exist).
+    /// Restore the baseline after a test (only with reset_between_tests).
     pub fn restore_between_tests(&self) -> Result<(), String> {
+        let Some(dir) = self.0.file.baseline.lock().unwrap().clone() else {
+            return Ok(());
+        };
+        self.restore_from_dir(&dir)
+            .map_err(|e| format!("reset_between_tests: {}", super::error_message(&e)))
+    }
+
+    /// VMs of this lab and its sub-labs (downward), with their sub-lab path.
+    fn vms_downward(&self, path: &mut Vec<String>, out: &mut Vec<(Vec<String>, Vm)>) {
+        let (vms, subs): (Vec<Vm>, Vec<(String, Lab)>) = {
+            let st = self.0.state.lock().unwrap();
+            (
+                st.vms.values().cloned().collect(),
+                st.sub_labs
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            )
+        };
+        out.extend(vms.into_iter().map(|vm| (path.clone(), vm)));
+        for (name, lab) in subs {
+            path.push(name);
+            lab.vms_downward(path, out);
+            path.pop();
+        }
+    }
+
+    /// `lab:snapshot()` into `dir`: one snapshot per booted VM (this lab and
+    /// its sub-labs) and `lab.json`. Refuses while any of them has live streams.
+    pub fn snapshot_into(&self, dir: &std::path::Path) -> mlua::Result<()> {
+        use provium_snapshot::{LabIndex, LabVm};
+        let mut vms = Vec::new();
+        self.vms_downward(&mut Vec::new(), &mut vms);
+        let live: Vec<String> = vms.iter().flat_map(|(_, vm)| vm.live_streams()).collect();
+        if !live.is_empty() {
+            return Err(err(super::snapshot::live_streams_refusal(
+                "lab:snapshot()",
+                &self.0.env.rel_path,
+                &live,
+            )));
+        }
+        std::fs::create_dir_all(dir).map_err(|e| {
+            err(format!(
+                "lab:snapshot: cannot create {}: {e}",
+                dir.display()
+            ))
+        })?;
+        let mut index = LabIndex::new(&self.0.name);
+        for (path, vm) in vms {
+            if !matches!(
+                vm.phase(),
+                super::vm::Phase::Booted | super::vm::Phase::Paused
+            ) {
+                continue;
+            }
+            let file = index.file_name_for(&path, vm.name());
+            vm.snapshot_to(&dir.join(&file))?;
+            let sizing = vm.sizing();
+            index.vms.push(LabVm {
+                lab_path: path,
+                name: vm.name().to_string(),
+                profile: vm.profile_name().to_string(),
+                memory_bytes: sizing.memory_bytes,
+                cpus: sizing.cpus,
+                file,
+            });
+        }
+        index.write(dir).map_err(|e| {
+            err(format!(
+                "lab:snapshot: {}",
+                crate::backend::local::snapshot::chain(&e)
+            ))
+        })
+    }
+
+    /// The sub-lab at `path` below this lab, created where missing.
+    fn sub_lab_at(&self, path: &[String]) -> mlua::Result<Lab> {
+        let mut lab = self.clone();
+        for name in path {
+            let existing = lab.0.state.lock().unwrap().sub_labs.get(name).cloned();
+            lab = match existing {
+                Some(l) => l,
+                None => {
+                    lab.check_new_name("lab", name)?;
+                    let l = lab.child(name.clone(), None);
+                    lab.0
+                        .state
+                        .lock()
+                        .unwrap()
+                        .sub_labs
+                        .insert(name.clone(), l.clone());
+                    l
+                }
+            };
+        }
+        Ok(lab)
+    }
+
+    /// `lab:restore(dir)`: every VM in `dir/lab.json` is restored into the
+    /// VM of that name (created from its recorded declaration where this
+    /// lab has none; shut down first where it runs).
+    pub fn restore_from_dir(&self, dir: &std::path::Path) -> mlua::Result<()> {
+        let index = provium_snapshot::LabIndex::read(dir).map_err(|e| {
+            err(format!(
+                "lab:restore: {}",
+                crate::backend::local::snapshot::chain(&e)
+            ))
+        })?;
+        for v in &index.vms {
+            let lab = self.sub_lab_at(&v.lab_path)?;
+            let existing = lab.0.state.lock().unwrap().vms.get(&v.name).cloned();
+            let vm = match existing {
+                Some(vm) => vm,
+                None => {
+                    lab.check_new_name("vm", &v.name)?;
+                    let sizing = VmSizing {
+                        memory_bytes: v.memory_bytes,
+                        cpus: v.cpus,
+                    };
+                    let vm = Vm::create(
+                        self.0.env.clone(),
+                        v.name.clone(),
+                        v.profile.clone(),
+                        sizing,
+                    )?;
+                    lab.0
+                        .state
+                        .lock()
+                        .unwrap()
+                        .vms
+                        .insert(v.name.clone(), vm.clone());
+                    vm
+                }
+            };
+            if !matches!(
+                vm.phase(),
+                super::vm::Phase::Created | super::vm::Phase::Shutdown
+            ) {
+                vm.shutdown()?;
+            }
+            vm.restore_from(&dir.join(&v.file))?;
+        }
         Ok(())
     }
 
@@ -140,6 +301,9 @@ impl Lab {
     /// File end: close everything at file scope and release the claim.
     pub fn close_all(&self, lua: &Lua) {
         let _ = self.0.env.pop_scope();
+        if let Some(dir) = self.0.file.baseline.lock().unwrap().take() {
+            super::snapshot::remove_any(&dir);
+        }
         if let Some(amount) = self.0.file.claim.lock().unwrap().take() {
             self.0.env.events.emit(Event::ClaimReleased(ClaimReleased {
                 path: self.0.env.rel_path.clone(),
@@ -642,11 +806,27 @@ impl UserData for Lab {
                 this.barrier(name, count, timeout)
             },
         );
-        m.add_method("snapshot", |_, this, _: MultiValue| -> mlua::Result<()> {
-            Err(this.not_available("lab:snapshot()"))
+        m.add_method("snapshot", |_, this, path: Option<String>| {
+            use super::snapshot::{delete_at_scope_end, temp_path, LabSnapshotUd};
+            let (path, temp) = match path {
+                Some(p) => (std::path::PathBuf::from(p), false),
+                None => (temp_path(".lab"), true),
+            };
+            if let Err(e) = this.snapshot_into(&path) {
+                if temp {
+                    super::snapshot::remove_any(&path);
+                }
+                return Err(e);
+            }
+            if temp {
+                delete_at_scope_end(&this.0.env, &path);
+            }
+            Ok(LabSnapshotUd { path })
         });
-        m.add_method("restore", |_, this, _: MultiValue| -> mlua::Result<()> {
-            Err(this.not_available("lab:restore()"))
+        m.add_method("restore", |_, this, v: Value| {
+            let path = super::snapshot::snapshot_path_arg(&v, "lab:restore")?;
+            this.restore_from_dir(&path)?;
+            Ok(this.clone())
         });
         m.add_method("vm_fixture", |_, this, _: MultiValue| -> mlua::Result<()> {
             Err(this.not_available("vm_fixture (the fixture cache)"))

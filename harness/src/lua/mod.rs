@@ -14,6 +14,7 @@ pub mod meta;
 pub mod nic;
 pub mod process;
 pub mod run_result;
+pub mod snapshot;
 pub mod stream;
 pub mod vm;
 pub mod worker;

@@ -121,6 +121,24 @@ impl Stream {
         s
     }
 
+    /// Whether the stream is still open (a stream whose state is busy, being
+    /// read right now, counts as open).
+    pub fn is_open(&self) -> bool {
+        self.state.try_lock().map_or(true, |st| !st.closed)
+    }
+
+    /// `kind("detail")`, or `kind(handle=N)` for handle-numbered streams, as
+    /// snapshot refusals name a stream.
+    pub fn describe(&self) -> String {
+        let numbered = ["handle ", "process "]
+            .iter()
+            .find_map(|p| self.detail.strip_prefix(p));
+        match numbered {
+            Some(n) => format!("{}(handle={n})", self.kind),
+            None => format!("{}({:?})", self.kind, self.detail),
+        }
+    }
+
     fn close_now(&self) {
         let mut st = self.state.lock().unwrap();
         if !st.closed {

@@ -187,6 +187,8 @@ pub struct VmInner {
     machine: Mutex<Option<Arc<Machine>>>,
     open_files: Arc<AtomicUsize>,
     open_streams: Arc<AtomicUsize>,
+    /// Streams opened on this VM, so a snapshot can name the live ones.
+    streams: Mutex<Vec<Stream>>,
     in_flight: AtomicUsize,
     /// Bridges this VM is attached to (weak: bridges hold their VMs).
     bridges: Mutex<Vec<WeakBridge>>,
@@ -250,6 +252,7 @@ impl Vm {
             machine: Mutex::new(None),
             open_files: Arc::new(AtomicUsize::new(0)),
             open_streams: Arc::new(AtomicUsize::new(0)),
+            streams: Mutex::new(Vec::new()),
             in_flight: AtomicUsize::new(0),
             bridges: Mutex::new(Vec::new()),
         }));
@@ -360,14 +363,129 @@ impl Vm {
         kind: &'static str,
         detail: String,
     ) -> Stream {
-        Stream::open(
+        let s = Stream::open(
             lua,
             self.0.env.clone(),
             source,
             kind,
             detail,
             Some(self.0.open_streams.clone()),
-        )
+        );
+        let mut streams = self.0.streams.lock().unwrap();
+        streams.retain(Stream::is_open);
+        streams.push(s.clone());
+        s
+    }
+
+    /// This VM's open streams, each as `kind(detail) at file:line`.
+    pub fn live_streams(&self) -> Vec<String> {
+        let mut streams = self.0.streams.lock().unwrap();
+        streams.retain(Stream::is_open);
+        streams
+            .iter()
+            .map(|s| match &s.site {
+                Some(site) => format!("{} at {}:{}", s.describe(), site.file, site.line),
+                None => format!("{} at (unknown site)", s.describe()),
+            })
+            .collect()
+    }
+
+    pub fn profile_name(&self) -> &str {
+        &self.0.profile
+    }
+
+    pub fn sizing(&self) -> VmSizing {
+        self.0.sizing
+    }
+
+    /// What a restore (or a snapshot's shape) needs: sizing only, no boot opts.
+    fn restore_spec(&self) -> BootSpec {
+        BootSpec {
+            vm_name: self.0.name.clone(),
+            profile: self.0.env.config.profiles.get(&self.0.profile).cloned(),
+            profile_name: self.0.profile.clone(),
+            memory_bytes: self.0.sizing.memory_bytes,
+            cpus: self.0.sizing.cpus,
+            kernel_cmdline: None,
+            rng_seed: None,
+            initial_time: None,
+        }
+    }
+
+    /// `vm:snapshot(path)`: write a snapshot of this booted VM to `path`;
+    /// refuses while streams are live. Returns the size in bytes.
+    pub fn snapshot_to(&self, path: &std::path::Path) -> mlua::Result<u64> {
+        let st = self.0.state.lock().unwrap();
+        if !matches!(st.phase, Phase::Booted | Phase::Paused) {
+            return Err(self.wrong_state("snapshot", st.phase, "booted"));
+        }
+        let live = self.live_streams();
+        if !live.is_empty() {
+            return Err(err(super::snapshot::live_streams_refusal(
+                "vm:snapshot()",
+                &self.0.env.rel_path,
+                &live,
+            )));
+        }
+        let machine = self.machine()?;
+        let shape = Machine::snapshot_shape(self.0.env.backend, &self.restore_spec());
+        machine
+            .snapshot_to(path, shape)
+            .map_err(|e| err(format!("vm:snapshot: vm `{}`: {e}", self.0.name)))
+    }
+
+    /// `vm:restore(path)`: from created or shutdown to booted, running the
+    /// snapshot's state in a fresh machine.
+    pub fn restore_from(&self, path: &std::path::Path) -> mlua::Result<()> {
+        let mut st = self.0.state.lock().unwrap();
+        if !matches!(st.phase, Phase::Created | Phase::Shutdown) {
+            return Err(self.wrong_state(
+                "restore",
+                st.phase,
+                "created or shutdown (call vm:shutdown() first)",
+            ));
+        }
+        let live = self.live_streams();
+        if !live.is_empty() {
+            return Err(err(super::snapshot::live_streams_refusal(
+                "vm:restore()",
+                &self.0.env.rel_path,
+                &live,
+            )));
+        }
+        let env = &self.0.env;
+        let machine = Arc::new(
+            Machine::restore(env.backend, &self.restore_spec(), path).map_err(|e| {
+                err(format!(
+                    "vm:restore: vm `{}` from {}: {e}",
+                    self.0.name,
+                    path.display()
+                ))
+            })?,
+        );
+        *self.0.machine.lock().unwrap() = Some(machine.clone());
+        let client = match machine.connect() {
+            Ok(c) => c,
+            Err(e) => {
+                machine.kill();
+                st.phase = Phase::Dead;
+                return Err(err(format!(
+                    "vm:restore: vm `{}`: the agent did not answer: {e}",
+                    self.0.name
+                )));
+            }
+        };
+        st.client = Some(client);
+        st.phase = Phase::Booted;
+        st.booted_at = Some(Instant::now());
+        env.events.emit(Event::VmSpawned(VmSpawned {
+            file: env.rel_path.clone(),
+            vm_name: self.0.name.clone(),
+            profile: self.0.profile.clone(),
+            memory_bytes: self.0.sizing.memory_bytes,
+            cid: machine.cid(),
+        }));
+        Ok(())
     }
 
     pub fn boot(&self, opts: Option<Table>) -> mlua::Result<Vm> {
@@ -538,21 +656,23 @@ impl UserData for Vm {
                 .map_err(|e| err(format!("vm:power_button: {e}")))?;
             this.shutdown()
         });
-        m.add_method("snapshot", |_, this, _: mlua::MultiValue| -> mlua::Result<()> {
-            Err(err(format!(
-                "vm:snapshot: snapshots are not available on the {} backend yet; nothing was written",
-                this.0.env.backend.as_str()
-            )))
+        m.add_method("snapshot", |_, this, path: Option<String>| {
+            use super::snapshot::{delete_at_scope_end, temp_path, SnapshotUd};
+            let (path, temp) = match path {
+                Some(p) => (std::path::PathBuf::from(p), false),
+                None => (temp_path(".snap"), true),
+            };
+            this.snapshot_to(&path)?;
+            if temp {
+                delete_at_scope_end(&this.0.env, &path);
+            }
+            Ok(SnapshotUd { path })
         });
-        m.add_method(
-            "restore",
-            |_, this, _: mlua::MultiValue| -> mlua::Result<()> {
-                Err(err(format!(
-                    "vm:restore: snapshots are not available on the {} backend yet",
-                    this.0.env.backend.as_str()
-                )))
-            },
-        );
+        m.add_method("restore", |_, this, v: Value| {
+            let path = super::snapshot::snapshot_path_arg(&v, "vm:restore")?;
+            this.restore_from(&path)?;
+            Ok(this.clone())
+        });
         m.add_method("console", |_, this, ()| -> mlua::Result<()> {
             Err(err(format!(
                 "vm:console: the {} backend has no kernel console (use the kvm backend)",

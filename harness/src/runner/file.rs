@@ -297,10 +297,16 @@ fn run_file_inner(
             }
             None => {}
         }
-        if status == TestStatus::Passed || status == TestStatus::Skipped {
-            if let Err(e) = root.restore_between_tests() {
+        // After every test, failed ones included: the next starts from the baseline.
+        if let Err(e) = root.restore_between_tests() {
+            if status == TestStatus::Passed || status == TestStatus::Skipped {
                 status = TestStatus::Failed;
                 message = Some(e);
+            } else {
+                message = Some(format!(
+                    "{}\n(and restoring the reset_between_tests baseline failed: {e})",
+                    message.unwrap_or_default()
+                ));
             }
         }
         let duration = started.elapsed();

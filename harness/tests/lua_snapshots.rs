@@ -1,0 +1,81 @@
+//! Snapshots, restore, lab snapshots and reset_between_tests through the
+//! real `provium` binary on the local backend (root, as in CI).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Build the agent if it is missing, so the suites never skip silently.
+fn ensure_agent() {
+    if provium::backend::local::locate_agent().is_ok() {
+        return;
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let ok = Command::new(cargo)
+        .args(["build", "-p", "provium-agent"])
+        .current_dir(repo())
+        .status()
+        .unwrap();
+    assert!(ok.success(), "cargo build -p provium-agent failed");
+}
+
+fn run_json(path: &str) -> (i32, serde_json::Value, String) {
+    ensure_agent();
+    let o = Command::new(env!("CARGO_BIN_EXE_provium"))
+        .args([
+            "--vmm",
+            "local",
+            "--json",
+            "--config",
+            "tests/lua/provium.toml",
+            path,
+        ])
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("--json output: {e}\n{stderr}"));
+    (o.status.code().unwrap_or(-1), v, stderr)
+}
+
+fn statuses(v: &serde_json::Value) -> Vec<(String, String, String)> {
+    v["tests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["name"].as_str().unwrap_or("").to_string(),
+                t["status"].as_str().unwrap_or("").to_string(),
+                t["message"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn snapshot_suite_passes() {
+    let (code, v, err) = run_json("tests/lua/snapshots/snapshot.test.lua");
+    let st = statuses(&v);
+    assert_eq!(code, 0, "{st:#?}\n{err}");
+    assert_eq!(st.len(), 6, "{st:#?}");
+    assert!(st.iter().all(|(_, s, _)| s == "passed"), "{st:#?}");
+}
+
+#[test]
+fn reset_between_tests_restores_the_baseline_after_every_test() {
+    let (code, v, err) = run_json("tests/lua/snapshots/reset.test.lua");
+    let st = statuses(&v);
+    assert_eq!(code, 1, "one test fails on purpose: {st:#?}\n{err}");
+    assert_eq!(st[0].1, "passed", "{st:#?}");
+    assert_eq!(st[1].1, "failed", "{st:#?}");
+    assert!(st[1].2.contains("deliberate failure"), "{st:#?}");
+    assert_eq!(st[2].1, "passed", "the baseline was not restored: {st:#?}");
+}
