@@ -10,6 +10,7 @@ pub mod client;
 pub mod config;
 pub mod discover;
 pub mod events;
+pub mod fixture;
 pub mod lua;
 pub mod machine;
 pub mod report;

@@ -142,6 +142,7 @@ impl Machine {
         &self,
         path: &std::path::Path,
         shape: provium_snapshot::Shape,
+        extra: &[(&str, Vec<u8>)],
     ) -> Result<u64, String> {
         use crate::backend::local::snapshot;
         match self {
@@ -150,6 +151,7 @@ impl Machine {
                 path,
                 shape,
                 provium_protocol::PROTOCOL_VERSION,
+                extra,
             )
             .map_err(|e| snapshot::chain(&e)),
         }

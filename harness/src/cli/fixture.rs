@@ -1,42 +1,152 @@
 //! `provium fixture list|build|rebuild|clean|stale`: the fixture cache.
 
-use super::run::load_config;
-use super::{FixtureOp, EXIT_OK};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-pub fn run(config: &std::path::Path, op: FixtureOp) -> Result<i32, String> {
-    let config = load_config(config)?;
+use provium_snapshot::{EntryKind, FixtureCache};
+
+use super::run::{choose_backend, load_config};
+use super::{FixtureOp, RunArgs, EXIT_OK};
+use crate::backend::local::snapshot::chain;
+use crate::config::Config;
+use crate::events::EventSender;
+use crate::fixture;
+use crate::runner::FileEnv;
+
+fn mib(bytes: u64) -> String {
+    format!("{:.2}MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+fn roots(config: &Config) -> Vec<PathBuf> {
+    if config.roots.is_empty() {
+        vec![PathBuf::from(".")]
+    } else {
+        config.roots.clone()
+    }
+}
+
+/// A FileEnv for building outside a test run.
+fn cli_env(args: &RunArgs, config: Arc<Config>) -> Arc<FileEnv> {
+    let backend = choose_backend(args.vmm, &config);
+    Arc::new(FileEnv::new(
+        "provium fixture".into(),
+        PathBuf::from("provium-fixture"),
+        roots(&config),
+        config,
+        backend,
+        EventSender::disabled(),
+    ))
+}
+
+/// LRU eviction to `cache_max_size`, run at startup before tests dispatch.
+/// Problems are warnings: a cache that cannot be trimmed must not stop a run.
+pub fn evict_at_startup(config: &Config) {
+    if !config.cache_dir.exists() {
+        return;
+    }
+    match FixtureCache::open(&config.cache_dir).and_then(|c| c.evict_lru(config.cache_max_bytes)) {
+        Ok(evicted) => {
+            for e in evicted {
+                eprintln!(
+                    "provium: evicted fixture cache entry {} ({}, least recently used; cache_max_size is {})",
+                    e.key,
+                    mib(e.size_bytes),
+                    mib(config.cache_max_bytes)
+                );
+            }
+        }
+        Err(e) => eprintln!("provium: warning: {}", chain(&e)),
+    }
+}
+
+fn shown(config: &Config, p: &Path) -> String {
+    p.strip_prefix(&config.base_dir)
+        .unwrap_or(p)
+        .display()
+        .to_string()
+}
+
+pub fn run(args: &RunArgs, op: FixtureOp) -> Result<i32, String> {
+    let config = Arc::new(load_config(&args.config)?);
     let dir = &config.cache_dir;
     match op {
         FixtureOp::List => {
-            let mut entries: Vec<(String, u64)> = std::fs::read_dir(dir)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .filter_map(|e| {
-                    let name = e.file_name().to_string_lossy().into_owned();
-                    (name.ends_with(".snap") || name.ends_with(".lab")).then(|| (name, e.metadata().map_or(0, |m| m.len())))
-                })
-                .collect();
-            entries.sort();
-            if entries.is_empty() {
-                println!("no cached fixtures in {}", dir.display());
+            let cache = FixtureCache::open(dir).map_err(|e| chain(&e))?;
+            let entries = cache.list().map_err(|e| chain(&e))?;
+            let total: u64 = entries.iter().map(|e| e.size_bytes).sum();
+            for e in &entries {
+                println!(
+                    "{:>11}  {:<4} {}",
+                    mib(e.size_bytes),
+                    e.kind.as_str(),
+                    e.key
+                );
             }
-            for (name, size) in entries {
-                println!("{size:>12}  {name}");
-            }
+            println!();
+            println!("{} entries, {}", entries.len(), mib(total));
             Ok(EXIT_OK)
         }
         FixtureOp::Clean => {
-            match std::fs::remove_dir_all(dir) {
-                Ok(()) => println!("removed {}", dir.display()),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => println!("{} is already empty", dir.display()),
-                Err(e) => return Err(format!("fixture clean: `{}`: {e}", dir.display())),
+            let cache = FixtureCache::open(dir).map_err(|e| chain(&e))?;
+            cache.clean().map_err(|e| chain(&e))?;
+            println!("removed {}", dir.display());
+            Ok(EXIT_OK)
+        }
+        FixtureOp::Build { path } => {
+            let env = cli_env(args, config);
+            if fixture::build_for_cli(&env, &path, false)? {
+                println!("built: {path}");
+            } else {
+                println!("already built: {path}");
             }
             Ok(EXIT_OK)
         }
-        FixtureOp::Build { path } | FixtureOp::Rebuild { path } => Err(format!(
-            "fixture `{path}`: building fixtures needs VM snapshots, which have not landed yet; nothing was built"
-        )),
-        FixtureOp::Stale => Err("fixture stale: cache keys need the fixture cache, which has not landed yet".into()),
+        FixtureOp::Rebuild { path } => {
+            let env = cli_env(args, config);
+            fixture::build_for_cli(&env, &path, true)?;
+            println!("rebuilt: {path}");
+            Ok(EXIT_OK)
+        }
+        FixtureOp::Stale => {
+            let env = cli_env(args, config.clone());
+            let cache = FixtureCache::open(dir).map_err(|e| chain(&e))?;
+            let mut stale = Vec::new();
+            for (name, file) in fixture::all_fixtures(&env.roots) {
+                let cached = match fixture::fixture_key(&env, &name) {
+                    Ok(k) => {
+                        cache.lookup(&k, EntryKind::Vm).is_some()
+                            || cache.lookup(&k, EntryKind::Lab).is_some()
+                    }
+                    Err(_) => false,
+                };
+                if !cached {
+                    stale.push(shown(&config, &file));
+                }
+            }
+            for s in &stale {
+                println!("  {s}");
+            }
+            println!();
+            println!("{} stale fixture(s)", stale.len());
+            Ok(EXIT_OK)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_print_in_mib() {
+        assert_eq!(mib(24_589_107), "23.45MiB");
+        assert_eq!(
+            format!("{:>11}  {:<4} {}", mib(24_589_107), "vm", "k"),
+            "   23.45MiB  vm   k"
+        );
+        assert_eq!(
+            format!("{:>11}  {:<4} {}", mib(0), "lab", "k"),
+            "    0.00MiB  lab  k"
+        );
     }
 }

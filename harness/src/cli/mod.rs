@@ -207,7 +207,7 @@ pub fn main() -> i32 {
             fixture,
         }) => repl::run(&cli.run, profile, &name, fixture),
         Some(Command::Console { profile, .. }) => console::run(&cli.run, &profile),
-        Some(Command::Fixture { op }) => fixture::run(&cli.run.config, op),
+        Some(Command::Fixture { op }) => fixture::run(&cli.run, op),
         Some(Command::List { paths, fixtures }) => list::run(&cli.run.config, &paths, fixtures),
         Some(Command::LspSetup { dir, force }) => lsp_setup::run(dir, force),
     };

@@ -193,6 +193,7 @@ pub fn run(args: &RunArgs) -> Result<i32, String> {
     if !args.no_build {
         run_builds(&config, None)?;
     }
+    super::fixture::evict_at_startup(&config);
     if backend == BackendKind::Kvm && !args.no_ksm {
         preflight::tune_ksm();
     }

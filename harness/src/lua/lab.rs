@@ -210,6 +210,91 @@ impl Lab {
         })
     }
 
+    /// `vm_fixture(path)` / `lab_fixture(path)`, either call form.
+    fn fixture_call(&self, lua: &Lua, which: &str, args: MultiValue) -> mlua::Result<Value> {
+        let name = match args.into_iter().next() {
+            Some(Value::String(s)) => s.to_str()?.to_string(),
+            other => {
+                return Err(err(format!(
+                    "{which}: expected a fixture path like \"fixtures/base\", got {}",
+                    other.map_or("nothing", |v| v.type_name())
+                )))
+            }
+        };
+        if which == "vm_fixture" {
+            Ok(Value::UserData(
+                lua.create_userdata(self.vm_fixture(&name)?)?,
+            ))
+        } else {
+            Ok(Value::UserData(
+                lua.create_userdata(self.lab_fixture(&name)?)?,
+            ))
+        }
+    }
+
+    /// A VM restored from fixture `name` (built first if not cached), added
+    /// to this lab under the fixture VM's name.
+    fn vm_fixture(&self, name: &str) -> mlua::Result<Vm> {
+        use crate::fixture::RestoreFailure;
+        let env = self.0.env.clone();
+        let mut restore = |path: &std::path::Path| -> Result<Vm, RestoreFailure> {
+            let decl = super::snapshot::VmDecl::read(path).map_err(RestoreFailure::Corrupt)?;
+            let other = |e: mlua::Error| RestoreFailure::Other(super::error_message(&e));
+            self.check_new_name("vm", &decl.name).map_err(other)?;
+            let sizing = VmSizing {
+                memory_bytes: decl.memory_bytes,
+                cpus: decl.cpus,
+            };
+            let vm =
+                Vm::create(env.clone(), decl.name.clone(), decl.profile, sizing).map_err(other)?;
+            if let Err(e) = vm.restore_from(path) {
+                let _ = vm.shutdown();
+                return Err(RestoreFailure::Corrupt(super::error_message(&e)));
+            }
+            self.0
+                .state
+                .lock()
+                .unwrap()
+                .vms
+                .insert(decl.name, vm.clone());
+            Ok(vm)
+        };
+        crate::fixture::obtain(&env, name, provium_snapshot::EntryKind::Vm, &mut restore)
+            .map_err(|e| err(format!("vm_fixture(\"{name}\"): {e}")))
+    }
+
+    /// A fresh sub-lab of this lab with fixture `name` restored into it.
+    fn lab_fixture(&self, name: &str) -> mlua::Result<Lab> {
+        use crate::fixture::RestoreFailure;
+        let env = self.0.env.clone();
+        let mut restore = |path: &std::path::Path| -> Result<Lab, RestoreFailure> {
+            let lab_name = {
+                let mut st = self.0.state.lock().unwrap();
+                let n = format!("__lab_{}", st.next_anon);
+                st.next_anon += 1;
+                n
+            };
+            let lab = self.child(lab_name.clone(), None);
+            if let Err(e) = lab.restore_from_dir(path) {
+                let mut vms = Vec::new();
+                lab.vms_downward(&mut Vec::new(), &mut vms);
+                for (_, vm) in vms {
+                    let _ = vm.shutdown();
+                }
+                return Err(RestoreFailure::Corrupt(super::error_message(&e)));
+            }
+            self.0
+                .state
+                .lock()
+                .unwrap()
+                .sub_labs
+                .insert(lab_name, lab.clone());
+            Ok(lab)
+        };
+        crate::fixture::obtain(&env, name, provium_snapshot::EntryKind::Lab, &mut restore)
+            .map_err(|e| err(format!("lab_fixture(\"{name}\"): {e}")))
+    }
+
     /// The sub-lab at `path` below this lab, created where missing.
     fn sub_lab_at(&self, path: &[String]) -> mlua::Result<Lab> {
         let mut lab = self.clone();
@@ -401,14 +486,6 @@ impl Lab {
 
     fn vms(&self) -> Vec<Vm> {
         self.0.state.lock().unwrap().vms.values().cloned().collect()
-    }
-
-    fn not_available(&self, what: &str) -> mlua::Error {
-        err(format!(
-            "{what} is not available on the {} backend yet (it lands with the snapshot/fixture work); \
-             nothing was done",
-            self.0.env.backend.as_str()
-        ))
     }
 
     fn claim(&self, spec: Table) -> mlua::Result<()> {
@@ -828,15 +905,8 @@ impl UserData for Lab {
             this.restore_from_dir(&path)?;
             Ok(this.clone())
         });
-        m.add_method("vm_fixture", |_, this, _: MultiValue| -> mlua::Result<()> {
-            Err(this.not_available("vm_fixture (the fixture cache)"))
-        });
-        m.add_method(
-            "lab_fixture",
-            |_, this, _: MultiValue| -> mlua::Result<()> {
-                Err(this.not_available("lab_fixture (the fixture cache)"))
-            },
-        );
+        // vm_fixture / lab_fixture are served by __index (below), so both
+        // `provium:vm_fixture(p)` and `provium.vm_fixture(p)` work.
         // A marker for the fixture-key scanner; nothing happens at run time.
         m.add_method("depends_on_file", |_, _, path: String| {
             if path.is_empty() {
@@ -865,10 +935,14 @@ impl UserData for Lab {
                     }
                     "vm_fixture" | "lab_fixture" => {
                         let this = this.clone();
-                        let what = format!("{key} (the fixture cache)");
+                        let which: &'static str = if key == "vm_fixture" {
+                            "vm_fixture"
+                        } else {
+                            "lab_fixture"
+                        };
                         return Ok(Value::Function(lua.create_function(
-                            move |_, _: MultiValue| -> mlua::Result<()> {
-                                Err(this.not_available(&what))
+                            move |lua, args: MultiValue| {
+                                this.fixture_call(lua, which, drop_self(args))
                             },
                         )?));
                     }

@@ -131,6 +131,44 @@ pub fn snapshot_path_arg(v: &Value, what: &str) -> mlua::Result<PathBuf> {
     }
 }
 
+/// The section of a VM snapshot that records how the VM was declared, so a
+/// fixture can recreate it.
+pub const VM_DECL_SECTION: &str = "vm-decl";
+
+/// How the snapshotted VM was declared (JSON in [`VM_DECL_SECTION`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct VmDecl {
+    pub name: String,
+    pub profile: String,
+    pub memory_bytes: u64,
+    pub cpus: u32,
+}
+
+impl VmDecl {
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a declaration always serializes")
+    }
+
+    /// Read the declaration from the snapshot at `path` (header, checksum
+    /// and section verified).
+    pub fn read(path: &Path) -> Result<VmDecl, String> {
+        let snap = provium_snapshot::Snapshot::open(
+            path,
+            &provium_snapshot::Expect::protocol(provium_protocol::PROTOCOL_VERSION),
+        )
+        .map_err(|e| crate::backend::local::snapshot::chain(&e))?;
+        let bytes = snap
+            .section(VM_DECL_SECTION)
+            .map_err(|e| crate::backend::local::snapshot::chain(&e))?;
+        serde_json::from_slice(&bytes).map_err(|e| {
+            format!(
+                "snapshot {}: the `{VM_DECL_SECTION}` section is invalid: {e}",
+                path.display()
+            )
+        })
+    }
+}
+
 /// The refusal for a snapshot (or restore) with live streams, in the
 /// reference's shape.
 pub fn live_streams_refusal(what: &str, file: &str, live: &[String]) -> String {

@@ -429,8 +429,18 @@ impl Vm {
         }
         let machine = self.machine()?;
         let shape = Machine::snapshot_shape(self.0.env.backend, &self.restore_spec());
+        let decl = super::snapshot::VmDecl {
+            name: self.0.name.clone(),
+            profile: self.0.profile.clone(),
+            memory_bytes: self.0.sizing.memory_bytes,
+            cpus: self.0.sizing.cpus,
+        };
         machine
-            .snapshot_to(path, shape)
+            .snapshot_to(
+                path,
+                shape,
+                &[(super::snapshot::VM_DECL_SECTION, decl.to_json())],
+            )
             .map_err(|e| err(format!("vm:snapshot: vm `{}`: {e}", self.0.name)))
     }
 

@@ -958,6 +958,7 @@ pub fn write_snapshot(
     path: &Path,
     shape: Shape,
     protocol_version: u32,
+    extra: &[(&str, Vec<u8>)],
 ) -> Result<u64> {
     let state = sandbox.capture_fs()?;
     let mut b = SnapshotBuilder::new(protocol_version, shape);
@@ -965,6 +966,9 @@ pub fn write_snapshot(
     b.add_section(SECTION_UPPER, &enc(&state.upper))?;
     for ((section, _), tree) in TMPFS_TREES.iter().zip(&state.tmpfs) {
         b.add_section(section, &enc(tree))?;
+    }
+    for (name, data) in extra {
+        b.add_section(name, data)?;
     }
     Ok(b.write_file(path)?)
 }
