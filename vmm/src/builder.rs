@@ -27,6 +27,7 @@ use crate::device_manager::mmio::{attach_virtio_device, MmioDevicesError, MmioSl
 use crate::devices::bus::Bus;
 use crate::devices::virtio::block::{Block, BlockConfig, DiskImage};
 use crate::devices::virtio::rng::Rng;
+use crate::devices::virtio::vsock::Vsock;
 use crate::devices::GuestRequestSink;
 use crate::vmm_config::machine_config::MachineConfigError;
 use crate::vmm_config::{KernelImage, VmConfig};
@@ -349,6 +350,12 @@ pub fn build_and_start(
     }
     if let Some(rng) = cfg.rng {
         let dev = Rng::new(rng);
+        let slot = attach_virtio_device(&mut slots, &vm, &mut mmio, &ram.memory, Box::new(dev))
+            .map_err(BuildError::Virtio)?;
+        announce(&mut cmdline_text, &slot);
+    }
+    if let Some(host) = &cfg.vsock {
+        let dev = Vsock::new(host.clone());
         let slot = attach_virtio_device(&mut slots, &vm, &mut mmio, &ram.memory, Box::new(dev))
             .map_err(BuildError::Virtio)?;
         announce(&mut cmdline_text, &slot);

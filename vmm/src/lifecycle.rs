@@ -530,6 +530,20 @@ impl Vm {
             .map_err(|_| bad())
     }
 
+    /// The virtio-mmio status register (virtio 1.2, 2.1) of the `index`th
+    /// virtio device of the current boot (attach order: disks, rng, vsock), as
+    /// the guest's driver last wrote it: `DRIVER_OK` (4) means its driver
+    /// probed and started the device. `None` when not booted or no such device.
+    pub fn virtio_status(&self, index: u32) -> Option<u32> {
+        let g = self.shared.lock();
+        let m = g.machine.as_ref()?;
+        let gpa = crate::device_manager::mmio::MMIO_BASE
+            + u64::from(index) * crate::devices::virtio::mmio::MMIO_WINDOW_BYTES
+            + 0x70;
+        let mut b = [0u8; 4];
+        m.mmio.read(gpa, &mut b).then(|| u32::from_le_bytes(b))
+    }
+
     /// Reads a little-endian u64 from guest RAM.
     pub fn read_guest_u64(&self, gpa: u64) -> Result<u64, VmError> {
         let mut b = [0u8; 8];

@@ -9,6 +9,7 @@ pub use drive::DriveConfig;
 pub use machine_config::MachineConfig;
 
 pub use crate::devices::virtio::rng::RngConfig;
+pub use crate::devices::virtio::vsock::VsockHost;
 
 /// Everything needed to build a VM.
 #[derive(Clone, Debug)]
@@ -23,6 +24,9 @@ pub struct VmConfig {
     pub drives: Vec<DriveConfig>,
     /// A virtio-rng device (after the disks), seeded or from host randomness.
     pub rng: Option<RngConfig>,
+    /// A virtio-vsock device (after the rng). The handle carries the guest
+    /// CID; keep a clone to connect and listen, across resets too.
+    pub vsock: Option<VsockHost>,
 }
 
 impl VmConfig {
@@ -34,6 +38,7 @@ impl VmConfig {
             console_log_bytes: crate::console::DEFAULT_LOG_CAPACITY_BYTES,
             drives: Vec::new(),
             rng: None,
+            vsock: None,
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod mmio;
 pub mod rng;
 #[cfg(test)]
 pub mod test_utils;
+pub mod vsock;
 
 use std::sync::Arc;
 

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Builds the minimal Linux kernel of the kernel-probe test tier (DESIGN.md,
+# "This machine's KVM" and "How we test", tier 5) from Debian's linux-source-6.1
+# package, and caches it.
+#
+#   scripts/build-probe-kernel.sh            build if needed; print the bzImage path
+#
+# Recipe: `make tinyconfig`, then every line of scripts/probe-kernel/options
+# (scripts/config --enable/--disable), `make olddefconfig`, a check that each
+# option really took, and scripts/probe-kernel/skip-int3-selftest.patch (kvm_pvm
+# emulates no int3). The image is LZ4-compressed, has no PCI or ACPI, and finds
+# its virtio devices on the command line (virtio_mmio.device=).
+#
+# Cache: target/probe-kernel/<key>/bzImage, where <key> is the SHA-256 of the
+# options, the patch, this script, the linux-source package version and the
+# compiler version; target/probe-kernel/bzImage links to the newest. A rerun
+# with the same inputs only prints the path. The source tree is extracted under
+# target/probe-kernel/src-<version>/ (kept, so a config change rebuilds only what
+# changed). vmm/tests/probe_kernel.rs boots target/probe-kernel/bzImage, or the
+# file PROVIUM_PROBE_KERNEL names.
+#
+# Build dependencies (installed with apt-get when missing; needs root or sudo):
+# linux-source-6.1 make gcc flex bison bc libelf-dev lz4 perl xz-utils.
+# About 2.5 min on 2 cores once the source is extracted.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$(pwd)
+HERE="$ROOT/scripts/probe-kernel"
+OUT="${CARGO_TARGET_DIR:-$ROOT/target}/probe-kernel"
+SOURCE_PKG=linux-source-6.1
+SOURCE_TAR=/usr/src/linux-source-6.1.tar.xz
+
+log() {
+    printf 'build-probe-kernel: %s\n' "$*" >&2
+}
+
+die() {
+    log "$*"
+    exit 1
+}
+
+# Install Debian packages, as root or through sudo.
+apt_install() {
+    local sudo=()
+    if [ "$(id -u)" -ne 0 ]; then
+        command -v sudo >/dev/null ||
+            die "need to install $* but not root and no sudo (install them, then rerun)"
+        sudo=(sudo)
+    fi
+    log "installing $*"
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q >&2
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -q --no-install-recommends "$@" >&2
+}
+
+missing=()
+[ -f "$SOURCE_TAR" ] || missing+=("$SOURCE_PKG")
+for tool in make:make gcc:gcc flex:flex bison:bison bc:bc lz4:lz4 perl:perl xz:xz-utils; do
+    command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
+done
+[ -f /usr/include/gelf.h ] || missing+=(libelf-dev)
+if [ "${#missing[@]}" -gt 0 ]; then
+    apt_install "${missing[@]}"
+fi
+
+version=$(dpkg-query -W -f='${Version}' "$SOURCE_PKG" 2>/dev/null || echo unknown)
+key=$(
+    {
+        cat "$HERE/options" "$HERE/skip-int3-selftest.patch" "${BASH_SOURCE[0]}"
+        echo "$SOURCE_PKG $version"
+        gcc --version | head -n 1
+    } | sha256sum | cut -c1-16
+)
+dest="$OUT/$key"
+mkdir -p "$OUT"
+
+# One build at a time per target directory.
+exec 9>"$OUT/.lock"
+flock 9
+
+if [ -f "$dest/bzImage" ]; then
+    ln -sfn "$key/bzImage" "$OUT/bzImage"
+    log "cached ($SOURCE_PKG $version, key $key)"
+    echo "$dest/bzImage"
+    exit 0
+fi
+
+src="$OUT/src-$version"
+if [ ! -f "$src/.provium-extracted" ]; then
+    log "extracting $SOURCE_TAR into $src"
+    rm -rf "$src"
+    mkdir -p "$src"
+    tar -xJf "$SOURCE_TAR" -C "$src" --strip-components=1
+    touch "$src/.provium-extracted"
+fi
+
+cd "$src"
+# The patch is applied once per tree; a tree patched earlier is left as is.
+if ! grep -q 'provium: kvm_pvm emulates no int3' arch/x86/kernel/alternative.c; then
+    log "applying skip-int3-selftest.patch"
+    patch -p1 --forward <"$HERE/skip-int3-selftest.patch" >&2
+fi
+
+log "configuring (tinyconfig + scripts/probe-kernel/options)"
+make -s ARCH=x86 tinyconfig >&2
+args=()
+while read -r action option; do
+    case "$action" in
+    '' | '#'*) continue ;;
+    enable) args+=(--enable "$option") ;;
+    disable) args+=(--disable "$option") ;;
+    *) die "scripts/probe-kernel/options: unknown action '$action' (use enable or disable)" ;;
+    esac
+done <"$HERE/options"
+scripts/config "${args[@]}"
+make -s ARCH=x86 olddefconfig >&2
+
+bad=()
+while read -r action option; do
+    case "$action" in
+    enable) grep -qx "CONFIG_$option=y" .config || bad+=("$option should be y") ;;
+    disable) ! grep -qx "CONFIG_$option=y" .config || bad+=("$option should be off") ;;
+    esac
+done <"$HERE/options"
+if [ "${#bad[@]}" -gt 0 ]; then
+    die "the kernel config did not take: ${bad[*]} (a dependency is missing: add it to scripts/probe-kernel/options)"
+fi
+
+jobs=$(nproc)
+log "building bzImage with $jobs jobs (log: $src/build.log)"
+start=$(date +%s)
+if ! make ARCH=x86 -j"$jobs" bzImage >"$src/build.log" 2>&1; then
+    tail -n 40 "$src/build.log" >&2
+    die "kernel build failed; full log: $src/build.log"
+fi
+log "built in $(($(date +%s) - start)) s"
+
+mkdir -p "$dest.tmp"
+cp arch/x86/boot/bzImage "$dest.tmp/bzImage"
+cp .config "$dest.tmp/config"
+echo "$SOURCE_PKG $version" >"$dest.tmp/source"
+rm -rf "$dest"
+mv "$dest.tmp" "$dest"
+ln -sfn "$key/bzImage" "$OUT/bzImage"
+echo "$dest/bzImage"
