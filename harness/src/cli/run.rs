@@ -14,7 +14,6 @@ use crate::events::EventBus;
 use crate::lua::duration::parse_duration_str;
 use crate::report::{self, progress::Progress, Verbosity};
 use crate::runner::filter::{parse_key_values, TestFilter};
-use crate::runner::outcome::FileOutcome;
 use crate::runner::scheduler::{run_jobs, Job, PsiMonitor, SchedulerOptions};
 use crate::runner::{BackendKind, FileEnv};
 
@@ -421,13 +420,4 @@ pub fn run_seed(flag: Option<u64>, env: Option<&str>) -> Result<u64, String> {
         b = ((t as u64) ^ u64::from(std::process::id()).rotate_left(32)).to_le_bytes();
     }
     Ok(u64::from_le_bytes(b) >> 1)
-}
-
-/// Used by outcomes-only callers (tests of the renderer).
-pub fn summary_code(outcomes: &[FileOutcome]) -> i32 {
-    if outcomes.iter().all(FileOutcome::passed) {
-        EXIT_OK
-    } else {
-        EXIT_FAILED
-    }
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use mlua::{AnyUserData, Lua, MetaMethod, MultiValue, Table, UserData, UserDataMethods, Value};
+use mlua::{Lua, MetaMethod, MultiValue, Table, UserData, UserDataMethods, Value};
 use provium_protocol::event::{ClaimAcquired, ClaimReleased, Event, ResourceAmount};
 
 use super::bridge::Bridge;
@@ -980,9 +980,4 @@ impl UserData for Lab {
             Ok(format!("Lab({})", this.0.name))
         });
     }
-}
-
-/// Accept a Lab userdata argument.
-pub fn lab_from(ud: &AnyUserData) -> mlua::Result<Lab> {
-    ud.borrow::<Lab>().map(|l| l.clone())
 }
