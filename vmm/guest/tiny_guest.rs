@@ -12,7 +12,8 @@
 //!    through boot_params.hdr.cmd_line_ptr>`, then `e820=<entries, hex>
 //!    initrd=<ramdisk_image hex>+<ramdisk_size hex> mmio0=<magic>/<device id>`
 //!    (the first virtio-mmio window, read through the VMM's 4 GiB identity
-//!    map), then `READY`, on COM1;
+//!    map), then `READY`, on COM1, then writes 123 to the boot-timer port
+//!    0x440 (the VMM stamps "guest ready");
 //! 2. loops forever: increments a u64 counter (at `COUNTER_OFFSET` from the
 //!    kernel's load address), polls COM1's LSR, and for each received byte:
 //!    `R` writes 0xFE to the i8042 command port (reset), `P` writes SLP_EN to
@@ -27,6 +28,9 @@ const COM1: u32 = 0x3F8;
 const COM1_LSR: u32 = COM1 + 5;
 const I8042_COMMAND: u32 = 0x64;
 const PM1A_CNT: u32 = 0x604;
+/// The VMM's boot-timer port and the "ready" value (`boot_timer.rs`).
+const BOOT_TIMER_PORT: u32 = 0x440;
+const BOOT_TIMER_READY: u8 = 123;
 /// The first virtio-mmio window (the VMM's `device_manager::mmio::MMIO_BASE`).
 const MMIO0: u32 = 0xd000_0000;
 /// SLP_EN (bit 13) with SLP_TYP 0: what QEMU's PIIX4/ICH9 PM treats as S5.
@@ -91,6 +95,10 @@ fn program() -> (Vec<u8>, usize) {
     a.call("puthex32");
     a.lea_rip(Reg::Rbx, "s_ready");
     a.call("puts");
+    // Tell the VMM's boot timer (vmm/src/boot_timer.rs) the guest is ready.
+    a.mov_r32_imm(Reg::Rdx, BOOT_TIMER_PORT);
+    a.mov_al(BOOT_TIMER_READY);
+    a.out_dx_al();
 
     a.label("main_loop");
     a.inc_qword_rip("counter");

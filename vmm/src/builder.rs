@@ -305,6 +305,9 @@ pub fn build_and_start(
     requests: Arc<dyn GuestRequestSink>,
     stops: Arc<dyn VcpuStopSink>,
 ) -> Result<Machine, BuildError> {
+    if let Some(t) = &cfg.boot_timer {
+        t.begin_boot();
+    }
     let m = &cfg.machine;
     m.validate().map_err(BuildError::Machine)?;
     if usize::from(m.vcpu_count) > kvm.max_vcpus {
@@ -334,6 +337,16 @@ pub fn build_and_start(
     let mut pio = Bus::new();
     let legacy =
         attach_legacy_devices(&vm, &mut pio, console, requests).map_err(BuildError::Legacy)?;
+    if let Some(t) = &cfg.boot_timer {
+        use crate::boot_timer::{BOOT_TIMER_PORT, BOOT_TIMER_PORT_LEN};
+        pio.insert(
+            BOOT_TIMER_PORT,
+            BOOT_TIMER_PORT_LEN,
+            Arc::new(std::sync::Mutex::new(t.device())),
+        )
+        .map_err(|e| BuildError::Legacy(LegacyDevicesError::Bus(e)))?;
+        console.set_output_observer(Some(Arc::new(t.clone())));
+    }
     let mut mmio = Bus::new();
     let mut slots = MmioSlots::default();
     let mut cmdline_text = cfg.boot.cmdline.clone();
@@ -408,7 +421,11 @@ pub fn build_and_start(
         pio: pio.clone(),
         mmio: mmio.clone(),
         stops,
+        boot_timer: cfg.boot_timer.clone(),
     };
+    if let Some(t) = &cfg.boot_timer {
+        t.mark(crate::boot_timer::BootMark::SetupDone);
+    }
     let vcpus = VcpuSet::start(fds, io).map_err(BuildError::Vcpu)?;
     Ok(Machine {
         vcpus,

@@ -45,6 +45,14 @@ pub trait ConsoleInputSink: Send + Sync {
     fn pump(&self);
 }
 
+/// Sees guest output as it is written (the boot timer stamps console
+/// events with it). Called on the vCPU thread after the log took the bytes;
+/// must be quick and must not call back into the console.
+pub trait ConsoleObserver: Send + Sync {
+    /// `bytes` were just written by the guest.
+    fn console_output(&self, bytes: &[u8]);
+}
+
 struct SubscriberQueue {
     data: VecDeque<u8>,
     dropped_bytes: u64,
@@ -63,6 +71,7 @@ struct ConsoleInner {
     subscribers: Vec<Weak<SubscriberShared>>,
     input: VecDeque<u8>,
     sink: Option<Weak<dyn ConsoleInputSink>>,
+    observer: Option<Arc<dyn ConsoleObserver>>,
 }
 
 /// The console of one VM. Cheap to share (`Arc<Console>`).
@@ -88,6 +97,7 @@ impl Console {
                 subscribers: Vec::new(),
                 input: VecDeque::new(),
                 sink: None,
+                observer: None,
             }),
             output: Condvar::new(),
         })
@@ -116,7 +126,11 @@ impl Console {
             s.ready.notify_all();
             true
         });
+        let observer = g.observer.clone();
         drop(g);
+        if let Some(o) = observer {
+            o.console_output(bytes);
+        }
         self.output.notify_all();
     }
 
@@ -218,6 +232,11 @@ impl Console {
         for b in bytes.iter().rev() {
             g.input.push_front(*b);
         }
+    }
+
+    /// Sets (or clears) the observer of guest output.
+    pub fn set_output_observer(&self, observer: Option<Arc<dyn ConsoleObserver>>) {
+        lock(&self.inner).observer = observer;
     }
 
     /// Sets the device that receives input (one per boot).

@@ -8,9 +8,11 @@
 //! x86_64 boot data; `lifecycle` is the public `Vm` with its state machine;
 //! `console` is the serial console log/stream/input; `initrd` writes newc cpio
 //! archives and injects the agent; `tiny_guest` is the test guest built at
-//! compile time. See docs/vmm.md.
+//! compile time; `boot_timer` records boot phases for `provium bench`. See
+//! docs/vmm.md and docs/benchmarking.md.
 
 pub mod arch;
+pub mod boot_timer;
 pub mod builder;
 pub mod console;
 pub mod device_manager;
@@ -21,6 +23,7 @@ pub mod tiny_guest;
 pub mod vmm_config;
 pub mod vstate;
 
+pub use boot_timer::{BootMark, BootMarks, BootTimer};
 pub use console::{Console, ConsoleRead, ConsoleSubscriber};
 pub use lifecycle::{StopReason, Vm, VmError, VmState};
 pub use provium_netsetup as netsetup;

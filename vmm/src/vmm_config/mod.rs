@@ -27,6 +27,9 @@ pub struct VmConfig {
     /// A virtio-vsock device (after the rng). The handle carries the guest
     /// CID; keep a clone to connect and listen, across resets too.
     pub vsock: Option<VsockHost>,
+    /// Boot timing (`boot_timer.rs`): the VMM stamps its marks into this
+    /// handle and puts its port on the PIO bus. Keep a clone to read them.
+    pub boot_timer: Option<crate::boot_timer::BootTimer>,
 }
 
 impl VmConfig {
@@ -39,6 +42,7 @@ impl VmConfig {
             drives: Vec::new(),
             rng: None,
             vsock: None,
+            boot_timer: None,
         }
     }
 }

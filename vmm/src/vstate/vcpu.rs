@@ -251,6 +251,8 @@ pub struct VcpuIo {
     pub mmio: Arc<Bus>,
     /// Where self-stops are reported.
     pub stops: Arc<dyn VcpuStopSink>,
+    /// Stamped when vCPU 0 first enters `KVM_RUN`.
+    pub boot_timer: Option<crate::boot_timer::BootTimer>,
 }
 
 /// Handles to a machine's running vCPU threads.
@@ -427,9 +429,15 @@ fn run_vcpu(mut fd: VcpuFd, index: u8, control: &Control, io: &VcpuIo) {
     IMMEDIATE_EXIT.with(|c| c.set(p));
     // The kick signal must reach this thread even if the spawner blocked it.
     let _ = vmm_sys_util::signal::unblock_signal(kick_signal());
+    let mut first_run = index == 0;
     loop {
         if control.want.load(Ordering::SeqCst) != WANT_RUN && control.park(false) {
             break;
+        }
+        if std::mem::take(&mut first_run) {
+            if let Some(t) = &io.boot_timer {
+                t.mark(crate::boot_timer::BootMark::FirstKvmRun);
+            }
         }
         let handled = match fd.run() {
             Ok(exit) => handle_exit(exit, io),
