@@ -50,7 +50,7 @@ fn probe_kernel(test: &str) -> Option<PathBuf> {
     }
     let why = format!(
         "the probe kernel {} is missing: build it with `scripts/build-probe-kernel.sh` \
-         (about 3 minutes; installs Debian's linux-source-6.1 and build tools if missing), \
+         (2.5 min on 2 idle cores, much longer on busy ones; installs Debian's linux-source-6.1 and build tools if missing), \
          or point PROVIUM_PROBE_KERNEL at a bzImage",
         path.display()
     );
