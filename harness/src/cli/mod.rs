@@ -1,6 +1,7 @@
 //! The `provium` command line: the test runner (default) and one module per
 //! subcommand. Exit codes: 0 all passed, 1 something failed, 2 internal error.
 
+pub mod bench;
 pub mod console;
 pub mod fixture;
 pub mod list;
@@ -167,6 +168,11 @@ pub enum Command {
         #[arg(long)]
         fixtures: bool,
     },
+    /// Boot, restore and agent round-trip timing (docs/benchmarking.md).
+    Bench {
+        #[command(subcommand)]
+        op: bench::BenchOp,
+    },
     /// Write Lua language-server definitions for the harness globals.
     LspSetup {
         dir: Option<PathBuf>,
@@ -210,6 +216,7 @@ pub fn main() -> i32 {
         Some(Command::Fixture { op }) => fixture::run(&cli.run, op),
         Some(Command::List { paths, fixtures }) => list::run(&cli.run.config, &paths, fixtures),
         Some(Command::LspSetup { dir, force }) => lsp_setup::run(dir, force),
+        Some(Command::Bench { op }) => bench::run(&cli.run, op),
     };
     match result {
         Ok(code) => code,

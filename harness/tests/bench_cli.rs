@@ -1,0 +1,644 @@
+//! `provium bench` end to end: boot (the tiny guest, and the probe kernel up
+//! to "Run /init"), restore of a local vm_fixture, agent ops on the local
+//! backend, the JSON shape, and `--compare` exit codes.
+//!
+//! Shapes and behaviour only: no timing value is asserted (a slow machine
+//! must not fail these). Like the other tiers: the boot tests need /dev/kvm
+//! (`PROVIUM_SKIP_KVM=1` skips them, printing why, where there is none); the
+//! probe-kernel test needs `target/probe-kernel/bzImage` (or
+//! `PROVIUM_PROBE_KERNEL`) and fails saying how to build it unless
+//! `PROVIUM_SKIP_PROBE_KERNEL=1`; restore and ops need root and the agent,
+//! as every local-backend test does.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const BOOT_PHASES: [&str; 7] = [
+    "vm_create",
+    "vmm_setup",
+    "kernel_to_console",
+    "kernel_to_init",
+    "kernel_to_ready",
+    "kernel_to_agent_hello",
+    "start_to_console",
+];
+
+/// DESIGN.md's command line for Linux guests on kvm_pvm.
+const PROBE_CMDLINE: &str = "console=ttyS0 noxsave nokaslr tsc=reliable \
+     clearcpuid=308,141,151,145,158,288,298,306,291,296,156,293";
+
+fn env_is_1(name: &str) -> bool {
+    std::env::var_os(name).is_some_and(|v| v == "1")
+}
+
+fn provium(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_provium"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run provium")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn json_lines(o: &Output) -> Vec<Value> {
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {e}: {l}")))
+        .collect()
+}
+
+/// Whether the KVM tests should run; `false` after printing why they skip.
+fn kvm_or_skip(test: &str) -> bool {
+    let usable = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm");
+    match usable {
+        Ok(_) => true,
+        Err(e) if env_is_1("PROVIUM_SKIP_KVM") => {
+            eprintln!("SKIP {test}: /dev/kvm: {e} (PROVIUM_SKIP_KVM=1)");
+            false
+        }
+        // Let the command fail loudly: CI has KVM.
+        Err(_) => true,
+    }
+}
+
+fn phase<'a>(lines: &'a [Value], name: &str) -> &'a Value {
+    lines
+        .iter()
+        .find(|l| l["phase"] == name)
+        .unwrap_or_else(|| panic!("no phase {name} in {lines:#?}"))
+}
+
+/// Every object has the documented fields; available ones have ordered
+/// statistics over `n` raw samples, unavailable ones a reason and no numbers.
+fn check_shape(lines: &[Value], bench: &str, runs: usize) {
+    assert!(!lines.is_empty());
+    for l in lines {
+        assert_eq!(l["schema"], "provium-bench/1", "{l}");
+        assert_eq!(l["bench"], bench, "{l}");
+        assert!(l["target"].is_string(), "{l}");
+        assert!(l["phase"].is_string() && l["what"].is_string(), "{l}");
+        assert!(l["source"].is_string(), "{l}");
+        assert!(l["unit"] == "ns" || l["unit"] == "bytes", "{l}");
+        assert_eq!(l["runs"], runs, "{l}");
+        assert!(l["warmup"].is_u64(), "{l}");
+        for k in ["kernel", "kvm", "cpu_model", "arch", "provium_version"] {
+            assert!(l["host"][k].is_string(), "host.{k}: {l}");
+        }
+        assert!(l["host"]["nproc"].as_u64().is_some_and(|n| n > 0), "{l}");
+        assert!(l["host"]["loadavg"].is_array(), "{l}");
+        assert!(l["guest"].is_object(), "{l}");
+        if l["available"] == true {
+            assert!(l["reason"].is_null(), "{l}");
+            let samples: Vec<u64> = l["samples"]
+                .as_array()
+                .expect("samples")
+                .iter()
+                .map(|v| v.as_u64().expect("integer sample"))
+                .collect();
+            assert_eq!(l["n"], samples.len(), "{l}");
+            assert!(!samples.is_empty());
+            let g = |k: &str| l[k].as_u64().unwrap_or_else(|| panic!("{k}: {l}"));
+            assert_eq!(g("min"), *samples.iter().min().expect("some"));
+            assert_eq!(g("max"), *samples.iter().max().expect("some"));
+            assert!(g("min") <= g("median") && g("median") <= g("p90"), "{l}");
+            assert!(g("p90") <= g("p99") && g("p99") <= g("max"), "{l}");
+            assert!(l["mean"].is_number() && l["noisy"].is_boolean(), "{l}");
+        } else {
+            assert_eq!(l["available"], false, "{l}");
+            assert!(l["reason"].as_str().is_some_and(|r| !r.is_empty()), "{l}");
+            assert_eq!(l["n"], 0, "{l}");
+            assert_eq!(l["samples"], serde_json::json!([]), "{l}");
+            for k in ["min", "median", "p90", "p99", "max", "mean"] {
+                assert!(l[k].is_null(), "{k}: {l}");
+            }
+        }
+    }
+}
+
+#[test]
+fn boot_tiny_guest_json_has_every_phase() {
+    if !kvm_or_skip("boot_tiny_guest_json_has_every_phase") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let o = provium(
+        dir.path(),
+        &[
+            "bench",
+            "boot",
+            "--tiny-guest",
+            "-n",
+            "3",
+            "--warmup",
+            "1",
+            "--json",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let lines = json_lines(&o);
+    let names: Vec<&str> = lines
+        .iter()
+        .map(|l| l["phase"].as_str().expect("phase"))
+        .collect();
+    assert_eq!(names, BOOT_PHASES);
+    check_shape(&lines, "boot", 3);
+    for l in &lines {
+        assert_eq!(l["target"], "tiny-guest");
+        assert_eq!(l["unit"], "ns");
+        assert_eq!(l["warmup"], 1);
+    }
+    for p in [
+        "vm_create",
+        "vmm_setup",
+        "kernel_to_console",
+        "kernel_to_ready",
+        "start_to_console",
+    ] {
+        let l = phase(&lines, p);
+        assert_eq!(l["available"], true, "{l}");
+        assert_eq!(l["n"], 3, "{l}");
+    }
+    assert_eq!(phase(&lines, "vmm_setup")["source"], "vmm");
+    let init = phase(&lines, "kernel_to_init");
+    assert_eq!(init["available"], false);
+    assert!(init["reason"]
+        .as_str()
+        .expect("reason")
+        .contains("not Linux"));
+    let hello = phase(&lines, "kernel_to_agent_hello");
+    assert!(hello["reason"]
+        .as_str()
+        .expect("reason")
+        .contains("no agent"));
+    let guest = &lines[0]["guest"];
+    assert_eq!(guest["kernel_version"], "PROVIUM-TINY-GUEST v1", "{guest}");
+    assert_eq!(guest["until"], "ready");
+}
+
+#[test]
+fn boot_tiny_guest_prints_a_table() {
+    if !kvm_or_skip("boot_tiny_guest_prints_a_table") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let o = provium(
+        dir.path(),
+        &["bench", "boot", "--tiny-guest", "-n", "2", "--pin", "0"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("provium bench boot tiny-guest: 2 run(s) after 1 warm-up"),
+        "{out}"
+    );
+    assert!(out.contains("kvm: "), "{out}");
+    assert!(out.contains("pinned to CPU 0"), "{out}");
+    for h in ["phase", "min", "median", "p90", "max"] {
+        assert!(out.contains(h), "{h}: {out}");
+    }
+    for p in BOOT_PHASES {
+        assert!(out.contains(p), "{p}: {out}");
+    }
+    assert!(
+        out.contains("unavailable: the tiny guest has no agent"),
+        "{out}"
+    );
+}
+
+#[test]
+fn boot_tiny_guest_refuses_until_init() {
+    if !kvm_or_skip("boot_tiny_guest_refuses_until_init") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let o = provium(
+        dir.path(),
+        &["bench", "boot", "--tiny-guest", "--until", "init"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("prints no \"Run /init\""), "{}", text(&o));
+}
+
+/// The probe kernel, or `None` after printing why the test skips.
+fn probe_kernel(test: &str) -> Option<PathBuf> {
+    let path = match std::env::var_os("PROVIUM_PROBE_KERNEL") {
+        Some(p) => PathBuf::from(p),
+        None => std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))
+            .join("probe-kernel/bzImage"),
+    };
+    if path.is_file() {
+        return Some(path.canonicalize().expect("canonical kernel path"));
+    }
+    let why = format!(
+        "the probe kernel {} is missing: build it with `scripts/build-probe-kernel.sh` \
+         (installs Debian's linux-source-6.1 and build tools if missing), \
+         or point PROVIUM_PROBE_KERNEL at a bzImage",
+        path.display()
+    );
+    if env_is_1("PROVIUM_SKIP_PROBE_KERNEL") {
+        eprintln!("SKIP {test}: {why} (PROVIUM_SKIP_PROBE_KERNEL=1)");
+        return None;
+    }
+    panic!("{test}: {why}; set PROVIUM_SKIP_PROBE_KERNEL=1 to skip this tier");
+}
+
+#[test]
+fn boot_probe_kernel_reaches_run_init() {
+    let test = "boot_probe_kernel_reaches_run_init";
+    let Some(kernel) = probe_kernel(test) else {
+        return;
+    };
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    // An uncompressed initrd with /init: the kernel prints "Run /init" after
+    // finding it (it never runs on kvm_pvm, which has no Linux user space).
+    let mut w = provium_vmm::initrd::CpioWriter::new();
+    w.dir("dev", 0o755).expect("dir");
+    w.char_dev("dev/console", 0o600, 5, 1).expect("console");
+    w.file("init", 0o755, b"#!/bin/sh\necho provium bench init\n")
+        .expect("init");
+    std::fs::write(dir.path().join("initrd.cpio"), w.finish()).expect("initrd");
+    std::fs::write(
+        dir.path().join("provium.toml"),
+        format!(
+            "[profiles.probe]\nkernel = {:?}\ninitrd = \"initrd.cpio\"\ncmdline = {PROBE_CMDLINE:?}\n",
+            kernel.display().to_string()
+        ),
+    )
+    .expect("config");
+    let o = provium(
+        dir.path(),
+        &[
+            "bench", "boot", "probe", "-n", "1", "--warmup", "0", "--json", "--until", "init",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let lines = json_lines(&o);
+    check_shape(&lines, "boot", 1);
+    eprintln!("probe kernel bench: {}", String::from_utf8_lossy(&o.stdout));
+    for p in [
+        "vm_create",
+        "vmm_setup",
+        "kernel_to_console",
+        "kernel_to_init",
+        "start_to_console",
+    ] {
+        assert_eq!(phase(&lines, p)["available"], true, "{p}: {lines:#?}");
+    }
+    let ready = phase(&lines, "kernel_to_ready");
+    assert_eq!(ready["available"], false, "{ready}");
+    let hello = phase(&lines, "kernel_to_agent_hello");
+    assert!(
+        hello["reason"]
+            .as_str()
+            .expect("reason")
+            .contains("kvm backend"),
+        "{hello}"
+    );
+    let guest = &lines[0]["guest"];
+    assert!(
+        guest["kernel_version"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("Linux version 6.1")),
+        "{guest}"
+    );
+    assert_eq!(guest["until"], "init");
+}
+
+fn ensure_agent() {
+    if provium::backend::local::locate_agent().is_ok() {
+        return;
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let ok = Command::new(cargo)
+        .args(["build", "-p", "provium-agent"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("cargo");
+    assert!(ok.success(), "cargo build -p provium-agent failed");
+}
+
+fn fixture_project() -> tempfile::TempDir {
+    ensure_agent();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let w = |rel: &str, body: &str| {
+        let p = dir.path().join(rel);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        std::fs::write(p, body).expect("write");
+    };
+    w(
+        "provium.toml",
+        "[provium]\nroots = [\".\"]\ncache_dir = \"cache\"\n\n[profiles.linux]\nkernel = \"k/bzImage\"\ncmdline = \"q\"\n",
+    );
+    w("k/bzImage", "not booted by the local backend");
+    w(
+        "fixtures/base.fixture.lua",
+        "local vm = provium:vm(\"base\", \"linux\"):boot()\nvm:write_file(\"/srv/tag\", \"bench\")\nreturn vm:snapshot()\n",
+    );
+    w(
+        "fixtures/lab.fixture.lua",
+        "provium:vm(\"a\", \"linux\"):boot()\nreturn provium:snapshot()\n",
+    );
+    dir
+}
+
+#[test]
+fn restore_a_local_fixture() {
+    let dir = fixture_project();
+    let o = provium(
+        dir.path(),
+        &[
+            "bench",
+            "restore",
+            "fixtures/base",
+            "--vmm",
+            "local",
+            "-n",
+            "3",
+            "--parallel",
+            "2",
+            "--json",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("built fixture `fixtures/base`"),
+        "{}",
+        text(&o)
+    );
+    let lines = json_lines(&o);
+    let names: Vec<&str> = lines
+        .iter()
+        .map(|l| l["phase"].as_str().expect("phase"))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "restore_to_agent_answer",
+            "restore_machine",
+            "restore_to_first_instruction",
+            "rss_per_vm",
+            "pss_per_vm"
+        ]
+    );
+    check_shape(&lines, "restore", 3);
+    for p in ["restore_to_agent_answer", "restore_machine"] {
+        let l = phase(&lines, p);
+        assert_eq!(
+            (l["available"].clone(), l["n"].clone(), l["unit"].clone()),
+            (true.into(), 3.into(), "ns".into()),
+            "{l}"
+        );
+    }
+    for p in ["rss_per_vm", "pss_per_vm"] {
+        let l = phase(&lines, p);
+        assert_eq!(l["unit"], "bytes", "{l}");
+        assert!(
+            l["min"].as_u64().is_some_and(|b| b > 0),
+            "memory measured: {l}"
+        );
+    }
+    let first = phase(&lines, "restore_to_first_instruction");
+    assert!(
+        first["reason"]
+            .as_str()
+            .expect("reason")
+            .contains("kvm memory snapshots do not exist yet"),
+        "{first}"
+    );
+    let guest = &lines[0]["guest"];
+    assert_eq!(guest["backend"], "local");
+    assert_eq!(guest["parallel"], 2);
+    assert_eq!(guest["fixture"], "fixtures/base");
+
+    // Cached now: no build, and the human table.
+    let o = provium(
+        dir.path(),
+        &[
+            "bench",
+            "restore",
+            "fixtures/base",
+            "--vmm",
+            "local",
+            "-n",
+            "1",
+            "--warmup",
+            "0",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("built fixture"),
+        "{}",
+        text(&o)
+    );
+    assert!(String::from_utf8_lossy(&o.stdout).contains("restore_to_agent_answer"));
+
+    // A lab fixture and the kvm backend are refused with the reason.
+    let o = provium(
+        dir.path(),
+        &["bench", "restore", "fixtures/lab", "--vmm", "local"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("takes a vm_fixture"), "{}", text(&o));
+    let o = provium(
+        dir.path(),
+        &["bench", "restore", "fixtures/base", "--vmm", "kvm"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("kvm memory snapshots do not exist"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn ops_on_the_local_backend() {
+    ensure_agent();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let o = provium(
+        dir.path(),
+        &[
+            "bench", "ops", "--vmm", "local", "-n", "5", "--warmup", "1", "--json",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let lines = json_lines(&o);
+    let names: Vec<&str> = lines
+        .iter()
+        .map(|l| l["phase"].as_str().expect("phase"))
+        .collect();
+    assert_eq!(names, ["ping", "run_true", "read_4k", "write_read_1m"]);
+    check_shape(&lines, "ops", 5);
+    for l in &lines {
+        assert_eq!(l["available"], true, "{l}");
+        assert_eq!(l["n"], 5, "{l}");
+        assert!(l["p99"].is_u64(), "{l}");
+    }
+    let o = provium(dir.path(), &["bench", "ops", "--vmm", "kvm"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--vmm local"), "{}", text(&o));
+}
+
+/// A baseline whose medians are `median` for each of `phases`.
+fn synthetic(bench: &str, phases: &[&str], median: u64) -> String {
+    phases
+        .iter()
+        .map(|p| {
+            serde_json::json!({
+                "schema": "provium-bench/1", "bench": bench, "target": "synthetic",
+                "phase": p, "unit": "ns", "available": true, "n": 1,
+                "samples": [median], "min": median, "median": median, "p90": median,
+                "p99": median, "max": median,
+            })
+            .to_string()
+                + "\n"
+        })
+        .collect()
+}
+
+#[test]
+fn compare_files_exits_1_only_on_a_regression() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    std::fs::write(d.join("old.json"), synthetic("boot", &["a", "b"], 1000)).expect("old");
+    std::fs::write(d.join("same.json"), synthetic("boot", &["a", "b"], 1000)).expect("same");
+    std::fs::write(d.join("slow.json"), synthetic("boot", &["a", "b"], 1200)).expect("slow");
+    std::fs::write(d.join("bit.json"), synthetic("boot", &["a", "b"], 1050)).expect("bit");
+
+    let o = provium(d, &["bench", "compare", "old.json", "same.json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("result: ok"));
+
+    let o = provium(d, &["bench", "compare", "old.json", "slow.json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("boot/a") && out.contains("1.200") && out.contains("REGRESSED"),
+        "{out}"
+    );
+
+    // 5% is inside the default 10% and outside an explicit 2%.
+    let o = provium(d, &["bench", "compare", "old.json", "bit.json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = provium(
+        d,
+        &[
+            "bench",
+            "compare",
+            "old.json",
+            "bit.json",
+            "--max-regression",
+            "2%",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+
+    let o = provium(
+        d,
+        &[
+            "bench",
+            "compare",
+            "old.json",
+            "bit.json",
+            "--max-regression",
+            "soon",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("percentage"), "{}", text(&o));
+    let o = provium(d, &["bench", "compare", "old.json", "missing.json"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}
+
+#[test]
+fn live_compare_gates_on_the_baseline() {
+    if !kvm_or_skip("live_compare_gates_on_the_baseline") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    // A baseline no real boot can match (1 ns) and one no boot can miss (11 days).
+    std::fs::write(d.join("fast.json"), synthetic("boot", &BOOT_PHASES, 1)).expect("fast");
+    std::fs::write(
+        d.join("slow.json"),
+        synthetic("boot", &BOOT_PHASES, 1_000_000_000_000_000),
+    )
+    .expect("slow");
+    let args = |base: &str| {
+        vec![
+            "bench".to_string(),
+            "boot".into(),
+            "--tiny-guest".into(),
+            "-n".into(),
+            "1".into(),
+            "--warmup".into(),
+            "0".into(),
+            "--compare".into(),
+            base.into(),
+        ]
+    };
+    let run = |a: Vec<String>| {
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        provium(d, &a)
+    };
+    let o = run(args("fast.json"));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("REGRESSED"),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("not comparable"),
+        "unavailable phases are not compared: {}",
+        text(&o)
+    );
+    let o = run(args("slow.json"));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("result: ok"),
+        "{}",
+        text(&o)
+    );
+    // With --json the comparison goes to stderr and stdout stays JSON lines.
+    let mut a = args("fast.json");
+    a.push("--json".into());
+    let o = run(a);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(json_lines(&o).len(), BOOT_PHASES.len());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("REGRESSED"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn bench_boot_needs_a_target() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let o = provium(dir.path(), &["bench", "boot"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let o = provium(dir.path(), &["bench", "boot", "nosuch"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("no profile `nosuch`"), "{}", text(&o));
+}
