@@ -134,6 +134,9 @@ pub trait PumpEvents {
     fn exited(&self, _exit: ExitInfo) {}
     /// The child exited and its output was sent, or is waiting on host acks.
     fn settled(&self) {}
+    /// Channel `i` (0 stdout, 1 stderr) reached end of file (or failed): no
+    /// more output can come on it, though the child may still be running.
+    fn output_ended(&self, _i: usize) {}
 }
 
 pub struct NoEvents;
@@ -367,6 +370,9 @@ impl Pump {
             for (k, (i, room)) in polled.iter().copied().enumerate() {
                 if pfds[k].revents != 0 {
                     self.read_chan(i, &mut buf[..room]);
+                    if self.chans[i].pipe.is_none() {
+                        events.output_ended(i);
+                    }
                 }
             }
             if exit.is_some() && n == 0 {

@@ -3,7 +3,8 @@
 //!
 //! A slot's id is the spawn request's id; its stdout and stderr stream on that
 //! id after the `Spawned` answer, each ending with `StreamEnd` (`eof` when the
-//! process is done, `closed` after close_stream/release/namespace close).
+//! process closes that pipe, even if it keeps running, or is done; `closed`
+//! after close_stream/release/namespace close).
 //! `wait` answers once the process was reaped and the output already in its
 //! pipes was sent (or is held up only by host acks), so in the usual case all
 //! chunks precede the wait's answer. `wait` and `release` free the slot.
@@ -52,6 +53,13 @@ impl PumpEvents for Process {
     fn settled(&self) {
         lock(&self.state).settled = true;
         self.cv.notify_all();
+    }
+    /// A process that closes stdout (or stderr) and keeps running: that
+    /// stream ends now, not at exit (idempotent with `finish`).
+    fn output_ended(&self, i: usize) {
+        if let Some(o) = self.outs.get(i) {
+            o.end(StreamEndReason::Eof, None);
+        }
     }
 }
 
