@@ -775,3 +775,30 @@ fn watch_reruns_when_a_file_changes() {
     let _ = child.wait();
     assert_eq!(summaries, 2);
 }
+
+#[test]
+fn repl_resumes_from_a_fixture() {
+    use std::io::Write;
+    let p = Project::new(&[(
+        "base.fixture.lua",
+        "local vm = provium:vm('base', 'linux'):boot()\nvm:write_file('/etc/marker', 'from fixture')\nreturn vm:snapshot()\n",
+    )]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_provium"))
+        .args(["--vmm", "local", "repl", "--fixture", "base"])
+        .current_dir(p.path())
+        .env("XDG_CACHE_HOME", p.path().join("cache"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"vm:read_file('/etc/marker')\nvm:name()\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(code(&o), 0, "{o:?}");
+    assert_eq!(stdout(&o), "from fixture\nbase\n", "{o:?}");
+}

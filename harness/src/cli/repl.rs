@@ -16,15 +16,14 @@ pub fn run(
     name: &str,
     fixture: Option<String>,
 ) -> Result<i32, String> {
-    if let Some(f) = fixture {
-        return Err(format!(
-            "repl --fixture {f}: fixtures need VM snapshots, which have not landed yet"
-        ));
-    }
     let config = Arc::new(load_config(&args.config)?);
-    let profile = profile
-        .or_else(|| config.profiles.keys().next().cloned())
-        .ok_or("repl: give a profile (none in provium.toml)")?;
+    // With --fixture and no profile, the first profile (by name) is named.
+    let profile = profile.or_else(|| config.profiles.keys().next().cloned());
+    let profile = match (&fixture, profile) {
+        (_, Some(p)) => p,
+        (Some(_), None) => String::new(),
+        (None, None) => return Err("repl: give a profile (none in provium.toml)".into()),
+    };
     let backend = choose_backend(args.vmm, &config);
     let env = Arc::new(FileEnv::new(
         "repl".into(),
@@ -35,11 +34,20 @@ pub fn run(
         EventSender::disabled(),
     ));
     let (lua_state, _root) = lua::new_state(env).map_err(|e| e.to_string())?;
+    // Resume from a fixture (built first if it is not cached), or cold-boot.
+    let setup = match &fixture {
+        Some(f) => format!("vm = provium:vm_fixture({f:?})"),
+        None => format!("vm = provium:vm({name:?}, {profile:?}):boot()"),
+    };
     lua_state
-        .load(format!("vm = provium:vm({name:?}, {profile:?}):boot()"))
+        .load(setup)
         .exec()
         .map_err(|e| lua::error_message(&e))?;
-    eprintln!("provium repl: `vm` is {name} ({profile}); Ctrl-D quits");
+    let shown: String = lua_state
+        .load("return vm:name() .. ' (' .. vm:profile() .. ')'")
+        .eval()
+        .unwrap_or_default();
+    eprintln!("provium repl: `vm` is {shown}; Ctrl-D quits");
     let stdin = std::io::stdin();
     loop {
         eprint!("> ");
