@@ -3,6 +3,7 @@
 
 use std::sync::Mutex;
 
+use crate::backend::kvm::{KvmBootOpts, KvmMachine};
 use crate::backend::local::{locate_agent, LocalOptions, LocalSandbox};
 use crate::client::AgentClient;
 use crate::config::Profile;
@@ -23,16 +24,31 @@ pub struct BootSpec {
 
 pub enum Machine {
     Local(Mutex<LocalSandbox>),
+    Kvm(KvmMachine),
 }
 
 impl Machine {
     pub fn boot(backend: BackendKind, spec: &BootSpec) -> Result<Machine, String> {
+        Machine::boot_with_files(backend, spec, &[])
+    }
+
+    /// [`Machine::boot`] with boot opts `files`: the kvm backend puts them in
+    /// the initrd (there before init runs); the local sandbox has none, and
+    /// its caller writes them through the agent.
+    pub fn boot_with_files(
+        backend: BackendKind,
+        spec: &BootSpec,
+        files: &[(String, Vec<u8>)],
+    ) -> Result<Machine, String> {
         match backend {
             BackendKind::Local => {
                 // The sandbox has no kernel of its own: refuse what only a
                 // kernel could honour instead of silently ignoring it.
                 if spec.kernel_cmdline.is_some() {
-                    return Err("kernel_cmdline needs the kvm backend (the local sandbox has no kernel)".into());
+                    return Err(
+                        "kernel_cmdline needs the kvm backend (the local sandbox has no kernel)"
+                            .into(),
+                    );
                 }
                 if spec.rng_seed.is_some() {
                     return Err("rng_seed needs the kvm backend (the local sandbox uses the host's random device)".into());
@@ -41,20 +57,34 @@ impl Machine {
                     return Err("initial_time needs the kvm backend (the local sandbox shares the host's clock)".into());
                 }
                 let agent = locate_agent().map_err(|e| e.to_string())?;
-                let sandbox = LocalSandbox::start(&spec.vm_name, &LocalOptions::new(agent)).map_err(|e| e.to_string())?;
+                let sandbox = LocalSandbox::start(&spec.vm_name, &LocalOptions::new(agent))
+                    .map_err(|e| e.to_string())?;
                 Ok(Machine::Local(Mutex::new(sandbox)))
             }
-            BackendKind::Kvm => Err(format!(
-                "the kvm backend cannot boot profile `{}` yet: the microVMM does not run guests end to end on this \
-                 build; run with --vmm local",
-                spec.profile_name
-            )),
+            BackendKind::Kvm => {
+                let profile = spec.profile.as_ref().ok_or_else(|| {
+                    format!(
+                        "the kvm backend boots a profile's kernel, and profile `{}` is not in provium.toml",
+                        spec.profile_name
+                    )
+                })?;
+                let opts = KvmBootOpts {
+                    memory_bytes: spec.memory_bytes,
+                    cpus: spec.cpus,
+                    kernel_cmdline: spec.kernel_cmdline.clone(),
+                    rng_seed: spec.rng_seed,
+                    files: files.to_vec(),
+                    inject_agent: profile.inject_agent,
+                };
+                KvmMachine::boot(&spec.vm_name, profile, &opts, spec.initial_time).map(Machine::Kvm)
+            }
         }
     }
 
     pub fn connect(&self) -> Result<AgentClient, String> {
         match self {
             Machine::Local(s) => s.lock().unwrap().connect().map_err(|e| e.to_string()),
+            Machine::Kvm(k) => k.connect(),
         }
     }
 
@@ -62,6 +92,7 @@ impl Machine {
     pub fn cid(&self) -> u32 {
         match self {
             Machine::Local(_) => 0,
+            Machine::Kvm(k) => k.cid(),
         }
     }
 
@@ -71,6 +102,7 @@ impl Machine {
             Machine::Local(s) => {
                 let _ = s.lock().unwrap().shutdown();
             }
+            Machine::Kvm(k) => k.kill(),
         }
     }
 
@@ -82,24 +114,38 @@ impl Machine {
     pub fn pause(&self) -> Result<(), String> {
         match self {
             Machine::Local(s) => signal_all(&s.lock().unwrap(), libc::SIGSTOP),
+            Machine::Kvm(k) => k.pause(),
         }
     }
 
     pub fn resume(&self) -> Result<(), String> {
         match self {
             Machine::Local(s) => signal_all(&s.lock().unwrap(), libc::SIGCONT),
+            Machine::Kvm(k) => k.resume(),
         }
     }
 
     pub fn reset(&self) -> Result<(), String> {
-        Err("reset needs the kvm backend (the local sandbox has no kernel to reboot)".into())
+        match self {
+            Machine::Local(_) => Err(
+                "reset needs the kvm backend (the local sandbox has no kernel to reboot)".into(),
+            ),
+            Machine::Kvm(k) => k.reset(),
+        }
     }
 
     pub fn power_button(&self) -> Result<(), String> {
-        Err(
-            "power_button needs the kvm backend (the local sandbox has no ACPI/i8042 to press)"
-                .into(),
-        )
+        match self {
+            Machine::Local(_) => Err(
+                "power_button needs the kvm backend (the local sandbox has no ACPI/i8042 to press)"
+                    .into(),
+            ),
+            Machine::Kvm(_) => Err(
+                "power_button: the VMM has no ACPI power button yet (a Linux guest without ACPI cannot \
+                 see one); use vm:shutdown()"
+                    .into(),
+            ),
+        }
     }
 
     /// Creates NIC `ifname` with `mac` inside the guest and returns the fd
@@ -120,6 +166,9 @@ impl Machine {
                 crate::backend::local::net::open_tap_in_netns(s.init_pid(), ifname, mac)
                     .map_err(|e| error_chain(&e))
             }
+            Machine::Kvm(_) => Err(format!(
+                "NIC {ifname}: the kvm backend has no virtio-net yet, so a VM cannot join a bridge"
+            )),
         }
     }
 
@@ -154,6 +203,10 @@ impl Machine {
                 extra,
             )
             .map_err(|e| snapshot::chain(&e)),
+            Machine::Kvm(_) => Err(
+                "snapshots of kvm-backend VMs are not implemented yet (the VMM has no persist path)"
+                    .into(),
+            ),
         }
     }
 
@@ -174,7 +227,9 @@ impl Machine {
                 )
                 .map_err(|e| snapshot::chain(&e))?;
                 let machine = Machine::boot(backend, spec)?;
-                let Machine::Local(s) = &machine;
+                let Machine::Local(s) = &machine else {
+                    unreachable!("Machine::boot(Local) makes a local machine")
+                };
                 let applied = s.lock().unwrap().restore_fs(&state);
                 if let Err(e) = applied {
                     machine.kill();
@@ -191,9 +246,18 @@ impl Machine {
     }
 
     /// The last `max` bytes of the console log, where there is a console.
-    pub fn console_tail(&self, _max: usize) -> Option<String> {
+    pub fn console_tail(&self, max: usize) -> Option<String> {
         match self {
             Machine::Local(_) => None,
+            Machine::Kvm(k) => Some(k.console_tail(max)),
+        }
+    }
+
+    /// The serial console (log, live subscribers, input), where there is one.
+    pub fn console(&self) -> Option<std::sync::Arc<provium_vmm::Console>> {
+        match self {
+            Machine::Local(_) => None,
+            Machine::Kvm(k) => Some(k.console()),
         }
     }
 }

@@ -1149,7 +1149,9 @@ fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
                     // Every restore of the batch is alive here: measure then.
                     barrier.wait();
                     let out = r.map(|(m, answer)| {
-                        let Machine::Local(sb) = &m;
+                        let Machine::Local(sb) = &m else {
+                            unreachable!("restores run on the local backend only")
+                        };
                         let pids = sb.lock().unwrap_or_else(|e| e.into_inner()).host_pids();
                         let (rss, pss) = memory_of(&pids);
                         (m, answer, rss, pss)

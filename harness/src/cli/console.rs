@@ -1,10 +1,284 @@
-//! `provium console <PROFILE>`: the serial console of a kvm-backend VM.
+//! `provium console <PROFILE>`: boot the profile on the microVMM and attach
+//! the terminal to its serial console (COM1).
+//!
+//! Without `--agent` the initrd is used as is (no agent injected), so any
+//! bzImage boots. When stdin is a terminal it is put in raw mode (every key
+//! goes to the guest, Ctrl-C included) and restored on every exit path: the
+//! escape, stdin EOF, the VM stopping, SIGTERM/SIGHUP/SIGINT, an error, a
+//! panic. Escape: Ctrl-A then `x` (or `X`) quits; Ctrl-A Ctrl-A sends one
+//! Ctrl-A; Ctrl-A followed by anything else sends both bytes. When stdin is
+//! not a terminal (a pipe), its bytes go to the guest and its EOF detaches.
+//! Exit code 0 when detached or the guest powered off, 1 when the VM died.
 
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use provium_vmm::{ConsoleRead, VmState};
+
+use super::preflight::kvm_usable;
+use super::run::load_config;
 use super::RunArgs;
+use crate::backend::kvm::{KvmBootOpts, KvmMachine};
+use crate::config::parse_size;
+use crate::lua::vm::{DEFAULT_CPUS, DEFAULT_MEMORY_BYTES};
 
-pub fn run(_args: &RunArgs, profile: &str) -> Result<i32, String> {
-    Err(format!(
-        "provium console {profile}: the console needs the kvm backend, which cannot boot guests end to end in this \
-         build yet; nothing was started"
-    ))
+const CTRL_A: u8 = 0x01;
+
+/// The flags of `provium console`.
+#[derive(Debug, Clone, Default)]
+pub struct ConsoleOpts {
+    pub mem: Option<String>,
+    pub cpus: Option<u32>,
+    pub cmdline: Option<String>,
+    pub agent: bool,
+}
+
+static SIGNALLED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    SIGNALLED.store(true, Ordering::SeqCst);
+}
+
+/// Raw mode on the terminal at fd 0 while alive.
+struct RawTerminal {
+    saved: libc::termios,
+}
+
+impl RawTerminal {
+    /// `None` when stdin is not a terminal.
+    fn enter() -> Option<RawTerminal> {
+        // SAFETY: isatty/tcgetattr/tcsetattr on fd 0 with a termios we own.
+        unsafe {
+            if libc::isatty(0) != 1 {
+                return None;
+            }
+            let mut saved: libc::termios = std::mem::zeroed();
+            if libc::tcgetattr(0, &mut saved) != 0 {
+                return None;
+            }
+            let mut raw = saved;
+            libc::cfmakeraw(&mut raw);
+            if libc::tcsetattr(0, libc::TCSANOW, &raw) != 0 {
+                return None;
+            }
+            Some(RawTerminal { saved })
+        }
+    }
+}
+
+impl Drop for RawTerminal {
+    fn drop(&mut self) {
+        // SAFETY: restores the attributes read in `enter`.
+        unsafe {
+            libc::tcsetattr(0, libc::TCSANOW, &self.saved);
+        }
+    }
+}
+
+/// The escape handling, separate so it can be tested.
+#[derive(Default)]
+pub struct Escape {
+    armed: bool,
+}
+
+impl Escape {
+    /// Feeds input bytes; returns the bytes for the guest and whether to quit.
+    pub fn feed(&mut self, input: &[u8]) -> (Vec<u8>, bool) {
+        let mut out = Vec::with_capacity(input.len());
+        for &b in input {
+            if self.armed {
+                self.armed = false;
+                match b {
+                    b'x' | b'X' => return (out, true),
+                    CTRL_A => out.push(CTRL_A),
+                    other => out.extend([CTRL_A, other]),
+                }
+            } else if b == CTRL_A {
+                self.armed = true;
+            } else {
+                out.push(b);
+            }
+        }
+        (out, false)
+    }
+}
+
+enum Ended {
+    Detached(&'static str),
+    Stopped(String, bool),
+}
+
+pub fn run(args: &RunArgs, profile_name: &str, opts: &ConsoleOpts) -> Result<i32, String> {
+    let config = load_config(&args.config)?;
+    let profile = config.profiles.get(profile_name).ok_or_else(|| {
+        let known: Vec<&str> = config.profiles.keys().map(String::as_str).collect();
+        format!(
+            "console: profile `{profile_name}` not found in {} (profiles: {})",
+            args.config.display(),
+            if known.is_empty() {
+                "none".into()
+            } else {
+                known.join(", ")
+            }
+        )
+    })?;
+    kvm_usable().map_err(|e| {
+        format!(
+            "console: {e} (the console boots the profile on the microVMM, which needs /dev/kvm)"
+        )
+    })?;
+    let memory_bytes = match &opts.mem {
+        Some(m) => parse_size(m).map_err(|e| format!("console: --mem: {e}"))?,
+        None => DEFAULT_MEMORY_BYTES,
+    };
+    let boot = KvmBootOpts {
+        memory_bytes,
+        cpus: opts.cpus.unwrap_or(DEFAULT_CPUS),
+        kernel_cmdline: opts.cmdline.clone(),
+        rng_seed: None,
+        files: Vec::new(),
+        inject_agent: opts.agent,
+    };
+    let machine = KvmMachine::create("console", profile, &boot, None)
+        .map_err(|e| format!("console: profile `{profile_name}`: {e}"))?;
+    let console = machine.console();
+    // Subscribe before the first instruction runs: nothing is missed.
+    let first = console.subscribe();
+    machine
+        .start()
+        .map_err(|e| format!("console: profile `{profile_name}`: {e}"))?;
+    eprintln!(
+        "provium console: {profile_name} on the kvm backend (guest CID {}, {} agent); Ctrl-A X quits",
+        machine.cid(),
+        if opts.agent { "with the" } else { "no" }
+    );
+    for sig in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT] {
+        // SAFETY: the handler only stores to an atomic.
+        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    }
+    let machine = Arc::new(machine);
+    let out_done = Arc::new(AtomicBool::new(false));
+    let out_thread = {
+        let machine = machine.clone();
+        let done = out_done.clone();
+        std::thread::spawn(move || {
+            let mut sub = first;
+            let mut stdout = std::io::stdout();
+            loop {
+                match sub.read_timeout(Duration::from_millis(100)) {
+                    ConsoleRead::Data(d) => {
+                        let _ = stdout.write_all(&d);
+                        let _ = stdout.flush();
+                    }
+                    ConsoleRead::Timeout => {}
+                    // A reset ends the subscription: follow the next boot.
+                    ConsoleRead::Eof => match machine.vm().state() {
+                        VmState::Booted | VmState::Paused => sub = machine.console().subscribe(),
+                        _ => break,
+                    },
+                }
+                if done.load(Ordering::SeqCst) {
+                    break;
+                }
+            }
+            done.store(true, Ordering::SeqCst);
+        })
+    };
+    let ended = {
+        let _raw = RawTerminal::enter();
+        input_loop(&machine, &out_done)
+    };
+    machine.kill();
+    out_done.store(true, Ordering::SeqCst);
+    let _ = out_thread.join();
+    let _ = std::io::stdout().flush();
+    match ended {
+        Ended::Detached(why) => {
+            eprintln!("\nprovium console: detached ({why}); the VM was shut down");
+            Ok(0)
+        }
+        Ended::Stopped(why, ok) => {
+            eprintln!("\nprovium console: the VM stopped: {why}");
+            Ok(if ok { 0 } else { 1 })
+        }
+    }
+}
+
+fn input_loop(machine: &KvmMachine, out_done: &AtomicBool) -> Ended {
+    let console = machine.console();
+    let mut esc = Escape::default();
+    let mut buf = [0u8; 1024];
+    loop {
+        if SIGNALLED.load(Ordering::SeqCst) {
+            return Ended::Detached("signal");
+        }
+        let state = machine.vm().state();
+        if !matches!(state, VmState::Booted | VmState::Paused) || out_done.load(Ordering::SeqCst) {
+            // Let the output thread print what was left.
+            std::thread::sleep(Duration::from_millis(200));
+            let why = machine
+                .vm()
+                .stop_reason()
+                .map_or_else(|| state.to_string(), |r| r.to_string());
+            return Ended::Stopped(why, state == VmState::Shutdown);
+        }
+        let mut pfd = libc::pollfd {
+            fd: 0,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd we own.
+        let ready = unsafe { libc::poll(&mut pfd, 1, 100) };
+        if ready <= 0 {
+            continue;
+        }
+        // SAFETY: reading into a buffer we own, at most its length.
+        let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
+        if n == 0 {
+            return Ended::Detached("stdin closed");
+        }
+        if n < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Ended::Detached("stdin unreadable");
+        }
+        let (bytes, quit) = esc.feed(&buf[..n as usize]);
+        let mut left: &[u8] = &bytes;
+        while !left.is_empty() {
+            let take = left.len().min(4096);
+            if console.write_input(&left[..take]).is_ok() {
+                left = &left[take..];
+            } else {
+                // The guest has not read what is queued yet.
+                std::thread::sleep(Duration::from_millis(10));
+                if !matches!(machine.vm().state(), VmState::Booted | VmState::Paused) {
+                    break;
+                }
+            }
+        }
+        if quit {
+            return Ended::Detached("Ctrl-A X");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escape_quits_and_passes_ctrl_a() {
+        let mut e = Escape::default();
+        assert_eq!(e.feed(b"ab"), (b"ab".to_vec(), false));
+        assert_eq!(e.feed(b"c\x01"), (b"c".to_vec(), false));
+        assert_eq!(e.feed(b"\x01d"), (b"\x01d".to_vec(), false));
+        assert_eq!(e.feed(b"\x01q"), (b"\x01q".to_vec(), false));
+        assert_eq!(e.feed(b"z\x01X rest"), (b"z".to_vec(), true));
+        let mut e = Escape::default();
+        assert_eq!(e.feed(b"\x01"), (Vec::new(), false));
+        assert_eq!(e.feed(b"x"), (Vec::new(), true));
+    }
 }

@@ -212,7 +212,22 @@ pub fn main() -> i32 {
             name,
             fixture,
         }) => repl::run(&cli.run, profile, &name, fixture),
-        Some(Command::Console { profile, .. }) => console::run(&cli.run, &profile),
+        Some(Command::Console {
+            profile,
+            mem,
+            cpus,
+            cmdline,
+            agent,
+        }) => console::run(
+            &cli.run,
+            &profile,
+            &console::ConsoleOpts {
+                mem,
+                cpus,
+                cmdline,
+                agent,
+            },
+        ),
         Some(Command::Fixture { op }) => fixture::run(&cli.run, op),
         Some(Command::List { paths, fixtures }) => list::run(&cli.run.config, &paths, fixtures),
         Some(Command::LspSetup { dir, force }) => lsp_setup::run(dir, force),

@@ -5,6 +5,7 @@ pub mod bridge;
 pub mod capture;
 pub mod clock;
 pub mod command;
+pub mod console;
 pub mod duration;
 pub mod file;
 pub mod guest;

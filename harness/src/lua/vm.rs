@@ -522,7 +522,7 @@ impl Vm {
             initial_time: st.pending.initial_time,
         };
         let machine = Arc::new(
-            Machine::boot(env.backend, &spec)
+            Machine::boot_with_files(env.backend, &spec, &st.pending.files)
                 .map_err(|e| err(format!("vm:boot: vm `{}`: {e}", self.0.name)))?,
         );
         *self.0.machine.lock().unwrap() = Some(machine.clone());
@@ -683,11 +683,19 @@ impl UserData for Vm {
             this.restore_from(&path)?;
             Ok(this.clone())
         });
-        m.add_method("console", |_, this, ()| -> mlua::Result<()> {
-            Err(err(format!(
-                "vm:console: the {} backend has no kernel console (use the kvm backend)",
-                this.0.env.backend.as_str()
-            )))
+        m.add_method("console", |_, this, ()| {
+            if this.0.env.backend != crate::runner::BackendKind::Kvm {
+                return Err(err(format!(
+                    "vm:console: the {} backend has no kernel console (use the kvm backend)",
+                    this.0.env.backend.as_str()
+                )));
+            }
+            let vm = this.clone();
+            let machine = move || vm.0.machine.lock().unwrap().clone();
+            Ok(super::console::ConsoleUd::new(
+                this.clone(),
+                Box::new(machine),
+            ))
         });
         m.add_method("clock", |_, this, ()| Ok(ClockUd::new(this.clone())));
         m.add_method("spawn_worker", |_, this, opts: Option<Table>| {

@@ -1,0 +1,331 @@
+//! A profile + boot options → the VMM's `VmConfig`: kernel, initrd (with the
+//! agent injected unless the profile says `inject_agent = false`), command
+//! line (the reference's rules), sizing, rng seed, a vsock device.
+
+use std::path::{Path, PathBuf};
+
+use provium_vmm::initrd::inject::{merged_initrd, InjectError};
+use provium_vmm::initrd::{inject_agent, AgentInjection, BootFile, CpioWriter};
+use provium_vmm::vmm_config::{RngConfig, VsockHost};
+use provium_vmm::{BootSource, KernelImage, MachineConfig, VmConfig};
+
+use crate::backend::local::locate_agent;
+use crate::config::Profile;
+
+/// What a kvm boot needs beyond the profile.
+#[derive(Debug, Clone, Default)]
+pub struct KvmBootOpts {
+    pub memory_bytes: u64,
+    pub cpus: u32,
+    /// `kernel_cmdline`: replaces the profile's cmdline / cmdline_file.
+    pub kernel_cmdline: Option<String>,
+    pub rng_seed: Option<u64>,
+    /// Boot opts `files`: (absolute guest path, contents), mode 0644.
+    pub files: Vec<(String, Vec<u8>)>,
+    /// Inject the agent (the profile's `inject_agent`; `provium console`
+    /// only with `--agent`).
+    pub inject_agent: bool,
+}
+
+/// Where merged initrds are cached (content-addressed, so sharing is safe).
+pub fn overlay_cache_dir() -> PathBuf {
+    std::env::var_os("PROVIUM_OVERLAY_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("provium-agent-overlay-cache"))
+}
+
+/// The VMM config for `profile`, and the vsock handle (guest `cid`) to reach it.
+pub fn vm_config(
+    profile: &Profile,
+    opts: &KvmBootOpts,
+    cid: u32,
+) -> Result<(VmConfig, VsockHost), String> {
+    vm_config_with(
+        profile,
+        opts,
+        cid,
+        &locate_guest_agent,
+        &overlay_cache_dir(),
+    )
+}
+
+/// [`vm_config`] with the agent locator and the overlay cache given.
+pub fn vm_config_with(
+    profile: &Profile,
+    opts: &KvmBootOpts,
+    cid: u32,
+    agent: &dyn Fn() -> Result<PathBuf, String>,
+    cache: &Path,
+) -> Result<(VmConfig, VsockHost), String> {
+    let kernel = profile.kernel.clone().ok_or_else(|| {
+        format!(
+            "profile `{}` has no kernel: set `kernel = \"/path/to/bzImage\"` in provium.toml",
+            profile.name
+        )
+    })?;
+    if !kernel.is_file() {
+        return Err(format!(
+            "profile `{}`: kernel `{}` does not exist (build it, or fix the path)",
+            profile.name,
+            kernel.display()
+        ));
+    }
+    if let Some(i) = &profile.initrd {
+        if !i.is_file() {
+            return Err(format!(
+                "profile `{}`: initrd `{}` does not exist",
+                profile.name,
+                i.display()
+            ));
+        }
+    }
+    let cmdline = profile
+        .kernel_cmdline(opts.kernel_cmdline.as_deref())
+        .map_err(|e| format!("profile `{}`: {e}", profile.name))?;
+    let boot = BootSource {
+        kernel: KernelImage::Path(kernel),
+        initrd: profile.initrd.clone(),
+        cmdline,
+    };
+    let files: Vec<BootFile> = opts
+        .files
+        .iter()
+        .map(|(path, content)| BootFile {
+            path: path.clone(),
+            content: content.clone(),
+            mode: 0o644,
+        })
+        .collect();
+    let boot = if opts.inject_agent {
+        let inj = AgentInjection {
+            agent: agent()?,
+            files,
+            cache_dir: cache.to_path_buf(),
+        };
+        inject_agent(&boot, &inj).map_err(|e| chain(&e))?
+    } else if !files.is_empty() {
+        // No agent, but the files must still be there before init runs.
+        let overlay = files_cpio(&files).map_err(|e| chain(&e))?;
+        let initrd =
+            merged_initrd(boot.initrd.as_deref(), &overlay, cache).map_err(|e| chain(&e))?;
+        BootSource {
+            initrd: Some(initrd),
+            ..boot
+        }
+    } else {
+        boot
+    };
+    let mem_size_mib = opts.memory_bytes.div_ceil(1 << 20);
+    let vcpu_count = u8::try_from(opts.cpus)
+        .map_err(|_| format!("cpus = {} is more than this VMM supports", opts.cpus))?;
+    let vsock = VsockHost::new(u64::from(cid))
+        .map_err(|e| format!("cannot set up the vsock device: {e}"))?;
+    let mut cfg = VmConfig::new(boot);
+    cfg.machine = MachineConfig {
+        vcpu_count,
+        mem_size_mib,
+        ..MachineConfig::default()
+    };
+    cfg.rng = Some(RngConfig {
+        seed: opts.rng_seed,
+    });
+    cfg.vsock = Some(vsock.clone());
+    Ok((cfg, vsock))
+}
+
+fn files_cpio(files: &[BootFile]) -> Result<Vec<u8>, InjectError> {
+    let mut w = CpioWriter::new();
+    let mut dirs = Vec::new();
+    for f in files {
+        w.file_with_parents(&f.path, f.mode, &f.content, &mut dirs)
+            .map_err(|source| InjectError::BadFile {
+                path: f.path.clone(),
+                source,
+            })?;
+    }
+    Ok(w.finish())
+}
+
+/// The agent binary to put in the guest. `PROVIUM_AGENT` wins as given;
+/// otherwise a static build (`--target x86_64-unknown-linux-gnu` with
+/// crt-static) next to the workspace is preferred, and a dynamically linked
+/// agent is refused: a guest initrd need not have its loader and libc.
+pub fn locate_guest_agent() -> Result<PathBuf, String> {
+    if std::env::var_os("PROVIUM_AGENT").is_some() {
+        return locate_agent().map_err(|e| e.to_string());
+    }
+    let ws = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf);
+    let mut candidates = Vec::new();
+    if let Some(ws) = &ws {
+        for profile in ["release", "debug"] {
+            candidates.push(
+                ws.join("target/x86_64-unknown-linux-gnu")
+                    .join(profile)
+                    .join("provium-agent"),
+            );
+        }
+    }
+    if let Some(p) = candidates.iter().find(|p| is_static_elf(p) == Some(true)) {
+        return Ok(p.clone());
+    }
+    let found = locate_agent().map_err(|e| e.to_string())?;
+    match is_static_elf(&found) {
+        Some(true) => Ok(found),
+        _ => Err(format!(
+            "the agent {} is dynamically linked, and a guest initrd may have no loader or libc for it; \
+             build a static one: RUSTFLAGS=\"-C target-feature=+crt-static\" cargo build -p provium-agent \
+             --release --target x86_64-unknown-linux-gnu (or point PROVIUM_AGENT at an agent the guest can run)",
+            found.display()
+        )),
+    }
+}
+
+/// Whether `path` is an ELF without a `PT_INTERP` (static); `None` if it is
+/// not a readable 64-bit ELF.
+pub fn is_static_elf(path: &Path) -> Option<bool> {
+    let bytes = std::fs::read(path).ok()?;
+    if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 {
+        return None;
+    }
+    let u64_at = |o: usize| Some(u64::from_le_bytes(bytes.get(o..o + 8)?.try_into().ok()?));
+    let u16_at = |o: usize| Some(u16::from_le_bytes(bytes.get(o..o + 2)?.try_into().ok()?));
+    let phoff = usize::try_from(u64_at(0x20)?).ok()?;
+    let phentsize = usize::from(u16_at(0x36)?);
+    let phnum = usize::from(u16_at(0x38)?);
+    const PT_INTERP: u32 = 3;
+    for i in 0..phnum {
+        let o = phoff.checked_add(i.checked_mul(phentsize)?)?;
+        let ty = u32::from_le_bytes(bytes.get(o..o + 4)?.try_into().ok()?);
+        if ty == PT_INTERP {
+            return Some(false);
+        }
+    }
+    Some(true)
+}
+
+/// `e` and its sources joined with ": ".
+pub fn chain(e: &dyn std::error::Error) -> String {
+    crate::machine::error_chain(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_agent() -> Result<PathBuf, String> {
+        Err("no agent in this test".into())
+    }
+
+    fn cfg(
+        p: &Profile,
+        opts: &KvmBootOpts,
+        cid: u32,
+        dir: &Path,
+    ) -> Result<(VmConfig, VsockHost), String> {
+        vm_config_with(p, opts, cid, &no_agent, &dir.join("cache"))
+    }
+
+    fn profile(dir: &Path) -> Profile {
+        let kernel = dir.join("bzImage");
+        std::fs::write(&kernel, provium_vmm::tiny_guest::BZIMAGE).unwrap();
+        Profile {
+            name: "p".into(),
+            kernel: Some(kernel),
+            initrd: None,
+            cmdline: "quiet".into(),
+            cmdline_file: None,
+            guest_os: "linux".into(),
+            inject_agent: true,
+            agent_overlay_path: None,
+            build: None,
+            build_out: dir.into(),
+        }
+    }
+
+    #[test]
+    fn sizing_seed_vsock_and_cmdline() {
+        let d = tempfile::tempdir().unwrap();
+        let p = profile(d.path());
+        let opts = KvmBootOpts {
+            memory_bytes: (256 << 20) + 1,
+            cpus: 2,
+            rng_seed: Some(7),
+            ..KvmBootOpts::default()
+        };
+        let (c, vsock) = cfg(&p, &opts, 9, d.path()).unwrap();
+        assert_eq!(c.machine.mem_size_mib, 257);
+        assert_eq!(c.machine.vcpu_count, 2);
+        assert_eq!(c.rng.unwrap().seed, Some(7));
+        assert_eq!(vsock.guest_cid(), 9);
+        assert_eq!(c.boot.cmdline, "quiet console=ttyS0");
+        assert!(c.boot.initrd.is_none());
+        let opts = KvmBootOpts {
+            kernel_cmdline: Some("x=1".into()),
+            memory_bytes: 64 << 20,
+            cpus: 1,
+            ..KvmBootOpts::default()
+        };
+        assert_eq!(
+            cfg(&p, &opts, 3, d.path()).unwrap().0.boot.cmdline,
+            "x=1 console=ttyS0"
+        );
+    }
+
+    #[test]
+    fn files_without_agent_still_reach_the_initrd() {
+        let d = tempfile::tempdir().unwrap();
+        let p = profile(d.path());
+        let opts = KvmBootOpts {
+            memory_bytes: 64 << 20,
+            cpus: 1,
+            files: vec![("/etc/x.conf".into(), b"k=v\n".to_vec())],
+            ..KvmBootOpts::default()
+        };
+        let (c, _) = cfg(&p, &opts, 3, d.path()).unwrap();
+        let initrd = std::fs::read(c.boot.initrd.unwrap()).unwrap();
+        let entries = provium_vmm::initrd::cpio::parse(&initrd).unwrap();
+        assert!(entries
+            .iter()
+            .any(|e| e.name == "etc/x.conf" && e.data == b"k=v\n"));
+        assert!(!c.boot.cmdline.contains("rdinit="));
+    }
+
+    #[test]
+    fn rdinit_conflict_and_missing_kernel_are_errors() {
+        let d = tempfile::tempdir().unwrap();
+        let mut p = profile(d.path());
+        p.cmdline = "rdinit=/bin/sh".into();
+        let agent = d.path().join("agent");
+        std::fs::write(&agent, b"\x7fELF").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let opts = KvmBootOpts {
+            memory_bytes: 64 << 20,
+            cpus: 1,
+            inject_agent: true,
+            ..KvmBootOpts::default()
+        };
+        let with_agent = || Ok(agent.clone());
+        let e = vm_config_with(&p, &opts, 3, &with_agent, &d.path().join("cache")).unwrap_err();
+        assert!(
+            e.contains("rdinit=/bin/sh") && e.contains("inject_agent = false"),
+            "{e}"
+        );
+        p.kernel = Some(d.path().join("nope"));
+        let e = cfg(&p, &opts, 3, d.path()).unwrap_err();
+        assert!(e.contains("does not exist"), "{e}");
+    }
+
+    #[test]
+    fn static_elf_detection() {
+        let me = std::env::current_exe().unwrap();
+        // Test binaries are built the normal (dynamic) way.
+        assert_eq!(is_static_elf(&me), Some(false));
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("x");
+        std::fs::write(&f, b"#!/bin/sh\n").unwrap();
+        assert_eq!(is_static_elf(&f), None);
+    }
+}

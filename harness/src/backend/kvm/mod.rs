@@ -1,0 +1,315 @@
+//! The `kvm` backend: a guest on Provium's in-process microVMM (`provium-vmm`).
+//!
+//! `KvmMachine::boot` turns a profile and boot options into a `VmConfig`
+//! (`config.rs`: kernel, initrd with the agent injected, the reference's
+//! command-line rules, sizing, `rng_seed`, a virtio-vsock device with a
+//! per-VM guest CID) and boots it. `connect` then reaches the agent: a host
+//! connection to vsock port [`AGENT_VSOCK_PORT`] through the VMM's userspace
+//! vsock (a Unix socket on the host side) and the Hello handshake, retried
+//! until the agent timeout ([`AGENT_TIMEOUT_ENV`], default 60 s).
+//!
+//! When no Hello comes the error says what the console shows: the last
+//! console lines, and, when the kernel reached init on a host whose KVM
+//! cannot run Linux user space (`kvm_pvm`, DESIGN.md "This machine's KVM"),
+//! that this is why — such a boot fails a few seconds after init starts
+//! instead of waiting out the whole timeout. A kernel panic ends the wait too.
+
+pub mod config;
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use provium_protocol::AGENT_VSOCK_PORT;
+use provium_vmm::devices::virtio::vsock::VsockConnectError;
+use provium_vmm::vmm_config::VsockHost;
+use provium_vmm::{Console, Vm, VmState};
+
+use crate::client::{AgentClient, AgentOps, ClientOptions};
+use crate::config::Profile;
+pub use config::{vm_config, KvmBootOpts};
+
+/// Overrides how long `connect` waits for the agent's Hello (seconds).
+pub const AGENT_TIMEOUT_ENV: &str = "PROVIUM_KVM_AGENT_TIMEOUT";
+pub const DEFAULT_AGENT_TIMEOUT: Duration = Duration::from_secs(60);
+/// After the kernel started init on a host that cannot run user space: how
+/// long to keep collecting console output before failing.
+pub const INIT_GRACE: Duration = Duration::from_secs(5);
+/// Console lines an agent failure quotes.
+pub const ERROR_CONSOLE_LINES: usize = 20;
+
+/// Guest CIDs: 0-2 are reserved; each VM of this process gets the next one.
+/// Our vsock is userspace (per device), so CIDs never collide across processes.
+static NEXT_CID: AtomicU32 = AtomicU32::new(3);
+
+/// The agent timeout: `PROVIUM_KVM_AGENT_TIMEOUT` (seconds) or 60 s.
+pub fn agent_timeout() -> Result<Duration, String> {
+    match std::env::var(AGENT_TIMEOUT_ENV) {
+        Err(_) => Ok(DEFAULT_AGENT_TIMEOUT),
+        Ok(v) => v
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| format!("{AGENT_TIMEOUT_ENV}={v:?}: expected seconds, e.g. 120")),
+    }
+}
+
+/// Whether this host's KVM is one that cannot run Linux user space: the
+/// paravirtual `kvm_pvm` (no VT-x; `syscall` from CPL3 is broken for
+/// guests that are not PVM-enabled). `PROVIUM_KVM_PVM=0/1` overrides.
+pub fn host_runs_no_user_space() -> bool {
+    match std::env::var("PROVIUM_KVM_PVM").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => std::path::Path::new("/sys/module/kvm_pvm").exists(),
+    }
+}
+
+/// A guest on the microVMM.
+pub struct KvmMachine {
+    name: String,
+    vm: Vm,
+    vsock: VsockHost,
+    cid: u32,
+    killed: AtomicBool,
+    agent_timeout: Duration,
+    initial_time: Option<f64>,
+}
+
+impl KvmMachine {
+    /// Builds and boots the VM (returns once the vCPUs run; `connect` waits
+    /// for the agent).
+    pub fn boot(
+        name: &str,
+        profile: &Profile,
+        opts: &KvmBootOpts,
+        initial_time: Option<f64>,
+    ) -> Result<KvmMachine, String> {
+        let m = KvmMachine::create(name, profile, opts, initial_time)?;
+        m.start()?;
+        Ok(m)
+    }
+
+    /// Prepares the VM without running it (subscribe to its console first,
+    /// then `start`).
+    pub fn create(
+        name: &str,
+        profile: &Profile,
+        opts: &KvmBootOpts,
+        initial_time: Option<f64>,
+    ) -> Result<KvmMachine, String> {
+        let agent_timeout = agent_timeout()?;
+        let cid = NEXT_CID.fetch_add(1, Ordering::Relaxed);
+        let (cfg, vsock) = config::vm_config(profile, opts, cid)?;
+        let vm = Vm::new(cfg).map_err(|e| config::chain(&e))?;
+        Ok(KvmMachine {
+            name: name.to_string(),
+            vm,
+            vsock,
+            cid,
+            killed: AtomicBool::new(false),
+            agent_timeout,
+            initial_time,
+        })
+    }
+
+    /// Boots a VM made by `create`.
+    pub fn start(&self) -> Result<(), String> {
+        self.vm.boot().map_err(|e| config::chain(&e))
+    }
+
+    /// The VMM's VM (lifecycle, console, memory).
+    pub fn vm(&self) -> &Vm {
+        &self.vm
+    }
+
+    pub fn cid(&self) -> u32 {
+        self.cid
+    }
+
+    pub fn console(&self) -> Arc<Console> {
+        self.vm.console()
+    }
+
+    /// The last `max` bytes of the console log (lossy UTF-8).
+    pub fn console_tail(&self, max: usize) -> String {
+        let log = self.vm.console().log();
+        String::from_utf8_lossy(&log[log.len().saturating_sub(max)..]).into_owned()
+    }
+
+    fn last_lines(&self, n: usize) -> String {
+        let log = self.vm.console().log_string();
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(n)..];
+        if tail.is_empty() {
+            "(the console is empty: the kernel printed nothing on ttyS0)".into()
+        } else {
+            tail.join("\n")
+        }
+    }
+
+    /// Reaches the agent over vsock and does the handshake, retrying until
+    /// the agent timeout; then applies `initial_time`.
+    pub fn connect(&self) -> Result<AgentClient, String> {
+        let start = Instant::now();
+        let deadline = start + self.agent_timeout;
+        let no_user_space = host_runs_no_user_space();
+        let mut init_seen: Option<(Instant, String)> = None;
+        let mut last = String::from("no attempt yet");
+        loop {
+            if self.killed.load(Ordering::SeqCst) {
+                return Err(format!(
+                    "vm `{}` was stopped while waiting for its agent",
+                    self.name
+                ));
+            }
+            match self.vm.state() {
+                VmState::Booted => {}
+                VmState::Paused => {
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+                s => {
+                    let why = self
+                        .vm
+                        .stop_reason()
+                        .map_or_else(|| s.to_string(), |r| r.to_string());
+                    return Err(format!(
+                        "the VM stopped before its agent answered ({why}); last console lines:\n{}",
+                        self.last_lines(ERROR_CONSOLE_LINES)
+                    ));
+                }
+            }
+            let now = Instant::now();
+            let left = deadline.saturating_duration_since(now);
+            if left.is_zero() {
+                return Err(self.no_hello(&last, init_seen.as_ref().map(|(_, l)| l.as_str())));
+            }
+            match self
+                .vsock
+                .connect(AGENT_VSOCK_PORT, left.min(Duration::from_secs(2)))
+            {
+                Ok(stream) => {
+                    let opts = ClientOptions {
+                        handshake_timeout: left
+                            .clamp(Duration::from_secs(1), Duration::from_secs(10)),
+                        ..ClientOptions::default()
+                    };
+                    match AgentClient::handshake(stream, opts) {
+                        Ok(client) => return self.after_hello(client),
+                        Err(e) => last = format!("handshake: {}", config::chain(&e)),
+                    }
+                }
+                Err(e) => {
+                    last = e.to_string();
+                    if !matches!(e, VsockConnectError::Timeout { .. }) {
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                }
+            }
+            let log = self.vm.console().log_string();
+            if log.contains("Kernel panic") {
+                // Let the rest of the panic message arrive.
+                std::thread::sleep(Duration::from_secs(1));
+                return Err(format!(
+                    "the guest kernel panicked before its agent answered; last console lines:\n{}",
+                    self.last_lines(ERROR_CONSOLE_LINES)
+                ));
+            }
+            if init_seen.is_none() {
+                init_seen = init_line(&log).map(|l| (Instant::now(), l));
+            }
+            if let Some((at, line)) = &init_seen {
+                if no_user_space && at.elapsed() >= INIT_GRACE {
+                    return Err(self.no_hello(&last, Some(line)));
+                }
+            }
+        }
+    }
+
+    fn no_hello(&self, last: &str, init: Option<&str>) -> String {
+        let mut msg = format!(
+            "no Hello from the agent on vsock port {AGENT_VSOCK_PORT} of guest CID {} (last attempt: {last})",
+            self.cid
+        );
+        match init {
+            Some(line) if host_runs_no_user_space() => msg.push_str(&format!(
+                "; the kernel reached init (\"{line}\" is on the console) but no Hello came: this host's KVM is \
+                 kvm_pvm, which cannot run Linux user space (syscall from CPL3 is broken for guests that are not \
+                 PVM-enabled), so the agent never starts here; the agent path of the kvm backend needs hardware \
+                 KVM (VT-x/AMD-V)"
+            )),
+            Some(line) => msg.push_str(&format!(
+                " within {:?} ({AGENT_TIMEOUT_ENV} to wait longer); the kernel reached init (\"{line}\") but \
+                 the agent never answered: check the agent starts in this initrd (rdinit=, a static agent)",
+                self.agent_timeout
+            )),
+            None => msg.push_str(&format!(
+                " within {:?} ({AGENT_TIMEOUT_ENV} to wait longer); the kernel never reached init",
+                self.agent_timeout
+            )),
+        }
+        msg.push_str(&format!(
+            "; last console lines:\n{}",
+            self.last_lines(ERROR_CONSOLE_LINES)
+        ));
+        msg
+    }
+
+    fn after_hello(&self, client: AgentClient) -> Result<AgentClient, String> {
+        if let Some(t) = self.initial_time {
+            let ns = (t * 1e9) as i64;
+            let ops: &dyn AgentOps = &client;
+            ops.clock_set(ns)
+                .map_err(|e| format!("initial_time: {}", config::chain(&e)))?;
+        }
+        Ok(client)
+    }
+
+    /// Stops the VM now; safe to call more than once, from any thread.
+    pub fn kill(&self) {
+        self.killed.store(true, Ordering::SeqCst);
+        let _ = self.vm.shutdown();
+    }
+
+    pub fn pause(&self) -> Result<(), String> {
+        self.vm.pause().map_err(|e| config::chain(&e))
+    }
+
+    pub fn resume(&self) -> Result<(), String> {
+        self.vm.resume().map_err(|e| config::chain(&e))
+    }
+
+    /// Warm reset through the boot path. The agent restarts with the guest,
+    /// so the old connection ends.
+    pub fn reset(&self) -> Result<(), String> {
+        self.vm.reset().map_err(|e| config::chain(&e))
+    }
+}
+
+/// The kernel's `Run <path> as init process` line, if printed.
+pub fn init_line(log: &str) -> Option<String> {
+    log.lines()
+        .find(|l| l.contains("Run /") && l.contains(" as init process"))
+        .map(|l| {
+            let from = l.find("Run /").unwrap_or(0);
+            l[from..].trim_end().to_string()
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn init_line_is_found() {
+        let log = "[ 1.0] foo\n[ 35.2] Run /sbin/provium-agent as init process\r\n[ 35.3] x\n";
+        assert_eq!(
+            init_line(log).as_deref(),
+            Some("Run /sbin/provium-agent as init process")
+        );
+        assert_eq!(init_line("nothing"), None);
+    }
+}

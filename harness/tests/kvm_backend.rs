@@ -1,0 +1,318 @@
+//! The `kvm` backend through `provium --vmm kvm` and Lua: what this machine
+//! (kvm_pvm, DESIGN.md "This machine's KVM") can prove, and `--vmm auto`.
+//!
+//! - The probe kernel (tier 5) boots with the agent injected: `vm:boot()`
+//!   fails with the honest error (the kernel reached init, but this KVM runs
+//!   no Linux user space, so no Hello), the console log and the failed
+//!   test's console excerpt show "Run /sbin/provium-agent as init process"
+//!   (the kernel found our overlay's agent as rdinit). The agent is a
+//!   stand-in static ELF that only loops: the real agent's Hello needs
+//!   hardware KVM (the real-kernel tier); a small binary keeps the emulated
+//!   kernel's cpio unpacking short.
+//! - The tiny guest (no vsock driver) with `inject_agent = false` and a 2 s
+//!   agent timeout: the boot fails within it, saying the kernel never reached
+//!   init, with the guest's banner in the console excerpt; the dead VM's
+//!   Console still reads its log, its stream is at EOF, writes are refused.
+//! - `--vmm auto` keeps choosing local (`KVM_BACKEND_BOOTS` is false).
+//!
+//! KVM tests need /dev/kvm (`PROVIUM_SKIP_KVM=1` skips, printing why); the
+//! probe test needs the probe kernel (`PROVIUM_SKIP_PROBE_KERNEL=1` skips).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use provium_protocol::frame::{read_message, DEFAULT_MAX_FRAME_BYTES};
+use provium_protocol::{Event, EventFrame};
+use provium_vmm::initrd::CpioWriter;
+use provium_vmm::tiny_guest;
+
+const PROBE_CMDLINE: &str = "noxsave nokaslr tsc=reliable \
+     clearcpuid=308,141,151,145,158,288,298,306,291,296,156,293";
+
+fn env_is_1(name: &str) -> bool {
+    std::env::var_os(name).is_some_and(|v| v == "1")
+}
+
+fn kvm_or_skip(test: &str) -> bool {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
+        Ok(_) => true,
+        Err(e) if env_is_1("PROVIUM_SKIP_KVM") => {
+            eprintln!("SKIP {test}: /dev/kvm is not usable: {e} (PROVIUM_SKIP_KVM=1)");
+            false
+        }
+        Err(e) => panic!(
+            "{test}: /dev/kvm is not usable: {e} — set PROVIUM_SKIP_KVM=1 on a machine without KVM"
+        ),
+    }
+}
+
+fn probe_kernel(test: &str) -> Option<PathBuf> {
+    let path = match std::env::var_os("PROVIUM_PROBE_KERNEL") {
+        Some(p) => PathBuf::from(p),
+        None => std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))
+            .join("probe-kernel/bzImage"),
+    };
+    if path.is_file() {
+        return Some(path);
+    }
+    let why = format!(
+        "the probe kernel {} is missing: build it with `scripts/build-probe-kernel.sh` \
+         (2.5 min on 2 idle cores, much longer on busy ones), or point PROVIUM_PROBE_KERNEL at a bzImage",
+        path.display()
+    );
+    if env_is_1("PROVIUM_SKIP_PROBE_KERNEL") {
+        eprintln!("SKIP {test}: {why} (PROVIUM_SKIP_PROBE_KERNEL=1)");
+        return None;
+    }
+    panic!("{test}: {why}; set PROVIUM_SKIP_PROBE_KERNEL=1 to skip this tier");
+}
+
+/// A static x86-64 ELF whose only instruction is `jmp .`: it execs as init
+/// and never answers (no syscall at all).
+fn looping_elf() -> Vec<u8> {
+    const BASE: u64 = 0x40_0000;
+    let code = [0xeb, 0xfe];
+    let size = 64 + 56 + code.len() as u64;
+    let mut e = Vec::new();
+    e.extend_from_slice(b"\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0");
+    e.extend_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+    e.extend_from_slice(&0x3eu16.to_le_bytes()); // x86-64
+    e.extend_from_slice(&1u32.to_le_bytes());
+    e.extend_from_slice(&(BASE + 120).to_le_bytes()); // entry
+    e.extend_from_slice(&64u64.to_le_bytes()); // phoff
+    e.extend_from_slice(&0u64.to_le_bytes()); // shoff
+    e.extend_from_slice(&0u32.to_le_bytes());
+    for v in [64u16, 56, 1, 0, 0, 0] {
+        e.extend_from_slice(&v.to_le_bytes());
+    }
+    e.extend_from_slice(&1u32.to_le_bytes()); // PT_LOAD
+    e.extend_from_slice(&5u32.to_le_bytes()); // R+X
+    for v in [0, BASE, BASE, size, size, 0x1000] {
+        e.extend_from_slice(&v.to_le_bytes());
+    }
+    e.extend_from_slice(&code);
+    assert_eq!(e.len() as u64, size);
+    e
+}
+
+fn write_exe(path: &Path, bytes: &[u8]) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, bytes).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+fn write_initrd(dir: &Path) -> PathBuf {
+    let mut w = CpioWriter::new();
+    w.dir("dev", 0o755).unwrap();
+    w.char_dev("dev/console", 0o600, 5, 1).unwrap();
+    w.file("init", 0o755, b"#!/bin/sh\necho provium probe init\n")
+        .unwrap();
+    let path = dir.join("initrd.cpio");
+    std::fs::write(&path, w.finish()).unwrap();
+    path
+}
+
+fn project(toml: &str, test: &str) -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(
+        d.path().join("provium.toml"),
+        format!("[provium]\nroots = [\"tests\"]\n\n{toml}"),
+    )
+    .unwrap();
+    std::fs::create_dir_all(d.path().join("tests")).unwrap();
+    std::fs::write(d.path().join("tests/kvm.test.lua"), test).unwrap();
+    d
+}
+
+fn run(dir: &Path, vmm: &str, envs: &[(&str, &str)]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_provium"))
+        .args([
+            "--vmm",
+            vmm,
+            "--no-preflight",
+            "--no-ksm",
+            "--timeout",
+            "1200",
+        ])
+        .arg("--save-events")
+        .arg(dir.join("events.bin"))
+        .current_dir(dir)
+        .env("PROVIUM_RERUN_STATE", dir.join("rerun.json"))
+        .env("PROVIUM_OVERLAY_CACHE", dir.join("overlay-cache"))
+        .envs(envs.iter().copied())
+        .output()
+        .unwrap()
+}
+
+fn events(dir: &Path) -> Vec<Event> {
+    let bytes = std::fs::read(dir.join("events.bin")).unwrap();
+    let mut r = &bytes[..];
+    let mut out = Vec::new();
+    while let Some(f) = read_message::<EventFrame, _>(&mut r, DEFAULT_MAX_FRAME_BYTES).unwrap() {
+        out.push(f.event);
+    }
+    out
+}
+
+/// The one TestFailed event: (reason, console excerpt).
+fn failure(dir: &Path, o: &Output) -> (String, String) {
+    let failed: Vec<_> = events(dir)
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::TestFailed(f) => Some((f.reason, f.console_excerpt)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(failed.len(), 1, "one failed test expected; {o:?}");
+    failed.into_iter().next().unwrap()
+}
+
+// File-scope VMs: a test-scope VM is shut down (scope exit) before the
+// runner takes the failed test's console excerpt.
+const PROBE_TEST: &str = r#"
+local vm = provium:vm("v", "probe", {memory = "256M"})
+test("boot", function(t)
+    local ok, e = pcall(function() vm:boot() end)
+    t:assert(not ok, "vm:boot() cannot succeed on this KVM")
+    t:assert_eq(vm:state(), "dead")
+    t:assert(vm:cid() ~= nil and vm:cid() >= 3, "a guest CID was assigned")
+    local log = vm:console():read_log()
+    t:assert(log:find("Run /sbin/provium-agent as init process", 1, true), "rdinit line in the log")
+    t:assert(log:find("virtio_mmio.device=", 1, true), "our devices on the command line")
+    error(e)
+end)
+"#;
+
+#[test]
+fn probe_kernel_boot_fails_honestly_with_the_console() {
+    let test = "probe_kernel_boot_fails_honestly_with_the_console";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let Some(kernel) = probe_kernel(test) else {
+        return;
+    };
+    if !Path::new("/sys/module/kvm_pvm").exists() {
+        eprintln!(
+            "SKIP {test}: this host's KVM is not kvm_pvm, so the guest's user space runs and this \
+             failure path does not apply; the real-kernel tier (PROVIUM_TEST_KERNEL) covers the agent there"
+        );
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let initrd = write_initrd(d.path());
+    let agent = d.path().join("stand-in-agent");
+    write_exe(&agent, &looping_elf());
+    let p = project(
+        &format!(
+            "[profiles.probe]\nkernel = {kernel:?}\ninitrd = {initrd:?}\ncmdline = {PROBE_CMDLINE:?}\nguest_os = \"linux\"\n"
+        ),
+        PROBE_TEST,
+    );
+    let t0 = std::time::Instant::now();
+    let o = run(
+        p.path(),
+        "kvm",
+        &[
+            ("PROVIUM_AGENT", agent.to_str().unwrap()),
+            // Long enough to reach init on a loaded 2-core machine; the
+            // failure comes a few seconds after init on kvm_pvm.
+            ("PROVIUM_KVM_AGENT_TIMEOUT", "1100"),
+        ],
+    );
+    eprintln!("probe boot to the honest failure: {:?}", t0.elapsed());
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let (reason, excerpt) = failure(p.path(), &o);
+    for want in [
+        "vm:boot: vm `v`: the agent did not answer",
+        "the kernel reached init (\"Run /sbin/provium-agent as init process\"",
+        "kvm_pvm, which cannot run Linux user space",
+        "needs hardware KVM",
+        "last console lines:",
+    ] {
+        assert!(reason.contains(want), "missing {want:?} in:\n{reason}");
+    }
+    assert!(
+        excerpt.starts_with("--- v console ---")
+            && excerpt.contains("Run /sbin/provium-agent as init process"),
+        "console excerpt:\n{excerpt}"
+    );
+}
+
+const TINY_TEST: &str = r#"
+local vm = provium:vm("v", "tiny", {memory = "64M"})
+test("boot", function(t)
+    local c = vm:console()
+    local ok, e = pcall(function() c:read_log() end)
+    t:assert(not ok and tostring(e):find("boot it first", 1, true), tostring(e))
+    ok, e = pcall(function() vm:boot({rng_seed = 7}) end)
+    t:assert(not ok, "no agent: the boot must fail")
+    t:assert_eq(vm:state(), "dead")
+    t:assert(c:read_log():find("PROVIUM-TINY-GUEST v1", 1, true), "banner in the log")
+    t:assert_eq(c:expect("READY", "5s"), "READY")
+    local ok2, e2 = pcall(function() c:expect("never printed", "100ms") end)
+    t:assert(not ok2 and tostring(e2):find("never printed", 1, true), tostring(e2))
+    local s = c:read()
+    t:assert_eq(s:next("100ms"), nil)
+    t:assert(s:eof(), "a dead VM's console stream is at EOF")
+    s:close()
+    local ok3, e3 = pcall(function() c:write("x") end)
+    t:assert(not ok3 and tostring(e3):find("is dead", 1, true), tostring(e3))
+    local ok4, e4 = pcall(function() c:write("x", {timeout_ms = 5}) end)
+    t:assert(not ok4 and tostring(e4):find("timeout_ms is not supported", 1, true), tostring(e4))
+    c:close()
+    error(e)
+end)
+"#;
+
+#[test]
+fn agent_timeout_bounds_a_boot_without_an_agent() {
+    let test = "agent_timeout_bounds_a_boot_without_an_agent";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let p = project(
+        "[profiles.tiny]\nkernel = \"tiny.bzImage\"\ncmdline = \"tiny\"\nguest_os = \"linux\"\ninject_agent = false\n",
+        TINY_TEST,
+    );
+    std::fs::write(p.path().join("tiny.bzImage"), tiny_guest::BZIMAGE).unwrap();
+    let o = run(p.path(), "kvm", &[("PROVIUM_KVM_AGENT_TIMEOUT", "2")]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let (reason, excerpt) = failure(p.path(), &o);
+    for want in [
+        "no Hello from the agent on vsock port 1024",
+        "within 2s",
+        "PROVIUM_KVM_AGENT_TIMEOUT",
+        "the kernel never reached init",
+        tiny_guest::BANNER,
+    ] {
+        assert!(reason.contains(want), "missing {want:?} in:\n{reason}");
+    }
+    assert!(excerpt.contains(tiny_guest::BANNER), "excerpt:\n{excerpt}");
+}
+
+#[test]
+fn vmm_auto_keeps_choosing_local() {
+    let d = tempfile::tempdir().unwrap();
+    let kernel = d.path().join("k.bzImage");
+    std::fs::write(&kernel, tiny_guest::BZIMAGE).unwrap();
+    let p = project(
+        &format!(
+            "[profiles.tiny]\nkernel = {kernel:?}\ncmdline = \"tiny\"\nguest_os = \"linux\"\n"
+        ),
+        "test(\"noop\", function(t) end)\n",
+    );
+    let o = run(p.path(), "auto", &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--vmm auto: using the local backend"),
+        "auto must not pick kvm while KVM_BACKEND_BOOTS is false:\n{err}"
+    );
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+}
