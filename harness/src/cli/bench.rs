@@ -980,11 +980,11 @@ fn bench_boot(args: &RunArgs, b: &BootArgs) -> Result<Report, String> {
     to_hello.unavailable = Some(if !t.linux {
         "the tiny guest has no agent".to_string()
     } else {
-        let mut why = "the harness kvm backend does not boot guests end to end yet, so no agent \
-                       connects over vsock"
+        let mut why = "bench boot does not inject the agent or wait for its Hello over vsock yet \
+                       (the harness kvm backend does both for tests)"
             .to_string();
         if no_user_space {
-            why.push_str("; and this host's kvm_pvm cannot run Linux user space at all");
+            why.push_str("; on this host no Hello could come: kvm_pvm cannot run Linux user space");
         }
         why
     });
@@ -1049,11 +1049,16 @@ fn local_backend(
 ) -> Result<(), String> {
     match choose_backend(choice, config) {
         BackendKind::Local => Ok(()),
-        BackendKind::Kvm => Err(format!(
-            "bench {what}: the kvm backend cannot {} yet (the harness does not boot kvm guests end to end, \
-             and kvm memory snapshots do not exist); run with --vmm local",
-            if what == "restore" { "restore fixtures" } else { "run the agent" }
-        )),
+        BackendKind::Kvm => Err(if what == "restore" {
+            "bench restore: the kvm backend cannot restore fixtures: kvm memory snapshots do not exist \
+             yet; run with --vmm local"
+                .to_string()
+        } else {
+            format!(
+                "bench {what}: runs on the local backend only for now (on kvm the agent needs Linux \
+                 user space, which kvm_pvm hosts cannot run); run with --vmm local"
+            )
+        }),
     }
 }
 

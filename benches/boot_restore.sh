@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Boot, restore and agent round-trip numbers with `provium bench`, in one run
+# (docs/benchmarking.md has what each phase means and the numbers measured).
+#
+#   bash benches/boot_restore.sh [OUT_DIR]            # root: restore/ops start sandboxes
+#   QEMU=1 bash benches/boot_restore.sh [OUT_DIR]     # also QEMU -M microvm, same kernel
+#
+# Writes OUT_DIR (default target/bench/<date>) with one JSON-lines file per
+# bench (`--json` output, comparable later with `provium bench compare`) and
+# prints the tables. Knobs: RUNS (tiny guest, restore; default 50), PROBE_RUNS
+# (probe kernel boots; default 3, each ~1 min on kvm_pvm), OPS_RUNS (default
+# 1000), PIN (a CPU to pin to; default none).
+#
+# QEMU=1 installs Debian's qemu-system-x86 if missing (never in CI) and boots
+# the same probe kernel and initrd under `-M microvm` PROBE_RUNS times,
+# timestamping QEMU's serial output as it arrives: process start to first
+# byte and to "Run /init". That is a reader on a pipe, not QEMU's own
+# timer, so it is an upper bound for QEMU; our numbers come from the VMM.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+OUT=${1:-$ROOT/target/bench/$(date +%Y%m%d-%H%M%S)}
+RUNS=${RUNS:-50}
+PROBE_RUNS=${PROBE_RUNS:-3}
+OPS_RUNS=${OPS_RUNS:-1000}
+PIN_ARGS=()
+if [[ -n "${PIN:-}" ]]; then PIN_ARGS=(--pin "$PIN"); fi
+mkdir -p "$OUT"
+
+cargo build --release -q -p provium -p provium-agent
+PROVIUM=$ROOT/target/release/provium
+export PROVIUM_AGENT=$ROOT/target/release/provium-agent
+
+bench() { # NAME ARGS...: JSON to $OUT/NAME.json, table to the terminal
+    local name=$1
+    shift
+    echo "== provium bench $*"
+    "$PROVIUM" bench "$@" "${PIN_ARGS[@]}" --json >"$OUT/$name.json"
+    "$PROVIUM" bench compare "$OUT/$name.json" "$OUT/$name.json" >/dev/null # shape check
+    python3 - "$OUT/$name.json" <<'EOF'
+import json, sys
+def f(x, unit):
+    if x is None: return "-"
+    if unit == "bytes": return f"{x/2**20:.1f}MiB"
+    return f"{x/1e9:.2f}s" if x >= 1e9 else f"{x/1e6:.2f}ms" if x >= 1e6 else f"{x/1e3:.1f}us"
+for line in open(sys.argv[1]):
+    d = json.loads(line)
+    if d["available"]:
+        print(f'  {d["phase"]:<28} n={d["n"]:<4} min {f(d["min"], d["unit"]):>9}  median {f(d["median"], d["unit"]):>9}  '
+              f'p90 {f(d["p90"], d["unit"]):>9}  p99 {f(d["p99"], d["unit"]):>9}  max {f(d["max"], d["unit"]):>9}')
+    else:
+        print(f'  {d["phase"]:<28} unavailable: {d["reason"]}')
+EOF
+}
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# 1. The tiny guest: VMM set-up and the VMM's own floor.
+bench boot-tiny boot --tiny-guest -n "$RUNS" --warmup 5
+
+# 2. The probe kernel (scripts/build-probe-kernel.sh), up to "Run /init".
+KERNEL=${PROVIUM_PROBE_KERNEL:-$ROOT/target/probe-kernel/bzImage}
+CMDLINE="console=ttyS0 noxsave nokaslr tsc=reliable clearcpuid=308,141,151,145,158,288,298,306,291,296,156,293"
+if [[ -f "$KERNEL" ]]; then
+    mkdir -p "$work/probe/root/dev"
+    printf '#!/bin/sh\necho provium bench init\n' >"$work/probe/root/init"
+    chmod 755 "$work/probe/root/init"
+    mknod "$work/probe/root/dev/console" c 5 1
+    (cd "$work/probe/root" && find . | cpio -o -H newc --quiet) >"$work/probe/initrd.cpio"
+    cat >"$work/probe/provium.toml" <<EOF
+[profiles.probe]
+kernel = "$(readlink -f "$KERNEL")"
+initrd = "$work/probe/initrd.cpio"
+cmdline = "$CMDLINE"
+EOF
+    (cd "$work/probe" && bench boot-probe boot probe -n "$PROBE_RUNS" --warmup 0)
+else
+    echo "== probe kernel $KERNEL missing: run scripts/build-probe-kernel.sh (skipping its boot bench)"
+fi
+
+# 3. Restore of a local vm_fixture, 1 and 4 at once.
+mkdir -p "$work/fix/fixtures" "$work/fix/k"
+echo "not booted by the local backend" >"$work/fix/k/bzImage"
+printf '[provium]\nroots = ["."]\ncache_dir = "cache"\n\n[profiles.linux]\nkernel = "k/bzImage"\ncmdline = "q"\n' >"$work/fix/provium.toml"
+printf 'local vm = provium:vm("base", "linux"):boot()\nvm:write_file("/srv/tag", "bench")\nreturn vm:snapshot()\n' \
+    >"$work/fix/fixtures/base.fixture.lua"
+(cd "$work/fix" && bench restore-p1 restore fixtures/base --vmm local -n "$RUNS" --warmup 3)
+(cd "$work/fix" && bench restore-p4 restore fixtures/base --vmm local -n "$RUNS" --warmup 4 --parallel 4)
+
+# 4. Agent round trips on the local backend.
+(cd "$work" && bench ops-local ops --vmm local -n "$OPS_RUNS" --warmup 50)
+
+# 5. QEMU -M microvm with the same kernel and initrd (opt-in).
+if [[ "${QEMU:-0}" == 1 && -f "$KERNEL" ]]; then
+    if ! command -v qemu-system-x86_64 >/dev/null; then
+        apt-get install -y -q qemu-system-x86 >/dev/null
+    fi
+    echo "== QEMU $(qemu-system-x86_64 --version | head -1), -M microvm, $PROBE_RUNS boot(s)"
+    python3 - "$KERNEL" "$work/probe/initrd.cpio" "$CMDLINE" "$PROBE_RUNS" "$OUT/qemu-microvm.json" <<'EOF'
+import json, os, subprocess, sys, time
+kernel, initrd, cmdline, runs, out = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+rows = []
+for i in range(runs):
+    t0 = time.monotonic()
+    p = subprocess.Popen(["qemu-system-x86_64", "-M", "microvm", "-enable-kvm", "-cpu", "host", "-m", "256",
+                          "-nodefaults", "-no-user-config", "-nographic", "-serial", "stdio", "-no-reboot",
+                          "-kernel", kernel, "-initrd", initrd, "-append", cmdline],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    first = init = None
+    buf = b""
+    while True:
+        b = os.read(p.stdout.fileno(), 4096)
+        if not b:
+            break
+        now = time.monotonic()
+        first = first or now
+        buf = (buf + b)[-4096:]
+        if b" as init process" in buf:
+            init = now
+            break
+        if now - t0 > 900:
+            break
+    p.kill(); p.wait()
+    rows.append({"start_to_console": (first - t0) * 1e9 if first else None,
+                 "start_to_init": (init - t0) * 1e9 if init else None})
+    fmt = lambda ns, div, unit: "never" if ns is None else f"{ns / div:.2f} {unit}"
+    print(f"  qemu boot {i+1}: start to first byte {fmt(rows[-1]['start_to_console'], 1e6, 'ms')}, "
+          f"to Run /init {fmt(rows[-1]['start_to_init'], 1e9, 's')}")
+json.dump(rows, open(out, "w"))
+EOF
+fi
+echo "== results in $OUT"
