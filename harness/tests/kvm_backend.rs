@@ -316,3 +316,25 @@ fn vmm_auto_keeps_choosing_local() {
     );
     assert_eq!(o.status.code(), Some(0), "{o:?}");
 }
+
+/// A VM declared inside the failing test is closed with the test's scope;
+/// its console must still be in the failure's excerpt.
+#[test]
+fn a_test_scoped_vm_is_in_the_console_excerpt() {
+    let test = "a_test_scoped_vm_is_in_the_console_excerpt";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let p = project(
+        "[profiles.tiny]\nkernel = \"tiny.bzImage\"\ncmdline = \"tiny\"\nguest_os = \"linux\"\ninject_agent = false\n",
+        "test('boot', function(t) provium:vm('scoped', 'tiny', {memory = '64M'}):boot() end)\n",
+    );
+    std::fs::write(p.path().join("tiny.bzImage"), tiny_guest::BZIMAGE).unwrap();
+    let o = run(p.path(), "kvm", &[("PROVIUM_KVM_AGENT_TIMEOUT", "2")]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let (_, excerpt) = failure(p.path(), &o);
+    assert!(
+        excerpt.starts_with("--- scoped console ---") && excerpt.contains(tiny_guest::BANNER),
+        "excerpt:\n{excerpt}"
+    );
+}

@@ -263,6 +263,9 @@ fn run_file_inner(
             Ok(Value::Nil) | Err(_) => Ok(file_default_timeout),
             Ok(v) => duration::from_lua(&v, "meta.timeout").map(Some),
         };
+        // A failure's console excerpt is taken before the test's own VMs
+        // are closed with its scope, so they are in it too.
+        let mut excerpt: Option<String> = None;
         let (mut status, mut message, log) = match test_timeout {
             Err(e) => (TestStatus::Failed, Some(lua::error_message(&e)), Vec::new()),
             Ok(timeout) => {
@@ -270,6 +273,9 @@ fn run_file_inner(
                 let scope = root.enter_test_scope(&lua);
                 let r = run_one(&run_test, &entry);
                 watchdog.set_test_deadline(None);
+                if !matches!(r, Ok((TestStatus::Passed | TestStatus::Skipped, _, _))) {
+                    excerpt = Some(console_excerpt(&env));
+                }
                 if let Err(e) = root.leave_test_scope(&lua, scope) {
                     // Auto-close failures are reported on the test.
                     match r {
@@ -322,7 +328,7 @@ fn run_file_inner(
                 name: entry.name.clone(),
                 duration_ns: duration.as_nanos() as u64,
                 reason: message.clone().unwrap_or_default(),
-                console_excerpt: console_excerpt(&env),
+                console_excerpt: excerpt.take().unwrap_or_else(|| console_excerpt(&env)),
                 meta: meta.clone(),
             })),
             TestStatus::Skipped => env.events.emit(Event::TestSkipped(TestSkipped {
