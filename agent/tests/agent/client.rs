@@ -63,7 +63,7 @@ impl Agent {
     pub fn start_with(cmd: impl FnOnce(&Path) -> Command) -> Agent {
         let dir = tempfile::Builder::new()
             .prefix("provium-agent-test")
-            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .tempdir_in(scratch_base())
             .unwrap();
         let sock = dir.path().join("a.sock");
         let child = cmd(&sock)
@@ -346,4 +346,16 @@ pub fn spawn_sh(script: &str) -> SpawnSpec {
 
 pub fn assert_code(err: &OpError, code: ErrorCode) {
     assert_eq!(err.code, code, "{err:?}");
+}
+
+/// Where tests put sockets and scripts. Normally cargo's per-target scratch
+/// directory; but the agent as PID 1 mounts a fresh tmpfs on /tmp, which would
+/// hide anything there from it, so a checkout under /tmp uses /var/tmp.
+pub fn scratch_base() -> std::path::PathBuf {
+    let base = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    if base.starts_with("/tmp") {
+        std::path::PathBuf::from("/var/tmp")
+    } else {
+        base
+    }
 }

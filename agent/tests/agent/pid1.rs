@@ -70,7 +70,7 @@ fn pid1_forks_the_agent_and_execs_init() {
         eprintln!("skipping pid1_forks_the_agent_and_execs_init: {why}");
         return;
     }
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tempfile::tempdir_in(scratch_base()).unwrap();
     let init = dir.path().join("init.sh");
     std::fs::write(&init, "#!/bin/sh\nexec sleep 300\n").unwrap();
     std::fs::set_permissions(&init, std::fs::Permissions::from_mode(0o755)).unwrap();
