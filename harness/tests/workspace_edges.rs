@@ -123,7 +123,12 @@ fn load_metadata(manifest_path: &Path) -> Metadata {
 }
 
 fn workspace_graph() -> Graph {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+    // `cargo test` also sets CARGO_MANIFEST_DIR at run time; prefer it, so a
+    // test binary built in a checkout that has since moved reads the right one.
+    let harness_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
+    let manifest = harness_dir.join("../Cargo.toml");
     graph_from_metadata(&load_metadata(&manifest))
 }
 
