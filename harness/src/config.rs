@@ -371,6 +371,14 @@ mod tests {
         );
     }
 
+    /// The annotated example documents real fields: it must load.
+    #[test]
+    fn the_example_config_loads() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../provium.toml.example");
+        let cfg = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!cfg.profiles.is_empty(), "the example declares profiles");
+    }
+
     #[test]
     fn sizes() {
         assert_eq!(parse_size("512M"), Ok(512 << 20));
