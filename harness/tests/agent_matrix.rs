@@ -10,6 +10,9 @@
 //! The points proven elsewhere are not repeated here: raw-frame agent tests
 //! in `agent/tests/agent/` (bad frames, window overrun, PID-1 chain) and the
 //! client's fake-agent unit tests in `harness/src/client/connection.rs`.
+mod common;
+
+use common::agent;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -18,29 +21,13 @@ use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use provium::backend::local::{locate_agent, LocalOptions, LocalSandbox};
+use provium::backend::local::{LocalOptions, LocalSandbox};
 use provium::client::{AgentClient, AgentOps, ClientError};
 use provium_protocol::op::{
     Command as Cmd, ExecSpec, IoctlSpec, NestedPtr, OpenMode, SpawnSpec, SyscallSpec, Whence,
 };
 use provium_protocol::result::{ErrorCode, ExitInfo, ExitStatus};
 use provium_protocol::STREAM_WINDOW_BYTES;
-
-/// The agent binary, built on demand so the test never runs a stale or
-/// missing one silently.
-fn agent() -> PathBuf {
-    if let Ok(p) = locate_agent() {
-        return p;
-    }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = std::process::Command::new(cargo)
-        .args(["build", "-p", "provium-agent"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("run cargo build -p provium-agent");
-    assert!(status.success(), "cargo build -p provium-agent failed");
-    locate_agent().expect("provium-agent after building it")
-}
 
 /// A sandbox named `name` under its own runtime directory.
 fn sandbox(name: &str) -> (LocalSandbox, AgentClient) {

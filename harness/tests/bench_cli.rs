@@ -9,6 +9,9 @@
 //! `PROVIUM_PROBE_KERNEL`) and fails saying how to build it unless
 //! `PROVIUM_SKIP_PROBE_KERNEL=1`; restore and ops need root and the agent,
 //! as every local-backend test does.
+mod common;
+
+use common::ensure_agent;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -329,19 +332,6 @@ fn boot_probe_kernel_reaches_run_init() {
         "{guest}"
     );
     assert_eq!(guest["until"], "init");
-}
-
-fn ensure_agent() {
-    if provium::backend::local::locate_agent().is_ok() {
-        return;
-    }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let ok = Command::new(cargo)
-        .args(["build", "-p", "provium-agent"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("cargo");
-    assert!(ok.success(), "cargo build -p provium-agent failed");
 }
 
 fn fixture_project() -> tempfile::TempDir {

@@ -1,6 +1,9 @@
 //! The agent client against the real `provium-agent`, run directly on the
 //! host on a Unix socket (no sandbox: this tests the client and the wire,
 //! the local backend has its own tests). Work happens in a temp directory.
+mod common;
+
+use common::agent as agent_bin;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -8,27 +11,12 @@ use std::process::{Child, Command};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use provium::backend::local::locate_agent;
 use provium::client::{AgentClient, AgentOps, ClientOptions};
 use provium_protocol::op::{
     Command as Cmd, ExecSpec, Op, OpenMode, SpawnSpec, SyscallSpec, TailSource, TailStart, Whence,
 };
 use provium_protocol::result::{EntryType, ExitStatus, OpValue};
 use provium_protocol::STREAM_WINDOW_BYTES;
-
-fn agent_bin() -> PathBuf {
-    if let Ok(p) = locate_agent() {
-        return p;
-    }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args(["build", "-p", "provium-agent"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("run cargo build -p provium-agent");
-    assert!(status.success(), "cargo build -p provium-agent failed");
-    locate_agent().expect("provium-agent after building it")
-}
 
 /// A host-run agent on a socket in its own temp dir; killed on drop.
 struct Agent {

@@ -5,6 +5,9 @@
 //!
 //! Fixtures append their name to `$PROVIUM_TEST_BUILD_LOG` on the host when
 //! their chunk runs, so each test counts exactly which fixtures were built.
+mod common;
+
+use common::ensure_agent;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -12,19 +15,6 @@ use std::time::{Duration, Instant};
 
 use provium_protocol::frame::{read_message, DEFAULT_MAX_FRAME_BYTES};
 use provium_protocol::{Event, EventFrame};
-
-fn ensure_agent() {
-    if provium::backend::local::locate_agent().is_ok() {
-        return;
-    }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let ok = Command::new(cargo)
-        .args(["build", "-p", "provium-agent"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .unwrap();
-    assert!(ok.success(), "cargo build -p provium-agent failed");
-}
 
 const LOG_LINE: &str = r#"do local f = assert(io.open(os.getenv("PROVIUM_TEST_BUILD_LOG"), "a")); f:write(NAME .. "\n"); f:close() end"#;
 

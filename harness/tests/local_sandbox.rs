@@ -3,27 +3,14 @@
 //!
 //! Needs root (as in CI). Without root these tests fail, saying so: the
 //! local backend is the tier that must run here.
+mod common;
+
+use common::agent;
 
 use std::path::PathBuf;
 
-use provium::backend::local::{locate_agent, LocalOptions, LocalSandbox};
+use provium::backend::local::{LocalOptions, LocalSandbox};
 use provium::client::AgentOps;
-
-/// The agent binary, built on demand so the test never runs a stale or
-/// missing one silently.
-fn agent() -> PathBuf {
-    if let Ok(p) = locate_agent() {
-        return p;
-    }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = std::process::Command::new(cargo)
-        .args(["build", "-p", "provium-agent"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("run cargo build -p provium-agent");
-    assert!(status.success(), "cargo build -p provium-agent failed");
-    locate_agent().expect("provium-agent after building it")
-}
 
 fn opts(tag: &str) -> LocalOptions {
     let mut o = LocalOptions::new(agent());

@@ -6,6 +6,9 @@
 //! The owner is this test binary re-executed to run `holder` (an ignored
 //! test that only runs when `sigkill_of_the_owner_tears_the_sandbox_down`
 //! spawns it with `PROVIUM_SIGKILL_HOLDER` set). Needs root, as in CI.
+mod common;
+
+use common::agent;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::net::UnixStream;
@@ -13,24 +16,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use provium::backend::local::{locate_agent, LocalOptions, LocalSandbox};
+use provium::backend::local::{LocalOptions, LocalSandbox};
 use provium::client::AgentOps;
 
 const HOLDER_ENV: &str = "PROVIUM_SIGKILL_HOLDER";
-
-fn agent() -> PathBuf {
-    if let Ok(p) = locate_agent() {
-        return p;
-    }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args(["build", "-p", "provium-agent"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("run cargo build -p provium-agent");
-    assert!(status.success(), "cargo build -p provium-agent failed");
-    locate_agent().expect("provium-agent after building it")
-}
 
 fn mounts() -> Vec<String> {
     std::fs::read_to_string("/proc/self/mountinfo")

@@ -5,34 +5,12 @@
 //! Needs root (as in CI), `/dev/net/tun` and `ping` (Debian: iputils-ping).
 //! Without them these tests fail, saying which is missing: this is the tier
 //! that proves bridges really carry traffic.
+mod common;
 
-use std::path::{Path, PathBuf};
+use common::{agent, repo_root};
+
+use std::path::Path;
 use std::process::{Command, Output};
-
-use provium::backend::local::locate_agent;
-
-/// The agent binary, built on demand so the test never runs a stale or
-/// missing one silently.
-fn agent() -> PathBuf {
-    if let Ok(p) = locate_agent() {
-        return p;
-    }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args(["build", "-p", "provium-agent"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("run cargo build -p provium-agent");
-    assert!(status.success(), "cargo build -p provium-agent failed");
-    locate_agent().expect("provium-agent after building it")
-}
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("harness/ has a parent")
-        .to_path_buf()
-}
 
 fn require_environment() {
     // SAFETY: geteuid has no preconditions.

@@ -1,29 +1,11 @@
 //! The Lua suites under tests/lua, run through the real `provium` binary on
 //! the local backend (root, as in CI), plus the example suite the README runs.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::{ensure_agent, repo_root as repo};
+
 use std::process::Command;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-/// Build the agent if it is missing, so the suites never skip silently.
-fn ensure_agent() {
-    if provium::backend::local::locate_agent().is_ok() {
-        return;
-    }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let ok = Command::new(cargo)
-        .args(["build", "-p", "provium-agent"])
-        .current_dir(repo())
-        .status()
-        .unwrap();
-    assert!(ok.success(), "cargo build -p provium-agent failed");
-}
 
 fn run_suite(config: &str, path: &str) -> (i32, String) {
     ensure_agent();
