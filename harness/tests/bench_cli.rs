@@ -12,8 +12,9 @@
 mod common;
 
 use common::ensure_agent;
+use common::{kvm_or_skip, probe_kernel};
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use serde_json::Value;
@@ -31,10 +32,6 @@ const BOOT_PHASES: [&str; 7] = [
 /// DESIGN.md's command line for Linux guests on kvm_pvm.
 const PROBE_CMDLINE: &str = "console=ttyS0 noxsave nokaslr tsc=reliable \
      clearcpuid=308,141,151,145,158,288,298,306,291,296,156,293";
-
-fn env_is_1(name: &str) -> bool {
-    std::env::var_os(name).is_some_and(|v| v == "1")
-}
 
 fn provium(dir: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_provium"))
@@ -59,23 +56,6 @@ fn json_lines(o: &Output) -> Vec<Value> {
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {e}: {l}")))
         .collect()
-}
-
-/// Whether the KVM tests should run; `false` after printing why they skip.
-fn kvm_or_skip(test: &str) -> bool {
-    let usable = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm");
-    match usable {
-        Ok(_) => true,
-        Err(e) if env_is_1("PROVIUM_SKIP_KVM") => {
-            eprintln!("SKIP {test}: /dev/kvm: {e} (PROVIUM_SKIP_KVM=1)");
-            false
-        }
-        // Let the command fail loudly: CI has KVM.
-        Err(_) => true,
-    }
 }
 
 fn phase<'a>(lines: &'a [Value], name: &str) -> &'a Value {
@@ -234,31 +214,6 @@ fn boot_tiny_guest_refuses_until_init() {
     );
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("prints no \"Run /init\""), "{}", text(&o));
-}
-
-/// The probe kernel, or `None` after printing why the test skips.
-fn probe_kernel(test: &str) -> Option<PathBuf> {
-    let path = match std::env::var_os("PROVIUM_PROBE_KERNEL") {
-        Some(p) => PathBuf::from(p),
-        None => std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))
-            .join("probe-kernel/bzImage"),
-    };
-    if path.is_file() {
-        return Some(path.canonicalize().expect("canonical kernel path"));
-    }
-    let why = format!(
-        "the probe kernel {} is missing: build it with `scripts/build-probe-kernel.sh` \
-         (installs Debian's linux-source-6.1 and build tools if missing), \
-         or point PROVIUM_PROBE_KERNEL at a bzImage",
-        path.display()
-    );
-    if env_is_1("PROVIUM_SKIP_PROBE_KERNEL") {
-        eprintln!("SKIP {test}: {why} (PROVIUM_SKIP_PROBE_KERNEL=1)");
-        return None;
-    }
-    panic!("{test}: {why}; set PROVIUM_SKIP_PROBE_KERNEL=1 to skip this tier");
 }
 
 #[test]

@@ -7,6 +7,10 @@
 //! needs `target/probe-kernel/bzImage` (or `PROVIUM_PROBE_KERNEL`); without it
 //! it fails and says how to build it, unless `PROVIUM_SKIP_PROBE_KERNEL=1`.
 
+mod common;
+
+use common::{kvm_or_skip, probe_kernel, PROBE_CMDLINE};
+
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -15,54 +19,6 @@ use std::time::{Duration, Instant};
 
 use provium_vmm::initrd::CpioWriter;
 use provium_vmm::tiny_guest;
-
-const PROBE_CMDLINE: &str = "noxsave nokaslr tsc=reliable \
-     clearcpuid=308,141,151,145,158,288,298,306,291,296,156,293";
-
-fn env_is_1(name: &str) -> bool {
-    std::env::var_os(name).is_some_and(|v| v == "1")
-}
-
-/// False (after printing why) when the test should skip for lack of KVM.
-fn kvm_or_skip(test: &str) -> bool {
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-    {
-        Ok(_) => true,
-        Err(e) if env_is_1("PROVIUM_SKIP_KVM") => {
-            eprintln!("SKIP {test}: /dev/kvm is not usable: {e} (PROVIUM_SKIP_KVM=1)");
-            false
-        }
-        Err(e) => panic!(
-            "{test}: /dev/kvm is not usable: {e} — set PROVIUM_SKIP_KVM=1 on a machine without KVM"
-        ),
-    }
-}
-
-fn probe_kernel(test: &str) -> Option<PathBuf> {
-    let path = match std::env::var_os("PROVIUM_PROBE_KERNEL") {
-        Some(p) => PathBuf::from(p),
-        None => std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))
-            .join("probe-kernel/bzImage"),
-    };
-    if path.is_file() {
-        return Some(path);
-    }
-    let why = format!(
-        "the probe kernel {} is missing: build it with `scripts/build-probe-kernel.sh` \
-         (2.5 min on 2 idle cores, much longer on busy ones), or point PROVIUM_PROBE_KERNEL at a bzImage",
-        path.display()
-    );
-    if env_is_1("PROVIUM_SKIP_PROBE_KERNEL") {
-        eprintln!("SKIP {test}: {why} (PROVIUM_SKIP_PROBE_KERNEL=1)");
-        return None;
-    }
-    panic!("{test}: {why}; set PROVIUM_SKIP_PROBE_KERNEL=1 to skip this tier");
-}
 
 /// An uncompressed initrd with `/init` and `/dev/console`.
 fn write_initrd(dir: &Path) -> PathBuf {

@@ -18,6 +18,10 @@
 //! KVM tests need /dev/kvm (`PROVIUM_SKIP_KVM=1` skips, printing why); the
 //! probe test needs the probe kernel (`PROVIUM_SKIP_PROBE_KERNEL=1` skips).
 
+mod common;
+
+use common::{kvm_or_skip, probe_kernel, PROBE_CMDLINE};
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -25,53 +29,6 @@ use provium_protocol::frame::{read_message, DEFAULT_MAX_FRAME_BYTES};
 use provium_protocol::{Event, EventFrame};
 use provium_vmm::initrd::CpioWriter;
 use provium_vmm::tiny_guest;
-
-const PROBE_CMDLINE: &str = "noxsave nokaslr tsc=reliable \
-     clearcpuid=308,141,151,145,158,288,298,306,291,296,156,293";
-
-fn env_is_1(name: &str) -> bool {
-    std::env::var_os(name).is_some_and(|v| v == "1")
-}
-
-fn kvm_or_skip(test: &str) -> bool {
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-    {
-        Ok(_) => true,
-        Err(e) if env_is_1("PROVIUM_SKIP_KVM") => {
-            eprintln!("SKIP {test}: /dev/kvm is not usable: {e} (PROVIUM_SKIP_KVM=1)");
-            false
-        }
-        Err(e) => panic!(
-            "{test}: /dev/kvm is not usable: {e} — set PROVIUM_SKIP_KVM=1 on a machine without KVM"
-        ),
-    }
-}
-
-fn probe_kernel(test: &str) -> Option<PathBuf> {
-    let path = match std::env::var_os("PROVIUM_PROBE_KERNEL") {
-        Some(p) => PathBuf::from(p),
-        None => std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))
-            .join("probe-kernel/bzImage"),
-    };
-    if path.is_file() {
-        return Some(path);
-    }
-    let why = format!(
-        "the probe kernel {} is missing: build it with `scripts/build-probe-kernel.sh` \
-         (2.5 min on 2 idle cores, much longer on busy ones), or point PROVIUM_PROBE_KERNEL at a bzImage",
-        path.display()
-    );
-    if env_is_1("PROVIUM_SKIP_PROBE_KERNEL") {
-        eprintln!("SKIP {test}: {why} (PROVIUM_SKIP_PROBE_KERNEL=1)");
-        return None;
-    }
-    panic!("{test}: {why}; set PROVIUM_SKIP_PROBE_KERNEL=1 to skip this tier");
-}
 
 /// A static x86-64 ELF whose only instruction is `jmp .`: it execs as init
 /// and never answers (no syscall at all).

@@ -34,3 +34,59 @@ pub fn agent() -> PathBuf {
 pub fn ensure_agent() {
     agent();
 }
+
+/// The kernel command line that hides the CPU features this machine's
+/// paravirtual KVM cannot emulate (DESIGN.md, "This machine's KVM").
+pub const PROBE_CMDLINE: &str = "noxsave nokaslr tsc=reliable \
+     clearcpuid=308,141,151,145,158,288,298,306,291,296,156,293";
+
+pub fn env_is_1(name: &str) -> bool {
+    std::env::var_os(name).is_some_and(|v| v == "1")
+}
+
+/// False (after printing why) when the test should skip for lack of KVM;
+/// without `PROVIUM_SKIP_KVM=1` a missing /dev/kvm fails the test, since CI
+/// machines have one.
+pub fn kvm_or_skip(test: &str) -> bool {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
+        Ok(_) => true,
+        Err(e) if env_is_1("PROVIUM_SKIP_KVM") => {
+            eprintln!("SKIP {test}: /dev/kvm is not usable: {e} (PROVIUM_SKIP_KVM=1)");
+            false
+        }
+        Err(e) => panic!(
+            "{test}: /dev/kvm is not usable: {e} — set PROVIUM_SKIP_KVM=1 on a machine without KVM"
+        ),
+    }
+}
+
+/// The kernel-probe tier's bzImage (`scripts/build-probe-kernel.sh`), or
+/// `PROVIUM_PROBE_KERNEL`. Missing: the test fails saying how to build it,
+/// unless `PROVIUM_SKIP_PROBE_KERNEL=1` (then `None`, after printing why).
+pub fn probe_kernel(test: &str) -> Option<PathBuf> {
+    let path = match std::env::var_os("PROVIUM_PROBE_KERNEL") {
+        Some(p) => PathBuf::from(p),
+        None => std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| repo_root().join("target"))
+            .join("probe-kernel/bzImage"),
+    };
+    if path.is_file() {
+        return Some(path.canonicalize().expect("canonical kernel path"));
+    }
+    let why = format!(
+        "the probe kernel {} is missing: build it with `scripts/build-probe-kernel.sh` \
+         (installs Debian's linux-source-6.1 and build tools if missing; 2.5 min on 2 idle \
+         cores, much longer on busy ones), or point PROVIUM_PROBE_KERNEL at a bzImage",
+        path.display()
+    );
+    if env_is_1("PROVIUM_SKIP_PROBE_KERNEL") {
+        eprintln!("SKIP {test}: {why} (PROVIUM_SKIP_PROBE_KERNEL=1)");
+        return None;
+    }
+    panic!("{test}: {why}; set PROVIUM_SKIP_PROBE_KERNEL=1 to skip this tier");
+}
