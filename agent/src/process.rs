@@ -76,13 +76,15 @@ impl Process {
         }
     }
 
-    /// Signal the group (if still running), close stdin and the output.
+    /// Close the output and stdin, then signal the group (if still running).
+    /// The output ends first, so the host always sees `closed` for a stream it
+    /// released, never the `eof` of a pipe the signal closed a moment later.
     pub fn forget(&self, signal: i32) {
+        self.close_output();
+        self.stdin.close();
         if self.is_running() {
             let _ = kill_group(self.pid, signal);
         }
-        self.stdin.close();
-        self.close_output();
     }
 
     /// Wait until reaped and settled, or `deadline`. None on timeout.
