@@ -36,6 +36,8 @@ struct LabInner {
     state: Mutex<LabState>,
     /// File-scope coordination shared by the root and its test scopes.
     file: Arc<FileScope>,
+    /// The file's root lab (the `provium` global outside tests).
+    is_root: bool,
 }
 
 #[derive(Default)]
@@ -82,6 +84,7 @@ impl Lab {
             parent: None,
             state: Mutex::new(LabState::default()),
             file: Arc::new(FileScope::default()),
+            is_root: true,
         }))
     }
 
@@ -92,6 +95,7 @@ impl Lab {
             parent,
             state: Mutex::new(LabState::default()),
             file: self.0.file.clone(),
+            is_root: false,
         }))
     }
 
@@ -591,7 +595,7 @@ impl Lab {
     }
 
     fn set_setting(&self, key: &str, value: Value) -> mlua::Result<()> {
-        if self.0.parent.is_some() || !self.is_file_root() {
+        if !self.0.is_root {
             return Err(err(format!(
                 "provium.{key} can only be set at file scope on the root lab"
             )));
@@ -619,10 +623,6 @@ impl Lab {
             _ => unreachable!(),
         }
         Ok(())
-    }
-
-    fn is_file_root(&self) -> bool {
-        self.0.name == "provium"
     }
 
     fn members_of(&self, lua: &Lua) -> mlua::Result<Table> {

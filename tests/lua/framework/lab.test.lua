@@ -44,6 +44,9 @@ test("reserved names and settings", function(t)
   t:assert_contains(t:assert_raises(function() provium:lab("pack") end), "reserved name")
   t:assert_contains(t:assert_raises(function() provium.timeout = 5 end), "only be set at file scope")
   t:assert_contains(t:assert_raises(function() provium.anything = 1 end), "cannot assign provium.anything")
+  -- Settings belong to the file's root lab, not to a sub-lab of any name.
+  local sub = provium:lab("provium_like")
+  t:assert_contains(t:assert_raises(function() sub.timeout = 5 end), "only be set at file scope")
 end)
 
 test("vm lookups and sizing errors", function(t)
