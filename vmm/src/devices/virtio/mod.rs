@@ -43,6 +43,20 @@ pub enum ActivateError {
     Worker(#[source] std::io::Error),
 }
 
+impl ActivateError {
+    /// `Ok` when the driver enabled exactly the `expected` number of queues.
+    pub fn check_queue_count<T>(queues: &[T], expected: usize) -> Result<(), ActivateError> {
+        if queues.len() == expected {
+            Ok(())
+        } else {
+            Err(ActivateError::QueueCount {
+                expected,
+                got: queues.len(),
+            })
+        }
+    }
+}
+
 /// A virtio device model, independent of transport.
 pub trait VirtioDevice: Send {
     /// Virtio device ID (5.x: 2 = block).
@@ -79,5 +93,20 @@ pub fn read_config_bytes(src: &[u8], offset: u64, data: &mut [u8]) {
             .and_then(|o| src.get(o))
             .copied()
             .unwrap_or(0);
+    }
+}
+
+#[cfg(test)]
+mod activate_tests {
+    use super::ActivateError;
+
+    #[test]
+    fn queue_count_must_match_exactly() {
+        assert!(ActivateError::check_queue_count(&[1, 2, 3], 3).is_ok());
+        let err = ActivateError::check_queue_count(&[1], 3).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "device expects 3 queue(s), driver enabled 1"
+        );
     }
 }

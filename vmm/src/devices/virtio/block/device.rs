@@ -118,12 +118,7 @@ impl VirtioDevice for Block {
         mut queues: Vec<Queue>,
         interrupt: Arc<dyn VirtioInterrupt>,
     ) -> Result<(), ActivateError> {
-        if queues.len() != 1 {
-            return Err(ActivateError::QueueCount {
-                expected: 1,
-                got: queues.len(),
-            });
-        }
+        ActivateError::check_queue_count(&queues, 1)?;
         self.stop_worker();
         let queue = queues.remove(0);
         let (tx, rx) = channel();

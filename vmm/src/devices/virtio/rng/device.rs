@@ -178,12 +178,7 @@ impl VirtioDevice for Rng {
         mut queues: Vec<Queue>,
         interrupt: Arc<dyn VirtioInterrupt>,
     ) -> Result<(), ActivateError> {
-        if queues.len() != 1 {
-            return Err(ActivateError::QueueCount {
-                expected: 1,
-                got: queues.len(),
-            });
-        }
+        ActivateError::check_queue_count(&queues, 1)?;
         self.active = Some(Active {
             mem,
             queue: queues.remove(0),

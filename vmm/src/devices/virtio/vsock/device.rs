@@ -98,12 +98,7 @@ impl VirtioDevice for Vsock {
         mut queues: Vec<Queue>,
         interrupt: Arc<dyn VirtioInterrupt>,
     ) -> Result<(), ActivateError> {
-        if queues.len() != 3 {
-            return Err(ActivateError::QueueCount {
-                expected: 3,
-                got: queues.len(),
-            });
-        }
+        ActivateError::check_queue_count(&queues, 3)?;
         self.stop_worker();
         let _evq = queues.remove(EVQ);
         let txq = queues.remove(TXQ);
