@@ -45,12 +45,39 @@ pub struct EventBus {
 #[derive(Clone, Default)]
 struct SocketClients(Arc<Mutex<Vec<UnixStream>>>);
 
+/// The `--events-socket` listener. Bound once per `provium` invocation, so
+/// a dashboard stays connected across `--watch` iterations.
+#[derive(Clone)]
+pub struct EventSocket {
+    clients: SocketClients,
+}
+
+impl EventSocket {
+    pub fn bind(path: &Path) -> std::io::Result<EventSocket> {
+        let _ = std::fs::remove_file(path);
+        let listener = UnixListener::bind(path).map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("--events-socket `{}`: {e}", path.display()),
+            )
+        })?;
+        let clients = SocketClients::default();
+        let c = clients.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                c.0.lock().unwrap().push(conn);
+            }
+        });
+        Ok(EventSocket { clients })
+    }
+}
+
 impl EventBus {
     /// `keep`: also return every frame from `finish` (for in-process checks).
     pub fn start(
         save_to: Option<&Path>,
         to_stdout: bool,
-        socket: Option<&Path>,
+        socket: Option<&EventSocket>,
         keep: bool,
     ) -> std::io::Result<EventBus> {
         let mut sinks: Vec<Sink> = Vec::new();
@@ -63,19 +90,7 @@ impl EventBus {
         if to_stdout {
             sinks.push(Box::new(std::io::stdout()));
         }
-        let clients = SocketClients::default();
-        if let Some(p) = socket {
-            let _ = std::fs::remove_file(p);
-            let listener = UnixListener::bind(p).map_err(|e| {
-                std::io::Error::new(e.kind(), format!("--events-socket `{}`: {e}", p.display()))
-            })?;
-            let c = clients.clone();
-            std::thread::spawn(move || {
-                for conn in listener.incoming().flatten() {
-                    c.0.lock().unwrap().push(conn);
-                }
-            });
-        }
+        let clients = socket.map(|s| s.clients.clone()).unwrap_or_default();
         if sinks.is_empty() && socket.is_none() && !keep {
             return Ok(EventBus {
                 sender: EventSender::disabled(),

@@ -802,3 +802,53 @@ fn repl_resumes_from_a_fixture() {
     assert_eq!(code(&o), 0, "{o:?}");
     assert_eq!(stdout(&o), "from fixture\nbase\n", "{o:?}");
 }
+
+#[test]
+fn events_socket_outlives_watch_iterations() {
+    use std::os::unix::net::UnixStream;
+    let p = Project::new(&[("a.test.lua", PASSING)]);
+    let sock = p.path().join("watch.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_provium"))
+        .args([
+            "--vmm",
+            "local",
+            "--no-preflight",
+            "--watch",
+            "--events-socket",
+        ])
+        .arg(&sock)
+        .current_dir(p.path())
+        .env("PROVIUM_RERUN_STATE", p.path().join("rerun.json"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut conn = None;
+    for _ in 0..500 {
+        if let Ok(c) = UnixStream::connect(&sock) {
+            conn = Some(c);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let mut conn = conn.expect("connect to --events-socket");
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    // One connection sees file_completed from two runs, each triggered by an
+    // edit made after connecting (the first run may finish before we
+    // connect): the socket is not rebound between iterations.
+    let test_file = p.path().join("tests/a.test.lua");
+    for body in [FAILING, PASSING] {
+        std::fs::write(&test_file, body).unwrap();
+        loop {
+            let f = read_message::<EventFrame, _>(&mut conn, DEFAULT_MAX_FRAME_BYTES)
+                .expect("read an event")
+                .expect("the stream stays open across iterations");
+            if let Event::FileCompleted(_) = f.event {
+                break;
+            }
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -10,7 +10,7 @@ use provium_protocol::event::{Event, FileDiscovered, ResourceAmount};
 use super::{preflight, RunArgs, VmmChoice, EXIT_FAILED, EXIT_INTERNAL, EXIT_OK};
 use crate::config::{parse_size, Config};
 use crate::discover::{discover, TestFile};
-use crate::events::EventBus;
+use crate::events::{EventBus, EventSocket};
 use crate::lua::duration::parse_duration_str;
 use crate::report::{self, progress::Progress, Verbosity};
 use crate::runner::filter::{parse_key_values, TestFilter};
@@ -203,13 +203,35 @@ pub fn run(args: &RunArgs) -> Result<i32, String> {
     } else {
         vec![PathBuf::from(".")]
     };
+    let socket = match &args.events_socket {
+        Some(p) => Some(EventSocket::bind(p).map_err(|e| e.to_string())?),
+        None => None,
+    };
     if !args.watch {
-        return run_once(args, &config, &filter, pool, timeout, backend, &paths);
+        return run_once(
+            args,
+            &config,
+            &filter,
+            pool,
+            timeout,
+            backend,
+            &paths,
+            socket.as_ref(),
+        );
     }
     // Watch mode: rerun whenever a file under the paths changes.
     let mut last = newest_mtime(&paths);
     loop {
-        let _ = run_once(args, &config, &filter, pool, timeout, backend, &paths);
+        let _ = run_once(
+            args,
+            &config,
+            &filter,
+            pool,
+            timeout,
+            backend,
+            &paths,
+            socket.as_ref(),
+        );
         eprintln!("provium: watching for changes (Ctrl-C to stop)");
         loop {
             std::thread::sleep(Duration::from_millis(500));
@@ -251,6 +273,7 @@ fn run_once(
     timeout: Option<Duration>,
     backend: BackendKind,
     paths: &[PathBuf],
+    socket: Option<&EventSocket>,
 ) -> Result<i32, String> {
     let started = Instant::now();
     let run_seed = run_seed(args.seed, std::env::var("PROVIUM_SEED").ok().as_deref())?;
@@ -259,13 +282,8 @@ fn run_once(
         std::env::temp_dir().join(format!("provium-coverage-{}.msgpack", std::process::id()))
     });
     let save_to = args.save_events.clone().or(coverage_tmp.clone());
-    let bus = EventBus::start(
-        save_to.as_deref(),
-        args.events_stdout,
-        args.events_socket.as_deref(),
-        false,
-    )
-    .map_err(|e| e.to_string())?;
+    let bus = EventBus::start(save_to.as_deref(), args.events_stdout, socket, false)
+        .map_err(|e| e.to_string())?;
     let events = bus.sender();
     for f in &files {
         events.emit(Event::FileDiscovered(FileDiscovered {
