@@ -402,39 +402,29 @@ impl Lab {
         let _ = lua.globals().set("provium", Value::Nil);
     }
 
-    /// Scope chain lookup: this lab, then (for a test scope) its parents.
-    fn find_vm(&self, name: &str) -> Option<Vm> {
+    /// Scope chain lookup: this lab, then (for a test scope) its parents;
+    /// `pick` reads one lab's state.
+    fn find_in_chain<T>(&self, pick: impl Fn(&LabState) -> Option<T>) -> Option<T> {
         let mut lab = Some(self.clone());
         while let Some(l) = lab {
-            if let Some(vm) = l.0.state.lock().unwrap().vms.get(name) {
-                return Some(vm.clone());
+            if let Some(found) = pick(&l.0.state.lock().unwrap()) {
+                return Some(found);
             }
             lab = l.0.parent.clone();
         }
         None
     }
 
-    /// Scope chain lookup for bridges, like [`Lab::find_vm`].
+    fn find_vm(&self, name: &str) -> Option<Vm> {
+        self.find_in_chain(|st| st.vms.get(name).cloned())
+    }
+
     fn find_bridge(&self, name: &str) -> Option<Bridge> {
-        let mut lab = Some(self.clone());
-        while let Some(l) = lab {
-            if let Some(b) = l.0.state.lock().unwrap().bridges.get(name) {
-                return Some(b.clone());
-            }
-            lab = l.0.parent.clone();
-        }
-        None
+        self.find_in_chain(|st| st.bridges.get(name).cloned())
     }
 
     fn find_sub_lab(&self, name: &str) -> Option<Lab> {
-        let mut lab = Some(self.clone());
-        while let Some(l) = lab {
-            if let Some(s) = l.0.state.lock().unwrap().sub_labs.get(name) {
-                return Some(s.clone());
-            }
-            lab = l.0.parent.clone();
-        }
-        None
+        self.find_in_chain(|st| st.sub_labs.get(name).cloned())
     }
 
     /// A name may be taken once per lab, never reserved, and (in a test
