@@ -425,6 +425,11 @@ impl FixtureCache {
 }
 
 fn remove_entry(path: &Path) -> Result<(), CacheError> {
+    // A single-VM entry's restore image (`<key>.snap.img`) is derived from
+    // it and goes with it.
+    if path.extension().is_some_and(|e| e == "snap") {
+        let _ = fs::remove_file(crate::image::image_path(path));
+    }
     let r = match fs::symlink_metadata(path) {
         Ok(m) if m.is_dir() => fs::remove_dir_all(path),
         Ok(_) => fs::remove_file(path),

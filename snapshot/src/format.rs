@@ -367,12 +367,23 @@ impl SnapshotBuilder {
 
     /// Add guest memory as a sparse (zero pages skipped), zstd-compressed image.
     pub fn add_memory(&mut self, name: &str, guest: &[u8]) -> Result<&mut Self, SnapshotError> {
+        self.add_memory_parts(name, &[guest])
+    }
+
+    /// Add guest memory held in several host mappings (in guest order; all
+    /// but the last a whole number of pages) as one sparse, zstd-compressed
+    /// image of their concatenation.
+    pub fn add_memory_parts(
+        &mut self,
+        name: &str,
+        parts: &[&[u8]],
+    ) -> Result<&mut Self, SnapshotError> {
         let fail = |e: io::Error| SnapshotError::InvalidSection {
             name: name.into(),
             reason: format!("cannot encode the memory image: {e}"),
         };
         let mut enc = zstd::stream::Encoder::new(Vec::new(), self.level).map_err(fail)?;
-        let raw_len = memory::encode_into(guest, &mut enc).map_err(fail)?;
+        let raw_len = memory::encode_parts_into(parts, &mut enc).map_err(fail)?;
         let stored = enc.finish().map_err(fail)?;
         self.push(PendingSection {
             name: name.into(),
@@ -837,6 +848,12 @@ impl Snapshot {
             max_section_bytes: expect.max_section_bytes,
             len,
         })
+    }
+
+    /// The name it was opened under (its path, or the origin given to
+    /// `from_bytes`), as errors show it.
+    pub fn origin(&self) -> &str {
+        &self.file
     }
 
     /// The shape it was taken from.

@@ -9,6 +9,8 @@
 //!   every problem is an error that names it, never a panic.
 //! - [`memory`]: the sparse guest-memory image carried in a section (zero
 //!   pages are not written) and its streaming decoder.
+//! - [`image`]: the uncompressed, sparse restore image kept beside a
+//!   snapshot and mapped copy-on-write as a restored guest's RAM.
 //! - [`cache`]: the fixture cache directory: SHA-256 keys, per-key build
 //!   locks, atomic install, LRU eviction by atime and corrupt-entry eviction.
 //! - [`lab_index`]: `lab.json`, the per-VM index of a lab snapshot.
@@ -20,6 +22,7 @@
 
 pub mod cache;
 pub mod format;
+pub mod image;
 pub mod lab_index;
 pub mod memory;
 pub mod persist;
@@ -29,5 +32,6 @@ pub use format::{
     Expect, Section, Shape, Snapshot, SnapshotBuilder, SnapshotError, HEADER_LEN, MAGIC,
     SNAPSHOT_FORMAT_VERSION,
 };
+pub use image::{image_path, RestoreImage};
 pub use lab_index::{LabIndex, LabVm};
 pub use persist::Persist;

@@ -84,11 +84,18 @@ fn is_zero(page: &[u8]) -> bool {
 /// page).
 pub fn nonzero_runs(guest: &[u8], page_size: usize) -> Vec<Run> {
     let mut runs: Vec<Run> = Vec::new();
-    for (i, page) in guest.chunks(page_size).enumerate() {
+    push_runs(&mut runs, guest, page_size, 0);
+    runs
+}
+
+/// Appends the non-zero page runs of `part`, whose first page has index
+/// `first_page`, merging with the last run when they touch.
+fn push_runs(runs: &mut Vec<Run>, part: &[u8], page_size: usize, first_page: u64) {
+    for (i, page) in part.chunks(page_size).enumerate() {
         if is_zero(page) {
             continue;
         }
-        let i = i as u64;
+        let i = first_page + i as u64;
         match runs.last_mut() {
             Some(r) if r.first_page + r.page_count == i => r.page_count += 1,
             _ => runs.push(Run {
@@ -97,20 +104,42 @@ pub fn nonzero_runs(guest: &[u8], page_size: usize) -> Vec<Run> {
             }),
         }
     }
-    runs
 }
 
 /// Write the sparse image of `guest` to `w`; returns the bytes written.
 pub fn encode_into<W: Write>(guest: &[u8], w: &mut W) -> io::Result<u64> {
+    encode_parts_into(&[guest], w)
+}
+
+/// Write the sparse image of the concatenation of `parts` (guest RAM split
+/// over several host mappings, in guest order) to `w`; returns the bytes
+/// written. Every part but the last is a whole number of pages.
+pub fn encode_parts_into<W: Write>(parts: &[&[u8]], w: &mut W) -> io::Result<u64> {
     let page = PAGE_SIZE_BYTES as usize;
-    let runs = nonzero_runs(guest, page);
+    let (last, whole) = parts.split_last().unwrap_or((&(&[] as &[u8]), &[]));
+    if let Some(p) = whole.iter().find(|p| p.len() % page != 0) {
+        return Err(io::Error::other(format!(
+            "a memory part of {} bytes is not a whole number of {page}-byte pages",
+            p.len()
+        )));
+    }
+    // Page index where each part starts, to map a run's pages back to parts.
+    let mut starts = Vec::with_capacity(parts.len());
+    let mut runs = Vec::new();
+    let mut first = 0u64;
+    for p in whole.iter().chain(std::iter::once(last)) {
+        starts.push(first);
+        push_runs(&mut runs, p, page, first);
+        first += (p.len() as u64).div_ceil(page as u64);
+    }
+    let guest_len: u64 = parts.iter().map(|p| p.len() as u64).sum();
     let mut n = 0u64;
     let mut put = |w: &mut W, b: &[u8]| -> io::Result<()> {
         n += b.len() as u64;
         w.write_all(b)
     };
     put(w, &PAGE_SIZE_BYTES.to_le_bytes())?;
-    put(w, &(guest.len() as u64).to_le_bytes())?;
+    put(w, &guest_len.to_le_bytes())?;
     let count = u32::try_from(runs.len())
         .map_err(|_| io::Error::other("more than 2^32 runs of non-zero pages"))?;
     put(w, &count.to_le_bytes())?;
@@ -119,11 +148,13 @@ pub fn encode_into<W: Write>(guest: &[u8], w: &mut W) -> io::Result<u64> {
         put(w, &r.page_count.to_le_bytes())?;
     }
     for r in &runs {
-        // Runs come from `guest` itself, so these bounds hold.
-        let start = usize::try_from(r.first_page).expect("run within the guest") * page;
-        let end = (start + usize::try_from(r.page_count).expect("run within the guest") * page)
-            .min(guest.len());
-        put(w, &guest[start..end])?;
+        for pg in r.first_page..r.first_page + r.page_count {
+            // Runs come from the parts themselves, so these lookups hold.
+            let part = starts.partition_point(|s| *s <= pg) - 1;
+            let local = usize::try_from(pg - starts[part]).expect("page within its part") * page;
+            let bytes = parts[part];
+            put(w, &bytes[local..(local + page).min(bytes.len())])?;
+        }
     }
     Ok(n)
 }
@@ -272,6 +303,19 @@ mod tests {
         assert_eq!(back, g);
         assert_eq!(stats.data_bytes, 3 * 4096);
         assert_eq!(stats.runs, 2);
+    }
+
+    #[test]
+    fn parts_encode_like_their_concatenation() {
+        let g = guest_with(16 * 4096 + 10, &[(5, 1), (4096 * 3 + 3, 2), (4096 * 4, 3), (16 * 4096 + 9, 4)]);
+        let (a, b) = g.split_at(4 * 4096);
+        assert_eq!(encode(&g), {
+            let mut v = Vec::new();
+            encode_parts_into(&[a, b], &mut v).unwrap();
+            v
+        });
+        let e = encode_parts_into(&[&g[..100], &g[100..]], &mut Vec::new()).unwrap_err();
+        assert!(e.to_string().contains("not a whole number"), "{e}");
     }
 
     #[test]

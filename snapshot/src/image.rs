@@ -1,0 +1,274 @@
+//! The restore image: an uncompressed, sparse copy of a snapshot's memory
+//! section kept beside the snapshot (`<snapshot>.img`), which a restore maps
+//! `MAP_PRIVATE` as guest RAM.
+//!
+//! Why: decompressing and copying all of guest RAM before the guest runs
+//! costs time proportional to the guest. A private file mapping costs
+//! nothing up front; the guest faults pages in from the page cache on first
+//! touch, untouched memory costs nothing (holes read as zero), and parallel
+//! restores of one snapshot share the page cache's copy until they write.
+//!
+//! ```text
+//! offset  size  field
+//!      0     8  magic "PRVMIMG1"
+//!      8     4  image version (1), u32 LE
+//!     12     4  reserved, 0
+//!     16     8  guest memory length in bytes, u64 LE
+//!     24    32  SHA-256 of the snapshot's stored memory section
+//!   4096     -  guest memory, guest_len bytes; zero pages are holes
+//! ```
+//!
+//! The image is derived data: it is rebuilt whenever its header does not
+//! match the snapshot it sits beside (another snapshot written to the same
+//! path, an interrupted build, a different guest size). It is written under a
+//! temporary name, synced and renamed, so a reader sees a whole image or
+//! none; a restore that already mapped an older image keeps its own inode.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use crate::format::{temp_sibling, SectionKind, Snapshot, SnapshotError};
+
+/// The first eight bytes of a restore image.
+pub const IMAGE_MAGIC: [u8; 8] = *b"PRVMIMG1";
+/// The image layout version.
+pub const IMAGE_VERSION: u32 = 1;
+/// File offset of guest memory: one page, so the data maps page-aligned.
+pub const IMAGE_DATA_OFFSET: u64 = 4096;
+const HEADER_USED: usize = 56;
+
+/// Where the restore image of the snapshot at `snapshot` lives.
+pub fn image_path(snapshot: &Path) -> PathBuf {
+    let mut s = snapshot.as_os_str().to_owned();
+    s.push(".img");
+    PathBuf::from(s)
+}
+
+/// An opened, verified restore image.
+#[derive(Debug)]
+pub struct RestoreImage {
+    /// The image file (map it from `data_offset`).
+    pub file: File,
+    /// Where guest memory starts in the file.
+    pub data_offset: u64,
+    /// Guest memory length in bytes.
+    pub guest_len_bytes: u64,
+    /// Whether this call built the image (false: an existing one matched).
+    pub built: bool,
+}
+
+fn header(guest_len: u64, sha: &[u8; 32]) -> [u8; HEADER_USED] {
+    let mut h = [0u8; HEADER_USED];
+    h[..8].copy_from_slice(&IMAGE_MAGIC);
+    h[8..12].copy_from_slice(&IMAGE_VERSION.to_le_bytes());
+    h[16..24].copy_from_slice(&guest_len.to_le_bytes());
+    h[24..56].copy_from_slice(sha);
+    h
+}
+
+/// Whether `path` holds a whole image matching `want`.
+fn matches(path: &Path, want: &[u8; HEADER_USED], guest_len: u64) -> Option<File> {
+    let f = File::open(path).ok()?;
+    let len = f.metadata().ok()?.len();
+    if len != IMAGE_DATA_OFFSET.checked_add(guest_len)? {
+        return None;
+    }
+    let mut h = [0u8; HEADER_USED];
+    f.read_exact_at(&mut h, 0).ok()?;
+    (h == *want).then_some(f)
+}
+
+/// A shared writable mapping of `len` bytes of `file` at `offset`, unmapped
+/// on drop.
+struct WriteMap {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+impl WriteMap {
+    fn new(file: &File, offset: u64, len: usize) -> io::Result<WriteMap> {
+        use std::os::fd::AsRawFd;
+        let off = libc::off_t::try_from(offset).map_err(io::Error::other)?;
+        // SAFETY: a fresh shared mapping of a file we own; the kernel checks
+        // the fd, length and offset, and the result is checked below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                off,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(WriteMap { ptr, len })
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` maps `len` writable bytes for as long as self lives,
+        // and this is the only reference to them.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.cast(), self.len) }
+    }
+}
+
+impl Drop for WriteMap {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `new`; no slice into it
+        // outlives `self`.
+        unsafe { libc::munmap(self.ptr, self.len) };
+    }
+}
+
+impl Snapshot {
+    /// The restore image of memory section `name` at `path`: opened when one
+    /// matching this snapshot is there, else built (decoding the section
+    /// once, writing only its non-zero pages) and installed atomically.
+    /// The guest size is the snapshot's shape.
+    pub fn restore_image(&self, name: &str, path: &Path) -> Result<RestoreImage, SnapshotError> {
+        let section = self
+            .sections()
+            .iter()
+            .find(|s| s.name == name && s.kind == SectionKind::Memory)
+            .ok_or_else(|| SnapshotError::MissingSection {
+                file: self.origin().into(),
+                name: name.into(),
+                present: self
+                    .sections()
+                    .iter()
+                    .map(|s| s.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+        let guest_len = self.shape().memory_bytes;
+        let len = usize::try_from(guest_len)
+            .ok()
+            .filter(|l| *l > 0)
+            .ok_or_else(|| SnapshotError::Malformed {
+                file: self.origin().into(),
+                detail: format!("guest memory of {guest_len} bytes cannot be mapped on this host"),
+            })?;
+        let want = header(guest_len, &section.sha256);
+        if let Some(file) = matches(path, &want, guest_len) {
+            return Ok(RestoreImage {
+                file,
+                data_offset: IMAGE_DATA_OFFSET,
+                guest_len_bytes: guest_len,
+                built: false,
+            });
+        }
+        let werr = |source| SnapshotError::Write {
+            path: path.to_path_buf(),
+            source,
+        };
+        let tmp = temp_sibling(path);
+        let built = (|| {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&tmp)
+                .map_err(werr)?;
+            // Sized sparse: pages the image has no data for stay holes.
+            file.set_len(IMAGE_DATA_OFFSET + guest_len)
+                .map_err(werr)?;
+            {
+                let mut map = WriteMap::new(&file, IMAGE_DATA_OFFSET, len).map_err(werr)?;
+                self.memory_into(name, map.as_mut_slice())?;
+            }
+            file.write_all_at(&want, 0).map_err(werr)?;
+            // The image stands in for the checksummed section: make it
+            // durable before it becomes visible under its name.
+            file.sync_data().map_err(werr)?;
+            std::fs::rename(&tmp, path).map_err(werr)?;
+            Ok(file)
+        })();
+        match built {
+            Ok(file) => Ok(RestoreImage {
+                file,
+                data_offset: IMAGE_DATA_OFFSET,
+                guest_len_bytes: guest_len,
+                built: true,
+            }),
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                Err(e)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{Expect, Shape, SnapshotBuilder};
+    use std::os::unix::fs::MetadataExt;
+
+    fn snap(dir: &Path, guest: &[u8]) -> std::path::PathBuf {
+        let shape = Shape {
+            backend: "kvm".into(),
+            memory_bytes: guest.len() as u64,
+            vcpus: 1,
+        };
+        let mut b = SnapshotBuilder::new(1, shape);
+        b.add_memory("memory", guest).unwrap();
+        let p = dir.join("x.snap");
+        b.write_file(&p).unwrap();
+        p
+    }
+
+    fn read_data(img: &RestoreImage) -> Vec<u8> {
+        let mut v = vec![0u8; img.guest_len_bytes as usize];
+        img.file.read_exact_at(&mut v, img.data_offset).unwrap();
+        v
+    }
+
+    #[test]
+    fn image_is_built_once_sparse_and_rebuilt_when_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut guest = vec![0u8; 64 << 20];
+        guest[4096 * 3] = 7;
+        guest[(64 << 20) - 1] = 9;
+        let p = snap(dir.path(), &guest);
+        let s = Snapshot::open(&p, &Expect::protocol(1)).unwrap();
+        let ip = image_path(&p);
+        assert_eq!(ip, dir.path().join("x.snap.img"));
+        let img = s.restore_image("memory", &ip).unwrap();
+        assert!(img.built);
+        assert_eq!(read_data(&img), guest);
+        // Sparse: two data pages (and the header), not 64 MiB of blocks.
+        let blocks_bytes = std::fs::metadata(&ip).unwrap().blocks() * 512;
+        assert!(blocks_bytes < 1 << 20, "{blocks_bytes} bytes allocated");
+        let again = s.restore_image("memory", &ip).unwrap();
+        assert!(!again.built, "a matching image is reused");
+
+        // Another snapshot at the same path: the old image no longer matches.
+        guest[4096 * 3] = 8;
+        let p2 = snap(dir.path(), &guest);
+        let s2 = Snapshot::open(&p2, &Expect::protocol(1)).unwrap();
+        let img2 = s2.restore_image("memory", &ip).unwrap();
+        assert!(img2.built);
+        assert_eq!(read_data(&img2)[4096 * 3], 8);
+
+        // A cut image is rebuilt, not trusted.
+        let f = OpenOptions::new().write(true).open(&ip).unwrap();
+        f.set_len(IMAGE_DATA_OFFSET + 4096).unwrap();
+        assert!(s2.restore_image("memory", &ip).unwrap().built);
+    }
+
+    #[test]
+    fn missing_section_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = snap(dir.path(), &[0u8; 8192]);
+        let s = Snapshot::open(&p, &Expect::protocol(1)).unwrap();
+        let e = s
+            .restore_image("ram", &image_path(&p))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no `ram` section"), "{e}");
+    }
+}
