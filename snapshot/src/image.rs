@@ -174,8 +174,7 @@ impl Snapshot {
                 .open(&tmp)
                 .map_err(werr)?;
             // Sized sparse: pages the image has no data for stay holes.
-            file.set_len(IMAGE_DATA_OFFSET + guest_len)
-                .map_err(werr)?;
+            file.set_len(IMAGE_DATA_OFFSET + guest_len).map_err(werr)?;
             {
                 let mut map = WriteMap::new(&file, IMAGE_DATA_OFFSET, len).map_err(werr)?;
                 self.memory_into(name, map.as_mut_slice())?;

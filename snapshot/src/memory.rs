@@ -307,7 +307,10 @@ mod tests {
 
     #[test]
     fn parts_encode_like_their_concatenation() {
-        let g = guest_with(16 * 4096 + 10, &[(5, 1), (4096 * 3 + 3, 2), (4096 * 4, 3), (16 * 4096 + 9, 4)]);
+        let g = guest_with(
+            16 * 4096 + 10,
+            &[(5, 1), (4096 * 3 + 3, 2), (4096 * 4, 3), (16 * 4096 + 9, 4)],
+        );
         let (a, b) = g.split_at(4 * 4096);
         assert_eq!(encode(&g), {
             let mut v = Vec::new();

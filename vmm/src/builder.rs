@@ -26,8 +26,10 @@ use crate::device_manager::legacy::{attach_legacy_devices, LegacyDevices, Legacy
 use crate::device_manager::mmio::{attach_virtio_device, MmioDevicesError, MmioSlot, MmioSlots};
 use crate::devices::bus::Bus;
 use crate::devices::virtio::block::{Block, BlockConfig, DiskImage};
+use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::rng::Rng;
 use crate::devices::virtio::vsock::Vsock;
+use crate::devices::virtio::VirtioDevice;
 use crate::devices::GuestRequestSink;
 use crate::vmm_config::machine_config::MachineConfigError;
 use crate::vmm_config::{KernelImage, VmConfig};
@@ -149,8 +151,9 @@ pub enum BuildError {
     VcpuLimit(#[source] MachineConfigError),
 }
 
-/// Where things landed in guest memory.
-#[derive(Clone, Debug)]
+/// Where things landed in guest memory (all zero for a restored machine,
+/// which loaded nothing).
+#[derive(Clone, Debug, Default)]
 pub struct BootInfo {
     /// Where the kernel was loaded.
     pub kernel_load_gpa: u64,
@@ -175,6 +178,8 @@ pub struct Machine {
     pub pio: Arc<Bus>,
     /// The MMIO bus (virtio-mmio windows).
     pub mmio: Arc<Bus>,
+    /// The virtio transports in slot order (also on `mmio`), for snapshots.
+    pub virtio: Vec<Arc<std::sync::Mutex<MmioTransport>>>,
     /// The KVM VM.
     pub vm: KvmVm,
     /// Guest RAM.
@@ -289,6 +294,47 @@ fn load_initrd(
     Ok((gpa, size32))
 }
 
+/// Puts the boot timer's port on `pio` and lets it watch the console, when
+/// the config has one.
+pub(crate) fn attach_boot_timer(
+    cfg: &VmConfig,
+    console: &Arc<Console>,
+    pio: &mut Bus,
+) -> Result<(), BuildError> {
+    if let Some(t) = &cfg.boot_timer {
+        use crate::boot_timer::{BOOT_TIMER_PORT, BOOT_TIMER_PORT_LEN};
+        pio.insert(
+            BOOT_TIMER_PORT,
+            BOOT_TIMER_PORT_LEN,
+            Arc::new(std::sync::Mutex::new(t.device())),
+        )
+        .map_err(|e| BuildError::Legacy(LegacyDevicesError::Bus(e)))?;
+        console.set_output_observer(Some(Arc::new(t.clone())));
+    }
+    Ok(())
+}
+
+/// The config's virtio devices in attach order (disks, rng, vsock): the
+/// order slots, IRQs and a snapshot's device list follow.
+pub(crate) fn virtio_devices(cfg: &VmConfig) -> Result<Vec<Box<dyn VirtioDevice>>, BuildError> {
+    let mut devs: Vec<Box<dyn VirtioDevice>> = Vec::new();
+    for drive in &cfg.drives {
+        let disk =
+            DiskImage::open(&drive.path, drive.read_only, &drive.id).map_err(BuildError::Drive)?;
+        devs.push(Box::new(Block::new(BlockConfig {
+            disk: Arc::new(disk),
+            faults: drive.faults.clone(),
+        })));
+    }
+    if let Some(rng) = cfg.rng {
+        devs.push(Box::new(Rng::new(rng)));
+    }
+    if let Some(host) = &cfg.vsock {
+        devs.push(Box::new(Vsock::new(host.clone())));
+    }
+    Ok(devs)
+}
+
 /// Appends a device's `virtio_mmio.device=` entry to the command line.
 fn announce(cmdline: &mut String, slot: &MmioSlot) {
     if !cmdline.is_empty() {
@@ -335,43 +381,18 @@ pub fn build_and_start(
         .transpose()?;
 
     let mut pio = Bus::new();
-    let legacy =
-        attach_legacy_devices(&vm, &mut pio, console, requests).map_err(BuildError::Legacy)?;
-    if let Some(t) = &cfg.boot_timer {
-        use crate::boot_timer::{BOOT_TIMER_PORT, BOOT_TIMER_PORT_LEN};
-        pio.insert(
-            BOOT_TIMER_PORT,
-            BOOT_TIMER_PORT_LEN,
-            Arc::new(std::sync::Mutex::new(t.device())),
-        )
-        .map_err(|e| BuildError::Legacy(LegacyDevicesError::Bus(e)))?;
-        console.set_output_observer(Some(Arc::new(t.clone())));
-    }
+    let legacy = attach_legacy_devices(&vm, &mut pio, console, requests, None)
+        .map_err(BuildError::Legacy)?;
+    attach_boot_timer(cfg, console, &mut pio)?;
     let mut mmio = Bus::new();
     let mut slots = MmioSlots::default();
     let mut cmdline_text = cfg.boot.cmdline.clone();
-    for drive in &cfg.drives {
-        let disk =
-            DiskImage::open(&drive.path, drive.read_only, &drive.id).map_err(BuildError::Drive)?;
-        let dev = Block::new(BlockConfig {
-            disk: Arc::new(disk),
-            faults: drive.faults.clone(),
-        });
-        let slot = attach_virtio_device(&mut slots, &vm, &mut mmio, &ram.memory, Box::new(dev))
+    let mut virtio = Vec::new();
+    for dev in virtio_devices(cfg)? {
+        let a = attach_virtio_device(&mut slots, &vm, &mut mmio, &ram.memory, dev)
             .map_err(BuildError::Virtio)?;
-        announce(&mut cmdline_text, &slot);
-    }
-    if let Some(rng) = cfg.rng {
-        let dev = Rng::new(rng);
-        let slot = attach_virtio_device(&mut slots, &vm, &mut mmio, &ram.memory, Box::new(dev))
-            .map_err(BuildError::Virtio)?;
-        announce(&mut cmdline_text, &slot);
-    }
-    if let Some(host) = &cfg.vsock {
-        let dev = Vsock::new(host.clone());
-        let slot = attach_virtio_device(&mut slots, &vm, &mut mmio, &ram.memory, Box::new(dev))
-            .map_err(BuildError::Virtio)?;
-        announce(&mut cmdline_text, &slot);
+        announce(&mut cmdline_text, &a.slot);
+        virtio.push(a.transport);
     }
 
     let cmdline_cap = match hdr {
@@ -432,6 +453,7 @@ pub fn build_and_start(
         legacy,
         pio,
         mmio,
+        virtio,
         vm,
         ram,
         boot: BootInfo {

@@ -134,6 +134,19 @@ impl Console {
         self.output.notify_all();
     }
 
+    /// Replaces the log with `tail` (a restored VM's console shows what the
+    /// guest printed up to the snapshot, then continues). Subscribers see
+    /// only output from here on.
+    pub fn restore_log(&self, tail: &[u8]) {
+        let mut g = lock(&self.inner);
+        let keep = &tail[tail.len().saturating_sub(g.log_capacity_bytes)..];
+        g.log.clear();
+        g.log.extend(keep);
+        g.total_bytes = keep.len() as u64;
+        drop(g);
+        self.output.notify_all();
+    }
+
     /// The log as it is now (at most the newest `log_capacity_bytes`).
     pub fn log(&self) -> Vec<u8> {
         lock(&self.inner).log.iter().copied().collect()

@@ -8,7 +8,8 @@
 //! x86_64 boot data; `lifecycle` is the public `Vm` with its state machine;
 //! `console` is the serial console log/stream/input; `initrd` writes newc cpio
 //! archives and injects the agent; `tiny_guest` is the test guest built at
-//! compile time; `boot_timer` records boot phases for `provium bench`. See
+//! compile time; `boot_timer` records boot phases for `provium bench`; `persist` is
+//! whole-VM snapshot and restore. See
 //! docs/vmm.md and docs/benchmarking.md.
 
 pub mod arch;
@@ -19,6 +20,7 @@ pub mod device_manager;
 pub mod devices;
 pub mod initrd;
 pub mod lifecycle;
+pub mod persist;
 pub mod tiny_guest;
 pub mod vmm_config;
 pub mod vstate;

@@ -135,6 +135,24 @@ pub enum VmError {
         /// Length.
         len_bytes: usize,
     },
+    /// Taking a snapshot failed (the VM runs on as before).
+    #[error("cannot snapshot the VM to {path}")]
+    Snapshot {
+        /// Where it was being written.
+        path: String,
+        /// Why.
+        #[source]
+        source: crate::persist::PersistError,
+    },
+    /// Restoring a snapshot failed (the VM stays as it was).
+    #[error("cannot restore the VM from {path}")]
+    Restore {
+        /// The snapshot.
+        path: String,
+        /// Why.
+        #[source]
+        source: crate::persist::PersistError,
+    },
     /// The monitor thread could not be started.
     #[error("cannot start the VM monitor thread")]
     Monitor(#[source] std::io::Error),
@@ -225,12 +243,16 @@ impl Shared {
         self.tx.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    fn start_machine(&self, g: &mut Inner) -> Result<(), BuildError> {
+    fn next_events(&self, g: &mut Inner) -> Arc<BootEvents> {
         g.generation += 1;
-        let events = Arc::new(BootEvents {
+        Arc::new(BootEvents {
             generation: g.generation,
             tx: self.sender(),
-        });
+        })
+    }
+
+    fn start_machine(&self, g: &mut Inner) -> Result<(), BuildError> {
+        let events = self.next_events(g);
         let m = build_and_start(
             &self.kvm,
             &self.config,
@@ -419,6 +441,65 @@ impl Vm {
         Ok(())
     }
 
+    /// Snapshots the VM to `path` (see `persist`): from `Booted` or
+    /// `Paused`, and leaves it in the same state. The vCPUs are paused for
+    /// the duration.
+    pub fn snapshot(
+        &self,
+        path: &std::path::Path,
+    ) -> Result<crate::persist::SnapshotStats, VmError> {
+        let s = &self.shared;
+        let mut g = s.lock();
+        Self::require(&g, "snapshot", &[VmState::Booted, VmState::Paused])?;
+        let running = g.state == VmState::Booted;
+        let m = g
+            .machine
+            .as_mut()
+            .expect("a booted or paused VM has a machine");
+        if running {
+            if let Err(e) = m.vcpus.pause(VCPU_WAIT_TIMEOUT) {
+                m.vcpus.resume();
+                return Err(VmError::Vcpu(e));
+            }
+        }
+        let r = crate::persist::save_machine(m, &s.kvm, &s.config, &s.console, path);
+        if running {
+            m.vcpus.resume();
+        }
+        r.map_err(|source| VmError::Snapshot {
+            path: path.display().to_string(),
+            source,
+        })
+    }
+
+    /// `Created`/`Shutdown → Booted` from the snapshot at `path`: a new
+    /// machine with this VM's config and the snapshot's state, running.
+    /// The console log becomes the snapshot's tail and continues.
+    pub fn restore(&self, path: &std::path::Path) -> Result<(), VmError> {
+        let s = &self.shared;
+        let mut g = s.lock();
+        Self::require(&g, "restore", &[VmState::Created, VmState::Shutdown])?;
+        let events = s.next_events(&mut g);
+        let m = crate::persist::restore_and_start(
+            &s.kvm,
+            &s.config,
+            &s.console,
+            events.clone(),
+            events,
+            path,
+        )
+        .map_err(|source| VmError::Restore {
+            path: path.display().to_string(),
+            source,
+        })?;
+        g.machine = Some(m);
+        g.boots += 1;
+        g.stop_reason = None;
+        g.pending = None;
+        s.set_state(&mut g, VmState::Booted);
+        Ok(())
+    }
+
     /// `Booted → Paused`: every vCPU is out of `KVM_RUN` and parked on return.
     pub fn pause(&self) -> Result<(), VmError> {
         let s = &self.shared;
@@ -542,6 +623,39 @@ impl Vm {
             + 0x70;
         let mut b = [0u8; 4];
         m.mmio.read(gpa, &mut b).then(|| u32::from_le_bytes(b))
+    }
+
+    /// Writes guest RAM of the current boot, as a device doing DMA would
+    /// (tests and tools that play the guest's driver).
+    pub fn write_guest_memory(&self, gpa: u64, data: &[u8]) -> Result<(), VmError> {
+        let g = self.shared.lock();
+        let len_bytes = data.len();
+        let m = g.machine.as_ref().ok_or(VmError::WrongState {
+            op: "write guest memory",
+            state: g.state,
+        })?;
+        m.ram
+            .memory
+            .write_slice(data, GuestAddress(gpa))
+            .map_err(|_| VmError::GuestMemory { gpa, len_bytes })
+    }
+
+    /// An MMIO access at `gpa` as a vCPU would make it (tests and tools
+    /// that play the guest's driver): a write when `write`, else a read
+    /// into `data`. Returns whether a device owns the address.
+    pub fn mmio_access(&self, gpa: u64, data: &mut [u8], write: bool) -> bool {
+        let g = self.shared.lock();
+        let Some(m) = g.machine.as_ref() else {
+            return false;
+        };
+        let bus = m.mmio.clone();
+        // Not under the VM lock: a device may signal or take its own locks.
+        drop(g);
+        if write {
+            bus.write(gpa, data)
+        } else {
+            bus.read(gpa, data)
+        }
     }
 
     /// Reads a little-endian u64 from guest RAM.

@@ -37,6 +37,12 @@ fn tiny_vm_cfg(test: &str, vcpus: u8, drives: Vec<DriveConfig>) -> Option<Vm> {
     cfg.machine.mem_size_mib = 32;
     cfg.machine.vcpu_count = vcpus;
     cfg.drives = drives;
+    vm_from(test, cfg)
+}
+
+/// `Vm::new(cfg)`, or `None` (after printing why) when `PROVIUM_SKIP_KVM=1`
+/// and KVM is unusable.
+fn vm_from(test: &str, cfg: VmConfig) -> Option<Vm> {
     match Vm::new(cfg) {
         Ok(vm) => Some(vm),
         Err(e @ VmError::Kvm(_)) if std::env::var_os("PROVIUM_SKIP_KVM").is_some_and(|v| v == "1") => {
@@ -318,4 +324,454 @@ fn virtio_blk_is_announced_and_discoverable() {
         log.contains("mmio0=74726976/00000002"),
         "magic 'virt', device id 2 (block): {log}"
     );
+}
+
+// ---- Snapshot / restore (issue 6) ----------------------------------------
+//
+// The guest's counter lives in RAM and its echo loop in COM1 + vCPU state,
+// so a restored VM that keeps counting from the snapshot's value and echoes
+// input proves RAM, vCPU and serial state came back. Virtio devices are
+// driven from the host through their MMIO windows and guest RAM (the tiny
+// guest has no virtio driver): queue addresses, indices, features and
+// status that survive restore are device state, not guest memory.
+
+mod snapshots {
+    use super::*;
+    use provium_vmm::vmm_config::VsockHost;
+    use std::path::{Path, PathBuf};
+
+    fn cfg(
+        mem_mib: u64,
+        vcpus: u8,
+        drives: Vec<DriveConfig>,
+        vsock: Option<VsockHost>,
+    ) -> VmConfig {
+        let mut cfg = VmConfig::new(BootSource {
+            kernel: KernelImage::Bytes(tiny_guest::BZIMAGE.into()),
+            initrd: None,
+            cmdline: CMDLINE.to_string(),
+        });
+        cfg.machine.mem_size_mib = mem_mib;
+        cfg.machine.vcpu_count = vcpus;
+        cfg.drives = drives;
+        cfg.vsock = vsock;
+        cfg.protocol_version = 7;
+        cfg
+    }
+
+    fn new_vm(test: &str, cfg: VmConfig) -> Option<Vm> {
+        vm_from(test, cfg)
+    }
+
+    fn counter(vm: &Vm) -> u64 {
+        vm.read_guest_u64(COUNTER_GPA).expect("counter")
+    }
+
+    /// Boots, waits for READY and a moving counter, pauses, snapshots to
+    /// `dir/name`; returns the path and the counter at the snapshot.
+    fn snapshot_of(vm: &Vm, dir: &Path, name: &str) -> (PathBuf, u64) {
+        boot_ready(vm);
+        wait_until("the counter to move", || counter(vm) > 100);
+        vm.pause().expect("pause");
+        let at = counter(vm);
+        let path = dir.join(name);
+        let stats = vm.snapshot(&path).expect("snapshot");
+        assert!(stats.file_bytes > 0);
+        assert_eq!(vm.state(), VmState::Paused, "snapshot keeps the state");
+        (path, at)
+    }
+
+    #[test]
+    fn restore_into_a_new_vm_continues_counting_and_echoing() {
+        let Some(a) = new_vm("restore_continues", cfg(32, 1, vec![], None)) else {
+            return;
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (path, at) = snapshot_of(&a, dir.path(), "a.snap");
+        // The source VM goes on after its snapshot.
+        a.resume().expect("resume");
+        wait_until("the source to keep counting", || counter(&a) > at);
+        a.shutdown().expect("shutdown");
+
+        let b = new_vm("restore_continues", cfg(32, 1, vec![], None)).expect("kvm worked above");
+        b.restore(&path).expect("restore");
+        assert_eq!(b.state(), VmState::Booted);
+        let first = counter(&b);
+        assert!(
+            first >= at,
+            "restored counter {first} < snapshot's {at}: RAM not restored"
+        );
+        wait_until("the restored guest to count on", || counter(&b) > first);
+        // The console log continues from the snapshot's tail ...
+        let log = b.console().log_string();
+        assert!(
+            log.contains(BANNER) && log.contains(READY),
+            "tail restored: {log}"
+        );
+        // ... and the guest's echo loop (vCPU state + COM1) still runs.
+        b.console().write_input(b"after-restore").expect("queued");
+        wait_console(&b, "after-restore", 1);
+        assert!(
+            provium_vmm::snapshot::image_path(&path).exists(),
+            "the restore image is kept beside the snapshot for the next restore"
+        );
+        b.pause().expect("a restored VM pauses");
+        b.resume().expect("and resumes");
+        // A restored VM can itself be snapshotted (RAM read through its
+        // private mapping) and restored again.
+        let again = dir.path().join("b.snap");
+        b.snapshot(&again).expect("snapshot of a restored VM");
+        let at_b = counter(&b);
+        b.shutdown().expect("shutdown");
+        b.restore(&again).expect("restore after shutdown");
+        let c = counter(&b);
+        assert!(
+            c >= first,
+            "second-generation restore went back: {c} < {first} (b at {at_b})"
+        );
+        wait_until("the second restore to count on", || counter(&b) > c);
+    }
+
+    #[test]
+    fn restoring_one_snapshot_twice_gives_independent_vms() {
+        let Some(a) = new_vm("restore_twice", cfg(32, 1, vec![], None)) else {
+            return;
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (path, _) = snapshot_of(&a, dir.path(), "a.snap");
+        drop(a);
+        let b = new_vm("restore_twice", cfg(32, 1, vec![], None)).expect("kvm");
+        let c = new_vm("restore_twice", cfg(32, 1, vec![], None)).expect("kvm");
+        b.restore(&path).expect("restore b");
+        c.restore(&path).expect("restore c");
+        // A write in one (the guest's counter, then a host write) is not
+        // seen by the other: each has its own copy-on-write RAM.
+        b.pause().expect("pause b");
+        let b_frozen = counter(&b);
+        let c0 = counter(&c);
+        wait_until("c to count while b is paused", || counter(&c) > c0 + 1000);
+        assert_eq!(counter(&b), b_frozen, "b moved while paused: shared RAM?");
+        b.write_guest_memory(COUNTER_GPA, &0xdead_0000_0000u64.to_le_bytes())
+            .expect("write b");
+        assert!(counter(&c) < 0xdead_0000_0000, "c saw b's write");
+        b.resume().expect("resume b");
+        c.console().write_input(b"only-c").expect("queued");
+        wait_console(&c, "only-c", 1);
+        assert!(
+            !b.console().log_string().contains("only-c"),
+            "consoles are separate"
+        );
+    }
+
+    /// Flips one byte of `src` at `at` into `dst`.
+    fn corrupt(src: &Path, dst: &Path, f: impl FnOnce(&mut Vec<u8>)) {
+        let mut b = std::fs::read(src).expect("read");
+        f(&mut b);
+        std::fs::write(dst, b).expect("write");
+    }
+
+    #[test]
+    fn bad_snapshot_files_are_refused_by_name() {
+        let Some(a) = new_vm("bad_files", cfg(32, 1, vec![], None)) else {
+            return;
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (good, _) = snapshot_of(&a, dir.path(), "good.snap");
+        drop(a);
+        let d = dir.path();
+        let len = std::fs::metadata(&good).expect("meta").len() as usize;
+        let cases: Vec<(&str, VmConfig, PathBuf)> = vec![
+            ("is truncated", cfg(32, 1, vec![], None), {
+                let p = d.join("cut.snap");
+                corrupt(&good, &p, |b| b.truncate(len / 2));
+                p
+            }),
+            ("is not a provium snapshot", cfg(32, 1, vec![], None), {
+                let p = d.join("magic.snap");
+                corrupt(&good, &p, |b| b[0] = b'X');
+                p
+            }),
+            ("format version", cfg(32, 1, vec![], None), {
+                let p = d.join("version.snap");
+                corrupt(&good, &p, |b| b[8] = 99);
+                p
+            }),
+            ("checksum mismatch", cfg(32, 1, vec![], None), {
+                let p = d.join("sum.snap");
+                corrupt(&good, &p, |b| b[len - 10] ^= 0xff);
+                p
+            }),
+            (
+                "protocol version 7",
+                {
+                    let mut c = cfg(32, 1, vec![], None);
+                    c.protocol_version = 8;
+                    c
+                },
+                good.clone(),
+            ),
+            (
+                "guest memory is 33554432 bytes in the snapshot but 67108864",
+                cfg(64, 1, vec![], None),
+                good.clone(),
+            ),
+            (
+                "the vCPU count is 1 in the snapshot but 2 here",
+                cfg(32, 2, vec![], None),
+                good.clone(),
+            ),
+            (
+                "0 virtio devices in the snapshot, 1 in this VM",
+                {
+                    let disk = tempfile::NamedTempFile::new_in(d).expect("disk");
+                    disk.as_file().set_len(1 << 20).expect("size");
+                    let (_, p) = disk.keep().expect("keep");
+                    cfg(
+                        32,
+                        1,
+                        vec![DriveConfig {
+                            path: p,
+                            read_only: false,
+                            id: "vda".into(),
+                            faults: Default::default(),
+                        }],
+                        None,
+                    )
+                },
+                good.clone(),
+            ),
+            (
+                "cannot read snapshot",
+                cfg(32, 1, vec![], None),
+                d.join("missing.snap"),
+            ),
+        ];
+        for (want, c, path) in cases {
+            let vm = new_vm("bad_files", c).expect("kvm");
+            let e = vm.restore(&path).expect_err(want);
+            let msg = chain(&e);
+            assert!(msg.contains(want), "expected {want:?} in: {msg}");
+            assert_eq!(
+                vm.state(),
+                VmState::Created,
+                "a refused restore changes nothing"
+            );
+        }
+    }
+
+    // A minimal host-side virtio driver over the MMIO window (virtio 1.2,
+    // 4.2.3) and split rings in guest RAM above the tiny guest's image.
+    const QUEUE_BASE: u64 = 0x0100_0000;
+    const QSIZE: u16 = 16;
+
+    fn mmio_w(vm: &Vm, base: u64, off: u64, v: u32) {
+        let mut b = v.to_le_bytes();
+        assert!(
+            vm.mmio_access(base + off, &mut b, true),
+            "no device at {base:#x}"
+        );
+    }
+
+    fn mmio_r(vm: &Vm, base: u64, off: u64) -> u32 {
+        let mut b = [0u8; 4];
+        vm.mmio_access(base + off, &mut b, false);
+        u32::from_le_bytes(b)
+    }
+
+    fn mem_u16(vm: &Vm, gpa: u64) -> u16 {
+        let mut b = [0u8; 2];
+        vm.read_guest_memory(gpa, &mut b).expect("ram");
+        u16::from_le_bytes(b)
+    }
+
+    /// Ring addresses of queue `q`: descriptors, avail, used (4 KiB each).
+    fn rings(q: u64) -> (u64, u64, u64) {
+        let b = QUEUE_BASE + q * 0x4000;
+        (b, b + 0x1000, b + 0x2000)
+    }
+
+    /// Negotiates VERSION_1 and sets up `queues` queues of QSIZE, DRIVER_OK.
+    fn driver_init(vm: &Vm, base: u64, queues: u64) {
+        mmio_w(vm, base, 0x70, 1 | 2);
+        mmio_w(vm, base, 0x24, 1);
+        mmio_w(vm, base, 0x20, 1); // VIRTIO_F_VERSION_1 (bit 32)
+        mmio_w(vm, base, 0x70, 1 | 2 | 8);
+        assert_ne!(mmio_r(vm, base, 0x70) & 8, 0, "FEATURES_OK accepted");
+        for q in 0..queues {
+            let (d, a, u) = rings(q);
+            mmio_w(vm, base, 0x30, q as u32);
+            mmio_w(vm, base, 0x38, u32::from(QSIZE));
+            mmio_w(vm, base, 0x80, d as u32);
+            mmio_w(vm, base, 0x90, a as u32);
+            mmio_w(vm, base, 0xa0, u as u32);
+            mmio_w(vm, base, 0x44, 1);
+        }
+        mmio_w(vm, base, 0x70, 1 | 2 | 8 | 4);
+        assert_eq!(
+            mmio_r(vm, base, 0x70),
+            1 | 2 | 8 | 4,
+            "DRIVER_OK, no NEEDS_RESET"
+        );
+    }
+
+    /// Writes descriptor `i` of queue `q`.
+    fn desc(vm: &Vm, q: u64, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
+        let mut d = Vec::with_capacity(16);
+        d.extend_from_slice(&addr.to_le_bytes());
+        d.extend_from_slice(&len.to_le_bytes());
+        d.extend_from_slice(&flags.to_le_bytes());
+        d.extend_from_slice(&next.to_le_bytes());
+        vm.write_guest_memory(rings(q).0 + u64::from(i) * 16, &d)
+            .expect("ram");
+    }
+
+    /// Makes chain `head` the avail entry `idx` of queue `q` and publishes idx+1.
+    fn offer(vm: &Vm, q: u64, idx: u16, head: u16) {
+        let a = rings(q).1;
+        vm.write_guest_memory(a + 4 + 2 * u64::from(idx % QSIZE), &head.to_le_bytes())
+            .expect("ram");
+        vm.write_guest_memory(a + 2, &(idx + 1).to_le_bytes())
+            .expect("ram");
+    }
+
+    fn wait_used(vm: &Vm, q: u64, n: u16) {
+        wait_until("a used-ring entry", || mem_u16(vm, rings(q).2 + 2) >= n);
+    }
+
+    const NEXT: u16 = 1;
+    const WRITE: u16 = 2;
+
+    /// A 3-descriptor block request (header, 512-byte data, status) at
+    /// descriptors `first..first+3`, buffers at `buf`.
+    fn blk_request(vm: &Vm, first: u16, buf: u64, kind: u32, data_flags: u16) {
+        let mut h = [0u8; 16];
+        h[..4].copy_from_slice(&kind.to_le_bytes());
+        vm.write_guest_memory(buf, &h).expect("ram");
+        desc(vm, 0, first, buf, 16, NEXT, first + 1);
+        desc(
+            vm,
+            0,
+            first + 1,
+            buf + 0x100,
+            512,
+            data_flags | NEXT,
+            first + 2,
+        );
+        desc(vm, 0, first + 2, buf + 0x400, 1, WRITE, 0);
+    }
+
+    fn drive(path: &Path) -> DriveConfig {
+        DriveConfig {
+            path: path.to_path_buf(),
+            read_only: false,
+            id: "vda".into(),
+            faults: Default::default(),
+        }
+    }
+
+    #[test]
+    fn virtio_blk_queue_survives_restore() {
+        let disk = tempfile::NamedTempFile::new().expect("disk");
+        disk.as_file().set_len(1 << 20).expect("size");
+        let Some(a) = new_vm("blk_restore", cfg(32, 1, vec![drive(disk.path())], None)) else {
+            return;
+        };
+        boot_ready(&a);
+        let base = provium_vmm::device_manager::mmio::MMIO_BASE;
+        driver_init(&a, base, 1);
+        // Before the snapshot: write 512 x 0xab to sector 0.
+        let buf = QUEUE_BASE + 0x10_0000;
+        blk_request(&a, 0, buf, 1 /* OUT */, 0);
+        a.write_guest_memory(buf + 0x100, &[0xab; 512])
+            .expect("ram");
+        offer(&a, 0, 0, 0);
+        mmio_w(&a, base, 0x50, 0);
+        wait_used(&a, 0, 1);
+        let dir = tempfile::tempdir().expect("tempdir");
+        a.pause().expect("pause");
+        let path = dir.path().join("blk.snap");
+        a.snapshot(&path).expect("snapshot");
+        drop(a);
+
+        let b = new_vm("blk_restore", cfg(32, 1, vec![drive(disk.path())], None)).expect("kvm");
+        b.restore(&path).expect("restore");
+        assert_eq!(b.virtio_status(0), Some(1 | 2 | 8 | 4), "status restored");
+        // After: read sector 0 through the restored queue (avail entry 1).
+        let buf2 = QUEUE_BASE + 0x20_0000;
+        blk_request(&b, 3, buf2, 0 /* IN */, WRITE);
+        offer(&b, 0, 1, 3);
+        mmio_w(&b, base, 0x50, 0);
+        wait_used(&b, 0, 2);
+        let mut data = [0u8; 512];
+        b.read_guest_memory(buf2 + 0x100, &mut data).expect("ram");
+        assert_eq!(
+            data, [0xab; 512],
+            "the read after restore completed with the disk's data"
+        );
+        let mut status = [0xffu8];
+        b.read_guest_memory(buf2 + 0x400, &mut status).expect("ram");
+        assert_eq!(status, [0], "VIRTIO_BLK_S_OK");
+    }
+
+    #[test]
+    fn vsock_gets_transport_reset_and_accepts_new_connections_after_restore() {
+        let host = VsockHost::new(3).expect("vsock host");
+        let Some(a) = new_vm("vsock_restore", cfg(32, 1, vec![], Some(host))) else {
+            return;
+        };
+        boot_ready(&a);
+        let base = provium_vmm::device_manager::mmio::MMIO_BASE;
+        driver_init(&a, base, 3);
+        // RX buffers (queue 0) and one event buffer (queue 2), as Linux's
+        // driver posts at probe.
+        let rx_buf = QUEUE_BASE + 0x10_0000;
+        for i in 0..4u16 {
+            desc(&a, 0, i, rx_buf + u64::from(i) * 0x1000, 0x1000, WRITE, 0);
+            offer(&a, 0, i, i);
+        }
+        let ev_buf = QUEUE_BASE + 0x20_0000;
+        a.write_guest_memory(ev_buf, &[0xff; 4]).expect("ram");
+        desc(&a, 2, 0, ev_buf, 4, WRITE, 0);
+        offer(&a, 2, 0, 0);
+        mmio_w(&a, base, 0x50, 0);
+        let dir = tempfile::tempdir().expect("tempdir");
+        a.pause().expect("pause");
+        let path = dir.path().join("vsock.snap");
+        a.snapshot(&path).expect("snapshot");
+        drop(a);
+
+        let host_b = VsockHost::new(3).expect("vsock host");
+        let b = new_vm("vsock_restore", cfg(32, 1, vec![], Some(host_b.clone()))).expect("kvm");
+        b.restore(&path).expect("restore");
+        wait_used(&b, 2, 1);
+        let mut ev = [0u8; 4];
+        b.read_guest_memory(ev_buf, &mut ev).expect("ram");
+        assert_eq!(
+            u32::from_le_bytes(ev),
+            0,
+            "VIRTIO_VSOCK_EVENT_TRANSPORT_RESET"
+        );
+        // The restored device serves new host connections: the request
+        // reaches the guest's (restored) RX ring.
+        let h = std::thread::spawn(move || host_b.connect(1234, Duration::from_millis(500)));
+        wait_used(&b, 0, 1);
+        let mut hdr = [0u8; 44];
+        b.read_guest_memory(rx_buf, &mut hdr).expect("ram");
+        let dst_port = u32::from_le_bytes(hdr[20..24].try_into().expect("4"));
+        let op = u16::from_le_bytes(hdr[30..32].try_into().expect("2"));
+        assert_eq!((dst_port, op), (1234, 1), "OP_REQUEST to port 1234");
+        assert!(
+            h.join().expect("no panic").is_err(),
+            "nobody answers: times out"
+        );
+
+        // A restoring VM with another CID is refused by name.
+        let other = new_vm(
+            "vsock_restore",
+            cfg(32, 1, vec![], Some(VsockHost::new(4).expect("host"))),
+        )
+        .expect("kvm");
+        let e = chain(&other.restore(&path).expect_err("cid differs"));
+        assert!(e.contains("guest CID 3 in the snapshot, 4 here"), "{e}");
+    }
 }

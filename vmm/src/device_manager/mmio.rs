@@ -7,8 +7,10 @@ use std::sync::{Arc, Mutex};
 
 use crate::devices::bus::{Bus, BusError};
 use crate::devices::legacy::EventFdTrigger;
-use crate::devices::virtio::mmio::{MmioInterrupt, MmioTransport, MMIO_WINDOW_BYTES};
-use crate::devices::virtio::VirtioDevice;
+use crate::devices::virtio::mmio::{
+    MmioInterrupt, MmioTransport, MmioTransportState, MMIO_WINDOW_BYTES,
+};
+use crate::devices::virtio::{VirtioDevice, VirtioPersistError};
 use crate::vstate::memory::GuestMemoryMmap;
 use crate::vstate::vm::{KvmVm, KvmVmError};
 
@@ -36,6 +38,15 @@ pub enum MmioDevicesError {
         /// Cause.
         #[source]
         source: KvmVmError,
+    },
+    /// The snapshot's state for this slot was refused.
+    #[error("cannot restore the virtio device at {base:#x}")]
+    Restore {
+        /// Window base GPA.
+        base: u64,
+        /// Why.
+        #[source]
+        source: VirtioPersistError,
     },
     /// The window clashed on the bus.
     #[error("cannot place a virtio-mmio window on the MMIO bus")]
@@ -85,14 +96,53 @@ impl MmioSlots {
     }
 }
 
-/// Puts `device` behind a transport in the next slot; returns the slot.
+/// A virtio device placed on the bus.
+pub struct AttachedVirtio {
+    /// Its window and IRQ.
+    pub slot: MmioSlot,
+    /// Its transport (the bus holds another reference), for snapshots.
+    pub transport: Arc<Mutex<MmioTransport>>,
+}
+
+/// Puts `device` behind a transport in the next slot.
 pub fn attach_virtio_device(
     slots: &mut MmioSlots,
     vm: &KvmVm,
     bus: &mut Bus,
     mem: &GuestMemoryMmap,
     device: Box<dyn VirtioDevice>,
-) -> Result<MmioSlot, MmioDevicesError> {
+) -> Result<AttachedVirtio, MmioDevicesError> {
+    attach_with(slots, vm, bus, |_, interrupt| {
+        Ok(MmioTransport::new(device, mem.clone(), interrupt))
+    })
+}
+
+/// Puts a fresh `device` in the next slot with the transport and device
+/// state `state` from a snapshot (validated by the transport).
+pub fn attach_restored_virtio_device(
+    slots: &mut MmioSlots,
+    vm: &KvmVm,
+    bus: &mut Bus,
+    mem: &GuestMemoryMmap,
+    device: Box<dyn VirtioDevice>,
+    state: &MmioTransportState,
+) -> Result<AttachedVirtio, MmioDevicesError> {
+    attach_with(slots, vm, bus, |slot, interrupt| {
+        MmioTransport::restore(device, mem.clone(), interrupt, state).map_err(|source| {
+            MmioDevicesError::Restore {
+                base: slot.base,
+                source,
+            }
+        })
+    })
+}
+
+fn attach_with(
+    slots: &mut MmioSlots,
+    vm: &KvmVm,
+    bus: &mut Bus,
+    make: impl FnOnce(MmioSlot, Arc<MmioInterrupt>) -> Result<MmioTransport, MmioDevicesError>,
+) -> Result<AttachedVirtio, MmioDevicesError> {
     let slot = slots.allocate()?;
     let irq = EventFdTrigger::new().map_err(MmioDevicesError::EventFd)?;
     vm.register_irqfd(&irq.0, slot.irq)
@@ -101,14 +151,10 @@ pub fn attach_virtio_device(
             source,
         })?;
     let interrupt = Arc::new(MmioInterrupt::new(irq));
-    let transport = MmioTransport::new(device, mem.clone(), interrupt);
-    bus.insert(
-        slot.base,
-        MMIO_WINDOW_BYTES,
-        Arc::new(Mutex::new(transport)),
-    )
-    .map_err(MmioDevicesError::Bus)?;
-    Ok(slot)
+    let transport = Arc::new(Mutex::new(make(slot, interrupt)?));
+    bus.insert(slot.base, MMIO_WINDOW_BYTES, transport.clone())
+        .map_err(MmioDevicesError::Bus)?;
+    Ok(AttachedVirtio { slot, transport })
 }
 
 #[cfg(test)]

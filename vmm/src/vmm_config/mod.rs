@@ -30,6 +30,10 @@ pub struct VmConfig {
     /// Boot timing (`boot_timer.rs`): the VMM stamps its marks into this
     /// handle and puts its port on the PIO bus. Keep a clone to read them.
     pub boot_timer: Option<crate::boot_timer::BootTimer>,
+    /// The agent wire protocol version recorded in (and required of)
+    /// snapshots: the harness sets its `PROTOCOL_VERSION`, so a snapshot
+    /// whose agent state another protocol wrote is refused by name.
+    pub protocol_version: u32,
 }
 
 impl VmConfig {
@@ -43,6 +47,7 @@ impl VmConfig {
             rng: None,
             vsock: None,
             boot_timer: None,
+            protocol_version: 0,
         }
     }
 }

@@ -1,15 +1,20 @@
-//! Guest RAM: one memfd holding every RAM range, mapped shared.
+//! Guest RAM: one memfd holding every RAM range, mapped shared; or, for a
+//! restored VM, a snapshot's restore image mapped private.
 //!
-//! Backing RAM with a file (rather than anonymous memory) is what lets a
-//! snapshot later save it by reading the fd and a restore map a memory image
-//! file directly (copy-on-write, pages faulted in on first touch) instead of
-//! copying all of RAM before the guest runs.
+//! A restore maps the image file (`provium_snapshot::image`) `MAP_PRIVATE`
+//! instead of copying all of RAM before the guest runs: pages fault in from
+//! the page cache on first touch, holes read as zero without allocating, a
+//! guest write copies only that page, and parallel restores of one image
+//! share its page-cache pages. A snapshot reads RAM through the mappings
+//! (`host_parts`), never through the file, so it sees the guest's writes
+//! whichever way RAM is backed.
 
 use std::fs::File;
 use std::io;
 use std::os::fd::FromRawFd;
 
-use vm_memory::{FileOffset, GuestAddress, GuestRegionMmap};
+use vm_memory::mmap::MmapRegionBuilder;
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, GuestRegionMmap};
 
 use crate::arch::layout::ram_ranges;
 
@@ -34,14 +39,14 @@ pub enum MemoryError {
     /// The size does not fit this host's address space.
     #[error("guest memory of {0} bytes is too large for this host")]
     TooLarge(u64),
-    /// Mapping a region failed.
+    /// Mapping a region (of the memfd or a restore image) failed.
     #[error("cannot map guest RAM at {gpa:#x}")]
-    Map {
+    Mmap {
         /// Guest address of the region.
         gpa: u64,
         /// Cause.
         #[source]
-        source: vm_memory::mmap::FromRangesError,
+        source: vm_memory::mmap::MmapRegionError,
     },
     /// Assembling the region collection failed.
     #[error("cannot assemble guest memory regions")]
@@ -52,8 +57,65 @@ pub enum MemoryError {
 pub struct GuestRam {
     /// The mapped regions.
     pub memory: GuestMemoryMmap,
-    /// The memfd; region `i` starts at file offset = sum of earlier lengths.
+    /// The memfd (or restore image); region `i` starts at file offset =
+    /// `data_offset` + the sum of earlier lengths. A private image mapping
+    /// does not write back: read RAM through `memory`, not this file.
     pub file: File,
+}
+
+/// Maps `ram_ranges(mem_bytes)` from `file`, starting at `data_offset`,
+/// with `flags` (`MAP_SHARED` or `MAP_PRIVATE`).
+fn map_ranges(
+    file: &File,
+    mem_bytes: u64,
+    data_offset: u64,
+    flags: i32,
+) -> Result<GuestMemoryMmap, MemoryError> {
+    let mut regions = Vec::new();
+    let mut offset = data_offset;
+    for (gpa, len) in ram_ranges(mem_bytes) {
+        let size = usize::try_from(len).map_err(|_| MemoryError::TooLarge(mem_bytes))?;
+        let f = file.try_clone().map_err(MemoryError::Memfd)?;
+        let mapping = MmapRegionBuilder::new(size)
+            .with_file_offset(FileOffset::new(f, offset))
+            .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+            .with_mmap_flags(flags | libc::MAP_NORESERVE)
+            .build()
+            .map_err(|source| MemoryError::Mmap { gpa, source })?;
+        let region = GuestRegionMmap::new(mapping, GuestAddress(gpa))
+            .ok_or(MemoryError::TooLarge(mem_bytes))?;
+        regions.push(region);
+        offset += len;
+    }
+    GuestMemoryMmap::from_regions(regions).map_err(MemoryError::Regions)
+}
+
+/// Maps `mem_bytes` of guest RAM privately (copy-on-write) from a restore
+/// image whose guest memory starts at `data_offset` (page-aligned).
+pub fn guest_ram_from_image(
+    file: File,
+    mem_bytes: u64,
+    data_offset: u64,
+) -> Result<GuestRam, MemoryError> {
+    let memory = map_ranges(&file, mem_bytes, data_offset, libc::MAP_PRIVATE)?;
+    Ok(GuestRam { memory, file })
+}
+
+/// The host view of every RAM region, in guest order (= image order).
+///
+/// The slices alias guest memory: call this only while no vCPU runs and no
+/// device worker writes (a snapshot pauses both first), and drop them before
+/// anything resumes.
+pub fn host_parts(mem: &GuestMemoryMmap) -> Vec<&[u8]> {
+    mem.iter()
+        .map(|r| {
+            let len = usize::try_from(r.len()).expect("a mapped region fits the address space");
+            // SAFETY: the region maps `len` bytes at `as_ptr()` for as long
+            // as `mem` (borrowed for the slices' lifetime) keeps it; the
+            // caller guarantees nothing writes to it meanwhile.
+            unsafe { std::slice::from_raw_parts(r.as_ptr().cast_const(), len) }
+        })
+        .collect()
 }
 
 /// Creates `mem_bytes` of guest RAM (split around the MMIO gap).
@@ -68,18 +130,7 @@ pub fn create_guest_ram(mem_bytes: u64) -> Result<GuestRam, MemoryError> {
     let file = unsafe { File::from_raw_fd(fd) };
     file.set_len(mem_bytes)
         .map_err(|source| MemoryError::Truncate { mem_bytes, source })?;
-    let mut regions = Vec::new();
-    let mut offset = 0u64;
-    for (gpa, len) in ram_ranges(mem_bytes) {
-        let size = usize::try_from(len).map_err(|_| MemoryError::TooLarge(mem_bytes))?;
-        let f = file.try_clone().map_err(MemoryError::Memfd)?;
-        let region =
-            GuestRegionMmap::from_range(GuestAddress(gpa), size, Some(FileOffset::new(f, offset)))
-                .map_err(|source| MemoryError::Map { gpa, source })?;
-        regions.push(region);
-        offset += len;
-    }
-    let memory = GuestMemoryMmap::from_regions(regions).map_err(MemoryError::Regions)?;
+    let memory = map_ranges(&file, mem_bytes, 0, libc::MAP_SHARED)?;
     Ok(GuestRam { memory, file })
 }
 

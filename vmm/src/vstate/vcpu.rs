@@ -17,8 +17,12 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kvm_bindings::{Msrs, KVM_SYSTEM_EVENT_RESET, KVM_SYSTEM_EVENT_SHUTDOWN};
+use kvm_bindings::{
+    kvm_debugregs, kvm_lapic_state, kvm_mp_state, kvm_msr_entry, kvm_regs, kvm_sregs,
+    kvm_vcpu_events, kvm_xcrs, kvm_xsave, Msrs, KVM_SYSTEM_EVENT_RESET, KVM_SYSTEM_EVENT_SHUTDOWN,
+};
 use kvm_ioctls::{VcpuExit, VcpuFd};
+use serde::{Deserialize, Serialize};
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 
 use super::kvm::KvmContext;
@@ -50,6 +54,17 @@ pub enum VcpuError {
         index: u8,
         /// First MSR that was not set.
         msr: u32,
+    },
+    /// A vCPU thread panicked, so its fd is gone.
+    #[error("the thread of vCPU {0} panicked; its state cannot be saved")]
+    Lost(u8),
+    /// The snapshot's state for a vCPU is unusable.
+    #[error("the snapshot's state for vCPU {index} is invalid: {detail}")]
+    BadState {
+        /// vCPU index.
+        index: u8,
+        /// What is wrong.
+        detail: String,
     },
     /// CPUID list manipulation failed.
     #[error("cannot build the CPUID list for vCPU {0}")]
@@ -135,6 +150,138 @@ pub fn configure_vcpu(
     let lapic = fd.get_lapic().map_err(cfg_err("KVM_GET_LAPIC", i))?;
     fd.set_lapic(&interrupts::set_lint(lapic))
         .map_err(cfg_err("KVM_SET_LAPIC", i))?;
+    Ok(())
+}
+
+/// Most MSRs one vCPU's state may carry (KVM's save list is a few dozen):
+/// bounds what a snapshot file can make restore allocate and set.
+pub const MAX_SAVED_MSRS: usize = 256;
+
+/// Everything KVM holds for one vCPU, as a snapshot stores it. The kvm
+/// structs serialize as their raw bytes (kvm-bindings' `serde`); their
+/// contents come from a file on restore, and KVM validates each set ioctl.
+///
+/// Not saved: CPUID (rebuilt from the CPU template, which the VM's shape
+/// fixes) and the legacy `kvm_fpu` (XSAVE carries x87/SSE state).
+#[derive(Serialize, Deserialize)]
+pub struct VcpuState {
+    /// General-purpose registers.
+    pub regs: kvm_regs,
+    /// Segment, control and descriptor-table registers.
+    pub sregs: kvm_sregs,
+    /// x87/SSE/AVX state (the 4 KiB legacy XSAVE area).
+    pub xsave: kvm_xsave,
+    /// Extended control registers (XCR0).
+    pub xcrs: kvm_xcrs,
+    /// The in-kernel local APIC's registers.
+    pub lapic: kvm_lapic_state,
+    /// The MSRs KVM reports as saveable that this vCPU could read.
+    pub msrs: Vec<kvm_msr_entry>,
+    /// Pending exceptions, interrupts, NMIs and SMIs.
+    pub events: kvm_vcpu_events,
+    /// Runnable, halted, waiting for SIPI.
+    pub mp_state: kvm_mp_state,
+    /// Debug registers.
+    pub debugregs: kvm_debugregs,
+}
+
+/// Reads the saveable MSRs of `fd` from `indices` (KVM_GET_MSR_INDEX_LIST),
+/// skipping any this KVM lists but refuses to read.
+fn read_msrs(fd: &VcpuFd, index: u8, indices: &[u32]) -> Result<Vec<kvm_msr_entry>, VcpuError> {
+    let mut out = Vec::with_capacity(indices.len());
+    let mut rest: Vec<u32> = indices.iter().copied().take(MAX_SAVED_MSRS).collect();
+    while !rest.is_empty() {
+        let entries: Vec<kvm_msr_entry> = rest
+            .iter()
+            .map(|&i| kvm_msr_entry {
+                index: i,
+                ..Default::default()
+            })
+            .collect();
+        let mut msrs = Msrs::from_entries(&entries).map_err(|_| VcpuError::Cpuid(index))?;
+        let n = fd
+            .get_msrs(&mut msrs)
+            .map_err(cfg_err("KVM_GET_MSRS", index))?;
+        out.extend_from_slice(&msrs.as_slice()[..n]);
+        // KVM stops at the first MSR it cannot read: skip that one, go on.
+        rest.drain(..(n + 1).min(rest.len()));
+    }
+    Ok(out)
+}
+
+/// Saves `fd`'s state. The vCPU's thread must be stopped (the fd is not in
+/// `KVM_RUN`). A `KVM_RUN` with `immediate_exit` set first completes any
+/// port or MMIO access the last exit left half done, so the saved RIP is
+/// after it (KVM's documented way to reach a consistent state).
+pub fn save_vcpu(fd: &mut VcpuFd, index: u8, msr_indices: &[u32]) -> Result<VcpuState, VcpuError> {
+    fd.set_kvm_immediate_exit(1);
+    // An exit here (rather than EINTR) means KVM had an exit to report
+    // first; the completed access is what mattered.
+    let errno = fd.run().err().map(|e| e.errno());
+    fd.set_kvm_immediate_exit(0);
+    if let Some(errno) = errno.filter(|e| *e != libc::EINTR && *e != libc::EAGAIN) {
+        return Err(VcpuError::Configure {
+            ioctl: "KVM_RUN (immediate exit)",
+            index,
+            source: io::Error::from_raw_os_error(errno),
+        });
+    }
+    Ok(VcpuState {
+        mp_state: fd
+            .get_mp_state()
+            .map_err(cfg_err("KVM_GET_MP_STATE", index))?,
+        regs: fd.get_regs().map_err(cfg_err("KVM_GET_REGS", index))?,
+        sregs: fd.get_sregs().map_err(cfg_err("KVM_GET_SREGS", index))?,
+        xsave: fd.get_xsave().map_err(cfg_err("KVM_GET_XSAVE", index))?,
+        xcrs: fd.get_xcrs().map_err(cfg_err("KVM_GET_XCRS", index))?,
+        debugregs: fd
+            .get_debug_regs()
+            .map_err(cfg_err("KVM_GET_DEBUGREGS", index))?,
+        lapic: fd.get_lapic().map_err(cfg_err("KVM_GET_LAPIC", index))?,
+        msrs: read_msrs(fd, index, msr_indices)?,
+        events: fd
+            .get_vcpu_events()
+            .map_err(cfg_err("KVM_GET_VCPU_EVENTS", index))?,
+    })
+}
+
+/// Loads `state` (from a snapshot file) into a freshly created and
+/// configured vCPU, in the order KVM needs: MP state, registers, XSAVE,
+/// XCRs, debug registers, LAPIC, MSRs, then pending events last (they
+/// depend on the rest).
+pub fn restore_vcpu(fd: &VcpuFd, index: u8, state: &VcpuState) -> Result<(), VcpuError> {
+    if state.msrs.len() > MAX_SAVED_MSRS {
+        return Err(VcpuError::BadState {
+            index,
+            detail: format!("{} MSRs (at most {MAX_SAVED_MSRS})", state.msrs.len()),
+        });
+    }
+    fd.set_mp_state(state.mp_state)
+        .map_err(cfg_err("KVM_SET_MP_STATE", index))?;
+    fd.set_regs(&state.regs)
+        .map_err(cfg_err("KVM_SET_REGS", index))?;
+    fd.set_sregs(&state.sregs)
+        .map_err(cfg_err("KVM_SET_SREGS", index))?;
+    // SAFETY: `kvm_xsave` is the fixed 4 KiB legacy area and this VMM never
+    // enables dynamically sized XSAVE features (KVM_CAP_XSAVE2), so KVM
+    // reads exactly the struct's size.
+    unsafe { fd.set_xsave(&state.xsave) }.map_err(cfg_err("KVM_SET_XSAVE", index))?;
+    fd.set_xcrs(&state.xcrs)
+        .map_err(cfg_err("KVM_SET_XCRS", index))?;
+    fd.set_debug_regs(&state.debugregs)
+        .map_err(cfg_err("KVM_SET_DEBUGREGS", index))?;
+    fd.set_lapic(&state.lapic)
+        .map_err(cfg_err("KVM_SET_LAPIC", index))?;
+    let msrs = Msrs::from_entries(&state.msrs).map_err(|_| VcpuError::Cpuid(index))?;
+    let n = fd.set_msrs(&msrs).map_err(cfg_err("KVM_SET_MSRS", index))?;
+    if n != state.msrs.len() {
+        return Err(VcpuError::Msr {
+            index,
+            msr: state.msrs.get(n).map_or(0, |e| e.index),
+        });
+    }
+    fd.set_vcpu_events(&state.events)
+        .map_err(cfg_err("KVM_SET_VCPU_EVENTS", index))?;
     Ok(())
 }
 
@@ -255,24 +402,34 @@ pub struct VcpuIo {
     pub boot_timer: Option<crate::boot_timer::BootTimer>,
 }
 
-/// Handles to a machine's running vCPU threads.
+/// Handles to a machine's running vCPU threads. Each thread hands its fd
+/// back when it ends, so a snapshot can stop the threads, save the fds'
+/// state and start new threads on the same fds.
 pub struct VcpuSet {
     control: Arc<Control>,
-    threads: Vec<JoinHandle<()>>,
+    threads: Vec<JoinHandle<VcpuFd>>,
+    io: VcpuIo,
 }
 
 impl VcpuSet {
     /// Starts one thread per configured vCPU fd, all running.
     pub fn start(fds: Vec<VcpuFd>, io: VcpuIo) -> Result<VcpuSet, VcpuError> {
+        VcpuSet::start_in(fds, io, false)
+    }
+
+    /// Starts one thread per vCPU fd, parked (as after `pause`) when
+    /// `paused`: `resume` lets them run.
+    pub fn start_in(fds: Vec<VcpuFd>, io: VcpuIo, paused: bool) -> Result<VcpuSet, VcpuError> {
         install_kick_handler()?;
         let control = Arc::new(Control {
-            want: AtomicU8::new(WANT_RUN),
+            want: AtomicU8::new(if paused { WANT_PAUSE } else { WANT_RUN }),
             counts: Mutex::new(Counts::default()),
             cond: Condvar::new(),
         });
         let mut set = VcpuSet {
             control,
             threads: Vec::new(),
+            io: io.clone(),
         };
         for (i, fd) in fds.into_iter().enumerate() {
             let index = u8::try_from(i).expect("vCPU count is a u8");
@@ -340,6 +497,17 @@ impl VcpuSet {
 
     /// Stops and joins every vCPU thread.
     pub fn stop(&mut self, timeout: Duration) -> Result<(), VcpuError> {
+        self.stop_and_take(timeout).map(drop)
+    }
+
+    /// The I/O wiring the threads run with (for `start_in` after a snapshot).
+    pub fn io(&self) -> &VcpuIo {
+        &self.io
+    }
+
+    /// Stops and joins every vCPU thread and returns their fds in index
+    /// order (`None` for a thread that panicked).
+    pub fn stop_and_take(&mut self, timeout: Duration) -> Result<Vec<Option<VcpuFd>>, VcpuError> {
         self.control.set_want(WANT_STOP);
         let deadline = Instant::now() + timeout;
         while self.threads.iter().any(|t| !t.is_finished()) {
@@ -358,12 +526,9 @@ impl VcpuSet {
                 .wait_timeout(g, Duration::from_millis(5))
                 .unwrap_or_else(|e| e.into_inner());
         }
-        for t in self.threads.drain(..) {
-            // A panicking vCPU thread has already reported through its sink or
-            // crashed on a bug; either way there is nothing left to join for.
-            let _ = t.join();
-        }
-        Ok(())
+        // A panicking vCPU thread has already reported through its sink or
+        // crashed on a bug; its fd is gone with it.
+        Ok(self.threads.drain(..).map(|t| t.join().ok()).collect())
     }
 
     /// Number of vCPU threads.
@@ -424,7 +589,7 @@ fn handle_exit(exit: VcpuExit<'_>, io: &VcpuIo) -> Handled {
     Handled::Continue
 }
 
-fn run_vcpu(mut fd: VcpuFd, index: u8, control: &Control, io: &VcpuIo) {
+fn run_vcpu(mut fd: VcpuFd, index: u8, control: &Control, io: &VcpuIo) -> VcpuFd {
     let p: *mut u8 = &mut fd.get_kvm_run().immediate_exit;
     IMMEDIATE_EXIT.with(|c| c.set(p));
     // The kick signal must reach this thread even if the spawner blocked it.
@@ -461,6 +626,8 @@ fn run_vcpu(mut fd: VcpuFd, index: u8, control: &Control, io: &VcpuIo) {
     let mut g = control.lock();
     g.exited += 1;
     control.cond.notify_all();
+    drop(g);
+    fd
 }
 
 #[cfg(test)]

@@ -3,8 +3,12 @@
 
 use std::io;
 
-use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_PIT_SPEAKER_DUMMY};
+use kvm_bindings::{
+    kvm_clock_data, kvm_irqchip, kvm_pit_config, kvm_pit_state2, kvm_userspace_memory_region,
+    KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE, KVM_PIT_SPEAKER_DUMMY,
+};
 use kvm_ioctls::{VcpuFd, VmFd};
+use serde::{Deserialize, Serialize};
 use vm_memory::{Address, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -47,6 +51,15 @@ pub enum KvmVmError {
         #[source]
         source: io::Error,
     },
+    /// A VM state ioctl (irqchip, PIT, clock) failed while saving or restoring.
+    #[error("{ioctl} failed")]
+    State {
+        /// The ioctl.
+        ioctl: &'static str,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
     /// KVM_CREATE_VCPU failed.
     #[error("KVM_CREATE_VCPU {index} failed")]
     CreateVcpu {
@@ -60,6 +73,41 @@ pub enum KvmVmError {
 
 fn io_err(e: kvm_ioctls::Error) -> io::Error {
     io::Error::from_raw_os_error(e.errno())
+}
+
+fn state_err(ioctl: &'static str) -> impl Fn(kvm_ioctls::Error) -> KvmVmError {
+    move |e| KvmVmError::State {
+        ioctl,
+        source: io_err(e),
+    }
+}
+
+/// The VM-wide KVM state a snapshot carries: the in-kernel PICs and IOAPIC,
+/// the PIT and kvmclock. Raw kvm structs (kvm-bindings' `serde`); KVM
+/// validates them when they are set.
+#[derive(Serialize, Deserialize)]
+pub struct KvmVmState {
+    /// The master 8259.
+    pub pic_master: kvm_irqchip,
+    /// The slave 8259.
+    pub pic_slave: kvm_irqchip,
+    /// The IOAPIC (redirection table, IRR).
+    pub ioapic: kvm_irqchip,
+    /// The i8254 PIT's channels.
+    pub pit: kvm_pit_state2,
+    /// kvmclock at the snapshot (ns since the VM's clock started).
+    pub clock: kvm_clock_data,
+    /// The host's CLOCK_REALTIME at the snapshot, in ns since the epoch:
+    /// restore advances kvmclock by the time since, so the guest's wall
+    /// clock is right again.
+    pub realtime_ns: u64,
+}
+
+/// CLOCK_REALTIME in ns since the epoch (0 before 1970).
+pub fn realtime_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
 /// A KVM VM with its irqchip and PIT.
@@ -125,6 +173,57 @@ impl KvmVm {
                 gsi,
                 source: io_err(e),
             })
+    }
+
+    /// Saves the irqchip, PIT and clock. Call with every vCPU stopped.
+    pub fn save_state(&self) -> Result<KvmVmState, KvmVmError> {
+        let chip = |chip_id| -> Result<kvm_irqchip, KvmVmError> {
+            let mut c = kvm_irqchip {
+                chip_id,
+                ..Default::default()
+            };
+            self.fd
+                .get_irqchip(&mut c)
+                .map_err(state_err("KVM_GET_IRQCHIP"))?;
+            Ok(c)
+        };
+        Ok(KvmVmState {
+            pic_master: chip(KVM_IRQCHIP_PIC_MASTER)?,
+            pic_slave: chip(KVM_IRQCHIP_PIC_SLAVE)?,
+            ioapic: chip(KVM_IRQCHIP_IOAPIC)?,
+            pit: self.fd.get_pit2().map_err(state_err("KVM_GET_PIT2"))?,
+            clock: self.fd.get_clock().map_err(state_err("KVM_GET_CLOCK"))?,
+            realtime_ns: realtime_ns(),
+        })
+    }
+
+    /// Loads `state` (from a snapshot file) into this fresh VM: irqchip
+    /// (each chip id is forced to the slot it is restored into, whatever the
+    /// file says), PIT, and kvmclock advanced by the wall time since the
+    /// snapshot, as if the guest had been suspended meanwhile.
+    pub fn restore_state(&self, state: &KvmVmState) -> Result<(), KvmVmError> {
+        for (mut c, id) in [
+            (state.pic_master, KVM_IRQCHIP_PIC_MASTER),
+            (state.pic_slave, KVM_IRQCHIP_PIC_SLAVE),
+            (state.ioapic, KVM_IRQCHIP_IOAPIC),
+        ] {
+            c.chip_id = id;
+            self.fd
+                .set_irqchip(&c)
+                .map_err(state_err("KVM_SET_IRQCHIP"))?;
+        }
+        self.fd
+            .set_pit2(&state.pit)
+            .map_err(state_err("KVM_SET_PIT2"))?;
+        let slept = realtime_ns().saturating_sub(state.realtime_ns);
+        let clock = kvm_clock_data {
+            clock: state.clock.clock.saturating_add(slept),
+            ..Default::default()
+        };
+        self.fd
+            .set_clock(&clock)
+            .map_err(state_err("KVM_SET_CLOCK"))?;
+        Ok(())
     }
 
     /// Creates vCPU `index` (its APIC ID).

@@ -9,7 +9,8 @@
 use std::io;
 use std::sync::{Arc, Mutex};
 
-use vm_superio::serial::NoEvents;
+use serde::{Deserialize, Serialize};
+use vm_superio::serial::{NoEvents, SerialState};
 use vm_superio::Serial;
 
 use super::EventFdTrigger;
@@ -78,6 +79,81 @@ impl SerialDevice {
                 self.console.unread_input(&bytes);
             }
         }
+    }
+}
+
+/// COM1's registers and receive FIFO, as a snapshot stores them: a serde
+/// mirror of vm-superio's `SerialState` (that crate has no serde). Not
+/// saved: the console (log and input queue belong to the `Vm`, and the
+/// snapshot carries the log's tail separately).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SerialDeviceState {
+    /// DLL.
+    pub baud_divisor_low: u8,
+    /// DLM.
+    pub baud_divisor_high: u8,
+    /// IER.
+    pub interrupt_enable: u8,
+    /// IIR.
+    pub interrupt_identification: u8,
+    /// LCR.
+    pub line_control: u8,
+    /// LSR.
+    pub line_status: u8,
+    /// MCR.
+    pub modem_control: u8,
+    /// MSR.
+    pub modem_status: u8,
+    /// SCR.
+    pub scratch: u8,
+    /// Received bytes the guest has not read (at most the 64-byte FIFO).
+    pub in_buffer: Vec<u8>,
+}
+
+impl SerialDevice {
+    /// Saves the UART's registers and FIFO.
+    pub fn save(&self) -> SerialDeviceState {
+        let s = self.serial.state();
+        SerialDeviceState {
+            baud_divisor_low: s.baud_divisor_low,
+            baud_divisor_high: s.baud_divisor_high,
+            interrupt_enable: s.interrupt_enable,
+            interrupt_identification: s.interrupt_identification,
+            line_control: s.line_control,
+            line_status: s.line_status,
+            modem_control: s.modem_control,
+            modem_status: s.modem_status,
+            scratch: s.scratch,
+            in_buffer: s.in_buffer,
+        }
+    }
+
+    /// A UART on `irq` writing to `console` with `state`'s registers (from a
+    /// file: vm-superio refuses an over-full FIFO).
+    pub fn restore(
+        irq: EventFdTrigger,
+        console: Arc<Console>,
+        state: &SerialDeviceState,
+    ) -> Result<SerialDevice, String> {
+        let s = SerialState {
+            baud_divisor_low: state.baud_divisor_low,
+            baud_divisor_high: state.baud_divisor_high,
+            interrupt_enable: state.interrupt_enable,
+            interrupt_identification: state.interrupt_identification,
+            line_control: state.line_control,
+            line_status: state.line_status,
+            modem_control: state.modem_control,
+            modem_status: state.modem_status,
+            scratch: state.scratch,
+            in_buffer: state.in_buffer.clone(),
+        };
+        let serial = Serial::from_state(&s, irq, NoEvents, ConsoleWriter(console.clone()))
+            .map_err(|e| format!("COM1: {e:?}"))?;
+        Ok(SerialDevice {
+            serial,
+            console,
+            error_count: 0,
+        })
     }
 }
 
@@ -167,6 +243,41 @@ mod tests {
         }
         assert_eq!(got, input, "100 bytes pass a 64-byte FIFO in order");
         assert_eq!(console.pending_input_bytes(), 0);
+    }
+
+    #[test]
+    fn state_round_trips_through_msgpack() {
+        let (dev, console, _sink) = device();
+        console.write_input(b"abc").expect("fits");
+        let mut d = dev.lock().expect("fresh");
+        d.write(3, &[0x03]); // LCR: 8 data bits
+        d.write(7, &[0x5a]); // scratch
+        d.fill_from_console();
+        let st = d.save();
+        assert_eq!(st.in_buffer, b"abc");
+        let bytes = rmp_serde::to_vec(&st).expect("encodes");
+        let back: SerialDeviceState = rmp_serde::from_slice(&bytes).expect("decodes");
+        let mut r = SerialDevice::restore(
+            EventFdTrigger::new().expect("eventfd"),
+            Console::new(64),
+            &back,
+        )
+        .expect("valid");
+        let mut b = [0];
+        r.read(7, &mut b);
+        assert_eq!(b, [0x5a]);
+        r.read(0, &mut b);
+        assert_eq!(b, [b'a'], "the FIFO came back");
+        let full = SerialDeviceState {
+            in_buffer: vec![0; 65],
+            ..back
+        };
+        assert!(SerialDevice::restore(
+            EventFdTrigger::new().expect("eventfd"),
+            Console::new(64),
+            &full
+        )
+        .is_err());
     }
 
     #[test]

@@ -16,6 +16,9 @@ use virtio_bindings::virtio_config::{
 use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
 use virtio_queue::{Queue, QueueT};
 
+use serde::{Deserialize, Serialize};
+
+use super::persist::{ActiveArgs, QueueSnapshot, VirtioPersistError};
 use super::{VirtioDevice, VirtioInterrupt};
 use crate::devices::bus::BusDevice;
 use crate::devices::legacy::EventFdTrigger;
@@ -72,6 +75,36 @@ impl VirtioInterrupt for MmioInterrupt {
     }
 }
 
+/// A transport's registers and its device's state, as a snapshot stores
+/// them. Not saved: the eventfd behind the interrupt (a restore wires a new
+/// one; a pending interrupt lives on in the restored IOAPIC state).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MmioTransportState {
+    /// DeviceID, to refuse a snapshot of another device in this slot.
+    pub device_type: u32,
+    /// QueueSel.
+    pub queue_select: u32,
+    /// DeviceFeaturesSel.
+    pub device_features_select: u32,
+    /// DriverFeaturesSel.
+    pub driver_features_select: u32,
+    /// The features the driver wrote.
+    pub driver_features: u64,
+    /// Device status.
+    pub status: u32,
+    /// Whether the device was activated (DRIVER_OK accepted).
+    pub activated: bool,
+    /// ConfigGeneration.
+    pub config_generation: u32,
+    /// InterruptStatus.
+    pub interrupt_status: u32,
+    /// Before activation the transport's queue registers; after, the live
+    /// queues the device owns (their next avail/used indices included).
+    pub queues: Vec<QueueSnapshot>,
+    /// The device's own state (`VirtioDevice::save`).
+    pub device: Vec<u8>,
+}
+
 /// One virtio device behind a virtio-mmio register window.
 pub struct MmioTransport {
     device: Box<dyn VirtioDevice>,
@@ -116,6 +149,109 @@ impl MmioTransport {
             .iter()
             .map(|&max| Queue::new(max).expect("device queue sizes are powers of two <= 32768"))
             .collect()
+    }
+
+    /// Restarts the device `save` quiesced.
+    pub fn resume_after_save(&mut self) {
+        self.device.resume_after_save();
+    }
+
+    /// Saves the registers and the device (see `VirtioDevice::save`). Call
+    /// with every vCPU paused; the device stays quiesced until
+    /// `resume_after_save`.
+    pub fn save(&mut self) -> MmioTransportState {
+        let dev = self.device.save();
+        let queues = if self.activated {
+            dev.queues
+        } else {
+            self.queues.iter().map(QueueSnapshot::of).collect()
+        };
+        MmioTransportState {
+            device_type: self.device.device_type(),
+            queue_select: self.queue_select,
+            device_features_select: self.device_features_select,
+            driver_features_select: self.driver_features_select,
+            driver_features: self.driver_features,
+            status: self.status,
+            activated: self.activated,
+            config_generation: self.config_generation,
+            interrupt_status: self.interrupt.status(),
+            queues,
+            device: dev.state,
+        }
+    }
+
+    /// Rebuilds a transport around a fresh `device` from `state` (a file):
+    /// the device type, queue count and sizes must be this device's, the
+    /// features ones it offers, and an activated device's rings must lie in
+    /// `mem`; then the device restores its own state.
+    pub fn restore(
+        device: Box<dyn VirtioDevice>,
+        mem: GuestMemoryMmap,
+        interrupt: Arc<MmioInterrupt>,
+        state: &MmioTransportState,
+    ) -> Result<MmioTransport, VirtioPersistError> {
+        let bad = |detail: String| VirtioPersistError::State {
+            what: "virtio-mmio",
+            detail,
+        };
+        if state.device_type != device.device_type() {
+            return Err(VirtioPersistError::DeviceType {
+                found: state.device_type,
+                expected: device.device_type(),
+            });
+        }
+        let max_sizes = device.queue_max_sizes().to_vec();
+        if state.queues.len() != max_sizes.len() {
+            return Err(bad(format!(
+                "{} queues, the device has {}",
+                state.queues.len(),
+                max_sizes.len()
+            )));
+        }
+        if state.driver_features & !device.avail_features() != 0 {
+            return Err(bad(format!(
+                "driver features {:#x} include some the device does not offer ({:#x})",
+                state.driver_features,
+                device.avail_features()
+            )));
+        }
+        let queues = state
+            .queues
+            .iter()
+            .zip(&max_sizes)
+            .enumerate()
+            .map(|(i, (q, max))| q.to_queue(i, *max, &mem))
+            .collect::<Result<Vec<_>, _>>()?;
+        interrupt
+            .status
+            .store(state.interrupt_status, Ordering::SeqCst);
+        let mut t = MmioTransport::new(device, mem, interrupt);
+        t.queue_select = state.queue_select;
+        t.device_features_select = state.device_features_select;
+        t.driver_features_select = state.driver_features_select;
+        t.driver_features = state.driver_features;
+        t.status = state.status;
+        t.config_generation = state.config_generation;
+        if state.activated {
+            if queues.iter().any(|q| !q.ready()) {
+                return Err(bad(
+                    "an activated device has a queue that is not ready".into()
+                ));
+            }
+            t.device.set_acked_features(state.driver_features);
+            let active = ActiveArgs {
+                mem: t.mem.clone(),
+                queues,
+                interrupt: t.interrupt.clone(),
+            };
+            t.device.restore(Some(active), &state.device)?;
+            t.activated = true;
+        } else {
+            t.device.restore(None, &state.device)?;
+            t.queues = queues;
+        }
+        Ok(t)
     }
 
     /// The device status register.

@@ -8,6 +8,7 @@
 
 pub mod block;
 pub mod mmio;
+pub mod persist;
 pub mod rng;
 #[cfg(test)]
 pub mod test_utils;
@@ -18,6 +19,7 @@ use std::sync::Arc;
 use virtio_queue::Queue;
 
 use crate::vstate::memory::GuestMemoryMmap;
+pub use persist::{ActiveArgs, DeviceSnapshot, VirtioPersistError};
 
 /// Raises the device's interrupt.
 pub trait VirtioInterrupt: Send + Sync {
@@ -82,6 +84,23 @@ pub trait VirtioDevice: Send {
     fn queue_notify(&mut self, index: u32);
     /// Stops the device and forgets the queues (driver wrote status 0).
     fn reset(&mut self);
+    /// Snapshot: the device's own state and, when activated, the state of
+    /// the queues it owns. Called with every vCPU paused. A device with a
+    /// worker thread stops it to take its queues (and in-flight work) back
+    /// and stays quiesced (writing no guest memory) until
+    /// `resume_after_save`, so guest memory saved meanwhile matches.
+    fn save(&mut self) -> DeviceSnapshot;
+    /// Restarts what `save` quiesced: the VM runs on unchanged.
+    fn resume_after_save(&mut self);
+    /// Restore into a freshly built device (acked features already set).
+    /// `active` carries the queues rebuilt and checked from the file when
+    /// the device was activated at snapshot time; `state` is the device's
+    /// own `save` output, from a file: validate it.
+    fn restore(
+        &mut self,
+        active: Option<ActiveArgs>,
+        state: &[u8],
+    ) -> Result<(), VirtioPersistError>;
 }
 
 /// Copies `src` bytes at `offset` into `data`, zero-filling what lies outside.

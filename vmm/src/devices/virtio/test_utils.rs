@@ -62,6 +62,21 @@ impl VirtioDevice for CountingDevice {
     fn reset(&mut self) {
         self.push("reset".into());
     }
+    fn save(&mut self) -> super::DeviceSnapshot {
+        self.push("save".into());
+        super::DeviceSnapshot::default()
+    }
+    fn resume_after_save(&mut self) {
+        self.push("resume".into());
+    }
+    fn restore(
+        &mut self,
+        active: Option<super::ActiveArgs>,
+        _state: &[u8],
+    ) -> Result<(), super::VirtioPersistError> {
+        self.push(format!("restore {}", active.map_or(0, |a| a.queues.len())));
+        Ok(())
+    }
 }
 
 /// An interrupt that counts signals.

@@ -21,8 +21,15 @@ use virtio_queue::{Queue, QueueT};
 
 use super::defs::{QUEUE_SIZE, SLOW_COMPLETION_MS};
 use super::io::{BlockFaults, DiskImage};
+use super::persist::BlockState;
 use super::request::Request;
-use crate::devices::virtio::{read_config_bytes, ActivateError, VirtioDevice, VirtioInterrupt};
+use crate::devices::virtio::persist::{
+    check_queue_count, decode_state, encode_state, QueueSnapshot,
+};
+use crate::devices::virtio::{
+    read_config_bytes, ActivateError, ActiveArgs, DeviceSnapshot, VirtioDevice, VirtioInterrupt,
+    VirtioPersistError,
+};
 use crate::vstate::memory::GuestMemoryMmap;
 
 /// What a block device is built from.
@@ -39,9 +46,18 @@ enum Msg {
     Stop,
 }
 
+/// What a worker hands back when it stops: its queue and the completions
+/// it still held (`slow`).
+struct Drained {
+    queue: Queue,
+    pending: VecDeque<Pending>,
+}
+
 struct Worker {
     tx: Sender<Msg>,
-    thread: JoinHandle<()>,
+    thread: JoinHandle<Drained>,
+    mem: GuestMemoryMmap,
+    interrupt: Arc<dyn VirtioInterrupt>,
 }
 
 /// A virtio-blk device.
@@ -49,6 +65,8 @@ pub struct Block {
     cfg: BlockConfig,
     acked_features: u64,
     worker: Option<Worker>,
+    /// What `save` took from the worker, until `resume_after_save`.
+    parked: Option<(Drained, GuestMemoryMmap, Arc<dyn VirtioInterrupt>)>,
     config_space: [u8; 8],
 }
 
@@ -60,6 +78,7 @@ impl Block {
             cfg,
             acked_features: 0,
             worker: None,
+            parked: None,
             config_space,
         }
     }
@@ -70,10 +89,39 @@ impl Block {
     }
 
     fn stop_worker(&mut self) {
-        if let Some(w) = self.worker.take() {
-            let _ = w.tx.send(Msg::Stop);
-            let _ = w.thread.join();
-        }
+        self.take_worker();
+    }
+
+    /// Stops the worker and returns what it owned with its wiring (`None`
+    /// when not activated, or if the worker panicked).
+    fn take_worker(&mut self) -> Option<(Drained, GuestMemoryMmap, Arc<dyn VirtioInterrupt>)> {
+        let w = self.worker.take()?;
+        let _ = w.tx.send(Msg::Stop);
+        let drained = w.thread.join().ok()?;
+        Some((drained, w.mem, w.interrupt))
+    }
+
+    fn start_worker(
+        &mut self,
+        mem: GuestMemoryMmap,
+        queue: Queue,
+        pending: VecDeque<Pending>,
+        interrupt: Arc<dyn VirtioInterrupt>,
+    ) -> Result<(), ActivateError> {
+        let (tx, rx) = channel();
+        let cfg = self.cfg.clone();
+        let (m, i) = (mem.clone(), interrupt.clone());
+        let thread = std::thread::Builder::new()
+            .name("virtio-blk".into())
+            .spawn(move || run_worker(queue, pending, m, cfg, i, rx))
+            .map_err(ActivateError::Worker)?;
+        self.worker = Some(Worker {
+            tx,
+            thread,
+            mem,
+            interrupt,
+        });
+        Ok(())
     }
 }
 
@@ -120,15 +168,7 @@ impl VirtioDevice for Block {
     ) -> Result<(), ActivateError> {
         ActivateError::check_queue_count(&queues, 1)?;
         self.stop_worker();
-        let queue = queues.remove(0);
-        let (tx, rx) = channel();
-        let cfg = self.cfg.clone();
-        let thread = std::thread::Builder::new()
-            .name("virtio-blk".into())
-            .spawn(move || run_worker(queue, mem, cfg, interrupt, rx))
-            .map_err(ActivateError::Worker)?;
-        self.worker = Some(Worker { tx, thread });
-        Ok(())
+        self.start_worker(mem, queues.remove(0), VecDeque::new(), interrupt)
     }
 
     fn queue_notify(&mut self, _index: u32) {
@@ -141,12 +181,52 @@ impl VirtioDevice for Block {
         self.stop_worker();
         self.acked_features = 0;
     }
+
+    fn save(&mut self) -> DeviceSnapshot {
+        let Some(parked) = self.take_worker() else {
+            return DeviceSnapshot {
+                queues: Vec::new(),
+                state: encode_state(&BlockState::default()),
+            };
+        };
+        let snap = DeviceSnapshot {
+            queues: vec![QueueSnapshot::of(&parked.0.queue)],
+            state: encode_state(&BlockState::of(&parked.0.pending)),
+        };
+        self.parked = Some(parked);
+        snap
+    }
+
+    fn resume_after_save(&mut self) {
+        // The same queue and held completions go back to a new worker. A
+        // failed spawn leaves the device stopped, as a failed activate would.
+        if let Some((d, mem, interrupt)) = self.parked.take() {
+            let _ = self.start_worker(mem, d.queue, d.pending, interrupt);
+        }
+    }
+
+    fn restore(
+        &mut self,
+        active: Option<ActiveArgs>,
+        state: &[u8],
+    ) -> Result<(), VirtioPersistError> {
+        let state: BlockState = decode_state("virtio-blk", state)?;
+        let Some(mut a) = active else {
+            return Ok(());
+        };
+        check_queue_count("virtio-blk", &a.queues, 1)?;
+        let queue = a.queues.remove(0);
+        let pending = state.pending(queue.size())?;
+        self.start_worker(a.mem, queue, pending, a.interrupt)
+            .map_err(VirtioPersistError::Activate)
+    }
 }
 
-struct Pending {
-    due: Instant,
-    head: u16,
-    used_len: u32,
+#[derive(Debug)]
+pub(super) struct Pending {
+    pub(super) due: Instant,
+    pub(super) head: u16,
+    pub(super) used_len: u32,
 }
 
 fn complete(queue: &mut Queue, mem: &GuestMemoryMmap, head: u16, len: u32) -> bool {
@@ -187,12 +267,12 @@ fn process(
 
 fn run_worker(
     mut queue: Queue,
+    mut pending: VecDeque<Pending>,
     mem: GuestMemoryMmap,
     cfg: BlockConfig,
     interrupt: Arc<dyn VirtioInterrupt>,
     rx: Receiver<Msg>,
-) {
-    let mut pending: VecDeque<Pending> = VecDeque::new();
+) -> Drained {
     loop {
         let msg = match pending.front() {
             Some(p) => rx.recv_timeout(p.due.saturating_duration_since(Instant::now())),
@@ -219,6 +299,7 @@ fn run_worker(
             interrupt.signal_used_queue();
         }
     }
+    Drained { queue, pending }
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 pub mod device;
 pub mod io;
+pub mod persist;
 pub mod request;
 
 pub use device::{Block, BlockConfig};

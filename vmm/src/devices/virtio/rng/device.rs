@@ -17,7 +17,13 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 
 use super::defs::{CHUNK_BYTES, MAX_REQUEST_BYTES, QUEUE_SIZE};
-use crate::devices::virtio::{ActivateError, VirtioDevice, VirtioInterrupt};
+use super::persist::RngState;
+use crate::devices::virtio::persist::{
+    check_queue_count, decode_state, encode_state, QueueSnapshot,
+};
+use crate::devices::virtio::{
+    ActivateError, ActiveArgs, DeviceSnapshot, VirtioDevice, VirtioInterrupt, VirtioPersistError,
+};
 use crate::vstate::memory::GuestMemoryMmap;
 
 /// How an rng device is built.
@@ -200,6 +206,49 @@ impl VirtioDevice for Rng {
     fn reset(&mut self) {
         self.active = None;
         self.acked_features = 0;
+    }
+
+    fn save(&mut self) -> DeviceSnapshot {
+        let word_pos = match &self.entropy {
+            Entropy::Seeded(r) => Some(r.get_word_pos()),
+            Entropy::Host => None,
+        };
+        DeviceSnapshot {
+            queues: self
+                .active
+                .iter()
+                .map(|a| QueueSnapshot::of(&a.queue))
+                .collect(),
+            state: encode_state(&RngState::new(word_pos, self.bytes_served)),
+        }
+    }
+
+    fn resume_after_save(&mut self) {
+        // Requests are served on vCPU threads; nothing was stopped.
+    }
+
+    fn restore(
+        &mut self,
+        active: Option<ActiveArgs>,
+        state: &[u8],
+    ) -> Result<(), VirtioPersistError> {
+        let state: RngState = decode_state("virtio-rng", state)?;
+        // Reseeded unless this VM's rng_seed pins the stream: then it goes
+        // on from where the snapshot left it, so a restored guest reads the
+        // bytes the original would have read next.
+        if let (Entropy::Seeded(r), Some(pos)) = (&mut self.entropy, state.word_pos()) {
+            r.set_word_pos(pos);
+        }
+        self.bytes_served = state.bytes_served;
+        if let Some(mut a) = active {
+            check_queue_count("virtio-rng", &a.queues, 1)?;
+            self.active = Some(Active {
+                mem: a.mem,
+                queue: a.queues.remove(0),
+                interrupt: a.interrupt,
+            });
+        }
+        Ok(())
     }
 }
 

@@ -6,6 +6,7 @@
 //! every run; without it they come from the host's getrandom(2).
 
 pub mod device;
+pub mod persist;
 
 pub use device::{Entropy, Rng, RngConfig};
 

@@ -9,13 +9,21 @@ use std::time::Duration;
 
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_VSOCK;
-use virtio_queue::Queue;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::Bytes;
 use vmm_sys_util::eventfd::EventFd;
 
-use super::defs::{EVQ, QUEUE_SIZE, RXQ, TXQ};
+use super::defs::{EVENT_TRANSPORT_RESET, EVQ, QUEUE_SIZE, RXQ, TXQ};
 use super::host::VsockHost;
 use super::muxer::Muxer;
-use crate::devices::virtio::{read_config_bytes, ActivateError, VirtioDevice, VirtioInterrupt};
+use super::persist::VsockState;
+use crate::devices::virtio::persist::{
+    check_queue_count, decode_state, encode_state, QueueSnapshot,
+};
+use crate::devices::virtio::{
+    read_config_bytes, ActivateError, ActiveArgs, DeviceSnapshot, VirtioDevice, VirtioInterrupt,
+    VirtioPersistError,
+};
 use crate::vstate::memory::GuestMemoryMmap;
 
 /// How long the worker sleeps between checks of its stop flag when idle.
@@ -24,7 +32,11 @@ const IDLE_WAIT: Duration = Duration::from_millis(200);
 struct Worker {
     stop: Arc<AtomicBool>,
     kick: Arc<EventFd>,
-    thread: JoinHandle<()>,
+    /// Hands the muxer (queues, connections) back when stopped.
+    thread: JoinHandle<Muxer>,
+    /// The event queue (the muxer does not use it; a restore posts
+    /// TRANSPORT_RESET on it).
+    evq: Queue,
 }
 
 /// A virtio-vsock device.
@@ -33,6 +45,8 @@ pub struct Vsock {
     config_space: [u8; 8],
     acked_features: u64,
     worker: Option<Worker>,
+    /// What `save` took from the worker, until `resume_after_save`.
+    parked: Option<(Muxer, Queue)>,
 }
 
 impl Vsock {
@@ -44,21 +58,78 @@ impl Vsock {
             config_space,
             acked_features: 0,
             worker: None,
+            parked: None,
         }
     }
 
     fn stop_worker(&mut self) {
-        if let Some(w) = self.worker.take() {
-            w.stop.store(true, Ordering::SeqCst);
-            let _ = w.kick.write(1);
-            let _ = w.thread.join();
-        }
+        drop(self.take_worker());
         // Dropping the muxer closed every connection's host end (EOF for
         // the host); pending connects learn that the device went away.
         let mut st = self.host.state();
         st.active = false;
         st.connects.clear();
     }
+
+    /// Stops the worker and returns its muxer and the event queue (`None`
+    /// when not activated, or if the worker panicked).
+    fn take_worker(&mut self) -> Option<(Muxer, Queue)> {
+        let w = self.worker.take()?;
+        w.stop.store(true, Ordering::SeqCst);
+        let _ = w.kick.write(1);
+        let muxer = w.thread.join().ok()?;
+        Some((muxer, w.evq))
+    }
+
+    fn start_worker(&mut self, mut muxer: Muxer, evq: Queue) -> Result<(), ActivateError> {
+        let kick = muxer.kick().clone();
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("virtio-vsock".into())
+            .spawn(move || {
+                while !s.load(Ordering::SeqCst) {
+                    muxer.run_once(IDLE_WAIT);
+                }
+                muxer
+            })
+            .map_err(ActivateError::Worker)?;
+        self.host.state().active = true;
+        self.worker = Some(Worker {
+            stop,
+            kick,
+            thread,
+            evq,
+        });
+        Ok(())
+    }
+}
+
+/// Posts a TRANSPORT_RESET event (virtio 1.2, 5.10.6.6) on `evq`: the guest
+/// driver drops every connection and re-reads the CID. Returns false when
+/// the driver left no event buffer (then there is nothing to tell it with).
+fn post_transport_reset(
+    evq: &mut Queue,
+    mem: &GuestMemoryMmap,
+    interrupt: &dyn VirtioInterrupt,
+) -> bool {
+    let Some(chain) = evq.pop_descriptor_chain(mem) else {
+        return false;
+    };
+    let head = chain.head_index();
+    let mut used = 0;
+    if let Some(d) = chain.writable().next() {
+        if d.len() >= 4 && mem.write_obj(EVENT_TRANSPORT_RESET, d.addr()).is_ok() {
+            used = 4;
+        }
+    }
+    // add_used only fails for a head out of range, which a popped chain
+    // cannot have.
+    let ok = evq.add_used(mem, head, used).is_ok();
+    if ok {
+        interrupt.signal_used_queue();
+    }
+    ok && used == 4
 }
 
 impl Drop for Vsock {
@@ -100,24 +171,12 @@ impl VirtioDevice for Vsock {
     ) -> Result<(), ActivateError> {
         ActivateError::check_queue_count(&queues, 3)?;
         self.stop_worker();
-        let _evq = queues.remove(EVQ);
+        let evq = queues.remove(EVQ);
         let txq = queues.remove(TXQ);
         let rxq = queues.remove(RXQ);
         let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(ActivateError::Worker)?);
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut muxer = Muxer::new(self.host.clone(), mem, rxq, txq, interrupt, kick.clone());
-        let s = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("virtio-vsock".into())
-            .spawn(move || {
-                while !s.load(Ordering::SeqCst) {
-                    muxer.run_once(IDLE_WAIT);
-                }
-            })
-            .map_err(ActivateError::Worker)?;
-        self.host.state().active = true;
-        self.worker = Some(Worker { stop, kick, thread });
-        Ok(())
+        let muxer = Muxer::new(self.host.clone(), mem, rxq, txq, interrupt, kick);
+        self.start_worker(muxer, evq)
     }
 
     fn queue_notify(&mut self, _index: u32) {
@@ -129,5 +188,71 @@ impl VirtioDevice for Vsock {
     fn reset(&mut self) {
         self.stop_worker();
         self.acked_features = 0;
+    }
+
+    fn save(&mut self) -> DeviceSnapshot {
+        let state = encode_state(&VsockState {
+            guest_cid: self.host.guest_cid(),
+        });
+        let Some((muxer, evq)) = self.take_worker() else {
+            return DeviceSnapshot {
+                queues: Vec::new(),
+                state,
+            };
+        };
+        let (rxq, txq) = muxer.queues();
+        let queues = vec![
+            QueueSnapshot::of(rxq),
+            QueueSnapshot::of(txq),
+            QueueSnapshot::of(&evq),
+        ];
+        self.parked = Some((muxer, evq));
+        DeviceSnapshot { queues, state }
+    }
+
+    fn resume_after_save(&mut self) {
+        // The same muxer, connections included, goes back to a new worker.
+        if let Some((muxer, evq)) = self.parked.take() {
+            if self.start_worker(muxer, evq).is_err() {
+                self.stop_worker();
+            }
+        }
+    }
+
+    fn restore(
+        &mut self,
+        active: Option<ActiveArgs>,
+        state: &[u8],
+    ) -> Result<(), VirtioPersistError> {
+        let state: VsockState = decode_state("virtio-vsock", state)?;
+        if state.guest_cid != self.host.guest_cid() {
+            return Err(VirtioPersistError::State {
+                what: "virtio-vsock",
+                detail: format!(
+                    "guest CID {} in the snapshot, {} here (the guest would keep using the old \
+                     one until it re-reads it; give the restoring VM the same CID)",
+                    state.guest_cid,
+                    self.host.guest_cid()
+                ),
+            });
+        }
+        let Some(mut a) = active else {
+            return Ok(());
+        };
+        check_queue_count("virtio-vsock", &a.queues, 3)?;
+        let mut evq = a.queues.remove(EVQ);
+        let txq = a.queues.remove(TXQ);
+        let rxq = a.queues.remove(RXQ);
+        // Connections are not restored: the host ends of the old ones belong
+        // to another process or VM. The guest learns so from
+        // TRANSPORT_RESET; host clients connect anew.
+        post_transport_reset(&mut evq, &a.mem, a.interrupt.as_ref());
+        let kick = Arc::new(
+            EventFd::new(libc::EFD_NONBLOCK)
+                .map_err(|e| VirtioPersistError::Activate(ActivateError::Worker(e)))?,
+        );
+        let muxer = Muxer::new(self.host.clone(), a.mem, rxq, txq, a.interrupt, kick);
+        self.start_worker(muxer, evq)
+            .map_err(VirtioPersistError::Activate)
     }
 }

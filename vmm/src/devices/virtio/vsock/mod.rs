@@ -25,6 +25,7 @@ pub mod csm;
 pub mod device;
 pub mod host;
 pub mod muxer;
+pub mod persist;
 
 pub use device::Vsock;
 pub use host::{VsockConnectError, VsockHost, VsockListener};
@@ -70,6 +71,8 @@ pub mod defs {
     pub const MAX_CONNECTIONS: usize = 1024;
     /// Most control packets (RESPONSE, RST, ...) waiting for RX buffers.
     pub const MAX_PENDING_REPLIES: usize = 256;
+    /// Event-queue event id: the transport was reset (virtio 1.2, 5.10.6.6).
+    pub const EVENT_TRANSPORT_RESET: u32 = 0;
     /// First local port handed out for host-initiated connections.
     pub const FIRST_EPHEMERAL_PORT: u32 = 1 << 30;
     /// How long a connection that asked the guest to close waits for its RST.

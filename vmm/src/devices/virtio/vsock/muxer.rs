@@ -89,6 +89,16 @@ impl Muxer {
         }
     }
 
+    /// The RX and TX queues (for a snapshot's queue state).
+    pub fn queues(&self) -> (&Queue, &Queue) {
+        (&self.rxq, &self.txq)
+    }
+
+    /// The eventfd a notify writes to wake this muxer.
+    pub fn kick(&self) -> &Arc<EventFd> {
+        &self.kick
+    }
+
     /// Open connections.
     pub fn connection_count(&self) -> usize {
         self.conns.len()
