@@ -374,7 +374,7 @@ fn restore_a_local_fixture() {
         first["reason"]
             .as_str()
             .expect("reason")
-            .contains("kvm memory snapshots do not exist yet"),
+            .contains("bench restore --tiny-guest"),
         "{first}"
     );
     let guest = &lines[0]["guest"];
@@ -418,7 +418,89 @@ fn restore_a_local_fixture() {
     );
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(
-        text(&o).contains("kvm memory snapshots do not exist"),
+        text(&o).contains("needs its agent to answer in a Linux guest"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn restore_the_tiny_guest_fixture_on_the_vmm() {
+    if !kvm_or_skip("restore_the_tiny_guest_fixture_on_the_vmm") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The fixture cache lives in the test's directory (provium.toml).
+    std::fs::write(
+        dir.path().join("provium.toml"),
+        "[provium]\ncache_dir = \"cache\"\n",
+    )
+    .expect("config");
+    let args = [
+        "bench",
+        "restore",
+        "--tiny-guest",
+        "-n",
+        "4",
+        "--parallel",
+        "2",
+        "--warmup",
+        "1",
+        "--json",
+    ];
+    let o = provium(dir.path(), &args);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("built the tiny-guest fixture"),
+        "{}",
+        text(&o)
+    );
+    let lines = json_lines(&o);
+    let names: Vec<&str> = lines
+        .iter()
+        .map(|l| l["phase"].as_str().expect("phase"))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "restore_to_first_instruction",
+            "restore_machine",
+            "restore_to_guest_running",
+            "rss_per_vm",
+            "pss_per_vm"
+        ]
+    );
+    check_shape(&lines, "restore", 4);
+    for l in &lines {
+        assert_eq!(l["available"], true, "{l}");
+        assert_eq!(l["n"], 4, "{l}");
+        assert_eq!(l["target"], "tiny-guest", "{l}");
+    }
+    assert_eq!(
+        phase(&lines, "restore_to_first_instruction")["source"],
+        "vmm"
+    );
+    // The restored guest touched some RAM (its stack, counter and code)
+    // but far less than its 32 MiB: untouched memory costs nothing.
+    let rss = phase(&lines, "rss_per_vm");
+    let max = rss["max"].as_u64().expect("bytes");
+    assert!(
+        rss["min"].as_u64().is_some_and(|b| b > 0) && max < 8 << 20,
+        "resident guest RAM per restored VM: {rss}"
+    );
+    let guest = &lines[0]["guest"];
+    assert_eq!(guest["backend"], "kvm");
+    assert_eq!(guest["memory_bytes"], 32 << 20);
+    assert!(
+        guest["entry"].as_str().expect("entry").contains("cache"),
+        "{guest}"
+    );
+
+    // Cached now: no build.
+    let o = provium(dir.path(), &args);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("built the tiny-guest"),
         "{}",
         text(&o)
     );

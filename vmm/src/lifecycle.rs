@@ -448,6 +448,16 @@ impl Vm {
         &self,
         path: &std::path::Path,
     ) -> Result<crate::persist::SnapshotStats, VmError> {
+        self.snapshot_with(path, &[])
+    }
+
+    /// [`Vm::snapshot`] with the caller's own `extra` sections (name, bytes)
+    /// in the file.
+    pub fn snapshot_with(
+        &self,
+        path: &std::path::Path,
+        extra: &[(&str, Vec<u8>)],
+    ) -> Result<crate::persist::SnapshotStats, VmError> {
         let s = &self.shared;
         let mut g = s.lock();
         Self::require(&g, "snapshot", &[VmState::Booted, VmState::Paused])?;
@@ -462,7 +472,7 @@ impl Vm {
                 return Err(VmError::Vcpu(e));
             }
         }
-        let r = crate::persist::save_machine(m, &s.kvm, &s.config, &s.console, path);
+        let r = crate::persist::save_machine(m, &s.kvm, &s.config, &s.console, path, extra);
         if running {
             m.vcpus.resume();
         }
@@ -656,6 +666,22 @@ impl Vm {
         } else {
             bus.read(gpa, data)
         }
+    }
+
+    /// The host address ranges `(start, len_bytes)` of the current boot's
+    /// guest RAM mappings, for measuring a VM's resident memory (its
+    /// entries in /proc/self/smaps). Empty when not booted.
+    pub fn ram_host_ranges(&self) -> Vec<(u64, u64)> {
+        use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+        let g = self.shared.lock();
+        let Some(m) = g.machine.as_ref() else {
+            return Vec::new();
+        };
+        m.ram
+            .memory
+            .iter()
+            .map(|r| (r.as_ptr() as u64, r.len()))
+            .collect()
     }
 
     /// Reads a little-endian u64 from guest RAM.

@@ -8,7 +8,9 @@
 //!   LAPIC, MSRs, events, MP state, debug registers), COM1's registers and
 //!   every virtio transport with its device's state, in slot order;
 //! - `memory`: guest RAM as a sparse (zero pages skipped), zstd image;
-//! - `console`: the tail of the console log.
+//! - `console`: the tail of the console log;
+//!
+//! plus any sections the caller adds (the harness's `vm-decl`).
 //!
 //! Saving pauses every vCPU, quiesces device workers (they hand their
 //! queues and in-flight work back), stops the vCPU threads to read their
@@ -184,9 +186,10 @@ pub fn save_machine(
     cfg: &VmConfig,
     console: &Console,
     path: &Path,
+    extra: &[(&str, Vec<u8>)],
 ) -> Result<SnapshotStats, PersistError> {
     let virtio: Vec<MmioTransportState> = m.virtio.iter().map(|t| lock(t).save()).collect();
-    let r = save_quiesced(m, kvm, cfg, console, path, virtio);
+    let r = save_quiesced(m, kvm, cfg, console, path, virtio, extra);
     for t in &m.virtio {
         lock(t).resume_after_save();
     }
@@ -205,6 +208,7 @@ fn save_quiesced(
     console: &Console,
     path: &Path,
     virtio: Vec<MmioTransportState>,
+    extra: &[(&str, Vec<u8>)],
 ) -> Result<SnapshotStats, PersistError> {
     let serial = lock(&m.legacy.serial).save();
     let io = m.vcpus.io().clone();
@@ -254,6 +258,9 @@ fn save_quiesced(
     b.add_section(VM_SECTION, &encoded).map_err(file_err)?;
     b.add_section(CONSOLE_SECTION, &console.log())
         .map_err(file_err)?;
+    for (name, data) in extra {
+        b.add_section(name, data).map_err(file_err)?;
+    }
     b.add_memory_parts(MEMORY_SECTION, &host_parts(&m.ram.memory))
         .map_err(file_err)?;
     let file_bytes = b.write_file(path).map_err(file_err)?;

@@ -127,7 +127,16 @@ pub struct BootArgs {
 pub struct RestoreArgs {
     /// The vm_fixture (path below a test root, without `.fixture.lua`); built
     /// first if the cache has no entry for it.
-    pub fixture: String,
+    #[arg(required_unless_present = "tiny_guest", conflicts_with = "tiny_guest")]
+    pub fixture: Option<String>,
+    /// Restore the built-in tiny-guest fixture on the VMM instead (booted to
+    /// READY and snapshotted into the fixture cache once): restore to first
+    /// guest instruction and resident guest memory per restored VM.
+    #[arg(long)]
+    pub tiny_guest: bool,
+    /// With --tiny-guest: guest memory in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 32)]
+    pub mem: u64,
     /// Restores running at once; memory is measured while all of a batch live.
     #[arg(long, default_value_t = 1)]
     pub parallel: usize,
@@ -1050,8 +1059,9 @@ fn local_backend(
     match choose_backend(choice, config) {
         BackendKind::Local => Ok(()),
         BackendKind::Kvm => Err(if what == "restore" {
-            "bench restore: the kvm backend cannot restore fixtures: kvm memory snapshots do not exist \
-             yet; run with --vmm local"
+            "bench restore: a Lua vm_fixture on the kvm backend needs its agent to answer in a Linux \
+             guest (hardware KVM; this bench measures restore to the agent's answer); run with --vmm \
+             local, or `bench restore --tiny-guest` for restores on the VMM"
                 .to_string()
         } else {
             format!(
@@ -1060,6 +1070,272 @@ fn local_backend(
             )
         }),
     }
+}
+
+/// Resident (Rss) and proportional (Pss) bytes of the mappings of this
+/// process that start inside `ranges` (a VM's guest RAM), from
+/// /proc/self/smaps.
+pub fn mapping_memory(ranges: &[(u64, u64)]) -> (u64, u64) {
+    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
+        return (0, 0);
+    };
+    let (mut rss, mut pss) = (0, 0);
+    let mut inside = false;
+    for line in smaps.lines() {
+        let head = line.split_whitespace().next().unwrap_or("");
+        if let Some((a, _)) = head.split_once('-') {
+            if let Ok(start) = u64::from_str_radix(a, 16) {
+                inside = ranges.iter().any(|&(s, l)| start >= s && start < s + l);
+                continue;
+            }
+        }
+        if !inside {
+            continue;
+        }
+        let kib = |key: &str| {
+            line.strip_prefix(key)
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(|k| k * 1024)
+        };
+        if let Some(b) = kib("Rss:") {
+            rss += b;
+        } else if let Some(b) = kib("Pss:") {
+            pss += b;
+        }
+    }
+    (rss, pss)
+}
+
+/// The tiny-guest fixture: the tiny guest booted to READY on `mem_mib` of
+/// RAM and snapshotted into the fixture cache, keyed by the guest image and
+/// size (built once, reused by later benches).
+fn tiny_guest_fixture(
+    cache: &provium_snapshot::FixtureCache,
+    mem_mib: u64,
+) -> Result<(PathBuf, bool), String> {
+    use provium_snapshot::{EntryKind, KeyBuilder};
+    let mut k = KeyBuilder::new("provium-bench-tiny-guest-fixture/1");
+    k.field("bzimage", tiny_guest::BZIMAGE)
+        .field("mem_mib", &mem_mib.to_le_bytes())
+        .field(
+            "protocol",
+            &provium_protocol::PROTOCOL_VERSION.to_le_bytes(),
+        );
+    let key = k.finish();
+    if let Some(p) = cache.lookup(&key, EntryKind::Vm) {
+        return Ok((p, false));
+    }
+    let vm =
+        Vm::new(tiny_restore_config(mem_mib, None)).map_err(|e| crate::machine::error_chain(&e))?;
+    vm.boot().map_err(|e| crate::machine::error_chain(&e))?;
+    if !vm
+        .console()
+        .wait_for(tiny_guest::READY.as_bytes(), 1, Duration::from_secs(120))
+    {
+        return Err(format!(
+            "bench restore --tiny-guest: the tiny guest did not print READY; console:\n{}",
+            console_tail(&vm)
+        ));
+    }
+    let tmp = cache
+        .dir()
+        .join(format!(".tiny-guest-{}.snap", std::process::id()));
+    vm.snapshot(&tmp)
+        .map_err(|e| crate::machine::error_chain(&e))?;
+    drop(vm);
+    let p = cache
+        .install_vm(&key, &tmp)
+        .map_err(|e| crate::backend::local::snapshot::chain(&e))?;
+    Ok((p, true))
+}
+
+fn tiny_restore_config(mem_mib: u64, timer: Option<BootTimer>) -> VmConfig {
+    let mut cfg = VmConfig::new(BootSource {
+        kernel: KernelImage::Bytes(tiny_guest::BZIMAGE.into()),
+        initrd: None,
+        cmdline: "console=ttyS0".into(),
+    });
+    cfg.machine.mem_size_mib = mem_mib;
+    cfg.boot_timer = timer;
+    cfg.protocol_version = provium_protocol::PROTOCOL_VERSION;
+    cfg
+}
+
+/// `warmup` untimed samples, then `runs` kept ones, taken by `batch` at
+/// most `parallel` at a time.
+fn run_batches<T>(
+    warmup: usize,
+    runs: usize,
+    parallel: usize,
+    mut batch: impl FnMut(usize) -> Result<Vec<T>, String>,
+) -> Result<Vec<T>, String> {
+    let mut left = warmup;
+    while left > 0 {
+        let c = left.min(parallel);
+        batch(c)?;
+        left -= c;
+    }
+    let mut samples = Vec::with_capacity(runs);
+    let mut left = runs;
+    while left > 0 {
+        let c = left.min(parallel);
+        samples.extend(batch(c)?);
+        left -= c;
+    }
+    Ok(samples)
+}
+
+struct TinyRestoreSample {
+    restore: Duration,
+    first_insn: Option<Duration>,
+    running: Duration,
+    rss: u64,
+    pss: u64,
+}
+
+/// `bench restore --tiny-guest`: restores of the tiny-guest fixture on the
+/// VMM, P at once, each in a new VM.
+fn bench_restore_tiny(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
+    use provium_snapshot::FixtureCache;
+    let config = load_config(&args.config)?;
+    let cache = FixtureCache::open(&config.cache_dir)
+        .map_err(|e| crate::backend::local::snapshot::chain(&e))?;
+    let (entry, built) = tiny_guest_fixture(&cache, r.mem)?;
+    if built {
+        eprintln!(
+            "provium bench: built the tiny-guest fixture {}",
+            entry.display()
+        );
+    }
+    let runs = r.common.runs.unwrap_or(10).max(1);
+    let warmup = r.common.warmup.unwrap_or(1);
+    let parallel = r.parallel.max(1);
+    let entry_bytes = std::fs::metadata(&entry).map(|m| m.len()).ok();
+    let counter_gpa = tiny_guest::COUNTER_GPA;
+    let batch = |count: usize| -> Result<Vec<TinyRestoreSample>, String> {
+        let barrier = Barrier::new(count);
+        let results: Mutex<Vec<Result<TinyRestoreSample, String>>> = Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            for _ in 0..count {
+                let (barrier, results, entry) = (&barrier, &results, &entry);
+                s.spawn(move || {
+                    let timer = BootTimer::new();
+                    let one = || -> Result<(Vm, TinyRestoreSample), String> {
+                        let vm = Vm::new(tiny_restore_config(r.mem, Some(timer.clone())))
+                            .map_err(|e| crate::machine::error_chain(&e))?;
+                        let t0 = Instant::now();
+                        vm.restore(entry)
+                            .map_err(|e| crate::machine::error_chain(&e))?;
+                        let restore = t0.elapsed();
+                        // Running: the guest's counter (in restored RAM) moves.
+                        let c0 = vm.read_guest_u64(counter_gpa).map_err(|e| e.to_string())?;
+                        while vm.read_guest_u64(counter_gpa).map_err(|e| e.to_string())? == c0 {
+                            if t0.elapsed() > Duration::from_secs(60) {
+                                return Err(
+                                    "the restored tiny guest did not run within 60 s".into()
+                                );
+                            }
+                            std::thread::yield_now();
+                        }
+                        let running = t0.elapsed();
+                        let m = timer.marks();
+                        let first_insn = BootMarks::between(
+                            m.get(provium_vmm::BootMark::BuildStart),
+                            m.get(provium_vmm::BootMark::FirstKvmRun),
+                        );
+                        Ok((
+                            vm,
+                            TinyRestoreSample {
+                                restore,
+                                first_insn,
+                                running,
+                                rss: 0,
+                                pss: 0,
+                            },
+                        ))
+                    };
+                    let out = one();
+                    // Every restore of the batch is alive here: measure then.
+                    barrier.wait();
+                    let out = out.map(|(vm, mut sample)| {
+                        (sample.rss, sample.pss) = mapping_memory(&vm.ram_host_ranges());
+                        (vm, sample)
+                    });
+                    barrier.wait();
+                    let out = out.map(|(vm, sample)| {
+                        drop(vm);
+                        sample
+                    });
+                    results.lock().unwrap_or_else(|e| e.into_inner()).push(out);
+                });
+            }
+        });
+        results
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .into_iter()
+            .map(|r| r.map_err(|e| format!("bench restore --tiny-guest: {e}")))
+            .collect()
+    };
+    let samples = run_batches(warmup, runs, parallel, batch)?;
+    let mut first_insn = Phase::new(
+        "restore_to_first_instruction",
+        "start of Vm::restore to vCPU 0 entering KVM_RUN in the restored VM",
+        "vmm",
+        Unit::Ns,
+    );
+    let mut machine = Phase::new(
+        "restore_machine",
+        "Vm::restore: open and verify the snapshot, map the restore image, rebuild KVM state and devices, start vCPUs",
+        "harness",
+        Unit::Ns,
+    );
+    let mut running = Phase::new(
+        "restore_to_guest_running",
+        "start of the restore to the guest's loop counter moving in restored RAM",
+        "harness",
+        Unit::Ns,
+    );
+    let mut rss = Phase::new(
+        "rss_per_vm",
+        "resident guest RAM (smaps Rss of the VM's RAM mappings), all of a batch alive",
+        "harness",
+        Unit::Bytes,
+    );
+    let mut pss = Phase::new(
+        "pss_per_vm",
+        "proportional guest RAM (smaps Pss: page-cache pages shared by the batch's restores are split)",
+        "harness",
+        Unit::Bytes,
+    );
+    for s in &samples {
+        first_insn.push_duration(s.first_insn);
+        machine.push_duration(Some(s.restore));
+        running.push_duration(Some(s.running));
+        rss.samples.push(s.rss);
+        pss.samples.push(s.pss);
+    }
+    if first_insn.samples.is_empty() {
+        first_insn.unavailable = Some("the VMM's boot timer recorded no first KVM_RUN".into());
+    }
+    Ok(Report {
+        bench: "restore",
+        target: "tiny-guest".into(),
+        runs,
+        warmup,
+        host: host_info(r.common.pin),
+        guest: json!({
+            "backend": "kvm",
+            "fixture": "tiny-guest",
+            "entry": entry.display().to_string(),
+            "entry_bytes": entry_bytes,
+            "memory_bytes": r.mem << 20,
+            "vcpus": 1,
+            "parallel": parallel,
+        }),
+        phases: vec![first_insn, machine, running, rss, pss],
+    })
 }
 
 struct RestoreSample {
@@ -1073,6 +1349,14 @@ fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
     use crate::fixture;
     use provium_snapshot::{EntryKind, FixtureCache};
 
+    if r.tiny_guest {
+        return bench_restore_tiny(args, r);
+    }
+    let fixture_name = r.fixture.clone().expect("clap requires a fixture");
+    let r = &RestoreArgs {
+        fixture: Some(fixture_name.clone()),
+        ..r.clone()
+    };
     let config = Arc::new(load_config(&args.config)?);
     local_backend(r.vmm, &config, "restore")?;
     let roots = if config.roots.is_empty() {
@@ -1088,26 +1372,26 @@ fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
         BackendKind::Local,
         crate::events::EventSender::disabled(),
     ));
-    let file = fixture::key::resolve_fixture(&roots, &r.fixture)?;
+    let file = fixture::key::resolve_fixture(&roots, &fixture_name)?;
     if fixture::fixture_kind(&file) != EntryKind::Vm {
         return Err(format!(
             "bench restore: `{}` is a lab_fixture; bench restore takes a vm_fixture",
-            r.fixture
+            fixture_name
         ));
     }
-    if fixture::build_for_cli(&env, &r.fixture, false)? {
+    if fixture::build_for_cli(&env, &fixture_name, false)? {
         eprintln!(
             "provium bench: built fixture `{}` (it was not cached)",
-            r.fixture
+            fixture_name
         );
     }
-    let key = fixture::fixture_key(&env, &r.fixture)?;
+    let key = fixture::fixture_key(&env, &fixture_name)?;
     let cache = FixtureCache::open(&config.cache_dir)
         .map_err(|e| crate::backend::local::snapshot::chain(&e))?;
     let entry = cache.lookup(&key, EntryKind::Vm).ok_or_else(|| {
         format!(
             "bench restore: fixture `{}` has no cache entry after building",
-            r.fixture
+            fixture_name
         )
     })?;
     let decl = crate::lua::snapshot::VmDecl::read(&entry)?;
@@ -1127,7 +1411,7 @@ fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
         initial_time: None,
     };
     let mut next = 0usize;
-    let mut batch = |count: usize| -> Result<Vec<RestoreSample>, String> {
+    let batch = |count: usize| -> Result<Vec<RestoreSample>, String> {
         let barrier = Barrier::new(count);
         let results: Mutex<Vec<Result<RestoreSample, String>>> = Mutex::new(Vec::new());
         let first = next;
@@ -1182,19 +1466,7 @@ fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
             .map(|r| r.map_err(|e| format!("bench restore `{}`: {e}", entry.display())))
             .collect()
     };
-    let mut left = warmup;
-    while left > 0 {
-        let c = left.min(parallel);
-        batch(c)?;
-        left -= c;
-    }
-    let mut samples = Vec::with_capacity(runs);
-    let mut left = runs;
-    while left > 0 {
-        let c = left.min(parallel);
-        samples.extend(batch(c)?);
-        left -= c;
-    }
+    let samples = run_batches(warmup, runs, parallel, batch)?;
 
     let mut answer = Phase::new(
         "restore_to_agent_answer",
@@ -1215,8 +1487,8 @@ fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
         Unit::Ns,
     );
     first_insn.unavailable = Some(
-        "the local backend runs no guest CPU (a sandbox's snapshot is its files), and kvm memory \
-         snapshots do not exist yet"
+        "the local backend runs no guest CPU (a sandbox's snapshot is its files); \
+         `bench restore --tiny-guest` measures it on the VMM"
             .into(),
     );
     let mut rss = Phase::new(
@@ -1239,13 +1511,13 @@ fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
     }
     Ok(Report {
         bench: "restore",
-        target: r.fixture.clone(),
+        target: fixture_name.clone(),
         runs,
         warmup,
         host: host_info(r.common.pin),
         guest: json!({
             "backend": "local",
-            "fixture": r.fixture,
+            "fixture": fixture_name,
             "entry": entry.display().to_string(),
             "entry_bytes": entry_bytes,
             "profile": decl.profile,

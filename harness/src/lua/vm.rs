@@ -464,15 +464,22 @@ impl Vm {
             )));
         }
         let env = &self.0.env;
-        let machine = Arc::new(
-            Machine::restore(env.backend, &self.restore_spec(), path).map_err(|e| {
-                err(format!(
-                    "vm:restore: vm `{}` from {}: {e}",
-                    self.0.name,
-                    path.display()
-                ))
-            })?,
-        );
+        // A pinned rng_seed (vm:boot opts given before the restore) keeps
+        // the restored rng's stream deterministic; without one it is reseeded.
+        let spec = BootSpec {
+            rng_seed: st
+                .pending
+                .rng_seed
+                .filter(|_| matches!(env.backend, crate::runner::BackendKind::Kvm)),
+            ..self.restore_spec()
+        };
+        let machine = Arc::new(Machine::restore(env.backend, &spec, path).map_err(|e| {
+            err(format!(
+                "vm:restore: vm `{}` from {}: {e}",
+                self.0.name,
+                path.display()
+            ))
+        })?);
         *self.0.machine.lock().unwrap() = Some(machine.clone());
         let client = match machine.connect() {
             Ok(c) => c,

@@ -130,6 +130,9 @@ pub fn vm_config_with(
         seed: opts.rng_seed,
     });
     cfg.vsock = Some(vsock.clone());
+    // Snapshots record (and restores require) the agent protocol this
+    // harness speaks.
+    cfg.protocol_version = provium_protocol::PROTOCOL_VERSION;
     Ok((cfg, vsock))
 }
 

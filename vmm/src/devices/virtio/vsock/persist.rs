@@ -1,6 +1,7 @@
 //! virtio-vsock snapshot state.
 //!
-//! Saved: the guest CID (checked against the restoring VM's) and, through
+//! Saved: the guest CID (for the record: a restoring VM may give another,
+//! which the guest re-reads on TRANSPORT_RESET) and, through
 //! the transport, the three queues. Not saved: connections. Their host ends
 //! are sockets held by whoever talked to the guest (the harness's agent
 //! client); a restored VM starts with none, posts TRANSPORT_RESET on the
