@@ -2,9 +2,11 @@
 //! backend: real sandboxes with TAPs on the userspace switch, pinging each
 //! other through partitions, impairments, captures and link changes.
 //!
-//! Needs root (as in CI), `/dev/net/tun` and `ping` (Debian: iputils-ping).
-//! Without them these tests fail, saying which is missing: this is the tier
-//! that proves bridges really carry traffic.
+//! Needs root (as in CI), `/dev/net/tun`, `ping` (Debian: iputils-ping),
+//! `ip` and `ss` (iproute2) and `perl` (perl-base, on every Debian system: the
+//! bandwidth test's TCP transfer). Without them these tests fail, saying
+//! which is missing: this is the tier that proves bridges really carry
+//! traffic.
 mod common;
 
 use common::{agent, repo_root};
@@ -23,17 +25,38 @@ fn require_environment() {
         Path::new("/dev/net/tun").exists(),
         "/dev/net/tun is missing: load the `tun` module (modprobe tun)"
     );
-    let has_ping = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join("ping").is_file()))
-        .unwrap_or(false);
-    assert!(
-        has_ping,
-        "`ping` is not installed: apt-get install iputils-ping (the suite pings between sandboxes)"
-    );
+    let on_path = |tool: &str| {
+        std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+            .unwrap_or(false)
+    };
+    for (tool, why) in [
+        (
+            "ping",
+            "apt-get install iputils-ping (the suite pings between sandboxes)",
+        ),
+        (
+            "ss",
+            "apt-get install iproute2 (the suite waits for a listening socket)",
+        ),
+        (
+            "perl",
+            "apt-get install perl-base (the bandwidth test transfers over TCP with perl)",
+        ),
+    ] {
+        assert!(on_path(tool), "`{tool}` is not installed: {why}");
+    }
 }
 
 /// `provium --vmm local <args>` from the repository root.
 fn provium(args: &[&str], seed_env: Option<&str>) -> Output {
+    provium_command(args, seed_env)
+        .output()
+        .expect("run provium")
+}
+
+/// The command [`provium`] runs, not yet started.
+fn provium_command(args: &[&str], seed_env: Option<&str>) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_provium"));
     cmd.args(["--vmm", "local", "--no-build", "-v"])
         .args(args)
@@ -43,7 +66,7 @@ fn provium(args: &[&str], seed_env: Option<&str>) -> Output {
     if let Some(s) = seed_env {
         cmd.env("PROVIUM_SEED", s);
     }
-    cmd.output().expect("run provium")
+    cmd
 }
 
 fn show(o: &Output) -> String {
@@ -71,6 +94,7 @@ fn network_suite_passes() {
         "partitions.test.lua",
         "impairments.test.lua",
         "scope.test.lua",
+        "statistics.test.lua",
     ] {
         assert!(out.contains(file), "{file} did not run:\n{}", show(&o));
     }
@@ -115,4 +139,73 @@ end)
     );
     // The first test passed: the failure is the partition, not the setup.
     assert!(all.contains("ping works before the partition"), "{all}");
+}
+
+/// The `seeded-drops:` line that statistics.test.lua prints: the run seed
+/// and the icmp_seq of the requests and replies the switch dropped.
+fn seeded_drops_line(o: &Output) -> String {
+    let out = String::from_utf8_lossy(&o.stdout);
+    out.lines()
+        .find(|l| l.starts_with("seeded-drops: "))
+        .unwrap_or_else(|| panic!("no seeded-drops line:\n{}", show(o)))
+        .to_string()
+}
+
+/// Reproduction across runs, which the Lua test cannot see from inside one
+/// run: the same `--seed` drops the same pings in separate processes (with
+/// fresh switches, sandboxes and interleavings), and another seed drops
+/// others. The three runs go in parallel to keep the wall time down.
+#[test]
+fn the_same_seed_drops_the_same_packets_across_runs() {
+    require_environment();
+    let file = "tests/lua/network/statistics.test.lua";
+    let args = |seed: &'static str| {
+        [
+            "--config",
+            "tests/lua/provium.toml",
+            "--tag",
+            "seeded-drops",
+            "--seed",
+            seed,
+            file,
+        ]
+    };
+    let runs: Vec<_> = ["4242", "4242", "4243"]
+        .into_iter()
+        .map(|seed| {
+            provium_command(&args(seed), None)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("start provium")
+        })
+        .collect();
+    let outs: Vec<Output> = runs
+        .into_iter()
+        .map(|c| c.wait_with_output().expect("wait for provium"))
+        .collect();
+    for o in &outs {
+        assert_eq!(o.status.code(), Some(0), "{}", show(o));
+        assert!(
+            String::from_utf8_lossy(&o.stdout)
+                .contains("PASS the same seed drops the same packets"),
+            "{}",
+            show(o)
+        );
+    }
+    let first = seeded_drops_line(&outs[0]);
+    assert!(first.starts_with("seeded-drops: run seed 4242 "), "{first}");
+    assert_eq!(
+        seeded_drops_line(&outs[1]),
+        first,
+        "the same seed dropped other packets in another run"
+    );
+    let other = seeded_drops_line(&outs[2]);
+    assert!(other.starts_with("seeded-drops: run seed 4243 "), "{other}");
+    let lists = |l: &str| l.split_once(" lost ").map(|(_, rest)| rest.to_string());
+    assert_ne!(
+        lists(&other),
+        lists(&first),
+        "seeds 4242 and 4243 dropped the same packets: the seed does not reach the drops"
+    );
 }

@@ -1,5 +1,6 @@
--- Latency (seen as ping RTT; lower bounds only), drop rate 100 % and 0 %,
--- directional forms, bandwidth bookkeeping, reset.
+-- Latency (seen as ping RTT), drop rate 100 % and 0 %, directional forms,
+-- bandwidth bookkeeping, reset. Drop-rate statistics, seeded reproduction and
+-- bandwidth pacing are in statistics.test.lua.
 
 local lan = provium:bridge("lan")
 local a = provium:vm("a", "linux"):boot()
@@ -27,9 +28,20 @@ test("whole-bridge latency shows in the RTT, both ways", function(t)
   lan:reset()
   lan:add_latency(100)
   t:assert_eq(lan:latency_ms(), 100)
-  local ms = rtt_ms(t, a, "10.0.0.2")
-  -- 100 ms each way: at least 200 ms (ping prints whole ms at this size).
-  t:assert(ms >= 199, "rtt " .. ms .. " ms < 200 ms")
+  -- 100 ms each way: every RTT is at least 200 ms (ping prints whole ms at
+  -- this size), and about 200 ms: the median of five stays under 300 ms, so a
+  -- delay applied twice on a path (400 ms) fails while a loaded machine's
+  -- scheduling delays pass.
+  local r = a:run("ping -n -c 5 -i 0.2 -W 3 10.0.0.2")
+  t:assert(r:ok(), "ping failed: " .. r.stdout .. r.stderr)
+  local rtts = {}
+  for ms in r.stdout:gmatch("time=([%d%.]+) ms") do
+    rtts[#rtts + 1] = tonumber(ms)
+  end
+  t:assert_eq(#rtts, 5, r.stdout)
+  table.sort(rtts)
+  t:assert(rtts[1] >= 199, "rtt " .. rtts[1] .. " ms < 200 ms")
+  t:assert(rtts[3] < 300, "median rtt " .. rtts[3] .. " ms, not about 200 ms")
   lan:reset()
   t:assert_eq(lan:latency_ms(), 0)
 end)
