@@ -157,3 +157,31 @@ fn snaplen_cuts_oversize_records() {
     assert_eq!(pcap.blocks[0].origlen, 65_549);
     assert_eq!(pcap.blocks[0].data, &f[..65_535]);
 }
+
+#[test]
+fn port_capture_records_what_was_delivered_not_what_was_dropped() {
+    let (sw, _clock) = setup(SwitchConfig::default());
+    let a = sw.attach("a", MacAddr::local(1)).unwrap();
+    let b = sw.attach("b", MacAddr::local(2)).unwrap();
+    let bridge = sw.capture("bridge");
+    let nic_b = sw.capture_port("b", "nic b").unwrap();
+    sw.set_pair_drop_rate("a", "b", 100.0).unwrap();
+    let dropped = frame(MacAddr::local(2), MacAddr::local(1), 1, 60);
+    a.send(&dropped).unwrap();
+    sw.set_pair_drop_rate("a", "b", 0.0).unwrap();
+    let kept = frame(MacAddr::local(2), MacAddr::local(1), 2, 60);
+    a.send(&kept).unwrap();
+    assert_eq!(b.try_recv(), Some(kept.clone()));
+    let blocks = |cap: &provium_netsetup::Capture| {
+        let bytes = cap.read_available();
+        PcapCapture::from_file(&bytes)
+            .expect("valid pcap")
+            .blocks
+            .iter()
+            .map(|b| b.data.to_vec())
+            .collect::<Vec<_>>()
+    };
+    // The bridge records at ingress (what a sent); b's NIC what reached b.
+    assert_eq!(blocks(&bridge), [dropped, kept.clone()]);
+    assert_eq!(blocks(&nic_b), [kept]);
+}
