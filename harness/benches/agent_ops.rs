@@ -12,12 +12,14 @@
 //! (built here if missing). `AGENT_OPS_SCALE` (default 1) multiplies the
 //! iteration counts.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use provium::backend::local::{LocalOptions, LocalSandbox, AGENT_BIN, AGENT_ENV};
+use provium::backend::local::{LocalOptions, LocalSandbox};
 use provium::client::AgentOps;
 
 /// Bytes per echo round trip: about a ping request frame's size.
@@ -26,37 +28,6 @@ const ECHO_BYTES: usize = 32;
 fn fail(msg: &str) -> ! {
     eprintln!("agent_ops: {msg}");
     std::process::exit(2);
-}
-
-/// The release agent: `$PROVIUM_AGENT`, else next to this bench's profile
-/// directory, built with cargo if it is not there.
-fn release_agent() -> PathBuf {
-    if let Some(p) = std::env::var_os(AGENT_ENV) {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().unwrap_or_else(|e| fail(&format!("current_exe: {e}")));
-    // target/release/deps/agent_ops-HASH -> target/release
-    let profile_dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .unwrap_or_else(|| fail("cannot find the target directory"))
-        .to_path_buf();
-    let agent = profile_dir.join(AGENT_BIN);
-    if !agent.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let ok = std::process::Command::new(cargo)
-            .args(["build", "--release", "-p", "provium-agent"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok || !agent.exists() {
-            fail(&format!(
-                "no agent at {}; build it with `cargo build --release -p provium-agent` or set {AGENT_ENV}",
-                agent.display()
-            ));
-        }
-    }
-    agent
 }
 
 /// Time `n` calls of `f` after `warmup` untimed ones.
@@ -74,13 +45,13 @@ fn measure(n: usize, warmup: usize, mut f: impl FnMut()) -> Vec<Duration> {
 }
 
 /// (p50, p99) in microseconds, nearest rank.
-fn percentiles(mut v: Vec<Duration>) -> (f64, f64) {
-    v.sort();
-    let at = |q: f64| {
-        let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
-        v[rank - 1].as_secs_f64() * 1e6
-    };
-    (at(0.50), at(0.99))
+fn percentiles(v: Vec<Duration>) -> (f64, f64) {
+    let mut us: Vec<f64> = v.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+    us.sort_by(f64::total_cmp);
+    (
+        common::nearest_rank(&us, 0.50),
+        common::nearest_rank(&us, 0.99),
+    )
 }
 
 fn report(op: &str, samples: Vec<Duration>) -> f64 {
@@ -88,12 +59,6 @@ fn report(op: &str, samples: Vec<Duration>) -> f64 {
     let (p50, p99) = percentiles(samples);
     println!("agent_ops: op={op} n={n} p50_us={p50:.1} p99_us={p99:.1}");
     p50
-}
-
-fn first_line(path: &str) -> String {
-    std::fs::read_to_string(path)
-        .map(|s| s.lines().next().unwrap_or("").trim().to_string())
-        .unwrap_or_else(|_| "?".into())
 }
 
 fn main() {
@@ -113,11 +78,11 @@ fn main() {
         })
         .unwrap_or(1)
         .max(1);
-    let agent = release_agent();
+    let agent = common::release_agent().unwrap_or_else(|e| fail(&e));
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
         "agent_ops: host nproc={cpus} kernel={} agent={}",
-        first_line("/proc/sys/kernel/osrelease"),
+        common::first_line("/proc/sys/kernel/osrelease"),
         agent.display()
     );
 

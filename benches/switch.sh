@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The userspace switch against the kernel bridge (veth pairs), between the
+# same two local sandboxes, in one run (needs root: sandboxes, TAPs, veths).
+#
+#   bash benches/switch.sh
+#
+# Installs iperf3 and ethtool from Debian's packages when they are missing
+# (bench tools, never installed by CI), builds the release agent, and runs
+# harness/benches/switch.rs. Prints the machine, then `switch: ...` lines:
+# TCP throughput per run and path (iperf3), RTT p50/p99 per path (ping), and
+# the ratios ours / bridge, for the kernel bridge with its default offloads
+# and with TSO/GSO/GRO off (MTU-sized frames, as our TAPs carry). SWITCH_BENCH_SECONDS (default 5),
+# SWITCH_BENCH_REPS (default 3) and SWITCH_BENCH_PINGS (default 1000) set the
+# sizes. Results are recorded in docs/networking.md ("Numbers").
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+if [ "$(id -u)" -ne 0 ]; then
+    echo "switch: needs root (sandboxes, TAPs, veth pairs and a bridge)" >&2
+    exit 2
+fi
+missing=()
+command -v iperf3 >/dev/null || missing+=(iperf3)
+command -v ethtool >/dev/null || missing+=(ethtool)
+if [ "${#missing[@]}" -gt 0 ]; then
+    echo "switch: installing ${missing[*]} (apt-get)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null ||
+        { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null; }
+fi
+# No KVM involved: nothing boots, the sandboxes are namespaces.
+echo "switch: machine nproc=$(nproc) kernel=$(uname -r) cpu=\"$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')\" iperf3=\"$(iperf3 --version | head -1)\""
+cargo build --release -q -p provium-agent
+PROVIUM_AGENT=$PWD/target/release/provium-agent exec cargo bench -q -p provium --bench switch

@@ -1,0 +1,369 @@
+//! The userspace switch against the kernel bridge, between the same two local
+//! sandboxes, in one run.
+//!
+//!   bash benches/switch.sh      (root; installs iperf3 with apt-get if missing)
+//!   cargo bench -p provium --bench switch
+//!
+//! Each of two sandboxes gets three NICs: `eth0`, a TAP on our switch
+//! (exactly as the local backend wires a bridge member: `open_tap_in_netns` +
+//! `TapPort`); `eth1`, one end of a veth pair whose host end is a port of a
+//! Linux bridge; and `eth2`, the same on a second bridge with TSO, GSO and GRO
+//! off (ethtool), which carries MTU-sized frames as the TAPs do. Same
+//! namespaces, same processes, same tools; only the path between them
+//! differs, and the paths are measured in turn, rep by rep, so that other
+//! load on the machine falls on all of them alike.
+//!
+//! - TCP throughput: `iperf3 -c` for SWITCH_BENCH_SECONDS (default 5) per run,
+//!   SWITCH_BENCH_REPS (default 3) runs per path, median.
+//! - Round-trip time: `ping` every 5 ms, SWITCH_BENCH_PINGS (default 1000)
+//!   echoes per path; p50 and p99 of the per-echo times.
+//!
+//! Prints `switch: ...` lines per measurement, then the ratios (ours /
+//! bridge) and the latency the switch adds at p50 (ours - bridge). The switch
+//! runs in this process, built with the bench (release) profile, as in a
+//! release `provium`.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use provium::backend::local::net::open_tap_in_netns;
+use provium::backend::local::{LocalOptions, LocalSandbox};
+use provium::client::{AgentClient, AgentOps};
+use provium_netsetup::{MacAddr, Switch, SwitchConfig, TapPort};
+
+/// Host links this bench created, deleted by [`fail`] (which exits without
+/// running destructors) as well as by [`KernelBridge`]'s drop.
+static HOST_LINKS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn delete_host_links() {
+    let links = std::mem::take(&mut *HOST_LINKS.lock().unwrap_or_else(|e| e.into_inner()));
+    for l in links.iter().rev() {
+        let _ = Command::new("ip").args(["link", "del", l]).status();
+    }
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("switch: {msg}");
+    delete_host_links();
+    std::process::exit(2);
+}
+
+fn env_count(name: &str, default: usize) -> usize {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| *n > 0)
+            .unwrap_or_else(|| fail(&format!("{name}=`{v}`: not a positive whole number"))),
+        Err(_) => default,
+    }
+}
+
+/// Runs `ip ARGS` on the host; fails the bench with its stderr.
+fn ip(args: &[&str]) {
+    let o = Command::new("ip")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| fail(&format!("run ip: {e} (apt-get install iproute2)")));
+    if !o.status.success() {
+        fail(&format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ));
+    }
+}
+
+/// The host side of one kernel path: a bridge and the host ends of the
+/// veth pairs into it, removed on drop (the sandbox ends go with their
+/// namespaces).
+struct KernelBridge {
+    bridge: String,
+    veths: Vec<String>,
+}
+
+impl KernelBridge {
+    /// Bridge `name` with one veth per sandbox, whose sandbox end `ifname`
+    /// is up with the sandbox's address; with `offloads` false, TSO, GSO and
+    /// GRO are turned off on those ends (ethtool), so the kernel path carries
+    /// MTU-sized frames as the TAPs do.
+    fn new(
+        name: String,
+        ifname: &str,
+        offloads: bool,
+        sandboxes: &[(&LocalSandbox, &AgentClient, String)],
+    ) -> KernelBridge {
+        let mut kb = KernelBridge {
+            bridge: name,
+            veths: Vec::new(),
+        };
+        ip(&["link", "add", &kb.bridge, "type", "bridge"]);
+        track(&kb.bridge);
+        for (i, (sb, c, addr)) in sandboxes.iter().enumerate() {
+            let host_end = format!("{}v{i}", kb.bridge);
+            let pid = sb.init_pid().to_string();
+            ip(&[
+                "link", "add", &host_end, "type", "veth", "peer", "name", ifname, "netns", &pid,
+            ]);
+            track(&host_end);
+            kb.veths.push(host_end.clone());
+            ip(&["link", "set", &host_end, "master", &kb.bridge, "up"]);
+            run_ok(
+                c,
+                &format!("ip addr add {addr}/24 dev {ifname} && ip link set {ifname} up"),
+            );
+            if !offloads {
+                run_ok(c, &format!("ethtool -K {ifname} tso off gso off gro off"));
+            }
+        }
+        ip(&["link", "set", &kb.bridge, "up"]);
+        kb
+    }
+}
+
+impl Drop for KernelBridge {
+    fn drop(&mut self) {
+        let mut links = HOST_LINKS.lock().unwrap_or_else(|e| e.into_inner());
+        for l in self.veths.iter().chain([&self.bridge]) {
+            let _ = Command::new("ip").args(["link", "del", l]).status();
+            links.retain(|x| x != l);
+        }
+    }
+}
+
+fn track(link: &str) {
+    HOST_LINKS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(link.to_owned());
+}
+
+/// Runs a shell script in a sandbox; fails the bench unless it succeeds.
+fn run_ok(c: &AgentClient, script: &str) -> String {
+    let r = c
+        .run(script)
+        .unwrap_or_else(|e| fail(&format!("`{script}`: {e}")));
+    if !r.success() {
+        fail(&format!(
+            "`{script}` failed: {}{}",
+            r.stdout_str(),
+            String::from_utf8_lossy(&r.stderr)
+        ));
+    }
+    r.stdout_str()
+}
+
+/// One iperf3 TCP run from `c` to `addr`: received bits per second. The
+/// server takes a moment to finish the previous test after its client has
+/// exited, and refuses a new one meanwhile ("busy"): that is retried.
+fn iperf(c: &AgentClient, addr: &str, seconds: usize) -> f64 {
+    for _ in 0..50 {
+        let r = c
+            .run(&format!("iperf3 -J -c {addr} -t {seconds}"))
+            .unwrap_or_else(|e| fail(&format!("iperf3 -c {addr}: {e}")));
+        let out = r.stdout_str();
+        let v: serde_json::Value = serde_json::from_str(&out)
+            .unwrap_or_else(|e| fail(&format!("iperf3 -J output is not JSON ({e}): {out}")));
+        if v["error"].as_str().is_some_and(|e| e.contains("busy")) {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            continue;
+        }
+        if let Some(bps) = v["end"]["sum_received"]["bits_per_second"].as_f64() {
+            return bps;
+        }
+        fail(&format!("no end.sum_received.bits_per_second in: {out}"));
+    }
+    fail(&format!("the iperf3 server at {addr} stayed busy"))
+}
+
+/// Per-echo RTTs in microseconds, ascending, from `pings` pings to `addr`.
+fn rtts_us(c: &AgentClient, addr: &str, pings: usize) -> Vec<f64> {
+    let out = run_ok(c, &format!("ping -n -c {pings} -i 0.005 {addr}"));
+    let mut v: Vec<f64> = out
+        .split("time=")
+        .skip(1)
+        .filter_map(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+        .map(|ms| ms * 1000.0)
+        .collect();
+    if v.len() < pings / 2 {
+        fail(&format!(
+            "only {} of {pings} pings answered: {out}",
+            v.len()
+        ));
+    }
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    common::nearest_rank(&v, 0.5)
+}
+
+fn main() {
+    if std::env::args().skip(1).any(|a| a != "--bench") {
+        fail("takes no arguments (SWITCH_BENCH_SECONDS, SWITCH_BENCH_REPS, SWITCH_BENCH_PINGS set the sizes)");
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        fail("needs root: sandboxes, TAPs, veths and a bridge");
+    }
+    let seconds = env_count("SWITCH_BENCH_SECONDS", 5);
+    let reps = env_count("SWITCH_BENCH_REPS", 3);
+    let pings = env_count("SWITCH_BENCH_PINGS", 1000);
+    let agent = common::release_agent().unwrap_or_else(|e| fail(&e));
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!(
+        "switch: host nproc={cpus} kernel={} loadavg=\"{}\" agent={}",
+        common::first_line("/proc/sys/kernel/osrelease"),
+        common::first_line("/proc/loadavg"),
+        agent.display()
+    );
+
+    let tag = std::process::id();
+    let runtime = PathBuf::from(format!("/run/provium-bench/switch-{tag}"));
+    let mut opts = LocalOptions::new(agent);
+    opts.runtime_dir = runtime.clone();
+    let mut sa = LocalSandbox::start("bench-a", &opts)
+        .unwrap_or_else(|e| fail(&format!("start sandbox a: {e}")));
+    let mut sb = LocalSandbox::start("bench-b", &opts)
+        .unwrap_or_else(|e| fail(&format!("start sandbox b: {e}")));
+    let ca = sa
+        .connect()
+        .unwrap_or_else(|e| fail(&format!("connect a: {e}")));
+    let cb = sb
+        .connect()
+        .unwrap_or_else(|e| fail(&format!("connect b: {e}")));
+    for c in [&ca, &cb] {
+        if !c
+            .run("command -v iperf3 && command -v ethtool")
+            .is_ok_and(|r| r.success())
+        {
+            fail("iperf3 or ethtool is not installed (benches/switch.sh installs them: apt-get install iperf3 ethtool)");
+        }
+    }
+
+    // Our path: eth0, a TAP on the userspace switch, as bridge:attach does.
+    let sw = Switch::new("bench", SwitchConfig::default());
+    let mut ports = Vec::new();
+    for (name, sandbox, c, n, addr) in [
+        ("a", &sa, &ca, 1, "10.0.0.1"),
+        ("b", &sb, &cb, 2, "10.0.0.2"),
+    ] {
+        let mac = MacAddr::local(n);
+        let fd = open_tap_in_netns(sandbox.init_pid(), "eth0", mac)
+            .unwrap_or_else(|e| fail(&format!("tap in sandbox {name}: {e}")));
+        ports.push(
+            TapPort::attach(&sw, name, mac, fd)
+                .unwrap_or_else(|e| fail(&format!("attach {name}: {e}"))),
+        );
+        run_ok(c, &format!("ip addr add {addr}/24 dev eth0"));
+    }
+    // The peers: eth1, a veth pair into a Linux bridge with the default
+    // offloads (TSO/GSO: the TCP stack hands 64 KiB segments through); eth2,
+    // the same with offloads off, so that it too carries MTU-sized frames,
+    // as our TAPs (no vnet header) do.
+    let kernels: Vec<KernelBridge> = [("eth1", 1, true), ("eth2", 2, false)]
+        .into_iter()
+        .map(|(ifname, net, offloads)| {
+            KernelBridge::new(
+                format!("pvbr{tag}{net}"),
+                ifname,
+                offloads,
+                &[
+                    (&sa, &ca, format!("10.0.{net}.1")),
+                    (&sb, &cb, format!("10.0.{net}.2")),
+                ],
+            )
+        })
+        .collect();
+    let nf = common::first_line("/proc/sys/net/bridge/bridge-nf-call-iptables");
+    println!(
+        "switch: kernel bridges {} (offloads on) and {} (tso/gso/gro off), bridge-nf-call-iptables={nf}; ours: one TAP per sandbox, MTU 1500, no offloads",
+        kernels[0].bridge, kernels[1].bridge
+    );
+
+    // One iperf3 server in b serves every path.
+    run_ok(&cb, "iperf3 -s -D");
+    let paths = [
+        ("ours", "10.0.0.2"),
+        ("bridge", "10.0.1.2"),
+        ("bridge_no_offload", "10.0.2.2"),
+    ];
+    for (_, addr) in paths {
+        // Until the daemon listens, and to warm ARP and caches on each path.
+        let mut up = false;
+        for _ in 0..50 {
+            if ca
+                .run(&format!("iperf3 -c {addr} -t 1 >/dev/null 2>&1"))
+                .is_ok_and(|r| r.success())
+            {
+                up = true;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        if !up {
+            fail(&format!("no iperf3 answer from {addr}"));
+        }
+    }
+
+    let mut bps: [Vec<f64>; 3] = Default::default();
+    for rep in 0..reps {
+        for (i, (name, addr)) in paths.iter().enumerate() {
+            let b = iperf(&ca, addr, seconds);
+            println!(
+                "switch: tcp path={name} run={} seconds={seconds} gbit_per_s={:.3}",
+                rep + 1,
+                b / 1e9
+            );
+            bps[i].push(b);
+        }
+    }
+    let mut p50 = [0.0; 3];
+    for (i, (name, addr)) in paths.iter().enumerate() {
+        let v = rtts_us(&ca, addr, pings);
+        let (q50, q99) = (
+            common::nearest_rank(&v, 0.5),
+            common::nearest_rank(&v, 0.99),
+        );
+        println!(
+            "switch: rtt path={name} n={} p50_us={q50:.0} p99_us={q99:.0}",
+            v.len()
+        );
+        p50[i] = q50;
+    }
+    let tcp = bps.map(median);
+    println!(
+        "switch: tcp median gbit_per_s ours={:.3} bridge={:.3} bridge_no_offload={:.3}",
+        tcp[0] / 1e9,
+        tcp[1] / 1e9,
+        tcp[2] / 1e9
+    );
+    println!(
+        "switch: tcp ratio ours/bridge={:.2} ours/bridge_no_offload={:.2}",
+        tcp[0] / tcp[1],
+        tcp[0] / tcp[2]
+    );
+    println!(
+        "switch: rtt p50 ratio ours/bridge={:.2} added_us={:.0}; ours/bridge_no_offload={:.2} added_us={:.0}",
+        p50[0] / p50[1],
+        p50[0] - p50[1],
+        p50[0] / p50[2],
+        p50[0] - p50[2]
+    );
+    println!(
+        "switch: loadavg at the end \"{}\"",
+        common::first_line("/proc/loadavg")
+    );
+
+    drop(kernels);
+    drop(ports);
+    drop(sw);
+    drop((ca, cb));
+    let _ = sa.shutdown();
+    let _ = sb.shutdown();
+    let _ = std::fs::remove_dir_all(&runtime);
+}
