@@ -8,6 +8,7 @@
 
 pub mod block;
 pub mod mmio;
+pub mod net;
 pub mod persist;
 pub mod rng;
 #[cfg(test)]

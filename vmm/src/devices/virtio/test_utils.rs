@@ -84,11 +84,16 @@ impl VirtioDevice for CountingDevice {
 pub struct CountingInterrupt {
     /// Used-queue signals.
     pub used: std::sync::atomic::AtomicUsize,
+    /// Configuration-change signals.
+    pub config: std::sync::atomic::AtomicUsize,
 }
 
 impl VirtioInterrupt for CountingInterrupt {
     fn signal_used_queue(&self) {
         self.used.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
-    fn signal_config(&self) {}
+    fn signal_config(&self) {
+        self.config
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }

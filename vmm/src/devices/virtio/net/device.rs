@@ -1,0 +1,429 @@
+//! The virtio-net `VirtioDevice`: features, config space (MAC and link
+//! status), and a worker thread per activation that moves frames.
+//!
+//! The worker owns the queues. A notify from a vCPU and the port's RX waker
+//! (run by the switch after it queued a frame for us) only post a wake-up to a
+//! one-slot channel (`try_send`: wake-ups coalesce, so a flood of frames or
+//! notifies costs no memory); the worker then drains TX and RX. The link
+//! watcher runs on whichever thread called `Switch::disconnect`/`reconnect`:
+//! it flips the status bit and raises the configuration interrupt. Both hooks
+//! hold only a weak reference, so a device dropped on reset leaves no live
+//! callback on the port; the next device's `new` replaces them.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use provium_netsetup::{MacAddr, Port};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
+use virtio_bindings::virtio_net::{VIRTIO_NET_F_MAC, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP};
+use virtio_queue::Queue;
+
+use super::defs::{
+    CONFIG_BYTES, CONFIG_STATUS_OFFSET, HDR_LEGACY_BYTES, HDR_V1_BYTES, QUEUE_SIZE, RXQ, TXQ,
+};
+use super::packet::{NetMetrics, NetQueues};
+use crate::devices::virtio::{read_config_bytes, ActivateError, VirtioDevice, VirtioInterrupt};
+use crate::vstate::memory::GuestMemoryMmap;
+
+/// How long the idle worker waits before re-checking its stop flag.
+const IDLE_WAIT: Duration = Duration::from_millis(200);
+
+/// What the hooks on the port and the device share.
+struct Shared {
+    link_up: AtomicBool,
+    /// Set while activated: where link changes raise a config interrupt.
+    interrupt: Mutex<Option<Arc<dyn VirtioInterrupt>>>,
+    /// Set while activated: wakes the worker.
+    kick: Mutex<Option<SyncSender<()>>>,
+}
+
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    fn kick(&self) {
+        if let Some(tx) = locked(&self.kick).as_ref() {
+            // Full: a wake-up is already pending, which is all we need.
+            let _ = tx.try_send(());
+        }
+    }
+
+    fn set_link(&self, up: bool) {
+        let was = self.link_up.swap(up, Ordering::SeqCst);
+        if was == up {
+            return;
+        }
+        let irq = locked(&self.interrupt).clone();
+        if let Some(irq) = irq {
+            irq.signal_config();
+        }
+    }
+}
+
+struct Worker {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+/// A virtio-net device on a switch port.
+pub struct Net {
+    mac: MacAddr,
+    port: Arc<Port>,
+    shared: Arc<Shared>,
+    metrics: Arc<NetMetrics>,
+    acked_features: u64,
+    worker: Option<Worker>,
+}
+
+impl Net {
+    /// A device with MAC `mac` whose frames go through `port`. Installs the
+    /// port's RX waker and link watcher (replacing earlier ones: after a
+    /// reset, the new device takes the port over).
+    pub fn new(mac: MacAddr, port: Arc<Port>) -> Net {
+        let shared = Arc::new(Shared {
+            link_up: AtomicBool::new(true),
+            interrupt: Mutex::new(None),
+            kick: Mutex::new(None),
+        });
+        let w = Arc::downgrade(&shared);
+        port.set_link_watcher(Some(Arc::new(move |up| {
+            if let Some(s) = w.upgrade() {
+                s.set_link(up);
+            }
+        })));
+        let w = Arc::downgrade(&shared);
+        port.set_rx_waker(Some(Arc::new(move || {
+            if let Some(s) = w.upgrade() {
+                s.kick();
+            }
+        })));
+        // Read after the watcher is in place so no change is missed.
+        shared.link_up.store(port.is_link_up(), Ordering::SeqCst);
+        Net {
+            mac,
+            port,
+            shared,
+            metrics: Arc::new(NetMetrics::default()),
+            acked_features: 0,
+            worker: None,
+        }
+    }
+
+    /// The device's counters (shared; they survive activation and reset).
+    pub fn metrics(&self) -> Arc<NetMetrics> {
+        self.metrics.clone()
+    }
+
+    /// Whether config space reports the link up.
+    pub fn link_up(&self) -> bool {
+        self.shared.link_up.load(Ordering::SeqCst)
+    }
+
+    fn config_space(&self) -> [u8; CONFIG_BYTES] {
+        let mut c = [0u8; CONFIG_BYTES];
+        c[..6].copy_from_slice(&self.mac.0);
+        let status = if self.link_up() {
+            VIRTIO_NET_S_LINK_UP as u16
+        } else {
+            0
+        };
+        c[CONFIG_STATUS_OFFSET..CONFIG_STATUS_OFFSET + 2].copy_from_slice(&status.to_le_bytes());
+        c
+    }
+
+    fn stop_worker(&mut self) {
+        let worker = self.worker.take();
+        if let Some(w) = &worker {
+            w.stop.store(true, Ordering::SeqCst);
+        }
+        // Dropping the only sender wakes the worker at once (disconnected),
+        // and it sees the flag.
+        *locked(&self.shared.kick) = None;
+        *locked(&self.shared.interrupt) = None;
+        if let Some(w) = worker {
+            let _ = w.thread.join();
+        }
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        self.stop_worker();
+    }
+}
+
+impl VirtioDevice for Net {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_NET
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &[QUEUE_SIZE; 2]
+    }
+
+    fn avail_features(&self) -> u64 {
+        (1u64 << VIRTIO_F_VERSION_1) | (1u64 << VIRTIO_NET_F_MAC) | (1u64 << VIRTIO_NET_F_STATUS)
+    }
+
+    fn set_acked_features(&mut self, features: u64) {
+        self.acked_features = features & self.avail_features();
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        read_config_bytes(&self.config_space(), offset, data);
+    }
+
+    fn write_config(&mut self, _offset: u64, _data: &[u8]) {
+        // The MAC is ours (no CTRL_MAC_ADDR) and status is read-only.
+    }
+
+    fn activate(
+        &mut self,
+        mem: GuestMemoryMmap,
+        mut queues: Vec<Queue>,
+        interrupt: Arc<dyn VirtioInterrupt>,
+    ) -> Result<(), ActivateError> {
+        ActivateError::check_queue_count(&queues, 2)?;
+        self.stop_worker();
+        let txq = queues.remove(TXQ);
+        let rxq = queues.remove(RXQ);
+        let hdr_bytes = if self.acked_features & (1u64 << VIRTIO_F_VERSION_1) != 0 {
+            HDR_V1_BYTES
+        } else {
+            HDR_LEGACY_BYTES
+        };
+        let mut q = NetQueues::new(
+            mem,
+            rxq,
+            txq,
+            self.port.clone(),
+            hdr_bytes,
+            self.metrics.clone(),
+        );
+        let (tx, rx) = sync_channel::<()>(1);
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let irq = interrupt.clone();
+        let thread = std::thread::Builder::new()
+            .name("virtio-net".into())
+            .spawn(move || loop {
+                match rx.recv_timeout(IDLE_WAIT) {
+                    Ok(()) | Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => {
+                        if s.load(Ordering::SeqCst) {
+                            return;
+                        }
+                        std::thread::sleep(IDLE_WAIT);
+                    }
+                }
+                if s.load(Ordering::SeqCst) {
+                    return;
+                }
+                if q.run_once() {
+                    irq.signal_used_queue();
+                }
+            })
+            .map_err(ActivateError::Worker)?;
+        *locked(&self.shared.interrupt) = Some(interrupt);
+        *locked(&self.shared.kick) = Some(tx);
+        self.worker = Some(Worker { stop, thread });
+        // Frames may have queued on the port before the driver was ready.
+        self.shared.kick();
+        Ok(())
+    }
+
+    fn queue_notify(&mut self, _index: u32) {
+        // Any index: the worker drains both queues.
+        self.shared.kick();
+    }
+
+    fn reset(&mut self) {
+        self.stop_worker();
+        self.acked_features = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::virtio::test_utils::{guest_memory, CountingInterrupt};
+    use provium_netsetup::{Switch, SwitchConfig};
+    use std::time::Instant;
+    use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
+    use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+    use virtio_queue::mock::MockSplitQueue;
+    use vm_memory::{Address, Bytes, GuestAddress};
+
+    const GUEST: MacAddr = MacAddr([0x02, 0x11, 0x22, 0x33, 0x44, 0x55]);
+    const PEER: MacAddr = MacAddr([0x02, 0, 0, 0, 0, 2]);
+
+    fn wait(what: &str, mut f: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    fn status(dev: &Net) -> u16 {
+        let mut b = [0u8; 2];
+        dev.read_config(CONFIG_STATUS_OFFSET as u64, &mut b);
+        u16::from_le_bytes(b)
+    }
+
+    #[test]
+    fn features_and_config_space() {
+        let sw = Switch::new("lan", SwitchConfig::default());
+        let port = Arc::new(sw.attach("vm", GUEST).expect("attach"));
+        let mut dev = Net::new(GUEST, port);
+        assert_eq!(dev.device_type(), 1);
+        assert_eq!(dev.queue_max_sizes(), &[256, 256]);
+        assert_eq!(dev.avail_features(), (1 << 32) | (1 << 5) | (1 << 16));
+        dev.set_acked_features(u64::MAX);
+        assert_eq!(dev.acked_features, dev.avail_features());
+        let mut cfg = [0xffu8; 12];
+        dev.read_config(0, &mut cfg);
+        assert_eq!(cfg, [0x02, 0x11, 0x22, 0x33, 0x44, 0x55, 1, 0, 0, 0, 0, 0]);
+        dev.write_config(0, &[0; 6]);
+        let mut mac = [0u8; 6];
+        dev.read_config(0, &mut mac);
+        assert_eq!(mac, GUEST.0, "the guest cannot change the MAC");
+        dev.read_config(u64::MAX, &mut cfg);
+        assert_eq!(cfg, [0; 12]);
+        dev.queue_notify(9); // before activation: nothing to wake
+        assert!(dev
+            .activate(
+                guest_memory(),
+                vec![],
+                Arc::new(CountingInterrupt::default())
+            )
+            .is_err());
+    }
+
+    #[test]
+    fn link_follows_the_switch_port_with_config_interrupts() {
+        let sw = Switch::new("lan", SwitchConfig::default());
+        let port = Arc::new(sw.attach("vm", GUEST).expect("attach"));
+        sw.disconnect("vm").expect("disconnect");
+        // Created on a port that is already down: reports down.
+        let mut dev = Net::new(GUEST, port);
+        assert_eq!(status(&dev), 0);
+        sw.reconnect("vm").expect("reconnect");
+        assert_eq!(
+            status(&dev),
+            1,
+            "not activated: status changes, no interrupt"
+        );
+        let mem = guest_memory();
+        let rx = MockSplitQueue::create(&mem, GuestAddress(0), 16);
+        let tx = MockSplitQueue::create(&mem, GuestAddress(0x1_0000), 16);
+        let irq = Arc::new(CountingInterrupt::default());
+        dev.activate(
+            mem.clone(),
+            vec![
+                rx.create_queue().expect("rx"),
+                tx.create_queue().expect("tx"),
+            ],
+            irq.clone(),
+        )
+        .expect("activate");
+        sw.disconnect("vm").expect("disconnect");
+        assert_eq!(status(&dev), 0);
+        assert_eq!(irq.config.load(Ordering::SeqCst), 1);
+        sw.disconnect("vm").expect("disconnect twice");
+        assert_eq!(
+            irq.config.load(Ordering::SeqCst),
+            1,
+            "no change, no interrupt"
+        );
+        sw.reconnect("vm").expect("reconnect");
+        assert_eq!(status(&dev), 1);
+        assert_eq!(irq.config.load(Ordering::SeqCst), 2);
+        dev.reset();
+        sw.disconnect("vm").expect("disconnect after reset");
+        assert_eq!(status(&dev), 0);
+        assert_eq!(
+            irq.config.load(Ordering::SeqCst),
+            2,
+            "reset device raises nothing"
+        );
+    }
+
+    #[test]
+    fn worker_moves_frames_both_ways_and_interrupts() {
+        let sw = Switch::new("lan", SwitchConfig::default());
+        let port = Arc::new(sw.attach("vm", GUEST).expect("attach"));
+        let peer = sw.attach("peer", PEER).expect("peer");
+        let mut dev = Net::new(GUEST, port);
+        let mem = guest_memory();
+        let rx = MockSplitQueue::create(&mem, GuestAddress(0), 16);
+        let tx = MockSplitQueue::create(&mem, GuestAddress(0x1_0000), 16);
+        // A frame queued before the driver is up is delivered once it is.
+        let mut early = PEER.0.to_vec();
+        early.splice(0..0, GUEST.0);
+        early.extend_from_slice(&[0x88, 0xb5]);
+        early.resize(60, 0xaa);
+        peer.send(&early).expect("send");
+        let irq = Arc::new(CountingInterrupt::default());
+        dev.set_acked_features(dev.avail_features());
+        dev.activate(
+            mem.clone(),
+            vec![
+                rx.create_queue().expect("rx"),
+                tx.create_queue().expect("tx"),
+            ],
+            irq.clone(),
+        )
+        .expect("activate");
+        let w = VRING_DESC_F_WRITE as u16;
+        rx.add_desc_chains(
+            &[RawDescriptor::from(SplitDescriptor::new(
+                0x20_0000, 2048, w, 0,
+            ))],
+            0,
+        )
+        .expect("rx chain");
+        dev.queue_notify(RXQ as u32);
+        let used_idx = |q: &MockSplitQueue<'_, GuestMemoryMmap>| -> u16 {
+            mem.read_obj(q.used_addr().unchecked_add(2)).expect("idx")
+        };
+        wait("the early frame in the RX ring", || used_idx(&rx) == 1);
+        let mut got = vec![0u8; 72];
+        mem.read_slice(&mut got, GuestAddress(0x20_0000))
+            .expect("read");
+        assert_eq!(&got[12..], &early[..]);
+        wait("a used-queue interrupt", || {
+            irq.used.load(Ordering::SeqCst) >= 1
+        });
+
+        let mut out = vec![0u8; 12];
+        out.extend_from_slice(&PEER.0);
+        out.extend_from_slice(&GUEST.0);
+        out.extend_from_slice(&[0x88, 0xb5]);
+        out.resize(12 + 60, 0xbb);
+        mem.write_slice(&out, GuestAddress(0x10_0000))
+            .expect("write");
+        tx.add_desc_chains(
+            &[RawDescriptor::from(SplitDescriptor::new(
+                0x10_0000, 72, 0, 0,
+            ))],
+            0,
+        )
+        .expect("tx chain");
+        dev.queue_notify(TXQ as u32);
+        assert_eq!(
+            peer.recv_timeout(Duration::from_secs(10)).as_deref(),
+            Some(&out[12..])
+        );
+        wait("the TX chain returned", || used_idx(&tx) == 1);
+        let m = dev.metrics().snapshot();
+        assert_eq!(m, [1, 0, 0, 1, 0, 0]);
+        dev.reset();
+        assert!(dev.worker.is_none());
+    }
+}
