@@ -7,6 +7,8 @@
 mod asm;
 #[path = "guest/tiny_guest.rs"]
 mod tiny_guest;
+#[path = "guest/tiny_net.rs"]
+mod tiny_net;
 
 use std::path::PathBuf;
 

@@ -16,6 +16,7 @@ pub enum Reg {
     Rdx = 2,
     Rbx = 3,
     Rsi = 6,
+    Rdi = 7,
 }
 
 /// Condition codes for `jcc` (the low nibble of 0F 8x).
@@ -49,6 +50,11 @@ impl Asm {
         while self.code.len() % n != 0 {
             self.code.push(fill);
         }
+    }
+
+    /// Bytes emitted so far.
+    pub fn offset(&self) -> usize {
+        self.code.len()
     }
 
     pub fn label(&mut self, name: &'static str) {
@@ -210,6 +216,57 @@ impl Asm {
     /// `out dx, ax`
     pub fn out_dx_ax(&mut self) {
         self.bytes(&[0x66, 0xEF]);
+    }
+
+    // ---- used by the virtio-net driver (tiny_net.rs) ----
+
+    /// `mov dword [base + disp32], imm32`
+    pub fn mov_mem_imm32(&mut self, base: Reg, disp: u32, imm: u32) {
+        self.bytes(&[0xC7, 0x80 | base as u8]);
+        self.bytes(&disp.to_le_bytes());
+        self.bytes(&imm.to_le_bytes());
+    }
+
+    /// `mov [base + disp32], r32`
+    pub fn mov_mem_r32(&mut self, base: Reg, disp: u32, r: Reg) {
+        self.bytes(&[0x89, 0x80 | ((r as u8) << 3) | base as u8]);
+        self.bytes(&disp.to_le_bytes());
+    }
+
+    /// `mov [base + disp32], r64`
+    pub fn mov_mem_r64(&mut self, base: Reg, disp: u32, r: Reg) {
+        self.bytes(&[0x48, 0x89, 0x80 | ((r as u8) << 3) | base as u8]);
+        self.bytes(&disp.to_le_bytes());
+    }
+
+    /// `mov [base + disp32], ax`
+    pub fn mov_mem_ax(&mut self, base: Reg, disp: u32) {
+        self.bytes(&[0x66, 0x89, 0x80 | base as u8]);
+        self.bytes(&disp.to_le_bytes());
+    }
+
+    /// `movzx r32, word [base + disp32]`
+    pub fn movzx_r32_mem16(&mut self, r: Reg, base: Reg, disp: u32) {
+        self.bytes(&[0x0F, 0xB7, 0x80 | ((r as u8) << 3) | base as u8]);
+        self.bytes(&disp.to_le_bytes());
+    }
+
+    /// `cmp eax, imm32`
+    pub fn cmp_eax(&mut self, imm: u32) {
+        self.bytes(&[0x3D]);
+        self.bytes(&imm.to_le_bytes());
+    }
+
+    /// `add r32, imm32`
+    pub fn add_r32_imm(&mut self, r: Reg, imm: u32) {
+        self.bytes(&[0x81, 0xC0 | r as u8]);
+        self.bytes(&imm.to_le_bytes());
+    }
+
+    /// `cmp r32, imm32`
+    pub fn cmp_r32_imm(&mut self, r: Reg, imm: u32) {
+        self.bytes(&[0x81, 0xF8 | r as u8]);
+        self.bytes(&imm.to_le_bytes());
     }
 
     /// A NUL-terminated string at a label.

@@ -17,7 +17,8 @@
 //! 2. loops forever: increments a u64 counter (at `COUNTER_OFFSET` from the
 //!    kernel's load address), polls COM1's LSR, and for each received byte:
 //!    `R` writes 0xFE to the i8042 command port (reset), `P` writes SLP_EN to
-//!    the PM1a control port 0x604 (power off), anything else is echoed.
+//!    the PM1a control port 0x604 (power off), `N`/`M`/`L` drive the
+//!    virtio-net device (`tiny_net.rs`), anything else is echoed.
 //!
 //! It stays tiny because its CPL0 code is emulated (~2-3 M instructions/s) on
 //! kvm_pvm, and uses no instruction that emulator lacks.
@@ -112,6 +113,13 @@ fn program() -> (Vec<u8>, usize) {
     a.jcc(Cond::Z, "do_reset");
     a.cmp_al(b'P');
     a.jcc(Cond::Z, "do_poweroff");
+    // virtio-net checks (tiny_net.rs).
+    a.cmp_al(crate::tiny_net::CMD_NET_UP);
+    a.jcc(Cond::Z, "net_up");
+    a.cmp_al(crate::tiny_net::CMD_NET_RX);
+    a.jcc(Cond::Z, "net_rx");
+    a.cmp_al(crate::tiny_net::CMD_NET_LINK);
+    a.jcc(Cond::Z, "net_link");
     a.out_dx_al(); // echo
     a.jmp("main_loop");
 
@@ -166,6 +174,8 @@ fn program() -> (Vec<u8>, usize) {
     a.dec_ecx();
     a.jcc(Cond::Nz, "hex_loop");
     a.ret();
+
+    crate::tiny_net::emit(&mut a);
 
     a.cstr("s_banner", "PROVIUM-TINY-GUEST v1\n");
     a.cstr("s_cmdline", "cmdline=");

@@ -27,6 +27,7 @@ use crate::device_manager::mmio::{attach_virtio_device, MmioDevicesError, MmioSl
 use crate::devices::bus::Bus;
 use crate::devices::virtio::block::{Block, BlockConfig, DiskImage};
 use crate::devices::virtio::mmio::MmioTransport;
+use crate::devices::virtio::net::Net;
 use crate::devices::virtio::rng::Rng;
 use crate::devices::virtio::vsock::Vsock;
 use crate::devices::virtio::VirtioDevice;
@@ -331,6 +332,9 @@ pub(crate) fn virtio_devices(cfg: &VmConfig) -> Result<Vec<Box<dyn VirtioDevice>
     }
     if let Some(host) = &cfg.vsock {
         devs.push(Box::new(Vsock::new(host.clone())));
+    }
+    for nic in &cfg.nets {
+        devs.push(Box::new(Net::new(nic.mac, nic.port.clone())));
     }
     Ok(devs)
 }

@@ -16,6 +16,19 @@ pub const COUNTER_GPA: u64 = LOAD_ADDR + COUNTER_OFFSET;
 pub const CMD_RESET: u8 = b'R';
 /// Console input byte: power off through PM1a_CNT.
 pub const CMD_POWER_OFF: u8 = b'P';
+/// Console input byte: bring the first virtio-net device up, send one
+/// broadcast frame (source: the MAC in config space, ethertype 0x88b5,
+/// payload [`NET_TX_PAYLOAD`]), post one RX buffer; prints
+/// `NET-UP status=<link status, 2 hex digits>` (`vmm/guest/tiny_net.rs`).
+pub const CMD_NET_UP: u8 = b'N';
+/// Console input byte: wait for a received frame, print `NET-RX <its bytes
+/// after the Ethernet header, up to the first NUL>`.
+pub const CMD_NET_RX: u8 = b'M';
+/// Console input byte: print `NET-LINK cfg-irq=<02 if the config changed
+/// since the last one, else 00> status=<link status>`.
+pub const CMD_NET_LINK: u8 = b'L';
+/// The payload of the frame `CMD_NET_UP` sends.
+pub const NET_TX_PAYLOAD: &str = "PROVIUM-TINY-NET-TX";
 
 #[cfg(test)]
 mod tests {
@@ -66,5 +79,6 @@ mod tests {
         let hay = String::from_utf8_lossy(BZIMAGE);
         assert!(hay.contains(BANNER));
         assert!(hay.contains(READY));
+        assert!(hay.contains(NET_TX_PAYLOAD), "the net check's frame");
     }
 }

@@ -775,4 +775,102 @@ mod snapshots {
             "nobody answers: times out"
         );
     }
+
+/// Sends one console command byte and waits for the guest's answer line.
+fn net_command(vm: &Vm, cmd: u8, answer: &str, count: usize) {
+    vm.console().write_input(&[cmd]).expect("queued");
+    wait_console(vm, answer, count);
+}
+
+#[test]
+fn virtio_net_frames_both_ways_and_link_status() {
+    use provium_vmm::netsetup::{MacAddr, Switch, SwitchConfig};
+    use provium_vmm::vmm_config::NetConfig;
+    use std::sync::Arc;
+    use tiny_guest::{CMD_NET_LINK, CMD_NET_RX, CMD_NET_UP, NET_TX_PAYLOAD};
+
+    let guest_mac: MacAddr = "02:aa:bb:cc:dd:01".parse().expect("mac");
+    let peer_mac: MacAddr = "02:aa:bb:cc:dd:02".parse().expect("mac");
+    let lan = Switch::new("lan", SwitchConfig::default());
+    let capture = lan.capture("tiny-guest");
+    let port = Arc::new(lan.attach("tiny", guest_mac).expect("attach guest"));
+    let peer = lan.attach("peer", peer_mac).expect("attach peer");
+    let mut cfg = VmConfig::new(BootSource {
+        kernel: KernelImage::Bytes(tiny_guest::BZIMAGE.into()),
+        initrd: None,
+        cmdline: CMDLINE.to_string(),
+    });
+    cfg.machine.mem_size_mib = 32;
+    cfg.nets = vec![NetConfig::on_port(port)];
+    let Some(vm) = vm_from("virtio_net_frames_both_ways_and_link_status", cfg) else {
+        return;
+    };
+    boot_ready(&vm);
+    let log = vm.console().log_string();
+    assert!(
+        log.contains(&format!(
+            "cmdline={CMDLINE} virtio_mmio.device=4K@0xd0000000:5\n"
+        )),
+        "the net device is announced: {log}"
+    );
+    assert!(
+        log.contains("mmio0=74726976/00000001"),
+        "device id 1 (net): {log}"
+    );
+
+    // Guest -> switch: the guest's broadcast frame reaches the other port,
+    // with the MAC from config space as its source.
+    net_command(&vm, CMD_NET_UP, "NET-UP status=01\n", 1);
+    assert_eq!(
+        vm.virtio_status(0),
+        Some(0xF),
+        "ACK|DRIVER|FEATURES_OK|DRIVER_OK"
+    );
+    let f = peer
+        .recv_timeout(WAIT)
+        .expect("the guest's frame reached the peer port");
+    assert_eq!(&f[..6], &[0xff; 6], "broadcast");
+    assert_eq!(
+        &f[6..12],
+        &guest_mac.0,
+        "source is the MAC from config space"
+    );
+    assert_eq!(&f[12..14], &[0x88, 0xb5]);
+    assert_eq!(f.len(), 60);
+    assert!(f[14..].starts_with(NET_TX_PAYLOAD.as_bytes()));
+    // The switch's capture saw it too (a pcap record of those bytes).
+    let pcap = capture.read_available();
+    assert!(
+        pcap.windows(f.len()).any(|w| w == &f[..]),
+        "the capture holds the frame ({} pcap bytes)",
+        pcap.len()
+    );
+    assert_eq!(lan.counters("tiny").expect("port").tx_packets, 1);
+
+    // Switch -> guest: a unicast frame to the guest's MAC is printed by it.
+    let mut to_guest = guest_mac.0.to_vec();
+    to_guest.extend_from_slice(&peer_mac.0);
+    to_guest.extend_from_slice(&[0x88, 0xb5]);
+    to_guest.extend_from_slice(b"HELLO-FROM-THE-SWITCH");
+    to_guest.resize(64, 0);
+    peer.send(&to_guest).expect("peer sends");
+    net_command(&vm, CMD_NET_RX, "NET-RX HELLO-FROM-THE-SWITCH\n", 1);
+
+    // Link status: no change yet, then down (config interrupt), then up.
+    net_command(&vm, CMD_NET_LINK, "NET-LINK cfg-irq=00 status=01\n", 1);
+    lan.disconnect("tiny").expect("disconnect");
+    net_command(&vm, CMD_NET_LINK, "NET-LINK cfg-irq=02 status=00\n", 1);
+    lan.reconnect("tiny").expect("reconnect");
+    net_command(&vm, CMD_NET_LINK, "NET-LINK cfg-irq=02 status=01\n", 1);
+
+    // A warm reset builds a new device on the same port: it works again,
+    // and it (not the old one) now reports the port's link.
+    vm.reset().expect("reset");
+    wait_console(&vm, READY, 2);
+    lan.disconnect("tiny").expect("disconnect");
+    net_command(&vm, CMD_NET_UP, "NET-UP status=00\n", 1);
+    assert_eq!(peer.try_recv(), None, "link down: the frame is dropped");
+    lan.reconnect("tiny").expect("reconnect");
+    net_command(&vm, CMD_NET_LINK, "NET-LINK cfg-irq=02 status=01\n", 2);
+    vm.shutdown().expect("shutdown");
 }

@@ -3,10 +3,12 @@
 pub mod boot_source;
 pub mod drive;
 pub mod machine_config;
+pub mod net;
 
 pub use boot_source::{BootSource, KernelImage};
 pub use drive::DriveConfig;
 pub use machine_config::MachineConfig;
+pub use net::NetConfig;
 
 pub use crate::devices::virtio::rng::RngConfig;
 pub use crate::devices::virtio::vsock::VsockHost;
@@ -27,6 +29,9 @@ pub struct VmConfig {
     /// A virtio-vsock device (after the rng). The handle carries the guest
     /// CID; keep a clone to connect and listen, across resets too.
     pub vsock: Option<VsockHost>,
+    /// virtio-net devices (after the vsock), one per switch port, announced
+    /// in this order (the guest's eth0, eth1, ...).
+    pub nets: Vec<NetConfig>,
     /// Boot timing (`boot_timer.rs`): the VMM stamps its marks into this
     /// handle and puts its port on the PIO bus. Keep a clone to read them.
     pub boot_timer: Option<crate::boot_timer::BootTimer>,
@@ -46,6 +51,7 @@ impl VmConfig {
             drives: Vec::new(),
             rng: None,
             vsock: None,
+            nets: Vec::new(),
             boot_timer: None,
             protocol_version: 0,
         }
