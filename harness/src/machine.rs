@@ -40,6 +40,23 @@ impl Machine {
         spec: &BootSpec,
         files: &[(String, Vec<u8>)],
     ) -> Result<Machine, String> {
+        Machine::boot_with_nics(backend, spec, files, Vec::new())
+    }
+
+    /// [`Machine::boot_with_files`] with the kvm backend's virtio-net devices
+    /// (`nic::vmm_ports`: one per bridge, in bridge-name order). The local
+    /// backend creates its NICs after boot (`open_nic`) and takes none here.
+    pub fn boot_with_nics(
+        backend: BackendKind,
+        spec: &BootSpec,
+        files: &[(String, Vec<u8>)],
+        nics: Vec<provium_vmm::vmm_config::NetConfig>,
+    ) -> Result<Machine, String> {
+        if backend == BackendKind::Local && !nics.is_empty() {
+            return Err(
+                "virtio-net devices need the kvm backend (the local sandbox uses TAPs)".into(),
+            );
+        }
         match backend {
             BackendKind::Local => {
                 // The sandbox has no kernel of its own: refuse what only a
@@ -75,6 +92,7 @@ impl Machine {
                     rng_seed: spec.rng_seed,
                     files: files.to_vec(),
                     inject_agent: profile.inject_agent,
+                    nics,
                 };
                 KvmMachine::boot(&spec.vm_name, profile, &opts, spec.initial_time).map(Machine::Kvm)
             }
@@ -167,9 +185,17 @@ impl Machine {
                     .map_err(|e| error_chain(&e))
             }
             Machine::Kvm(_) => Err(format!(
-                "NIC {ifname}: the kvm backend has no virtio-net yet, so a VM cannot join a bridge"
+                "NIC {ifname}: a booted kvm VM cannot get a new NIC: its virtio-net devices are \
+                 virtio-mmio, which a guest without ACPI finds only on its kernel command line at \
+                 boot (no hotplug); attach the bridge before vm:boot()"
             )),
         }
+    }
+
+    /// Whether this machine's NICs are VMM devices made before boot (kvm)
+    /// rather than created after boot by `open_nic` (local TAPs).
+    pub fn has_vmm_nics(&self) -> bool {
+        matches!(self, Machine::Kvm(_))
     }
 
     /// The shape a snapshot of a machine booted from `spec` records.

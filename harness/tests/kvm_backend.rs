@@ -295,3 +295,125 @@ fn a_test_scoped_vm_is_in_the_console_excerpt() {
         "excerpt:\n{excerpt}"
     );
 }
+
+/// The kvm backend's NIC path below Lua: `KvmBootOpts::nics` become
+/// virtio-net devices of the booted VM. The tiny guest (no agent) drives its
+/// device from console commands: its frame reaches the switch with the MAC
+/// the harness chose, and a switch-side disconnect is the guest's link down.
+/// A booted kvm machine refuses a new NIC, naming the fix.
+#[test]
+fn kvm_machine_nic_sends_to_the_switch_and_follows_the_link() {
+    use provium::backend::kvm::{KvmBootOpts, KvmMachine};
+    use provium::config::Profile;
+    use provium::lua::bridge::nic_mac;
+    use provium::machine::Machine;
+    use provium_netsetup::{Switch, SwitchConfig};
+    use provium_vmm::vmm_config::NetConfig;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    let test = "kvm_machine_nic_sends_to_the_switch_and_follows_the_link";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let kernel = d.path().join("tiny.bzImage");
+    std::fs::write(&kernel, tiny_guest::BZIMAGE).unwrap();
+    let profile = Profile {
+        name: "tiny".into(),
+        kernel: Some(kernel),
+        initrd: None,
+        cmdline: "tiny".into(),
+        cmdline_file: None,
+        guest_os: "linux".into(),
+        inject_agent: false,
+        agent_overlay_path: None,
+        build: None,
+        build_out: d.path().into(),
+    };
+    let lan = Switch::new("lan", SwitchConfig::default());
+    let mac = nic_mac("v", "lan", &[]);
+    let port = Arc::new(lan.attach("v", mac).unwrap());
+    let peer = lan
+        .attach("peer", "02:00:00:00:00:99".parse().unwrap())
+        .unwrap();
+    let opts = KvmBootOpts {
+        memory_bytes: 64 << 20,
+        cpus: 1,
+        nics: vec![NetConfig::on_port(port)],
+        ..KvmBootOpts::default()
+    };
+    let m = KvmMachine::boot("v", &profile, &opts, None).unwrap();
+    let c = m.console();
+    let wait = |s: &str, n: usize| {
+        assert!(
+            c.wait_for(s.as_bytes(), n, Duration::from_secs(60)),
+            "{s:?} x{n}; console:\n{}",
+            c.log_string()
+        )
+    };
+    wait(tiny_guest::READY, 1);
+    // rng (0), vsock (1), then the NIC (2): announced after the backend's
+    // own devices.
+    assert!(
+        c.log_string()
+            .contains("virtio_mmio.device=4K@0xd0002000:7\n"),
+        "{}",
+        c.log_string()
+    );
+    c.write_input(&[tiny_guest::CMD_NET_UP]).unwrap();
+    wait("NET-UP status=01\n", 1);
+    let f = peer.recv_timeout(Duration::from_secs(60)).expect("a frame");
+    assert_eq!(
+        &f[6..12],
+        &mac.0,
+        "the harness's MAC, read from config space"
+    );
+    lan.disconnect("v").unwrap();
+    c.write_input(&[tiny_guest::CMD_NET_LINK]).unwrap();
+    wait("NET-LINK cfg-irq=02 status=00\n", 1);
+
+    let machine = Machine::Kvm(m);
+    assert!(machine.has_vmm_nics());
+    let e = machine.open_nic("eth1", mac).unwrap_err();
+    assert!(
+        e.contains("no hotplug") && e.contains("attach the bridge before vm:boot()"),
+        "{e}"
+    );
+    machine.kill();
+}
+
+/// Through Lua: a bridge attached before `vm:boot()` is a virtio-net device
+/// on the kvm backend (its `virtio_mmio.device=` entry is on the guest's
+/// command line, after rng and vsock), even though the boot itself then fails
+/// here for lack of an agent.
+#[test]
+fn a_bridge_attached_before_boot_is_a_virtio_net_device() {
+    let test = "a_bridge_attached_before_boot_is_a_virtio_net_device";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let p = project(
+        "[profiles.tiny]\nkernel = \"tiny.bzImage\"\ncmdline = \"tiny\"\nguest_os = \"linux\"\ninject_agent = false\n",
+        r#"
+local lan = provium:bridge("lan")
+local wan = provium:bridge("wan")
+local vm = provium:vm("v", "tiny", {memory = "64M"})
+wan:attach(vm)
+lan:attach(vm)
+test("boot", function(t)
+    local ok, e = pcall(function() vm:boot() end)
+    t:assert(not ok, "no agent: the boot must fail")
+    local log = vm:console():read_log()
+    -- rng, vsock, then one NIC per bridge: lan (eth0), wan (eth1).
+    t:assert(log:find("virtio_mmio.device=4K@0xd0002000:7 virtio_mmio.device=4K@0xd0003000:8\n", 1, true), log)
+    error(e)
+end)
+"#,
+    );
+    std::fs::write(p.path().join("tiny.bzImage"), tiny_guest::BZIMAGE).unwrap();
+    let o = run(p.path(), "kvm", &[("PROVIUM_KVM_AGENT_TIMEOUT", "2")]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let (reason, _) = failure(p.path(), &o);
+    assert!(reason.contains("no Hello from the agent"), "{reason}");
+}

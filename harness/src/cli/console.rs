@@ -140,6 +140,7 @@ pub fn run(args: &RunArgs, profile_name: &str, opts: &ConsoleOpts) -> Result<i32
         rng_seed: None,
         files: Vec::new(),
         inject_agent: opts.agent,
+        nics: Vec::new(),
     };
     let machine = KvmMachine::create("console", profile, &boot, None)
         .map_err(|e| format!("console: profile `{profile_name}`: {e}"))?;

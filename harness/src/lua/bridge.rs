@@ -37,6 +37,7 @@ use super::vm::{Phase, Vm};
 use super::{err, nic};
 use crate::machine::{error_chain, Machine};
 use crate::runner::{CloseKind, Closeable, FileEnv};
+use provium_vmm::vmm_config::NetConfig;
 
 /// The switch port name of a bridge's uplink (not a valid VM name on any
 /// backend, so it never collides with a member).
@@ -71,11 +72,20 @@ struct Member {
     /// None for a bare-string attachment (graph-state only).
     vm: Option<Vm>,
     mac: MacAddr,
-    /// The realised NIC: the guest-side interface name and the switch port
-    /// holding the TAP.
-    nic: Option<(String, TapPort)>,
+    /// The realised NIC: the guest-side interface name and the host end.
+    nic: Option<(String, NicEnd)>,
     /// `nic:disconnect()` before the NIC was realised: realise it link-down.
     link_down: bool,
+}
+
+/// The host end of a realised NIC.
+enum NicEnd {
+    /// Local sandbox: the switch port holding the TAP (dropping it detaches
+    /// the port and removes the interface from the guest).
+    Tap(#[allow(dead_code)] TapPort),
+    /// kvm: the port is held by the VM's virtio-net device (attached before
+    /// boot by [`Bridge::vmm_port`]); the switch detaches it by name.
+    Vmm,
 }
 
 struct UplinkLink {
@@ -368,7 +378,11 @@ impl Bridge {
         let removed = self.lock().members.remove(name);
         let Some(m) = removed else { return false };
         // Dropping the TAP port detaches it and closes the fd, which removes
-        // the interface from the guest.
+        // the interface from the guest. A kvm guest keeps its virtio-net
+        // device (no hot-unplug), so it is told link down first.
+        if matches!(m.nic, Some((_, NicEnd::Vmm))) {
+            let _ = self.0.switch.disconnect(name);
+        }
         drop(m.nic);
         let _ = self.0.switch.detach(name);
         if let Some(vm) = m.vm {
@@ -430,13 +444,45 @@ impl Bridge {
         if m.nic.is_some() {
             return Ok(());
         }
-        let fd = machine.open_nic(ifname, m.mac)?;
-        let port = TapPort::attach(&self.0.switch, name, m.mac, fd).map_err(|e| error_chain(&e))?;
+        let end = if machine.has_vmm_nics() && self.0.switch.port_mac(name).is_ok() {
+            // The virtio-net device got its port before boot (`vmm_port`).
+            NicEnd::Vmm
+        } else {
+            let fd = machine.open_nic(ifname, m.mac)?;
+            NicEnd::Tap(
+                TapPort::attach(&self.0.switch, name, m.mac, fd).map_err(|e| error_chain(&e))?,
+            )
+        };
         if m.link_down {
             let _ = self.0.switch.disconnect(name);
         }
-        m.nic = Some((ifname.to_owned(), port));
+        m.nic = Some((ifname.to_owned(), end));
         Ok(())
+    }
+
+    /// For a kvm VM about to boot: attaches the switch port its virtio-net
+    /// device will hold (named after the VM, with the member's MAC) and
+    /// returns the device's config. A NIC disconnected before boot starts
+    /// with its link down. `vm:boot()` realises the member afterwards.
+    pub fn vmm_port(&self, vm: &Vm) -> Result<NetConfig, String> {
+        let st = self.lock();
+        if st.closed {
+            return Err(format!("bridge `{}` is closed", self.0.name));
+        }
+        let name = vm.name();
+        let m = st
+            .members
+            .get(name)
+            .ok_or_else(|| format!("vm `{name}` is not attached to bridge `{}`", self.0.name))?;
+        let port = self
+            .0
+            .switch
+            .attach(name, m.mac)
+            .map_err(|e| error_chain(&e))?;
+        if m.link_down {
+            let _ = self.0.switch.disconnect(name);
+        }
+        Ok(NetConfig::on_port(Arc::new(port)))
     }
 
     /// Both ends attached and realised (the directional forms' rule).

@@ -157,6 +157,26 @@ pub fn realise_all(vm: &Vm) -> mlua::Result<()> {
     Ok(())
 }
 
+/// For a kvm boot: one virtio-net device per attached bridge, in bridge-name
+/// order, so the guest kernel (which numbers NICs in probe order, i.e. the
+/// order of `virtio_mmio.device=` entries) names them eth0, eth1, … exactly
+/// like the local backend's TAPs. Each port is attached to its bridge's
+/// switch now; dropping the list (a failed boot) detaches them again.
+pub fn vmm_ports(vm: &Vm) -> mlua::Result<Vec<provium_vmm::vmm_config::NetConfig>> {
+    sorted_bridges(vm)
+        .iter()
+        .map(|b| {
+            b.vmm_port(vm).map_err(|e| {
+                err(format!(
+                    "vm:boot: vm `{}`: cannot create its NIC on bridge `{}`: {e}",
+                    vm.name(),
+                    b.name()
+                ))
+            })
+        })
+        .collect()
+}
+
 /// Called by `vm:shutdown()`: the VM leaves every bridge.
 pub fn vm_gone(vm: &Vm) {
     for b in vm.bridges() {

@@ -506,6 +506,15 @@ impl Vm {
     }
 
     pub fn boot(&self, opts: Option<Table>) -> mlua::Result<Vm> {
+        // kvm: the NICs of bridges attached before boot are virtio-net
+        // devices, so they must exist before the VM is built. Made before
+        // taking the state lock (bridges may read this VM's phase); if the
+        // boot is refused below, dropping them detaches the ports.
+        let nics = if self.0.env.backend == crate::runner::BackendKind::Kvm {
+            super::nic::vmm_ports(self)?
+        } else {
+            Vec::new()
+        };
         let mut st = self.0.state.lock().unwrap();
         if st.phase != Phase::Created {
             return Err(self.wrong_state(
@@ -529,7 +538,7 @@ impl Vm {
             initial_time: st.pending.initial_time,
         };
         let machine = Arc::new(
-            Machine::boot_with_files(env.backend, &spec, &st.pending.files)
+            Machine::boot_with_nics(env.backend, &spec, &st.pending.files, nics)
                 .map_err(|e| err(format!("vm:boot: vm `{}`: {e}", self.0.name)))?,
         );
         *self.0.machine.lock().unwrap() = Some(machine.clone());

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use provium_vmm::initrd::inject::{merged_initrd, InjectError};
 use provium_vmm::initrd::{inject_agent, AgentInjection, BootFile, CpioWriter};
-use provium_vmm::vmm_config::{RngConfig, VsockHost};
+use provium_vmm::vmm_config::{NetConfig, RngConfig, VsockHost};
 use provium_vmm::{BootSource, KernelImage, MachineConfig, VmConfig};
 
 use crate::backend::local::locate_agent;
@@ -25,6 +25,9 @@ pub struct KvmBootOpts {
     /// Inject the agent (the profile's `inject_agent`; `provium console`
     /// only with `--agent`).
     pub inject_agent: bool,
+    /// virtio-net devices, one per attached bridge in bridge-name order
+    /// (the guest's eth0, eth1, …); their ports are already on the switches.
+    pub nics: Vec<NetConfig>,
 }
 
 /// Where merged initrds are cached (content-addressed, so sharing is safe).
@@ -133,6 +136,7 @@ pub fn vm_config_with(
     // Snapshots record (and restores require) the agent protocol this
     // harness speaks.
     cfg.protocol_version = provium_protocol::PROTOCOL_VERSION;
+    cfg.nets = opts.nics.clone();
     Ok((cfg, vsock))
 }
 

@@ -265,10 +265,7 @@ impl NetQueues {
     pub fn process_rx(&mut self) -> bool {
         let mut used = false;
         let hdr = rx_header(self.hdr_bytes);
-        loop {
-            let Some(frame) = self.pending_rx.take().or_else(|| self.port.try_recv()) else {
-                break;
-            };
+        while let Some(frame) = self.pending_rx.take().or_else(|| self.port.try_recv()) {
             let Some(chain) = self.rxq.pop_descriptor_chain(&self.mem) else {
                 self.pending_rx = Some(frame);
                 break;
