@@ -82,7 +82,10 @@ struct Member {
 enum NicEnd {
     /// Local sandbox: the switch port holding the TAP (dropping it detaches
     /// the port and removes the interface from the guest).
-    Tap(#[allow(dead_code)] TapPort),
+    Tap {
+        /// Held for its drop.
+        _port: TapPort,
+    },
     /// kvm: the port is held by the VM's virtio-net device (attached before
     /// boot by [`Bridge::vmm_port`]); the switch detaches it by name.
     Vmm,
@@ -449,9 +452,10 @@ impl Bridge {
             NicEnd::Vmm
         } else {
             let fd = machine.open_nic(ifname, m.mac)?;
-            NicEnd::Tap(
-                TapPort::attach(&self.0.switch, name, m.mac, fd).map_err(|e| error_chain(&e))?,
-            )
+            NicEnd::Tap {
+                _port: TapPort::attach(&self.0.switch, name, m.mac, fd)
+                    .map_err(|e| error_chain(&e))?,
+            }
         };
         if m.link_down {
             let _ = self.0.switch.disconnect(name);

@@ -510,7 +510,11 @@ impl Vm {
         // devices, so they must exist before the VM is built. Made before
         // taking the state lock (bridges may read this VM's phase); if the
         // boot is refused below, dropping them detaches the ports.
-        let nics = if self.0.env.backend == crate::runner::BackendKind::Kvm {
+        // (A VM past Created gets the wrong-state error below, with no port
+        // attached.)
+        let nics = if self.0.env.backend == crate::runner::BackendKind::Kvm
+            && self.phase() == Phase::Created
+        {
             super::nic::vmm_ports(self)?
         } else {
             Vec::new()

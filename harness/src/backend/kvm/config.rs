@@ -281,6 +281,34 @@ mod tests {
     }
 
     #[test]
+    fn nics_become_net_devices_in_order() {
+        use provium_netsetup::{MacAddr, Switch, SwitchConfig};
+        let d = tempfile::tempdir().unwrap();
+        let p = profile(d.path());
+        let (a, b) = (
+            Switch::new("a", SwitchConfig::default()),
+            Switch::new("b", SwitchConfig::default()),
+        );
+        let nics = vec![
+            NetConfig::on_port(std::sync::Arc::new(
+                a.attach("v", MacAddr::local(1)).unwrap(),
+            )),
+            NetConfig::on_port(std::sync::Arc::new(
+                b.attach("v", MacAddr::local(2)).unwrap(),
+            )),
+        ];
+        let opts = KvmBootOpts {
+            memory_bytes: 64 << 20,
+            cpus: 1,
+            nics,
+            ..KvmBootOpts::default()
+        };
+        let (c, _) = cfg(&p, &opts, 3, d.path()).unwrap();
+        let got: Vec<(MacAddr, &str)> = c.nets.iter().map(|n| (n.mac, n.port.bridge())).collect();
+        assert_eq!(got, [(MacAddr::local(1), "a"), (MacAddr::local(2), "b")]);
+    }
+
+    #[test]
     fn files_without_agent_still_reach_the_initrd() {
         let d = tempfile::tempdir().unwrap();
         let p = profile(d.path());
