@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use provium_vmm::devices::virtio::vsock::{VsockConnectError, VsockHost};
 use provium_vmm::initrd::CpioWriter;
-use provium_vmm::vmm_config::{DriveConfig, RngConfig};
+use provium_vmm::netsetup::{MacAddr, Switch, SwitchConfig};
+use provium_vmm::vmm_config::{DriveConfig, NetConfig, RngConfig};
 use provium_vmm::{BootSource, KernelImage, Vm, VmConfig, VmError};
 
 /// The command line DESIGN.md gives for Linux guests on kvm_pvm (the CPU
@@ -114,6 +115,7 @@ fn wait_line(vm: &Vm, needle: &str, t0: Instant) -> Duration {
 
 const DISK_SECTORS: u64 = 16384; // 8 MiB
 const GUEST_CID: u64 = 42;
+const GUEST_MAC: &str = "02:50:52:4f:42:45";
 /// virtio status bits (virtio 1.2, 2.1).
 const DRIVER_OK: u32 = 4;
 const NEEDS_RESET: u32 = 0x40;
@@ -171,6 +173,16 @@ fn probe_kernel_boots_to_init_and_probes_devices() {
     cfg.rng = Some(RngConfig { seed: Some(7) });
     let vsock = VsockHost::new(GUEST_CID).expect("vsock host");
     cfg.vsock = Some(vsock.clone());
+    // virtio-net (3) on a switch with a capture and a DHCP server port; the
+    // kernel configures eth0 by DHCP before it runs /init.
+    let lan = Switch::new("lan", SwitchConfig::default());
+    let capture = lan.capture(test);
+    let guest_mac: MacAddr = GUEST_MAC.parse().expect("mac");
+    cfg.nets = vec![NetConfig::on_port(std::sync::Arc::new(
+        lan.attach("probe", guest_mac).expect("attach guest"),
+    ))];
+    cfg.boot.cmdline.push_str(" ip=dhcp");
+    let dhcp = dhcp::Server::start(lan.attach("dhcp", dhcp::SERVER_MAC).expect("attach dhcp"));
     let Some(vm) = new_vm(test, cfg) else {
         return;
     };
@@ -184,10 +196,44 @@ fn probe_kernel_boots_to_init_and_probes_devices() {
     );
     let init = wait_line(&vm, RUN_INIT, t0);
     // Each driver probed its device and started it (DRIVER_OK): virtio-blk
-    // (0), virtio-rng (1; hw_random reads it at registration), vsock (2).
+    // (0), virtio-rng (1; hw_random reads it at registration), vsock (2),
+    // virtio-net (3).
     let blk_ok = wait_driver_ok(&vm, 0, "virtio-blk", t0);
     let rng_ok = wait_driver_ok(&vm, 1, "virtio-rng", t0);
     let vsock_ok = wait_driver_ok(&vm, 2, "virtio-vsock", t0);
+    let net_ok = wait_driver_ok(&vm, 3, "virtio-net", t0);
+    // DHCP through our virtio-net and switch: the kernel got its lease
+    // before /init ("IP-Config: Complete" precedes "Run /init").
+    let dhcp_done = wait_line(&vm, "IP-Config: Complete", t0);
+    let log = vm.console().log_string();
+    assert!(
+        log.contains(&format!("hwaddr={GUEST_MAC}"))
+            && log.contains(&format!("ipaddr={}", dhcp::CLIENT_IP_TEXT)),
+        "eth0 has our MAC and the leased address: {log}"
+    );
+    let seen = dhcp.stop();
+    assert_eq!(
+        (seen.discovers >= 1, seen.requests >= 1),
+        (true, true),
+        "the server saw DHCPDISCOVER and DHCPREQUEST: {seen:?}"
+    );
+    // The switch's capture holds the guest's DHCP frames: from our MAC, UDP
+    // 68 -> 67, BOOTP requests whose client hardware address is our MAC.
+    let frames = pcap_frames(&capture.read_available());
+    let from_guest: Vec<&Vec<u8>> = frames
+        .iter()
+        .filter(|f| f.get(6..12) == Some(&guest_mac.0[..]))
+        .collect();
+    let bootp_requests = from_guest
+        .iter()
+        .filter(|f| dhcp::bootp_request(f).is_some_and(|b| b.chaddr == guest_mac.0))
+        .count();
+    assert!(
+        bootp_requests >= 2,
+        "DHCP requests from {GUEST_MAC} in the capture: {bootp_requests} of {} frames ({} from the guest)",
+        frames.len(),
+        from_guest.len()
+    );
     // The guest kernel's vsock transport answers: nothing listens on the
     // port (no user space here), so it refuses with RST.
     let refused = vsock.connect(1024, Duration::from_secs(60));
@@ -203,20 +249,24 @@ fn probe_kernel_boots_to_init_and_probes_devices() {
     let log = vm.console().log_string();
     eprintln!(
         "probe kernel {}: banner {:.1} s, virtio_blk capacity {:.1} s, \"{RUN_INIT}\" {:.1} s \
-         after boot(); DRIVER_OK seen by {:.1} s (blk), {:.1} s (rng), {:.1} s (vsock)",
+         after boot(); DRIVER_OK seen by {:.1} s (blk), {:.1} s (rng), {:.1} s (vsock), \
+         {:.1} s (net); DHCP complete {:.1} s",
         kernel.display(),
         banner.as_secs_f64(),
         blk.as_secs_f64(),
         init.as_secs_f64(),
         blk_ok.as_secs_f64(),
         rng_ok.as_secs_f64(),
-        vsock_ok.as_secs_f64()
+        vsock_ok.as_secs_f64(),
+        net_ok.as_secs_f64(),
+        dhcp_done.as_secs_f64()
     );
     let cmdline = vm.boot_info().expect("booted").cmdline;
     for entry in [
         "virtio_mmio.device=4K@0xd0000000:5",
         "virtio_mmio.device=4K@0xd0001000:6",
         "virtio_mmio.device=4K@0xd0002000:7",
+        "virtio_mmio.device=4K@0xd0003000:8",
     ] {
         assert!(cmdline.contains(entry), "{entry} in {cmdline}");
     }
@@ -231,4 +281,201 @@ fn probe_kernel_boots_to_init_and_probes_devices() {
         "initramfs unpacked: {log}"
     );
     vm.shutdown().expect("shutdown");
+}
+
+/// The frames of a pcap stream (`provium_netsetup::pcap`'s format: native
+/// little-endian, 24-byte global header, 16-byte record headers).
+fn pcap_frames(pcap: &[u8]) -> Vec<Vec<u8>> {
+    assert_eq!(
+        pcap.get(..4),
+        Some(&0xa1b2_c3d4u32.to_le_bytes()[..]),
+        "pcap magic"
+    );
+    let mut out = Vec::new();
+    let mut at = 24;
+    while let Some(h) = pcap.get(at..at + 16) {
+        let incl = u32::from_le_bytes([h[8], h[9], h[10], h[11]]) as usize;
+        let frame = pcap.get(at + 16..at + 16 + incl).expect("a whole record");
+        out.push(frame.to_vec());
+        at += 16 + incl;
+    }
+    out
+}
+
+/// A DHCP server just big enough for Linux's `ip=dhcp` (net/ipv4/ipconfig.c):
+/// it answers DISCOVER with OFFER and REQUEST with ACK for one fixed lease.
+/// The kernel checks the IPv4 header checksum, UDP ports 67 -> 68, the xid and
+/// the client hardware address; the UDP checksum may be 0.
+mod dhcp {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::thread::JoinHandle;
+    use std::time::Duration;
+
+    use provium_vmm::netsetup::{MacAddr, Port};
+
+    pub const SERVER_MAC: MacAddr = MacAddr([0x02, 0x44, 0x48, 0x43, 0x50, 0x01]);
+    const SERVER_IP: [u8; 4] = [10, 0, 2, 2];
+    const CLIENT_IP: [u8; 4] = [10, 0, 2, 15];
+    pub const CLIENT_IP_TEXT: &str = "10.0.2.15";
+    const ETH: usize = 14;
+    const IP: usize = 20;
+    const UDP: usize = 8;
+    /// op .. file: the fixed BOOTP part before the magic cookie.
+    const BOOTP_FIXED: usize = 236;
+    const COOKIE: [u8; 4] = [99, 130, 83, 99];
+
+    /// What a BOOTP request carried.
+    pub struct Bootp {
+        pub xid: [u8; 4],
+        pub chaddr: [u8; 6],
+        /// DHCP message type (option 53), 0 when absent.
+        pub msg_type: u8,
+    }
+
+    /// `f` parsed as an Ethernet/IPv4/UDP 68->67 BOOTP request (op 1).
+    pub fn bootp_request(f: &[u8]) -> Option<Bootp> {
+        if f.get(12..14)? != [0x08, 0x00] || f.get(ETH)? & 0xf0 != 0x40 {
+            return None;
+        }
+        let ihl = usize::from(f[ETH] & 0x0f) * 4;
+        if *f.get(ETH + 9)? != 17 {
+            return None;
+        }
+        let udp = ETH + ihl;
+        if f.get(udp..udp + 4)? != [0, 68, 0, 67] {
+            return None;
+        }
+        let b = f.get(udp + UDP..)?;
+        if *b.first()? != 1 {
+            return None;
+        }
+        let mut msg_type = 0;
+        if b.get(BOOTP_FIXED..BOOTP_FIXED + 4)? == COOKIE {
+            let mut o = BOOTP_FIXED + 4;
+            while let Some(&code) = b.get(o) {
+                match code {
+                    0 => o += 1,
+                    255 => break,
+                    _ => {
+                        let len = usize::from(*b.get(o + 1)?);
+                        if code == 53 {
+                            msg_type = *b.get(o + 2)?;
+                        }
+                        o += 2 + len;
+                    }
+                }
+            }
+        }
+        Some(Bootp {
+            xid: b.get(4..8)?.try_into().ok()?,
+            chaddr: b.get(28..34)?.try_into().ok()?,
+            msg_type,
+        })
+    }
+
+    fn checksum(bytes: &[u8]) -> u16 {
+        let mut sum: u32 = 0;
+        for c in bytes.chunks(2) {
+            sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+        }
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        !(sum as u16)
+    }
+
+    /// The OFFER (2) or ACK (5) for `req`, to its MAC and the broadcast IP.
+    fn reply(req: &Bootp, msg_type: u8) -> Vec<u8> {
+        let mut bootp = vec![0u8; BOOTP_FIXED];
+        bootp[0] = 2; // BOOTREPLY
+        bootp[1] = 1; // Ethernet
+        bootp[2] = 6;
+        bootp[4..8].copy_from_slice(&req.xid);
+        bootp[16..20].copy_from_slice(&CLIENT_IP);
+        bootp[20..24].copy_from_slice(&SERVER_IP);
+        bootp[28..34].copy_from_slice(&req.chaddr);
+        bootp.extend_from_slice(&COOKIE);
+        bootp.extend_from_slice(&[53, 1, msg_type]);
+        bootp.extend_from_slice(&[54, 4]);
+        bootp.extend_from_slice(&SERVER_IP);
+        bootp.extend_from_slice(&[51, 4, 0, 0, 0x0e, 0x10]); // 1 h lease
+        bootp.extend_from_slice(&[1, 4, 255, 255, 255, 0]);
+        bootp.extend_from_slice(&[3, 4]);
+        bootp.extend_from_slice(&SERVER_IP);
+        bootp.push(255);
+        bootp.resize(300, 0);
+        let udp_len = UDP + bootp.len();
+        let total = IP + udp_len;
+        let mut f = Vec::with_capacity(ETH + total);
+        f.extend_from_slice(&req.chaddr);
+        f.extend_from_slice(&SERVER_MAC.0);
+        f.extend_from_slice(&[0x08, 0x00]);
+        let mut ip = [0u8; IP];
+        ip[0] = 0x45;
+        ip[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+        ip[8] = 64; // TTL
+        ip[9] = 17; // UDP
+        ip[12..16].copy_from_slice(&SERVER_IP);
+        ip[16..20].copy_from_slice(&[255; 4]);
+        let c = checksum(&ip);
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        f.extend_from_slice(&ip);
+        f.extend_from_slice(&[0, 67, 0, 68]);
+        f.extend_from_slice(&(udp_len as u16).to_be_bytes());
+        f.extend_from_slice(&[0, 0]); // no UDP checksum
+        f.extend_from_slice(&bootp);
+        f
+    }
+
+    /// Requests answered.
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct Seen {
+        pub discovers: u32,
+        pub requests: u32,
+    }
+
+    pub struct Server {
+        stop: Arc<AtomicBool>,
+        thread: JoinHandle<Seen>,
+    }
+
+    impl Server {
+        pub fn start(port: Port) -> Server {
+            let stop = Arc::new(AtomicBool::new(false));
+            let s = stop.clone();
+            let thread = std::thread::spawn(move || {
+                let mut seen = Seen::default();
+                while !s.load(Ordering::SeqCst) {
+                    let Some(f) = port.recv_timeout(Duration::from_millis(100)) else {
+                        continue;
+                    };
+                    let Some(req) = bootp_request(&f) else {
+                        continue;
+                    };
+                    let answer = match req.msg_type {
+                        1 => {
+                            seen.discovers += 1;
+                            2
+                        }
+                        3 => {
+                            seen.requests += 1;
+                            5
+                        }
+                        _ => continue,
+                    };
+                    port.send(&reply(&req, answer))
+                        .expect("the switch takes the reply");
+                }
+                seen
+            });
+            Server { stop, thread }
+        }
+
+        /// Stops the server; what it answered.
+        pub fn stop(self) -> Seen {
+            self.stop.store(true, Ordering::SeqCst);
+            self.thread.join().expect("dhcp server thread")
+        }
+    }
 }
