@@ -315,7 +315,7 @@ pub(crate) fn attach_boot_timer(
     Ok(())
 }
 
-/// The config's virtio devices in attach order (disks, rng, vsock): the
+/// The config's virtio devices in attach order (disks, rng, vsock, nets): the
 /// order slots, IRQs and a snapshot's device list follow.
 pub(crate) fn virtio_devices(cfg: &VmConfig) -> Result<Vec<Box<dyn VirtioDevice>>, BuildError> {
     let mut devs: Vec<Box<dyn VirtioDevice>> = Vec::new();

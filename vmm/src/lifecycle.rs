@@ -622,7 +622,7 @@ impl Vm {
     }
 
     /// The virtio-mmio status register (virtio 1.2, 2.1) of the `index`th
-    /// virtio device of the current boot (attach order: disks, rng, vsock), as
+    /// virtio device of the current boot (attach order: disks, rng, vsock, nets), as
     /// the guest's driver last wrote it: `DRIVER_OK` (4) means its driver
     /// probed and started the device. `None` when not booted or no such device.
     pub fn virtio_status(&self, index: u32) -> Option<u32> {

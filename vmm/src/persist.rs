@@ -317,13 +317,15 @@ pub fn open_for(cfg: &VmConfig, path: &Path) -> Result<(Snapshot, MicrovmState),
             ),
         });
     }
-    let devices =
-        cfg.drives.len() + usize::from(cfg.rng.is_some()) + usize::from(cfg.vsock.is_some());
+    let devices = cfg.drives.len()
+        + usize::from(cfg.rng.is_some())
+        + usize::from(cfg.vsock.is_some())
+        + cfg.nets.len();
     if state.virtio.len() != devices {
         return Err(PersistError::Shape {
             file,
             what: format!(
-                "{} virtio devices in the snapshot, {devices} in this VM (disks, rng, vsock)",
+                "{} virtio devices in the snapshot, {devices} in this VM (disks, rng, vsock, nics)",
                 state.virtio.len()
             ),
         });

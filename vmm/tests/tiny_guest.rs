@@ -775,6 +775,7 @@ mod snapshots {
             "nobody answers: times out"
         );
     }
+}
 
 /// Sends one console command byte and waits for the guest's answer line.
 fn net_command(vm: &Vm, cmd: u8, answer: &str, count: usize) {
@@ -873,4 +874,62 @@ fn virtio_net_frames_both_ways_and_link_status() {
     lan.reconnect("tiny").expect("reconnect");
     net_command(&vm, CMD_NET_LINK, "NET-LINK cfg-irq=02 status=01\n", 2);
     vm.shutdown().expect("shutdown");
+}
+
+/// A whole-VM snapshot of a guest whose virtio-net driver is up, restored
+/// into a new VM on another switch: the restored device continues the saved
+/// queues (the RX buffer the guest posted before the snapshot takes a frame
+/// from the new switch), and a restoring NIC with another MAC is refused.
+#[test]
+fn virtio_net_survives_snapshot_and_restore() {
+    use provium_vmm::netsetup::{MacAddr, Switch, SwitchConfig};
+    use provium_vmm::vmm_config::NetConfig;
+    use std::sync::Arc;
+
+    let test = "virtio_net_survives_snapshot_and_restore";
+    let mac: MacAddr = "02:aa:bb:cc:dd:11".parse().expect("mac");
+    let peer_mac: MacAddr = "02:aa:bb:cc:dd:12".parse().expect("mac");
+    let vm_on = |sw: &Switch, mac: MacAddr| {
+        let mut cfg = VmConfig::new(BootSource {
+            kernel: KernelImage::Bytes(tiny_guest::BZIMAGE.into()),
+            initrd: None,
+            cmdline: CMDLINE.to_string(),
+        });
+        cfg.machine.mem_size_mib = 32;
+        cfg.nets = vec![NetConfig::on_port(Arc::new(
+            sw.attach("tiny", mac).expect("attach"),
+        ))];
+        vm_from(test, cfg)
+    };
+    let lan_a = Switch::new("a", SwitchConfig::default());
+    let peer_a = lan_a.attach("peer", peer_mac).expect("peer");
+    let Some(a) = vm_on(&lan_a, mac) else {
+        return;
+    };
+    boot_ready(&a);
+    net_command(&a, tiny_guest::CMD_NET_UP, "NET-UP status=01\n", 1);
+    assert!(peer_a.recv_timeout(WAIT).is_some(), "the guest's frame");
+    a.pause().expect("pause");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("net.snap");
+    a.snapshot(&path).expect("snapshot");
+    a.shutdown().expect("shutdown");
+
+    let lan_b = Switch::new("b", SwitchConfig::default());
+    let peer_b = lan_b.attach("peer", peer_mac).expect("peer");
+    let b = vm_on(&lan_b, mac).expect("kvm worked above");
+    b.restore(&path).expect("restore");
+    let mut f = mac.0.to_vec();
+    f.extend_from_slice(&peer_mac.0);
+    f.extend_from_slice(&[0x88, 0xb5]);
+    f.extend_from_slice(b"AFTER-RESTORE");
+    f.resize(64, 0);
+    peer_b.send(&f).expect("send");
+    net_command(&b, tiny_guest::CMD_NET_RX, "NET-RX AFTER-RESTORE\n", 1);
+    b.shutdown().expect("shutdown");
+
+    let lan_c = Switch::new("c", SwitchConfig::default());
+    let c = vm_on(&lan_c, peer_mac).expect("kvm worked above");
+    let e = chain(&c.restore(&path).expect_err("another MAC"));
+    assert!(e.contains("MAC"), "{e}");
 }

@@ -26,6 +26,11 @@ use super::defs::{
     CONFIG_BYTES, CONFIG_STATUS_OFFSET, HDR_LEGACY_BYTES, HDR_V1_BYTES, QUEUE_SIZE, RXQ, TXQ,
 };
 use super::packet::{NetMetrics, NetQueues};
+use super::persist::NetState;
+use crate::devices::virtio::persist::{
+    check_queue_count, decode_state, encode_state, ActiveArgs, DeviceSnapshot, QueueSnapshot,
+    VirtioPersistError,
+};
 use crate::devices::virtio::{read_config_bytes, ActivateError, VirtioDevice, VirtioInterrupt};
 use crate::vstate::memory::GuestMemoryMmap;
 
@@ -67,7 +72,9 @@ impl Shared {
 
 struct Worker {
     stop: Arc<AtomicBool>,
-    thread: JoinHandle<()>,
+    /// Returns the queues when it stops (snapshots take them back).
+    thread: JoinHandle<NetQueues>,
+    interrupt: Arc<dyn VirtioInterrupt>,
 }
 
 /// A virtio-net device on a switch port.
@@ -78,6 +85,8 @@ pub struct Net {
     metrics: Arc<NetMetrics>,
     acked_features: u64,
     worker: Option<Worker>,
+    /// Between `save` and `resume_after_save`: the stopped worker's queues.
+    parked: Option<(NetQueues, Arc<dyn VirtioInterrupt>)>,
 }
 
 impl Net {
@@ -111,6 +120,7 @@ impl Net {
             metrics: Arc::new(NetMetrics::default()),
             acked_features: 0,
             worker: None,
+            parked: None,
         }
     }
 
@@ -137,6 +147,13 @@ impl Net {
     }
 
     fn stop_worker(&mut self) {
+        self.parked = None;
+        self.take_worker();
+    }
+
+    /// Stops the worker and returns its queues with the interrupt (`None`
+    /// when not activated, or if the worker panicked).
+    fn take_worker(&mut self) -> Option<(NetQueues, Arc<dyn VirtioInterrupt>)> {
         let worker = self.worker.take();
         if let Some(w) = &worker {
             w.stop.store(true, Ordering::SeqCst);
@@ -145,9 +162,59 @@ impl Net {
         // and it sees the flag.
         *locked(&self.shared.kick) = None;
         *locked(&self.shared.interrupt) = None;
-        if let Some(w) = worker {
-            let _ = w.thread.join();
+        let w = worker?;
+        let q = w.thread.join().ok()?;
+        Some((q, w.interrupt))
+    }
+
+    fn hdr_bytes(&self) -> usize {
+        if self.acked_features & (1u64 << VIRTIO_F_VERSION_1) != 0 {
+            HDR_V1_BYTES
+        } else {
+            HDR_LEGACY_BYTES
         }
+    }
+
+    /// Runs `q` on a new worker thread, wired to the port's hooks.
+    fn start_worker(
+        &mut self,
+        mut q: NetQueues,
+        interrupt: Arc<dyn VirtioInterrupt>,
+    ) -> Result<(), ActivateError> {
+        let (tx, rx) = sync_channel::<()>(1);
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let irq = interrupt.clone();
+        let thread = std::thread::Builder::new()
+            .name("virtio-net".into())
+            .spawn(move || loop {
+                match rx.recv_timeout(IDLE_WAIT) {
+                    Ok(()) | Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => {
+                        if s.load(Ordering::SeqCst) {
+                            return q;
+                        }
+                        std::thread::sleep(IDLE_WAIT);
+                    }
+                }
+                if s.load(Ordering::SeqCst) {
+                    return q;
+                }
+                if q.run_once() {
+                    irq.signal_used_queue();
+                }
+            })
+            .map_err(ActivateError::Worker)?;
+        *locked(&self.shared.interrupt) = Some(interrupt.clone());
+        *locked(&self.shared.kick) = Some(tx);
+        self.worker = Some(Worker {
+            stop,
+            thread,
+            interrupt,
+        });
+        // Frames may have queued on the port while no worker ran.
+        self.shared.kick();
+        Ok(())
     }
 }
 
@@ -192,49 +259,15 @@ impl VirtioDevice for Net {
         self.stop_worker();
         let txq = queues.remove(TXQ);
         let rxq = queues.remove(RXQ);
-        let hdr_bytes = if self.acked_features & (1u64 << VIRTIO_F_VERSION_1) != 0 {
-            HDR_V1_BYTES
-        } else {
-            HDR_LEGACY_BYTES
-        };
-        let mut q = NetQueues::new(
+        let q = NetQueues::new(
             mem,
             rxq,
             txq,
             self.port.clone(),
-            hdr_bytes,
+            self.hdr_bytes(),
             self.metrics.clone(),
         );
-        let (tx, rx) = sync_channel::<()>(1);
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let irq = interrupt.clone();
-        let thread = std::thread::Builder::new()
-            .name("virtio-net".into())
-            .spawn(move || loop {
-                match rx.recv_timeout(IDLE_WAIT) {
-                    Ok(()) | Err(RecvTimeoutError::Timeout) => {}
-                    Err(RecvTimeoutError::Disconnected) => {
-                        if s.load(Ordering::SeqCst) {
-                            return;
-                        }
-                        std::thread::sleep(IDLE_WAIT);
-                    }
-                }
-                if s.load(Ordering::SeqCst) {
-                    return;
-                }
-                if q.run_once() {
-                    irq.signal_used_queue();
-                }
-            })
-            .map_err(ActivateError::Worker)?;
-        *locked(&self.shared.interrupt) = Some(interrupt);
-        *locked(&self.shared.kick) = Some(tx);
-        self.worker = Some(Worker { stop, thread });
-        // Frames may have queued on the port before the driver was ready.
-        self.shared.kick();
-        Ok(())
+        self.start_worker(q, interrupt)
     }
 
     fn queue_notify(&mut self, _index: u32) {
@@ -245,6 +278,62 @@ impl VirtioDevice for Net {
     fn reset(&mut self) {
         self.stop_worker();
         self.acked_features = 0;
+    }
+
+    fn save(&mut self) -> DeviceSnapshot {
+        let Some((q, interrupt)) = self.take_worker() else {
+            return DeviceSnapshot {
+                queues: Vec::new(),
+                state: encode_state(&NetState {
+                    mac: self.mac.0,
+                    pending_rx: None,
+                }),
+            };
+        };
+        let snap = DeviceSnapshot {
+            queues: vec![QueueSnapshot::of(q.rxq()), QueueSnapshot::of(q.txq())],
+            state: encode_state(&NetState {
+                mac: self.mac.0,
+                pending_rx: q.pending_rx().map(<[u8]>::to_vec),
+            }),
+        };
+        self.parked = Some((q, interrupt));
+        snap
+    }
+
+    fn resume_after_save(&mut self) {
+        // The same queues (and held frame) go to a new worker. A failed
+        // spawn leaves the device stopped, as a failed activate would.
+        if let Some((q, interrupt)) = self.parked.take() {
+            let _ = self.start_worker(q, interrupt);
+        }
+    }
+
+    fn restore(
+        &mut self,
+        active: Option<ActiveArgs>,
+        state: &[u8],
+    ) -> Result<(), VirtioPersistError> {
+        let state: NetState = decode_state("virtio-net", state)?;
+        state.validate(self.mac.0)?;
+        let Some(mut a) = active else {
+            return Ok(());
+        };
+        check_queue_count("virtio-net", &a.queues, 2)?;
+        let txq = a.queues.remove(TXQ);
+        let rxq = a.queues.remove(RXQ);
+        let mut q = NetQueues::new(
+            a.mem,
+            rxq,
+            txq,
+            self.port.clone(),
+            self.hdr_bytes(),
+            self.metrics.clone(),
+        );
+        q.set_pending_rx(state.pending_rx);
+        self.stop_worker();
+        self.start_worker(q, a.interrupt)
+            .map_err(VirtioPersistError::Activate)
     }
 }
 
@@ -425,5 +514,109 @@ mod tests {
         assert_eq!(m, [1, 0, 0, 1, 0, 0]);
         dev.reset();
         assert!(dev.worker.is_none());
+    }
+
+    fn frame_to_guest(tag: u8) -> Vec<u8> {
+        let mut f = GUEST.0.to_vec();
+        f.extend_from_slice(&PEER.0);
+        f.extend_from_slice(&[0x88, 0xb5]);
+        f.resize(60, tag);
+        f
+    }
+
+    #[test]
+    fn save_quiesces_resume_continues_restore_rebuilds() {
+        let sw = Switch::new("lan", SwitchConfig::default());
+        let port = Arc::new(sw.attach("vm", GUEST).expect("attach"));
+        let peer = sw.attach("peer", PEER).expect("peer");
+        let mut dev = Net::new(GUEST, port.clone());
+        let mem = guest_memory();
+        let rx = MockSplitQueue::create(&mem, GuestAddress(0), 16);
+        let tx = MockSplitQueue::create(&mem, GuestAddress(0x1_0000), 16);
+        let irq = Arc::new(CountingInterrupt::default());
+        dev.set_acked_features(dev.avail_features());
+        dev.activate(
+            mem.clone(),
+            vec![
+                rx.create_queue().expect("rx"),
+                tx.create_queue().expect("tx"),
+            ],
+            irq.clone(),
+        )
+        .expect("activate");
+        // No RX buffer: the first frame ends up held inside the device.
+        peer.send(&frame_to_guest(1)).expect("send");
+        wait("the frame taken from the port", || port.pending() == 0);
+        let snap = dev.save();
+        assert_eq!(snap.queues.len(), 2);
+        let state: NetState = decode_state("virtio-net", &snap.state).expect("decodes");
+        assert_eq!(state.mac, GUEST.0);
+        assert_eq!(state.pending_rx, Some(frame_to_guest(1)));
+        // Quiesced: a buffer and a notify do nothing until resume.
+        let w = VRING_DESC_F_WRITE as u16;
+        rx.add_desc_chains(
+            &[
+                RawDescriptor::from(SplitDescriptor::new(0x20_0000, 2048, w, 0)),
+                RawDescriptor::from(SplitDescriptor::new(0x21_0000, 2048, w, 0)),
+            ],
+            0,
+        )
+        .expect("rx chains");
+        dev.queue_notify(0);
+        std::thread::sleep(Duration::from_millis(50));
+        let used_idx = || -> u16 { mem.read_obj(rx.used_addr().unchecked_add(2)).expect("idx") };
+        assert_eq!(used_idx(), 0, "no guest memory written while saved");
+        dev.resume_after_save();
+        wait("the held frame delivered after resume", || used_idx() == 1);
+
+        // Restore into a fresh device on another switch and fresh memory
+        // laid out as at save time (rings empty, next_avail 0): the queues
+        // come back from the snapshot and the held frame with them.
+        let mem2 = guest_memory();
+        let rx2 = MockSplitQueue::create(&mem2, GuestAddress(0), 16);
+        let _tx2 = MockSplitQueue::create(&mem2, GuestAddress(0x1_0000), 16);
+        rx2.add_desc_chains(
+            &[RawDescriptor::from(SplitDescriptor::new(
+                0x20_0000, 2048, w, 0,
+            ))],
+            0,
+        )
+        .expect("rx chain");
+        let sw2 = Switch::new("lan2", SwitchConfig::default());
+        let port2 = Arc::new(sw2.attach("vm", GUEST).expect("attach"));
+        let mut dev2 = Net::new(GUEST, port2);
+        dev2.set_acked_features(dev2.avail_features());
+        let queues = snap
+            .queues
+            .iter()
+            .enumerate()
+            .map(|(i, q)| {
+                q.to_queue(i, 16, &mem2)
+                    .expect("queue (the mock rings are 16 long)")
+            })
+            .collect();
+        dev2.restore(
+            Some(ActiveArgs {
+                mem: mem2.clone(),
+                queues,
+                interrupt: irq.clone(),
+            }),
+            &snap.state,
+        )
+        .expect("restore");
+        wait("the restored device delivering", || {
+            mem2.read_obj::<u16>(rx2.used_addr().unchecked_add(2))
+                .expect("idx")
+                == 1
+        });
+        let mut got = vec![0u8; 60];
+        mem2.read_slice(&mut got, GuestAddress(0x20_000c))
+            .expect("read");
+        assert_eq!(got, frame_to_guest(1));
+        // A snapshot naming another MAC is refused.
+        let mut dev3 = Net::new(PEER, Arc::new(sw2.attach("x", PEER).expect("x")));
+        let e = dev3.restore(None, &snap.state).unwrap_err().to_string();
+        assert!(e.contains("MAC"), "{e}");
+        assert!(dev3.restore(None, &[0xc1]).is_err());
     }
 }

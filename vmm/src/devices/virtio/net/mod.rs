@@ -15,7 +15,8 @@
 //! drops carrier. `reconnect` does the reverse.
 //!
 //! `device.rs` is the `VirtioDevice` (a worker thread per activation);
-//! `packet.rs` moves frames between the virtqueues and the port.
+//! `packet.rs` moves frames between the virtqueues and the port;
+//! `persist.rs` is its snapshot state.
 //!
 //! The guest is hostile: TX chains longer than one header plus
 //! [`defs::MAX_FRAME_BYTES`], chains outside guest memory, RX chains with
@@ -26,6 +27,7 @@
 
 pub mod device;
 pub mod packet;
+pub mod persist;
 
 pub use device::Net;
 pub use packet::NetMetrics;

@@ -302,6 +302,26 @@ impl NetQueues {
     pub fn has_pending_rx(&self) -> bool {
         self.pending_rx.is_some()
     }
+
+    /// The frame waiting for an RX chain (snapshots).
+    pub fn pending_rx(&self) -> Option<&[u8]> {
+        self.pending_rx.as_deref()
+    }
+
+    /// Puts back a frame from a snapshot (validated by the caller).
+    pub fn set_pending_rx(&mut self, frame: Option<Vec<u8>>) {
+        self.pending_rx = frame;
+    }
+
+    /// The receive queue (snapshots).
+    pub fn rxq(&self) -> &Queue {
+        &self.rxq
+    }
+
+    /// The transmit queue (snapshots).
+    pub fn txq(&self) -> &Queue {
+        &self.txq
+    }
 }
 
 #[cfg(test)]
