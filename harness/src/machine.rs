@@ -9,6 +9,9 @@ use crate::client::AgentClient;
 use crate::config::Profile;
 use crate::runner::BackendKind;
 
+/// Refusal for virtio-net configs handed to the local backend.
+const LOCAL_NICS: &str = "virtio-net devices need the kvm backend (the local sandbox uses TAPs)";
+
 /// What a boot needs from the VM declaration and `vm:boot` opts.
 #[derive(Debug, Clone)]
 pub struct BootSpec {
@@ -53,9 +56,7 @@ impl Machine {
         nics: Vec<provium_vmm::vmm_config::NetConfig>,
     ) -> Result<Machine, String> {
         if backend == BackendKind::Local && !nics.is_empty() {
-            return Err(
-                "virtio-net devices need the kvm backend (the local sandbox uses TAPs)".into(),
-            );
+            return Err(LOCAL_NICS.into());
         }
         match backend {
             BackendKind::Local => {
@@ -242,7 +243,21 @@ impl Machine {
         spec: &BootSpec,
         path: &std::path::Path,
     ) -> Result<Machine, String> {
+        Machine::restore_with_nics(backend, spec, path, Vec::new())
+    }
+
+    /// [`Machine::restore`] with the kvm backend's virtio-net devices (the
+    /// snapshot's device list must have as many, with the same MACs).
+    pub fn restore_with_nics(
+        backend: BackendKind,
+        spec: &BootSpec,
+        path: &std::path::Path,
+        nics: Vec<provium_vmm::vmm_config::NetConfig>,
+    ) -> Result<Machine, String> {
         use crate::backend::local::snapshot;
+        if backend == BackendKind::Local && !nics.is_empty() {
+            return Err(LOCAL_NICS.into());
+        }
         match backend {
             BackendKind::Local => {
                 let state = snapshot::read_snapshot(
@@ -279,6 +294,7 @@ impl Machine {
                     rng_seed: spec.rng_seed,
                     files: Vec::new(),
                     inject_agent: false,
+                    nics,
                 };
                 KvmMachine::restore(&spec.vm_name, profile, &opts, path).map(Machine::Kvm)
             }

@@ -380,7 +380,56 @@ fn kvm_machine_nic_sends_to_the_switch_and_follows_the_link() {
         e.contains("no hotplug") && e.contains("attach the bridge before vm:boot()"),
         "{e}"
     );
+
+    // Snapshot, then restore with a NIC on another switch (what
+    // vm:restore() does for a VM attached to bridges): the guest's posted
+    // RX buffer takes a frame from the new switch.
+    lan.reconnect("v").unwrap();
+    let Machine::Kvm(k) = &machine else {
+        unreachable!("made as kvm above")
+    };
+    k.pause().unwrap();
+    let snap = d.path().join("v.snap");
+    k.snapshot_to(&snap, &[]).unwrap();
     machine.kill();
+    let lan2 = Switch::new("lan2", SwitchConfig::default());
+    let peer2 = lan2
+        .attach("peer", "02:00:00:00:00:98".parse().unwrap())
+        .unwrap();
+    let spec = provium::machine::BootSpec {
+        vm_name: "v".into(),
+        profile_name: "tiny".into(),
+        profile: Some(profile.clone()),
+        memory_bytes: 64 << 20,
+        cpus: 1,
+        kernel_cmdline: None,
+        rng_seed: None,
+        initial_time: None,
+    };
+    let nic2 = NetConfig::on_port(Arc::new(lan2.attach("v", mac).unwrap()));
+    let restored =
+        Machine::restore_with_nics(provium::runner::BackendKind::Kvm, &spec, &snap, vec![nic2])
+            .unwrap();
+    let c2 = restored.console().expect("kvm has a console");
+    let mut to_guest = mac.0.to_vec();
+    to_guest.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x98, 0x88, 0xb5]);
+    to_guest.extend_from_slice(b"RESTORED-NIC");
+    to_guest.resize(64, 0);
+    peer2.send(&to_guest).unwrap();
+    c2.write_input(&[tiny_guest::CMD_NET_RX]).unwrap();
+    assert!(
+        c2.wait_for(b"NET-RX RESTORED-NIC\n", 1, Duration::from_secs(60)),
+        "{}",
+        c2.log_string()
+    );
+    // Without its NIC the snapshot's device list does not match.
+    let e = Machine::restore(provium::runner::BackendKind::Kvm, &spec, &snap).err();
+    assert!(
+        e.as_deref()
+            .is_some_and(|e| e.contains("virtio devices in the snapshot")),
+        "{e:?}"
+    );
+    restored.kill();
 }
 
 /// Through Lua: a bridge attached before `vm:boot()` is a virtio-net device

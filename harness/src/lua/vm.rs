@@ -447,6 +447,17 @@ impl Vm {
     /// `vm:restore(path)`: from created or shutdown to booted, running the
     /// snapshot's state in a fresh machine.
     pub fn restore_from(&self, path: &std::path::Path) -> mlua::Result<()> {
+        // kvm: the snapshot's virtio-net devices need their ports again, on
+        // the bridges this VM is attached to now (as at boot, before the
+        // state lock; dropped, so detached, if the restore is refused).
+        let nics = if self.0.env.backend == crate::runner::BackendKind::Kvm
+            && matches!(self.phase(), Phase::Created | Phase::Shutdown)
+        {
+            super::nic::vmm_ports(self)?
+        } else {
+            Vec::new()
+        };
+        let has_nics = !nics.is_empty();
         let mut st = self.0.state.lock().unwrap();
         if !matches!(st.phase, Phase::Created | Phase::Shutdown) {
             return Err(self.wrong_state(
@@ -473,13 +484,15 @@ impl Vm {
                 .filter(|_| matches!(env.backend, crate::runner::BackendKind::Kvm)),
             ..self.restore_spec()
         };
-        let machine = Arc::new(Machine::restore(env.backend, &spec, path).map_err(|e| {
-            err(format!(
-                "vm:restore: vm `{}` from {}: {e}",
-                self.0.name,
-                path.display()
-            ))
-        })?);
+        let machine = Arc::new(
+            Machine::restore_with_nics(env.backend, &spec, path, nics).map_err(|e| {
+                err(format!(
+                    "vm:restore: vm `{}` from {}: {e}",
+                    self.0.name,
+                    path.display()
+                ))
+            })?,
+        );
         *self.0.machine.lock().unwrap() = Some(machine.clone());
         let client = match machine.connect() {
             Ok(c) => c,
@@ -502,6 +515,11 @@ impl Vm {
             memory_bytes: self.0.sizing.memory_bytes,
             cid: machine.cid(),
         }));
+        // The restored NICs' members are realised (as after a boot).
+        drop(st);
+        if has_nics {
+            super::nic::realise_all(self)?;
+        }
         Ok(())
     }
 
