@@ -3,6 +3,8 @@
 
 use std::sync::Mutex;
 
+use provium_vmm::vmm_config::{DriveConfig, NetConfig};
+
 use crate::backend::kvm::{KvmBootOpts, KvmMachine};
 use crate::backend::local::{locate_agent, LocalOptions, LocalSandbox};
 use crate::client::AgentClient;
@@ -11,6 +13,25 @@ use crate::runner::BackendKind;
 
 /// Refusal for virtio-net configs handed to the local backend.
 const LOCAL_NICS: &str = "virtio-net devices need the kvm backend (the local sandbox uses TAPs)";
+/// Why a local machine takes no drives (the Disk userdata refuses earlier).
+const LOCAL_DISKS: &str = "disks need the kvm backend (the local sandbox has no block devices)";
+
+/// Refuses kvm-only devices for the local backend.
+fn local_takes_no_devices(
+    backend: BackendKind,
+    drives: &[DriveConfig],
+    nics: &[NetConfig],
+) -> Result<(), String> {
+    if backend == BackendKind::Local {
+        if !nics.is_empty() {
+            return Err(LOCAL_NICS.into());
+        }
+        if !drives.is_empty() {
+            return Err(LOCAL_DISKS.into());
+        }
+    }
+    Ok(())
+}
 
 /// What a boot needs from the VM declaration and `vm:boot` opts.
 #[derive(Debug, Clone)]
@@ -53,11 +74,22 @@ impl Machine {
         backend: BackendKind,
         spec: &BootSpec,
         files: &[(String, Vec<u8>)],
-        nics: Vec<provium_vmm::vmm_config::NetConfig>,
+        nics: Vec<NetConfig>,
     ) -> Result<Machine, String> {
-        if backend == BackendKind::Local && !nics.is_empty() {
-            return Err(LOCAL_NICS.into());
-        }
+        Machine::boot_with_devices(backend, spec, files, &[], nics)
+    }
+
+    /// [`Machine::boot_with_nics`] with the VM's disks `drives` too (attach
+    /// order: the guest's vda, vdb, …; `lua::disk::boot_drives`), which
+    /// only the kvm backend has.
+    pub fn boot_with_devices(
+        backend: BackendKind,
+        spec: &BootSpec,
+        files: &[(String, Vec<u8>)],
+        drives: &[DriveConfig],
+        nics: Vec<NetConfig>,
+    ) -> Result<Machine, String> {
+        local_takes_no_devices(backend, drives, &nics)?;
         match backend {
             BackendKind::Local => {
                 // The sandbox has no kernel of its own: refuse what only a
@@ -94,6 +126,7 @@ impl Machine {
                     files: files.to_vec(),
                     inject_agent: profile.inject_agent,
                     nics,
+                    drives: drives.to_vec(),
                 };
                 KvmMachine::boot(&spec.vm_name, profile, &opts, spec.initial_time).map(Machine::Kvm)
             }
@@ -252,12 +285,23 @@ impl Machine {
         backend: BackendKind,
         spec: &BootSpec,
         path: &std::path::Path,
-        nics: Vec<provium_vmm::vmm_config::NetConfig>,
+        nics: Vec<NetConfig>,
+    ) -> Result<Machine, String> {
+        Machine::restore_with_devices(backend, spec, path, &[], nics)
+    }
+
+    /// [`Machine::restore_with_nics`] with the VM's disks `drives` too (the
+    /// snapshot holds their devices' state, so the restored VM needs as
+    /// many; the images are used as they are now).
+    pub fn restore_with_devices(
+        backend: BackendKind,
+        spec: &BootSpec,
+        path: &std::path::Path,
+        drives: &[DriveConfig],
+        nics: Vec<NetConfig>,
     ) -> Result<Machine, String> {
         use crate::backend::local::snapshot;
-        if backend == BackendKind::Local && !nics.is_empty() {
-            return Err(LOCAL_NICS.into());
-        }
+        local_takes_no_devices(backend, drives, &nics)?;
         match backend {
             BackendKind::Local => {
                 let state = snapshot::read_snapshot(
@@ -295,6 +339,7 @@ impl Machine {
                     files: Vec::new(),
                     inject_agent: false,
                     nics,
+                    drives: drives.to_vec(),
                 };
                 KvmMachine::restore(&spec.vm_name, profile, &opts, path).map(Machine::Kvm)
             }

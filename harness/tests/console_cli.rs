@@ -9,28 +9,15 @@
 
 mod common;
 
-use common::{kvm_or_skip, probe_kernel, PROBE_CMDLINE};
+use common::{kvm_or_skip, probe_initrd, probe_kernel, PROBE_CMDLINE};
 
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use provium_vmm::initrd::CpioWriter;
 use provium_vmm::tiny_guest;
-
-/// An uncompressed initrd with `/init` and `/dev/console`.
-fn write_initrd(dir: &Path) -> PathBuf {
-    let mut w = CpioWriter::new();
-    w.dir("dev", 0o755).unwrap();
-    w.char_dev("dev/console", 0o600, 5, 1).unwrap();
-    w.file("init", 0o755, b"#!/bin/sh\necho provium probe init\n")
-        .unwrap();
-    let path = dir.join("initrd.cpio");
-    std::fs::write(&path, w.finish()).unwrap();
-    path
-}
 
 struct Session {
     child: Child,
@@ -235,7 +222,7 @@ fn probe_kernel_reaches_init_without_the_agent() {
         return;
     };
     let d = tempfile::tempdir().unwrap();
-    let initrd = write_initrd(d.path());
+    let initrd = probe_initrd(d.path());
     std::fs::write(
         d.path().join("provium.toml"),
         format!(

@@ -20,14 +20,13 @@
 
 mod common;
 
-use common::{kvm_or_skip, probe_kernel, PROBE_CMDLINE};
+use common::{kvm_or_skip, probe_initrd, probe_kernel, PROBE_CMDLINE};
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use provium_protocol::frame::{read_message, DEFAULT_MAX_FRAME_BYTES};
 use provium_protocol::{Event, EventFrame};
-use provium_vmm::initrd::CpioWriter;
 use provium_vmm::tiny_guest;
 
 /// A static x86-64 ELF whose only instruction is `jmp .`: it execs as init
@@ -62,17 +61,6 @@ fn write_exe(path: &Path, bytes: &[u8]) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::write(path, bytes).unwrap();
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
-}
-
-fn write_initrd(dir: &Path) -> PathBuf {
-    let mut w = CpioWriter::new();
-    w.dir("dev", 0o755).unwrap();
-    w.char_dev("dev/console", 0o600, 5, 1).unwrap();
-    w.file("init", 0o755, b"#!/bin/sh\necho provium probe init\n")
-        .unwrap();
-    let path = dir.join("initrd.cpio");
-    std::fs::write(&path, w.finish()).unwrap();
-    path
 }
 
 fn project(toml: &str, test: &str) -> tempfile::TempDir {
@@ -163,7 +151,7 @@ fn probe_kernel_boot_fails_honestly_with_the_console() {
         return;
     }
     let d = tempfile::tempdir().unwrap();
-    let initrd = write_initrd(d.path());
+    let initrd = probe_initrd(d.path());
     let agent = d.path().join("stand-in-agent");
     write_exe(&agent, &looping_elf());
     let p = project(

@@ -141,6 +141,7 @@ pub fn run(args: &RunArgs, profile_name: &str, opts: &ConsoleOpts) -> Result<i32
         files: Vec::new(),
         inject_agent: opts.agent,
         nics: Vec::new(),
+        drives: Vec::new(),
     };
     let machine = KvmMachine::create("console", profile, &boot, None)
         .map_err(|e| format!("console: profile `{profile_name}`: {e}"))?;

@@ -6,6 +6,7 @@ pub mod capture;
 pub mod clock;
 pub mod command;
 pub mod console;
+pub mod disk;
 pub mod duration;
 pub mod file;
 pub mod guest;

@@ -10,6 +10,7 @@ use provium_protocol::event::{Event, VmShutdown, VmSpawned};
 
 use super::bridge::{Bridge, WeakBridge};
 use super::clock::ClockUd;
+use super::disk::{AttachOpts, Disk, DiskList};
 use super::guest::{add_guest_methods, GuestTarget, Ops};
 use super::stream::{ByteSource, Stream};
 use super::worker::WorkerUd;
@@ -192,6 +193,8 @@ pub struct VmInner {
     in_flight: AtomicUsize,
     /// Bridges this VM is attached to (weak: bridges hold their VMs).
     bridges: Mutex<Vec<WeakBridge>>,
+    /// Disks in attach order (the guest's vda, vdb, … on kvm).
+    disks: DiskList,
 }
 
 /// A VM handle; clones share the VM.
@@ -255,6 +258,7 @@ impl Vm {
             streams: Mutex::new(Vec::new()),
             in_flight: AtomicUsize::new(0),
             bridges: Mutex::new(Vec::new()),
+            disks: Arc::new(Mutex::new(Vec::new())),
         }));
         let live: Arc<dyn LiveResource> = vm.0.clone();
         env.track(Arc::downgrade(&live));
@@ -484,15 +488,25 @@ impl Vm {
                 .filter(|_| matches!(env.backend, crate::runner::BackendKind::Kvm)),
             ..self.restore_spec()
         };
+        // The restored VM has this VM's disks (their devices are in the
+        // snapshot; the images are not: they are used as they are now).
+        let drives = {
+            let disks = self.0.disks.lock().unwrap();
+            super::disk::boot_drives(&self.0.name, &disks)
+                .map_err(|e| err(format!("vm:restore: {e}")))?
+        };
         let machine = Arc::new(
-            Machine::restore_with_nics(env.backend, &spec, path, nics).map_err(|e| {
-                err(format!(
-                    "vm:restore: vm `{}` from {}: {e}",
-                    self.0.name,
-                    path.display()
-                ))
-            })?,
+            Machine::restore_with_devices(env.backend, &spec, path, &drives.drives, nics).map_err(
+                |e| {
+                    err(format!(
+                        "vm:restore: vm `{}` from {}: {e}",
+                        self.0.name,
+                        path.display()
+                    ))
+                },
+            )?,
         );
+        drives.given_to_guest();
         *self.0.machine.lock().unwrap() = Some(machine.clone());
         let client = match machine.connect() {
             Ok(c) => c,
@@ -559,10 +573,17 @@ impl Vm {
             rng_seed: st.pending.rng_seed,
             initial_time: st.pending.initial_time,
         };
+        let boot_err = |e: String| err(format!("vm:boot: vm `{}`: {e}", self.0.name));
+        let drives = {
+            let disks = self.0.disks.lock().unwrap();
+            super::disk::boot_drives(&self.0.name, &disks)
+                .map_err(|e| err(format!("vm:boot: {e}")))?
+        };
         let machine = Arc::new(
-            Machine::boot_with_nics(env.backend, &spec, &st.pending.files, nics)
-                .map_err(|e| err(format!("vm:boot: vm `{}`: {e}", self.0.name)))?,
+            Machine::boot_with_devices(env.backend, &spec, &st.pending.files, &drives.drives, nics)
+                .map_err(boot_err)?,
         );
+        drives.given_to_guest();
         *self.0.machine.lock().unwrap() = Some(machine.clone());
         let client = match machine.connect() {
             Ok(c) => c,
@@ -624,7 +645,64 @@ impl Vm {
         // may read this VM's phase).
         drop(st);
         super::nic::vm_gone(self);
+        // A disk does not outlive its VM's life: the guest is gone, and a
+        // later sector op must say so rather than act on a dead VM's image.
+        for d in self.0.disks.lock().unwrap().iter() {
+            d.detach();
+        }
         Ok(())
+    }
+
+    /// `vm:attach_disk(opts)`: kvm only, before boot (see `lua::disk`).
+    pub fn attach_disk(&self, opts: &Value) -> mlua::Result<Disk> {
+        const M: &str = "vm:attach_disk";
+        let backend = self.0.env.backend;
+        if backend != crate::runner::BackendKind::Kvm {
+            return Err(err(format!(
+                "{M}: vm `{}`: the {} backend has no block devices (a sandbox shares the host's kernel, \
+                 so there is no virtio-blk disk to give it); run with --vmm kvm",
+                self.0.name,
+                backend.as_str()
+            )));
+        }
+        let opts = AttachOpts::parse(&self.0.name, opts)?;
+        let phase = self.phase();
+        if phase != Phase::Created {
+            return Err(err(format!(
+                "{M}: vm `{}` is {}; the kvm backend's virtio-mmio disks are announced on the kernel \
+                 command line at boot and cannot be hot-plugged (no ACPI), so attach disks before vm:boot()",
+                self.0.name,
+                phase.as_str()
+            )));
+        }
+        let mut disks = self.0.disks.lock().unwrap();
+        if disks.iter().any(|d| d.id() == opts.id) {
+            return Err(err(format!(
+                "{M}: vm `{}` already has a disk `{}` (ids are unique per VM: pick another id, or use \
+                 vm:disk(\"{}\"))",
+                self.0.name, opts.id, opts.id
+            )));
+        }
+        if let Some(img) = &opts.image {
+            super::disk::check_image_unused(M, &self.0.name, img, &disks)?;
+        }
+        let disk = Disk::new(self.0.env.clone(), &self.0.name, opts, &self.0.disks);
+        disks.push(disk.clone());
+        Ok(disk)
+    }
+
+    /// `vm:disk(id)`.
+    pub fn disk(&self, id: &str) -> mlua::Result<Disk> {
+        let disks = self.0.disks.lock().unwrap();
+        if let Some(d) = disks.iter().find(|d| d.id() == id) {
+            return Ok(d.clone());
+        }
+        let ids: Vec<&str> = disks.iter().map(Disk::id).collect();
+        Err(err(format!(
+            "vm:disk(\"{id}\"): vm `{}` has no disk with that id (disks: {}); attach one with vm:attach_disk{{id = \"{id}\", ...}}",
+            self.0.name,
+            if ids.is_empty() { "none".to_string() } else { ids.join(", ") }
+        )))
     }
 
     pub fn pause(&self) -> mlua::Result<()> {
@@ -749,17 +827,17 @@ impl UserData for Vm {
         m.add_method("nic", |_, this, name: String| {
             super::nic::vm_nic(this, &name)
         });
-        m.add_method("disk", |_, this, id: String| -> mlua::Result<()> {
-            Err(err(format!(
-                "vm:disk(\"{id}\"): vm `{}` has no disk with that id",
-                this.0.name
-            )))
+        m.add_method("disk", |_, this, id: Value| {
+            let Value::String(id) = &id else {
+                return Err(err(format!(
+                    "vm:disk: the id must be a string, got {}",
+                    id.type_name()
+                )));
+            };
+            this.disk(&id.to_str()?)
         });
-        m.add_method("attach_disk", |_, this, _: Option<Table>| -> mlua::Result<()> {
-            Err(err(format!(
-                "vm:attach_disk: disks are not available on the {} backend (they need the kvm backend's virtio-blk)",
-                this.0.env.backend.as_str()
-            )))
+        m.add_method("attach_disk", |_, this, opts: Value| {
+            this.attach_disk(&opts)
         });
         m.add_method("name", |_, this, ()| Ok(this.0.name.clone()));
         m.add_method("profile", |_, this, ()| Ok(this.0.profile.clone()));

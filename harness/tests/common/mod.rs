@@ -90,3 +90,16 @@ pub fn probe_kernel(test: &str) -> Option<PathBuf> {
     }
     panic!("{test}: {why}; set PROVIUM_SKIP_PROBE_KERNEL=1 to skip this tier");
 }
+
+/// An uncompressed initrd (the probe kernel unpacks it fast) with `/init`
+/// and `/dev/console`, written to `dir/initrd.cpio`.
+pub fn probe_initrd(dir: &Path) -> PathBuf {
+    let mut w = provium_vmm::initrd::CpioWriter::new();
+    w.dir("dev", 0o755).unwrap();
+    w.char_dev("dev/console", 0o600, 5, 1).unwrap();
+    w.file("init", 0o755, b"#!/bin/sh\necho provium probe init\n")
+        .unwrap();
+    let path = dir.join("initrd.cpio");
+    std::fs::write(&path, w.finish()).unwrap();
+    path
+}

@@ -1,12 +1,13 @@
 //! A profile + boot options → the VMM's `VmConfig`: kernel, initrd (with the
 //! agent injected unless the profile says `inject_agent = false`), command
-//! line (the reference's rules), sizing, rng seed, a vsock device.
+//! line (the reference's rules), sizing, rng seed, the VM's disks (virtio-blk,
+//! in attach order, each with its Disk's shared fault set), a vsock device.
 
 use std::path::{Path, PathBuf};
 
 use provium_vmm::initrd::inject::{merged_initrd, InjectError};
 use provium_vmm::initrd::{inject_agent, AgentInjection, BootFile, CpioWriter};
-use provium_vmm::vmm_config::{NetConfig, RngConfig, VsockHost};
+use provium_vmm::vmm_config::{DriveConfig, NetConfig, RngConfig, VsockHost};
 use provium_vmm::{BootSource, KernelImage, MachineConfig, VmConfig};
 
 use crate::backend::local::locate_agent;
@@ -28,6 +29,9 @@ pub struct KvmBootOpts {
     /// virtio-net devices, one per attached bridge in bridge-name order
     /// (the guest's eth0, eth1, …); their ports are already on the switches.
     pub nics: Vec<NetConfig>,
+    /// The VM's disks in attach order (the guest's vda, vdb, …); each
+    /// carries its Disk userdata's fault set (`lua::disk::boot_drives`).
+    pub drives: Vec<DriveConfig>,
 }
 
 /// Where merged initrds are cached (content-addressed, so sharing is safe).
@@ -129,6 +133,7 @@ pub fn vm_config_with(
         mem_size_mib,
         ..MachineConfig::default()
     };
+    cfg.drives = opts.drives.clone();
     cfg.rng = Some(RngConfig {
         seed: opts.rng_seed,
     });
@@ -351,6 +356,119 @@ mod tests {
         p.kernel = Some(d.path().join("nope"));
         let e = cfg(&p, &opts, 3, d.path()).unwrap_err();
         assert!(e.contains("does not exist"), "{e}");
+    }
+
+    /// The disks of a kvm VM reach the VmConfig in attach order, each with
+    /// the very fault set its Disk userdata holds: a fault injected through
+    /// the Disk fails the VMM block backend's request for the guest.
+    #[test]
+    fn disks_reach_the_config_in_attach_order_sharing_their_faults() {
+        use crate::config::Config;
+        use crate::events::EventSender;
+        use crate::lua::disk::boot_drives;
+        use crate::lua::vm::{Vm, VmSizing};
+        use crate::runner::{BackendKind, FileEnv};
+        use provium_vmm::devices::virtio::block::request::{Request, RequestType};
+        use provium_vmm::devices::virtio::block::DiskImage;
+        use provium_vmm::vstate::memory::GuestMemoryMmap;
+        use std::sync::Arc;
+        use vm_memory::{Bytes, GuestAddress};
+
+        let d = tempfile::tempdir().unwrap();
+        let p = profile(d.path());
+        let env = Arc::new(FileEnv::new(
+            "t.test.lua".into(),
+            "/t.test.lua".into(),
+            Vec::new(),
+            Arc::new(Config::default()),
+            BackendKind::Kvm,
+            EventSender::disabled(),
+        ));
+        let vm = Vm::create(
+            env,
+            "v".into(),
+            "p".into(),
+            VmSizing {
+                memory_bytes: 64 << 20,
+                cpus: 1,
+            },
+        )
+        .unwrap();
+        let lua = mlua::Lua::new();
+        let mut images = Vec::new();
+        for (i, id) in ["data", "logs", "gone"].iter().enumerate() {
+            let img = d.path().join(format!("{id}.img"));
+            // Sector 0 of each image holds its index, to tell them apart.
+            let mut bytes = vec![0u8; 8 * 512];
+            bytes[0] = u8::try_from(i).unwrap() + 1;
+            std::fs::write(&img, &bytes).unwrap();
+            let opts = lua.create_table().unwrap();
+            opts.set("id", *id).unwrap();
+            opts.set("image", img.to_str().unwrap()).unwrap();
+            vm.attach_disk(&mlua::Value::Table(opts)).unwrap();
+            images.push(img);
+        }
+        let disks = ["data", "logs", "gone"].map(|id| vm.disk(id).unwrap());
+        disks[2].detach();
+        let boot = boot_drives("v", &disks).unwrap();
+        let opts = KvmBootOpts {
+            memory_bytes: 64 << 20,
+            cpus: 1,
+            drives: boot.drives.clone(),
+            ..KvmBootOpts::default()
+        };
+        let (c, _) = cfg(&p, &opts, 3, d.path()).unwrap();
+        assert_eq!(disks[0].guest_device(), None, "not before the VM is built");
+        boot.given_to_guest();
+        let ids: Vec<&str> = c.drives.iter().map(|x| x.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            ["data", "logs"],
+            "attach order, the detached disk left out"
+        );
+        for (i, drive) in c.drives.iter().enumerate() {
+            assert_eq!(drive.path, std::fs::canonicalize(&images[i]).unwrap());
+            assert!(
+                Arc::ptr_eq(&drive.faults, disks[i].faults()),
+                "one shared fault set"
+            );
+        }
+        assert_eq!(disks[0].guest_device().as_deref(), Some("/dev/vda"));
+        assert_eq!(disks[1].guest_device().as_deref(), Some("/dev/vdb"));
+        assert_eq!(disks[2].guest_device(), None);
+
+        // The guest's side: the VMM's block I/O layer over drive 0, as its
+        // virtio-blk device executes a guest read of sector 0.
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let drive = &c.drives[0];
+        let image = DiskImage::open(&drive.path, drive.read_only, &drive.id).unwrap();
+        let read = Request {
+            kind: RequestType::In,
+            sector: 0,
+            data: vec![(GuestAddress(0x1000), 512)],
+            status_gpa: GuestAddress(0x3000),
+        };
+        const IOERR: u8 = 1;
+        let done = image.execute(&read, &mem, &drive.faults);
+        assert_eq!(done.status, 0);
+        assert_eq!(mem.read_obj::<u8>(GuestAddress(0x1000)).unwrap(), 1);
+        let fault = mlua::Value::String(lua.create_string("eio_read").unwrap());
+        disks[0].fault_inject(&fault).unwrap();
+        assert_eq!(image.execute(&read, &mem, &drive.faults).status, IOERR);
+        assert_eq!(
+            DiskImage::open(&c.drives[1].path, false, "logs")
+                .unwrap()
+                .execute(&read, &mem, &c.drives[1].faults)
+                .status,
+            0,
+            "faults are per disk"
+        );
+        disks[0].faults().clear();
+        assert_eq!(image.execute(&read, &mem, &drive.faults).status, 0);
+        // Shutting the VM down detaches its disks; the guest's requests fail.
+        vm.shutdown().unwrap();
+        assert!(disks[0].is_detached());
+        assert_eq!(image.execute(&read, &mem, &drive.faults).status, IOERR);
     }
 
     #[test]

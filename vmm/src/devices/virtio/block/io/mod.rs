@@ -8,7 +8,12 @@
 //!   the device worker holds the completion, so vCPUs and other devices never
 //!   wait.
 //!
-//! Faults are flags the host flips at any time (`BlockFaults`, shared by `Arc`).
+//! Faults are flags the host flips at any time (`BlockFaults`, shared by `Arc`:
+//! the harness's Disk userdata holds the same object, so `disk:fault_inject`
+//! reaches the guest's requests and the host-side sector ops alike).
+//! `detached` is not a fault mode but a one-way switch: virtio-mmio has no
+//! hot-unplug, so a detached disk stays visible to the guest and fails every
+//! request with VIRTIO_BLK_S_IOERR, as a surprise-removed disk would.
 //! Lengths and sectors come from the guest: ranges are checked against the
 //! disk and guest memory with checked arithmetic, and copies go through a
 //! bounded bounce buffer.
@@ -33,26 +38,62 @@ pub struct BlockFaults {
     pub eio_write: AtomicBool,
     /// Completions are delayed by 50 ms.
     pub slow: AtomicBool,
+    /// The disk was detached: every request fails (see the module doc).
+    /// Never cleared: `clear` only clears the fault modes.
+    detached: AtomicBool,
 }
 
 impl BlockFaults {
-    /// Sets one mode by its reference name (`eio_read`, `eio_write`, `slow`).
-    pub fn set(&self, mode: &str, on: bool) -> bool {
-        let f = match mode {
-            "eio_read" => &self.eio_read,
-            "eio_write" => &self.eio_write,
-            "slow" => &self.slow,
-            _ => return false,
-        };
-        f.store(on, Ordering::SeqCst);
-        true
+    /// The fault modes by their reference names, in the order
+    /// [`BlockFaults::active`] lists them (and error messages name them).
+    pub const MODES: [&'static str; 3] = ["eio_read", "eio_write", "slow"];
+
+    fn flag(&self, mode: &str) -> Option<&AtomicBool> {
+        match mode {
+            "eio_read" => Some(&self.eio_read),
+            "eio_write" => Some(&self.eio_write),
+            "slow" => Some(&self.slow),
+            _ => None,
+        }
     }
 
-    /// Clears every mode.
+    /// Sets one mode by its reference name (`eio_read`, `eio_write`, `slow`);
+    /// false (and nothing changes) for any other name.
+    pub fn set(&self, mode: &str, on: bool) -> bool {
+        match self.flag(mode) {
+            Some(f) => {
+                f.store(on, Ordering::SeqCst);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether `mode` is active (false for a name that is not a mode).
+    pub fn is_set(&self, mode: &str) -> bool {
+        self.flag(mode).is_some_and(|f| f.load(Ordering::SeqCst))
+    }
+
+    /// The active modes, in [`BlockFaults::MODES`] order.
+    pub fn active(&self) -> Vec<&'static str> {
+        Self::MODES.into_iter().filter(|m| self.is_set(m)).collect()
+    }
+
+    /// Clears every mode (not `detached`).
     pub fn clear(&self) {
         for f in [&self.eio_read, &self.eio_write, &self.slow] {
             f.store(false, Ordering::SeqCst);
         }
+    }
+
+    /// Detaches the disk: from now on every guest request fails. One-way.
+    pub fn detach(&self) {
+        self.detached.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether [`BlockFaults::detach`] was called.
+    pub fn is_detached(&self) -> bool {
+        self.detached.load(Ordering::SeqCst)
     }
 
     /// Whether completions are delayed.
@@ -157,6 +198,9 @@ impl DiskImage {
     }
 
     fn run<M: GuestMemory>(&self, req: &Request, mem: &M, faults: &BlockFaults) -> (u32, u32) {
+        if faults.is_detached() {
+            return (VIRTIO_BLK_S_IOERR, 0);
+        }
         match req.kind {
             RequestType::In => {
                 if faults.eio_read.load(Ordering::SeqCst) {
@@ -323,6 +367,37 @@ mod tests {
         let c = d.execute(&req(RequestType::Flush, 0, vec![]), &mem, &faults);
         assert_eq!(c.status, status(VIRTIO_BLK_S_IOERR));
         assert!(!faults.set("bogus", true));
+    }
+
+    #[test]
+    fn modes_are_listed_in_order_and_detach_fails_everything() {
+        let (d, _f) = disk(16);
+        let mem = guest_memory();
+        let faults = BlockFaults::default();
+        assert!(faults.active().is_empty());
+        assert!(faults.set("slow", true));
+        assert!(faults.set("eio_read", true));
+        assert_eq!(faults.active(), vec!["eio_read", "slow"]);
+        assert!(faults.is_set("slow") && !faults.is_set("eio_write") && !faults.is_set("x"));
+        faults.clear();
+        assert!(faults.active().is_empty());
+        let read = req(RequestType::In, 0, vec![(0x20_0000, 512)]);
+        assert_eq!(d.execute(&read, &mem, &faults).status, 0);
+        faults.detach();
+        faults.clear();
+        assert!(faults.is_detached(), "clear does not undo a detach");
+        for r in [
+            read,
+            req(RequestType::Out, 0, vec![(0x20_0000, 512)]),
+            req(RequestType::Flush, 0, vec![]),
+            req(RequestType::GetId, 0, vec![(0x20_0000, 20)]),
+        ] {
+            assert_eq!(
+                d.execute(&r, &mem, &faults).status,
+                status(VIRTIO_BLK_S_IOERR),
+                "{r:?}"
+            );
+        }
     }
 
     #[test]

@@ -1,0 +1,209 @@
+//! Disks through the real `provium` binary.
+//!
+//! - The disks suite (`tests/lua/disks`) on the kvm backend, on VMs that are
+//!   created and never booted: every Disk method and error, host-side. It
+//!   needs no /dev/kvm (nothing boots; `--no-preflight`).
+//! - The same suite on the local backend: `vm:attach_disk` is refused, naming
+//!   the backend, and every other test skips saying why.
+//! - The tiny guest (tier 4) booted with a disk attached from Lua: the VMM
+//!   gives it a virtio-blk device in the first virtio-mmio slot.
+//! - The probe kernel (tier 5) booted with two disks attached from Lua and
+//!   `eio_read` injected on the first: Linux's virtio_blk driver finds both
+//!   in attach order (vda, vdb) with their sizes, and its partition scan of
+//!   vda fails with an I/O error while vdb reads cleanly. That is the Disk's
+//!   fault set acting on the guest's requests.
+//!
+//! KVM tests need /dev/kvm (`PROVIUM_SKIP_KVM=1` skips, printing why); the
+//! probe test needs the probe kernel (`PROVIUM_SKIP_PROBE_KERNEL=1` skips).
+
+mod common;
+
+use common::{kvm_or_skip, probe_initrd, probe_kernel, repo_root, PROBE_CMDLINE};
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use provium_vmm::tiny_guest;
+
+fn provium(dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_provium"))
+        // No KSM tuning: these runs must not change the host.
+        .args(["--no-preflight", "--no-ksm", "-v"])
+        .args(args)
+        .current_dir(dir)
+        .env(
+            "PROVIUM_RERUN_STATE",
+            std::env::temp_dir().join(format!("provium-disks-rerun-{}.json", std::process::id())),
+        )
+        .envs(envs.iter().copied())
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn suite(vmm: &str) -> (Option<i32>, String) {
+    let o = provium(
+        &repo_root(),
+        &[
+            "--vmm",
+            vmm,
+            "--config",
+            "tests/lua/provium.toml",
+            "tests/lua/disks",
+        ],
+        &[],
+    );
+    (o.status.code(), text(&o))
+}
+
+#[test]
+fn disks_suite_passes_on_the_kvm_backend_without_booting() {
+    let (code, out) = suite("kvm");
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("PASS disks/attach.test.lua"), "{out}");
+    assert!(out.contains("PASS disks/sectors.test.lua"), "{out}");
+    assert!(out.contains("PASS disks/faults.test.lua"), "{out}");
+    // Only the local-backend refusal skips, and it says why.
+    assert!(out.contains(", 0 failed, 1 skipped;"), "{out}");
+    assert!(
+        out.contains("SKIP the local backend refuses disks, naming the backend and the fix (this run's backend (kvm) has disks"),
+        "{out}"
+    );
+}
+
+#[test]
+fn disks_suite_on_the_local_backend_refuses_disks_and_says_why_it_skips() {
+    let (code, out) = suite("local");
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("PASS the local backend refuses disks, naming the backend and the fix"),
+        "{out}"
+    );
+    assert!(out.contains("1 passed, 0 failed, 22 skipped;"), "{out}");
+    assert!(
+        out.contains("SKIP eio_read fails reads only, before any I/O (the local backend has no block devices; this suite's disk tests run with --vmm kvm)"),
+        "{out}"
+    );
+}
+
+/// A project in a temp dir: provium.toml with `profile` and one test file.
+fn project(profile: &str, test: &str) -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(
+        d.path().join("provium.toml"),
+        format!("[provium]\nroots = [\"tests\"]\n\n{profile}"),
+    )
+    .unwrap();
+    std::fs::create_dir_all(d.path().join("tests")).unwrap();
+    std::fs::write(d.path().join("tests/disks.test.lua"), test).unwrap();
+    d
+}
+
+fn image(dir: &Path, name: &str, sectors: usize) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, vec![0u8; sectors * 512]).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+const TINY_TEST: &str = r#"
+test("a disk attached from Lua is the guest's first virtio-mmio device", function(t)
+    local vm = provium:vm("v", "tiny", {memory = "64M"})
+    local d = vm:attach_disk({id = "vda", image = IMAGE})
+    local ok = pcall(function() vm:boot() end)
+    t:assert(not ok, "no agent in the tiny guest: the boot must fail")
+    t:assert_eq(d:guest_device(), "/dev/vda")
+    local log = vm:console():read_log()
+    -- magic "virt", device id 2 (block) in slot 0; without the disk slot 0
+    -- would hold the rng (device id 4).
+    t:assert(log:find("mmio0=74726976/00000002", 1, true), log)
+    local _, n = log:gsub("virtio_mmio.device=", "")
+    t:assert_eq(n, 3, "block, rng, vsock on the command line: " .. log)
+    vm:attach_disk({id = "late"})
+end)
+"#;
+
+#[test]
+fn a_disk_attached_in_lua_reaches_the_tiny_guest_as_virtio_blk() {
+    let test = "a_disk_attached_in_lua_reaches_the_tiny_guest_as_virtio_blk";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let img = image(scratch.path(), "vda.img", 64);
+    let p = project(
+        "[profiles.tiny]\nkernel = \"tiny.bzImage\"\ncmdline = \"tiny\"\nguest_os = \"linux\"\ninject_agent = false\n",
+        &TINY_TEST.replace("IMAGE", &format!("{img:?}")),
+    );
+    std::fs::write(p.path().join("tiny.bzImage"), tiny_guest::BZIMAGE).unwrap();
+    let o = provium(
+        p.path(),
+        &["--vmm", "kvm"],
+        &[("PROVIUM_KVM_AGENT_TIMEOUT", "2")],
+    );
+    let out = text(&o);
+    // The last line of the test attaches to a VM that has booted (and
+    // died): that must fail, saying to attach before boot.
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("vm:attach_disk: vm `v` is dead; the kvm backend's virtio-mmio disks are announced on the kernel command line at boot and cannot be hot-plugged (no ACPI), so attach disks before vm:boot()"),
+        "{out}"
+    );
+    assert!(out.contains("0 passed, 1 failed"), "{out}");
+}
+
+const PROBE_TEST: &str = r#"
+test("the guest kernel reads the disk, and sees the injected EIO", function(t)
+    local vm = provium:vm("v", "probe", {memory = "256M"})
+    local d = vm:attach_disk({id = "bad", image = IMAGE})
+    d:fault_inject("eio_read")
+    local ok = pcall(function() vm:boot() end)
+    t:assert(not ok, "no agent in this guest: the boot must fail")
+    t:assert_eq(d:guest_device(), "/dev/vda")
+    local log = vm:console():read_log()
+    t:assert(log:find("virtio_blk virtio0: [vda] 2048 512-byte logical blocks", 1, true), log)
+    t:assert(log:find("I/O error, dev vda, sector 0", 1, true), "the partition scan of vda saw EIO: " .. log)
+    -- The host side agrees: the fault is still active, the image intact.
+    t:assert_eq(d:active_faults()[1], "eio_read")
+    d:clear_faults()
+    t:assert_eq(d:read_sectors(0, 1), string.rep("\0", 512))
+end)
+"#;
+
+#[test]
+fn an_injected_eio_reaches_the_probe_kernel() {
+    let test = "an_injected_eio_reaches_the_probe_kernel";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let Some(kernel) = probe_kernel(test) else {
+        return;
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let img = image(scratch.path(), "vda.img", 2048);
+    let initrd = probe_initrd(scratch.path());
+    // No agent: the kernel probes its devices (the partition scan
+    // included), runs /init, and the boot fails (no Hello).
+    let p = project(
+        &format!(
+            "[profiles.probe]\nkernel = {kernel:?}\ninitrd = {initrd:?}\ncmdline = {PROBE_CMDLINE:?}\nguest_os = \"linux\"\ninject_agent = false\n"
+        ),
+        &PROBE_TEST.replace("IMAGE", &format!("{img:?}")),
+    );
+    let t0 = std::time::Instant::now();
+    let o = provium(
+        p.path(),
+        &["--vmm", "kvm", "--timeout", "1200"],
+        &[("PROVIUM_KVM_AGENT_TIMEOUT", "1100")],
+    );
+    eprintln!("probe boot with disks: {:?}", t0.elapsed());
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    assert!(out.contains("1 passed, 0 failed"), "{out}");
+}
