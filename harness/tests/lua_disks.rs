@@ -7,12 +7,13 @@
 //!   the backend, and every other test skips saying why.
 //! - The tiny guest (tier 4) booted with a disk attached from Lua: the VMM
 //!   gives it a virtio-blk device in the first virtio-mmio slot.
-//! - The probe kernel (tier 5) booted (with an initrd, no agent) with a
-//!   disk attached from Lua and `eio_read` injected: Linux's virtio_blk
-//!   driver finds it as vda with its size, and its partition scan fails with
-//!   an I/O error. That is the Disk's fault set acting on the guest's
-//!   requests. (Two disks without an initrd stopped the boot early on this
-//!   machine, unexplained yet; attach order is tested on the VmConfig.)
+//! - The probe kernel (tier 5) booted (with an initrd, no agent) with two
+//!   disks attached from Lua and `eio_read` injected on the first: Linux's
+//!   virtio_blk driver finds them in attach order (vda, vdb) with their
+//!   sizes, and its partition scan of vda fails with an I/O error while vdb
+//!   reads cleanly. That is the Disk's fault set acting on the guest's
+//!   requests. (The same boot without an initrd stopped early on this
+//!   machine, before any device probe; see docs/vmm.md.)
 //!
 //! KVM tests need /dev/kvm (`PROVIUM_SKIP_KVM=1` skips, printing why); the
 //! probe test needs the probe kernel (`PROVIUM_SKIP_PROBE_KERNEL=1` skips).
@@ -160,20 +161,24 @@ fn a_disk_attached_in_lua_reaches_the_tiny_guest_as_virtio_blk() {
 }
 
 const PROBE_TEST: &str = r#"
-test("the guest kernel reads the disk, and sees the injected EIO", function(t)
+test("the guest kernel sees the disks in attach order, and EIO on the faulty one", function(t)
     local vm = provium:vm("v", "probe", {memory = "256M"})
-    local d = vm:attach_disk({id = "bad", image = IMAGE})
-    d:fault_inject("eio_read")
+    local bad = vm:attach_disk({id = "bad", image = BAD})
+    local good = vm:attach_disk({id = "good", image = GOOD})
+    bad:fault_inject("eio_read")
     local ok = pcall(function() vm:boot() end)
     t:assert(not ok, "no agent in this guest: the boot must fail")
-    t:assert_eq(d:guest_device(), "/dev/vda")
+    t:assert_eq(bad:guest_device(), "/dev/vda")
+    t:assert_eq(good:guest_device(), "/dev/vdb")
     local log = vm:console():read_log()
     t:assert(log:find("virtio_blk virtio0: [vda] 2048 512-byte logical blocks", 1, true), log)
+    t:assert(log:find("virtio_blk virtio1: [vdb] 4096 512-byte logical blocks", 1, true), log)
     t:assert(log:find("I/O error, dev vda, sector 0", 1, true), "the partition scan of vda saw EIO: " .. log)
+    t:assert(not log:find("error, dev vdb", 1, true), "vdb has no fault: " .. log)
     -- The host side agrees: the fault is still active, the image intact.
-    t:assert_eq(d:active_faults()[1], "eio_read")
-    d:clear_faults()
-    t:assert_eq(d:read_sectors(0, 1), string.rep("\0", 512))
+    t:assert_eq(bad:active_faults()[1], "eio_read")
+    bad:clear_faults()
+    t:assert_eq(bad:read_sectors(0, 1), string.rep("\0", 512))
 end)
 "#;
 
@@ -187,7 +192,8 @@ fn an_injected_eio_reaches_the_probe_kernel() {
         return;
     };
     let scratch = tempfile::tempdir().unwrap();
-    let img = image(scratch.path(), "vda.img", 2048);
+    let bad = image(scratch.path(), "bad.img", 2048);
+    let good = image(scratch.path(), "good.img", 4096);
     let initrd = probe_initrd(scratch.path());
     // No agent: the kernel probes its devices (the partition scan
     // included), runs /init, and the boot fails (no Hello).
@@ -195,7 +201,9 @@ fn an_injected_eio_reaches_the_probe_kernel() {
         &format!(
             "[profiles.probe]\nkernel = {kernel:?}\ninitrd = {initrd:?}\ncmdline = {PROBE_CMDLINE:?}\nguest_os = \"linux\"\ninject_agent = false\n"
         ),
-        &PROBE_TEST.replace("IMAGE", &format!("{img:?}")),
+        &PROBE_TEST
+            .replace("BAD", &format!("{bad:?}"))
+            .replace("GOOD", &format!("{good:?}")),
     );
     let t0 = std::time::Instant::now();
     let o = provium(
