@@ -378,12 +378,24 @@ impl SnapshotBuilder {
         name: &str,
         parts: &[&[u8]],
     ) -> Result<&mut Self, SnapshotError> {
+        self.add_memory_masked(name, parts, &[])
+    }
+
+    /// [`SnapshotBuilder::add_memory_parts`] with per-page masks (see
+    /// [`memory::encode_masked_parts_into`]): pages known to be holes are
+    /// skipped without being read.
+    pub fn add_memory_masked(
+        &mut self,
+        name: &str,
+        parts: &[&[u8]],
+        masks: &[Option<Vec<bool>>],
+    ) -> Result<&mut Self, SnapshotError> {
         let fail = |e: io::Error| SnapshotError::InvalidSection {
             name: name.into(),
             reason: format!("cannot encode the memory image: {e}"),
         };
         let mut enc = zstd::stream::Encoder::new(Vec::new(), self.level).map_err(fail)?;
-        let raw_len = memory::encode_parts_into(parts, &mut enc).map_err(fail)?;
+        let raw_len = memory::encode_masked_parts_into(parts, masks, &mut enc).map_err(fail)?;
         let stored = enc.finish().map_err(fail)?;
         self.push(PendingSection {
             name: name.into(),

@@ -84,15 +84,23 @@ fn is_zero(page: &[u8]) -> bool {
 /// page).
 pub fn nonzero_runs(guest: &[u8], page_size: usize) -> Vec<Run> {
     let mut runs: Vec<Run> = Vec::new();
-    push_runs(&mut runs, guest, page_size, 0);
+    push_runs(&mut runs, guest, None, page_size, 0);
     runs
 }
 
 /// Appends the non-zero page runs of `part`, whose first page has index
 /// `first_page`, merging with the last run when they touch.
-fn push_runs(runs: &mut Vec<Run>, part: &[u8], page_size: usize, first_page: u64) {
+fn push_runs(
+    runs: &mut Vec<Run>,
+    part: &[u8],
+    mask: Option<&[bool]>,
+    page_size: usize,
+    first_page: u64,
+) {
     for (i, page) in part.chunks(page_size).enumerate() {
-        if is_zero(page) {
+        // A page the mask rules out is not read at all: reading a hole of
+        // a memfd or file mapping would allocate it.
+        if mask.is_some_and(|m| !m.get(i).copied().unwrap_or(true)) || is_zero(page) {
             continue;
         }
         let i = first_page + i as u64;
@@ -115,6 +123,18 @@ pub fn encode_into<W: Write>(guest: &[u8], w: &mut W) -> io::Result<u64> {
 /// over several host mappings, in guest order) to `w`; returns the bytes
 /// written. Every part but the last is a whole number of pages.
 pub fn encode_parts_into<W: Write>(parts: &[&[u8]], w: &mut W) -> io::Result<u64> {
+    encode_masked_parts_into(parts, &[], w)
+}
+
+/// [`encode_parts_into`] where `masks[i]` (when present) has one entry per
+/// page of part `i`: `false` says the page is known to be zero (a hole of
+/// the file behind it, never faulted in), so it is skipped unread. Pages
+/// past a mask's end are read.
+pub fn encode_masked_parts_into<W: Write>(
+    parts: &[&[u8]],
+    masks: &[Option<Vec<bool>>],
+    w: &mut W,
+) -> io::Result<u64> {
     let page = PAGE_SIZE_BYTES as usize;
     let (last, whole) = parts.split_last().unwrap_or((&(&[] as &[u8]), &[]));
     if let Some(p) = whole.iter().find(|p| p.len() % page != 0) {
@@ -127,9 +147,10 @@ pub fn encode_parts_into<W: Write>(parts: &[&[u8]], w: &mut W) -> io::Result<u64
     let mut starts = Vec::with_capacity(parts.len());
     let mut runs = Vec::new();
     let mut first = 0u64;
-    for p in whole.iter().chain(std::iter::once(last)) {
+    for (i, p) in whole.iter().chain(std::iter::once(last)).enumerate() {
         starts.push(first);
-        push_runs(&mut runs, p, page, first);
+        let mask = masks.get(i).and_then(|m| m.as_deref());
+        push_runs(&mut runs, p, mask, page, first);
         first += (p.len() as u64).div_ceil(page as u64);
     }
     let guest_len: u64 = parts.iter().map(|p| p.len() as u64).sum();
@@ -317,6 +338,15 @@ mod tests {
             encode_parts_into(&[a, b], &mut v).unwrap();
             v
         });
+        // A mask skips pages unread: the masked-out page's data is left out.
+        let mut mask = vec![true; 4];
+        mask[3] = false;
+        let mut v = Vec::new();
+        encode_masked_parts_into(&[a, b], &[Some(mask), None], &mut v).unwrap();
+        let mut back = vec![0u8; g.len()];
+        decode_into(&mut v.as_slice(), &mut back).unwrap();
+        assert_eq!(back[4096 * 3 + 3], 0, "masked page skipped");
+        assert_eq!(&back[4096 * 4..], &g[4096 * 4..]);
         let e = encode_parts_into(&[&g[..100], &g[100..]], &mut Vec::new()).unwrap_err();
         assert!(e.to_string().contains("not a whole number"), "{e}");
     }

@@ -49,7 +49,7 @@ use crate::devices::GuestRequestSink;
 use crate::snapshot::{Expect, Shape, Snapshot, SnapshotBuilder, SnapshotError};
 use crate::vmm_config::VmConfig;
 use crate::vstate::kvm::KvmContext;
-use crate::vstate::memory::{guest_ram_from_image, host_parts, MemoryError};
+use crate::vstate::memory::{data_masks, guest_ram_from_image, host_parts, MemoryError};
 use crate::vstate::vcpu::{
     configure_vcpu, restore_vcpu, save_vcpu, VcpuBootConfig, VcpuError, VcpuIo, VcpuSet, VcpuState,
     VcpuStopSink,
@@ -261,8 +261,12 @@ fn save_quiesced(
     for (name, data) in extra {
         b.add_section(name, data).map_err(file_err)?;
     }
-    b.add_memory_parts(MEMORY_SECTION, &host_parts(&m.ram.memory))
-        .map_err(file_err)?;
+    b.add_memory_masked(
+        MEMORY_SECTION,
+        &host_parts(&m.ram.memory),
+        &data_masks(&m.ram.memory),
+    )
+    .map_err(file_err)?;
     let file_bytes = b.write_file(path).map_err(file_err)?;
     Ok(SnapshotStats {
         file_bytes,

@@ -134,11 +134,110 @@ pub fn create_guest_ram(mem_bytes: u64) -> Result<GuestRam, MemoryError> {
     Ok(GuestRam { memory, file })
 }
 
+/// Per RAM region (in `host_parts` order), one entry per 4 KiB page: false
+/// where the page is certainly zero and untouched (a hole of the file
+/// behind it, and not resident in the mapping), so a snapshot skips it
+/// without reading it. Reading such a page would allocate it (a memfd
+/// hole) or pull a zero page into the page cache (an image hole): a 2 GiB
+/// guest that touched 1 % would become 2 GiB resident. `None` for a region
+/// whose holes cannot be told (no file, or lseek/mincore unsupported): it
+/// is scanned whole.
+pub fn data_masks(mem: &GuestMemoryMmap) -> Vec<Option<Vec<bool>>> {
+    mem.iter().map(region_mask).collect()
+}
+
+fn region_mask(r: &GuestRegionMmap) -> Option<Vec<bool>> {
+    use std::os::fd::AsRawFd;
+    const PAGE: u64 = 4096;
+    let len = r.len();
+    let pages = usize::try_from(len.div_ceil(PAGE)).ok()?;
+    let mut mask = vec![false; pages];
+    let fo = r.file_offset()?;
+    let fd = fo.file().as_raw_fd();
+    let (start, end) = (fo.start(), fo.start().checked_add(len)?);
+    let mut pos = start;
+    while pos < end {
+        let at = libc::off_t::try_from(pos).ok()?;
+        // SAFETY: lseek on a file descriptor the region keeps open; it only
+        // reads the file's extent map.
+        let data = unsafe { libc::lseek(fd, at, libc::SEEK_DATA) };
+        if data < 0 {
+            if io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO) {
+                break; // no data past `pos`
+            }
+            return None;
+        }
+        let data = u64::try_from(data).ok()?;
+        if data >= end {
+            break;
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(fd, libc::off_t::try_from(data).ok()?, libc::SEEK_HOLE) };
+        let hole = u64::try_from(hole).ok()?.min(end);
+        let first = usize::try_from((data - start) / PAGE).ok()?;
+        let last = usize::try_from((hole - start).div_ceil(PAGE)).ok()?;
+        mask.get_mut(first..last.min(pages))?.fill(true);
+        pos = hole.max(data + 1);
+    }
+    // Pages resident in the mapping but not in the file: a private
+    // mapping's copy-on-write pages (what a restored guest wrote).
+    let mut resident = vec![0u8; pages];
+    // SAFETY: the region maps `len` bytes at `as_ptr()` (page-aligned, from
+    // mmap); `resident` has one byte per page of that range.
+    let rc = unsafe {
+        libc::mincore(
+            r.as_ptr().cast(),
+            usize::try_from(len).ok()?,
+            resident.as_mut_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    for (m, v) in mask.iter_mut().zip(&resident) {
+        *m |= v & 1 == 1;
+    }
+    Some(mask)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::Read;
     use vm_memory::{Bytes, GuestMemoryBackend};
+
+    #[test]
+    fn masks_mark_written_pages_and_leave_holes_unread() {
+        let ram = create_guest_ram(16 << 20).expect("16 MiB memfd");
+        ram.memory
+            .write_obj(7u8, GuestAddress(5 * 4096 + 9))
+            .expect("in range");
+        let masks = data_masks(&ram.memory);
+        let m = masks[0].as_ref().expect("a memfd has an extent map");
+        assert_eq!(m.len(), 4096);
+        assert!(m[5], "the written page");
+        assert_eq!(m.iter().filter(|b| **b).count(), 1, "only it");
+        // The snapshot encoder skips the rest without faulting it in.
+        let mut img = Vec::new();
+        provium_snapshot::memory::encode_masked_parts_into(
+            &host_parts(&ram.memory),
+            &masks,
+            &mut img,
+        )
+        .expect("encodes");
+        let mut resident = vec![0u8; 4096];
+        let r = ram.memory.iter().next().expect("a region");
+        // SAFETY: the region maps 16 MiB at as_ptr(); one byte per page.
+        assert_eq!(
+            unsafe { libc::mincore(r.as_ptr().cast(), 16 << 20, resident.as_mut_ptr().cast()) },
+            0
+        );
+        assert_eq!(
+            resident.iter().filter(|b| **b & 1 == 1).count(),
+            1,
+            "no hole was faulted in"
+        );
+    }
 
     #[test]
     fn ram_is_backed_by_the_memfd() {
