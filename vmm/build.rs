@@ -5,10 +5,16 @@
 
 #[path = "guest/asm.rs"]
 mod asm;
+#[path = "guest/tiny_blk.rs"]
+mod tiny_blk;
 #[path = "guest/tiny_guest.rs"]
 mod tiny_guest;
 #[path = "guest/tiny_net.rs"]
 mod tiny_net;
+#[path = "guest/tiny_rng.rs"]
+mod tiny_rng;
+#[path = "guest/tiny_virtio.rs"]
+mod tiny_virtio;
 
 use std::path::PathBuf;
 

@@ -269,6 +269,66 @@ impl Asm {
         self.bytes(&imm.to_le_bytes());
     }
 
+    // ---- used by the shared virtio helpers and the blk/rng drivers ----
+
+    /// `push r64`
+    pub fn push(&mut self, r: Reg) {
+        self.bytes(&[0x50 + r as u8]);
+    }
+
+    /// `pop r64`
+    pub fn pop(&mut self, r: Reg) {
+        self.bytes(&[0x58 + r as u8]);
+    }
+
+    /// `stosb` (store AL at [RDI], RDI += 1)
+    pub fn stosb(&mut self) {
+        self.bytes(&[0xAA]);
+    }
+
+    /// `rep stosb` (RCX bytes of AL from RDI)
+    pub fn rep_stosb(&mut self) {
+        self.bytes(&[0xF3, 0xAA]);
+    }
+
+    /// `inc al`
+    pub fn inc_al(&mut self) {
+        self.bytes(&[0xFE, 0xC0]);
+    }
+
+    /// `mov dst32, src32`
+    pub fn mov_r32_r32(&mut self, dst: Reg, src: Reg) {
+        self.bytes(&[0x89, 0xC0 | ((src as u8) << 3) | dst as u8]);
+    }
+
+    /// `shl r32, imm8`
+    pub fn shl_r32(&mut self, r: Reg, imm: u8) {
+        self.bytes(&[0xC1, 0xE0 | r as u8, imm]);
+    }
+
+    /// `cmp a32, b32`
+    pub fn cmp_r32_r32(&mut self, a: Reg, b: Reg) {
+        self.bytes(&[0x39, 0xC0 | ((b as u8) << 3) | a as u8]);
+    }
+
+    /// `cmp r16, word [base + disp32]`
+    pub fn cmp_r16_mem(&mut self, r: Reg, base: Reg, disp: u32) {
+        self.bytes(&[0x66, 0x3B, 0x80 | ((r as u8) << 3) | base as u8]);
+        self.bytes(&disp.to_le_bytes());
+    }
+
+    /// `cmp al, byte [base + disp32]`
+    pub fn cmp_al_mem(&mut self, base: Reg, disp: u32) {
+        self.bytes(&[0x3A, 0x80 | base as u8]);
+        self.bytes(&disp.to_le_bytes());
+    }
+
+    /// `inc word [base + disp32]`
+    pub fn inc_word_mem(&mut self, base: Reg, disp: u32) {
+        self.bytes(&[0x66, 0xFF, 0x80 | base as u8]);
+        self.bytes(&disp.to_le_bytes());
+    }
+
     /// A NUL-terminated string at a label.
     pub fn cstr(&mut self, l: &'static str, s: &str) {
         self.label(l);

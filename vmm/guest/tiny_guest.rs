@@ -18,7 +18,9 @@
 //!    kernel's load address), polls COM1's LSR, and for each received byte:
 //!    `R` writes 0xFE to the i8042 command port (reset), `P` writes SLP_EN to
 //!    the PM1a control port 0x604 (power off), `N`/`M`/`L` drive the
-//!    virtio-net device (`tiny_net.rs`), anything else is echoed.
+//!    virtio-net device (`tiny_net.rs`), `B`/`I`/`H` the virtio-blk device
+//!    (`tiny_blk.rs`), `G` the virtio-rng device (`tiny_rng.rs`), anything
+//!    else is echoed.
 //!
 //! It stays tiny because its CPL0 code is emulated (~2-3 M instructions/s) on
 //! kvm_pvm, and uses no instruction that emulator lacks.
@@ -120,6 +122,14 @@ fn program() -> (Vec<u8>, usize) {
     a.jcc(Cond::Z, "net_rx");
     a.cmp_al(crate::tiny_net::CMD_NET_LINK);
     a.jcc(Cond::Z, "net_link");
+    // virtio-blk and virtio-rng checks (tiny_blk.rs, tiny_rng.rs).
+    for (cmd, l) in crate::tiny_blk::COMMANDS
+        .into_iter()
+        .chain(crate::tiny_rng::COMMANDS)
+    {
+        a.cmp_al(cmd);
+        a.jcc(Cond::Z, l);
+    }
     a.out_dx_al(); // echo
     a.jmp("main_loop");
 
@@ -176,6 +186,9 @@ fn program() -> (Vec<u8>, usize) {
     a.ret();
 
     crate::tiny_net::emit(&mut a);
+    crate::tiny_virtio::emit(&mut a);
+    crate::tiny_blk::emit(&mut a);
+    crate::tiny_rng::emit(&mut a);
 
     a.cstr("s_banner", "PROVIUM-TINY-GUEST v1\n");
     a.cstr("s_cmdline", "cmdline=");

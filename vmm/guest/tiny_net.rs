@@ -17,6 +17,7 @@
 //! No device found: `NET-NONE`. Kept small: this code is emulated.
 
 use crate::asm::{Asm, Cond, Reg};
+use crate::tiny_virtio::{AVAIL, USED};
 
 /// Console commands.
 pub const CMD_NET_UP: u8 = b'N';
@@ -25,14 +26,10 @@ pub const CMD_NET_LINK: u8 = b'L';
 /// The payload of the frame the guest sends.
 pub const TX_PAYLOAD: &str = "PROVIUM-TINY-NET-TX";
 
-const MMIO0: u32 = 0xd000_0000;
-/// virtio-mmio slots the device manager hands out (IRQs 5-23).
-const MMIO_SLOTS: u32 = 19;
+const VIRTIO_ID_NET: u32 = 1;
+/// Queue pages (`tiny_virtio.rs` layout: TX must follow RX).
 const RXQ: u32 = 0x30_0000;
-const TXQ: u32 = 0x30_1000;
-/// Offsets of the avail and used rings from a queue's descriptor table.
-const AVAIL: u32 = 0x100;
-const USED: u32 = 0x200;
+const TXQ: u32 = RXQ + 0x1000;
 pub const RX_BUF: u32 = 0x30_2000;
 const RX_BUF_BYTES: u32 = 2048;
 /// virtio-net header (VERSION_1) + Ethernet header.
@@ -45,45 +42,20 @@ const IDX_ONE: u32 = 0x0001_0000;
 /// Emits the three command handlers (each ends with `jmp main_loop`) and
 /// their data. The main loop jumps to `net_up`, `net_rx`, `net_link`.
 pub fn emit(a: &mut Asm) {
-    // net_find: RSI = the net device's window, ZF=1; ZF=0 when none.
-    a.label("net_find");
-    a.mov_r32_imm(Reg::Rsi, MMIO0);
-    a.label("net_find_loop");
-    a.mov_r32_mem(Reg::Rax, Reg::Rsi, 8);
-    a.cmp_eax(1);
-    a.jcc(Cond::Z, "net_find_done");
-    a.add_r32_imm(Reg::Rsi, 0x1000);
-    a.cmp_r32_imm(Reg::Rsi, MMIO0 + MMIO_SLOTS * 0x1000);
-    a.jcc(Cond::B, "net_find_loop");
-    a.cmp_eax(1); // EAX is not 1 here: ZF=0
-    a.label("net_find_done");
-    a.ret();
-
     a.label("net_none");
     a.lea_rip(Reg::Rbx, "s_net_none");
     a.call("puts");
     a.jmp("main_loop");
 
     a.label("net_up");
-    a.call("net_find");
+    // RX is queue 0 at RXQ, TX queue 1 at TXQ (the next page).
+    a.mov_r32_imm(Reg::Rcx, VIRTIO_ID_NET);
+    a.mov_r32_imm(Reg::Rbx, (1 << 5) | (1 << 16)); // MAC | STATUS
+    a.mov_r32_imm(Reg::Rdi, RXQ);
+    a.mov_r32_imm(Reg::Rdx, 2);
+    a.call("virtio_up");
     a.jcc(Cond::Nz, "net_none");
-    a.mov_mem_imm32(Reg::Rsi, 0x70, 0); // reset
-    a.mov_mem_imm32(Reg::Rsi, 0x70, 3); // ACKNOWLEDGE | DRIVER
-    a.mov_mem_imm32(Reg::Rsi, 0x24, 1);
-    a.mov_mem_imm32(Reg::Rsi, 0x20, 1); // VERSION_1 (bit 32)
-    a.mov_mem_imm32(Reg::Rsi, 0x24, 0);
-    a.mov_mem_imm32(Reg::Rsi, 0x20, (1 << 5) | (1 << 16)); // MAC | STATUS
-    a.mov_mem_imm32(Reg::Rsi, 0x70, 0xB); // FEATURES_OK
-    for (sel, base) in [(0, RXQ), (1, TXQ)] {
-        a.mov_mem_imm32(Reg::Rsi, 0x30, sel);
-        a.mov_mem_imm32(Reg::Rsi, 0x38, 4);
-        a.mov_mem_imm32(Reg::Rsi, 0x80, base);
-        a.mov_mem_imm32(Reg::Rsi, 0x90, base + AVAIL);
-        a.mov_mem_imm32(Reg::Rsi, 0xA0, base + USED);
-        a.mov_mem_imm32(Reg::Rsi, 0x44, 1);
-    }
-    a.mov_mem_imm32(Reg::Rsi, 0x70, 0xF); // DRIVER_OK
-                                          // RX: descriptor 0 = the 2 KiB buffer, device-writable; avail idx 1.
+    // RX: descriptor 0 = the 2 KiB buffer, device-writable; avail idx 1.
     a.mov_r32_imm(Reg::Rdi, RXQ);
     a.mov_mem_imm32(Reg::Rdi, 0, RX_BUF);
     a.mov_mem_imm32(Reg::Rdi, 8, RX_BUF_BYTES);
@@ -124,7 +96,8 @@ pub fn emit(a: &mut Asm) {
     a.jmp("main_loop");
 
     a.label("net_link");
-    a.call("net_find");
+    a.mov_r32_imm(Reg::Rcx, VIRTIO_ID_NET);
+    a.call("virtio_find");
     a.jcc(Cond::Nz, "net_none");
     a.lea_rip(Reg::Rbx, "s_net_link");
     a.call("puts");

@@ -29,6 +29,25 @@ pub const CMD_NET_RX: u8 = b'M';
 pub const CMD_NET_LINK: u8 = b'L';
 /// The payload of the frame `CMD_NET_UP` sends.
 pub const NET_TX_PAYLOAD: &str = "PROVIUM-TINY-NET-TX";
+/// Console input byte, followed by a seed byte: the first virtio-blk device
+/// (brought up afresh) writes sector 1 with seed, seed+1, ... (512 bytes),
+/// reads it back and prints `BLK-RW w=<write status> r=<read status>
+/// data=<first 4 bytes read, hex> ok|bad` (`ok`: all 512 bytes read equal
+/// the ones written; statuses are 2 hex digits, `ff` if the device never
+/// wrote one) (`vmm/guest/tiny_blk.rs`).
+pub const CMD_BLK_RW: u8 = b'B';
+/// Console input byte: GET_ID; prints `BLK-ID s=<status> <id>`.
+pub const CMD_BLK_ID: u8 = b'I';
+/// Console input byte: hostile chains on the virtio-blk queue; prints
+/// `BLK-HOSTILE oob=<status>/<used len> loop=<status>/<used len>
+/// good=<status> bad-ring=<device status>` (a header outside RAM, a
+/// descriptor chained to itself, a good read, then the queue placed outside
+/// RAM on a fresh init).
+pub const CMD_BLK_HOSTILE: u8 = b'H';
+/// Console input byte: read 16 bytes from the first virtio-rng device; prints
+/// `RNG len=<used length, 8 hex digits> bytes=<the bytes, hex>`
+/// (`vmm/guest/tiny_rng.rs`).
+pub const CMD_RNG: u8 = b'G';
 
 #[cfg(test)]
 mod tests {
@@ -80,5 +99,8 @@ mod tests {
         assert!(hay.contains(BANNER));
         assert!(hay.contains(READY));
         assert!(hay.contains(NET_TX_PAYLOAD), "the net check's frame");
+        for answer in ["BLK-RW w=", "BLK-ID s=", "BLK-HOSTILE oob=", "RNG len="] {
+            assert!(hay.contains(answer), "{answer}");
+        }
     }
 }
