@@ -15,6 +15,8 @@ mod tiny_net;
 mod tiny_rng;
 #[path = "guest/tiny_virtio.rs"]
 mod tiny_virtio;
+#[path = "guest/tiny_vsock.rs"]
+mod tiny_vsock;
 
 use std::path::PathBuf;
 

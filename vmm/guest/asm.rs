@@ -329,6 +329,24 @@ impl Asm {
         self.bytes(&disp.to_le_bytes());
     }
 
+    /// `add dst32, src32`
+    pub fn add_r32_r32(&mut self, dst: Reg, src: Reg) {
+        self.bytes(&[0x01, 0xC0 | ((src as u8) << 3) | dst as u8]);
+    }
+
+    /// `and r32, imm32`
+    pub fn and_r32_imm(&mut self, r: Reg, imm: u32) {
+        self.bytes(&[0x81, 0xE0 | r as u8]);
+        self.bytes(&imm.to_le_bytes());
+    }
+
+    /// `mov byte [base + disp32], imm8`
+    pub fn mov_mem_imm8(&mut self, base: Reg, disp: u32, imm: u8) {
+        self.bytes(&[0xC6, 0x80 | base as u8]);
+        self.bytes(&disp.to_le_bytes());
+        self.bytes(&[imm]);
+    }
+
     /// A NUL-terminated string at a label.
     pub fn cstr(&mut self, l: &'static str, s: &str) {
         self.label(l);

@@ -136,10 +136,7 @@ pub fn emit(a: &mut Asm) {
     a.mov_mem_imm32(Reg::Rdi, STATUS, 0xFF);
     a.inc_word_mem(Reg::Rdi, AVAIL + 2);
     a.mov_mem_imm32(Reg::Rsi, 0x50, 0);
-    a.label("blk_wait");
-    a.movzx_r32_mem16(Reg::Rax, Reg::Rdi, AVAIL + 2);
-    a.cmp_r16_mem(Reg::Rax, Reg::Rdi, USED + 2);
-    a.jcc(Cond::Nz, "blk_wait");
+    a.call("virtio_wait_used");
     a.movzx_r32_mem8(Reg::Rax, Reg::Rdi, STATUS);
     a.ret();
 

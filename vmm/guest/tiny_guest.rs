@@ -19,8 +19,8 @@
 //!    `R` writes 0xFE to the i8042 command port (reset), `P` writes SLP_EN to
 //!    the PM1a control port 0x604 (power off), `N`/`M`/`L` drive the
 //!    virtio-net device (`tiny_net.rs`), `B`/`I`/`H` the virtio-blk device
-//!    (`tiny_blk.rs`), `G` the virtio-rng device (`tiny_rng.rs`), anything
-//!    else is echoed.
+//!    (`tiny_blk.rs`), `G` the virtio-rng device (`tiny_rng.rs`), `V`/`X`/`A`
+//!    the virtio-vsock device (`tiny_vsock.rs`), anything else is echoed.
 //!
 //! It stays tiny because its CPL0 code is emulated (~2-3 M instructions/s) on
 //! kvm_pvm, and uses no instruction that emulator lacks.
@@ -122,10 +122,12 @@ fn program() -> (Vec<u8>, usize) {
     a.jcc(Cond::Z, "net_rx");
     a.cmp_al(crate::tiny_net::CMD_NET_LINK);
     a.jcc(Cond::Z, "net_link");
-    // virtio-blk and virtio-rng checks (tiny_blk.rs, tiny_rng.rs).
+    // virtio-blk, virtio-rng and virtio-vsock checks (tiny_blk.rs,
+    // tiny_rng.rs, tiny_vsock.rs).
     for (cmd, l) in crate::tiny_blk::COMMANDS
         .into_iter()
         .chain(crate::tiny_rng::COMMANDS)
+        .chain(crate::tiny_vsock::COMMANDS)
     {
         a.cmp_al(cmd);
         a.jcc(Cond::Z, l);
@@ -189,6 +191,7 @@ fn program() -> (Vec<u8>, usize) {
     crate::tiny_virtio::emit(&mut a);
     crate::tiny_blk::emit(&mut a);
     crate::tiny_rng::emit(&mut a);
+    crate::tiny_vsock::emit(&mut a);
 
     a.cstr("s_banner", "PROVIUM-TINY-GUEST v1\n");
     a.cstr("s_cmdline", "cmdline=");

@@ -17,7 +17,7 @@
 //! No device found: `NET-NONE`. Kept small: this code is emulated.
 
 use crate::asm::{Asm, Cond, Reg};
-use crate::tiny_virtio::{AVAIL, USED};
+use crate::tiny_virtio::{self, AVAIL, USED};
 
 /// Console commands.
 pub const CMD_NET_UP: u8 = b'N';
@@ -49,12 +49,8 @@ pub fn emit(a: &mut Asm) {
 
     a.label("net_up");
     // RX is queue 0 at RXQ, TX queue 1 at TXQ (the next page).
-    a.mov_r32_imm(Reg::Rcx, VIRTIO_ID_NET);
-    a.mov_r32_imm(Reg::Rbx, (1 << 5) | (1 << 16)); // MAC | STATUS
-    a.mov_r32_imm(Reg::Rdi, RXQ);
-    a.mov_r32_imm(Reg::Rdx, 2);
-    a.call("virtio_up");
-    a.jcc(Cond::Nz, "net_none");
+    const MAC_STATUS: u32 = (1 << 5) | (1 << 16);
+    tiny_virtio::up(a, VIRTIO_ID_NET, MAC_STATUS, RXQ, 2, "net_none");
     // RX: descriptor 0 = the 2 KiB buffer, device-writable; avail idx 1.
     a.mov_r32_imm(Reg::Rdi, RXQ);
     a.mov_mem_imm32(Reg::Rdi, 0, RX_BUF);

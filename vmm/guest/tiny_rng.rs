@@ -8,7 +8,7 @@
 //! No device: `RNG-NONE`.
 
 use crate::asm::{Asm, Cond, Reg};
-use crate::tiny_virtio::{AVAIL, USED};
+use crate::tiny_virtio::{self, AVAIL, USED};
 
 /// Console command.
 pub const CMD_RNG: u8 = b'G';
@@ -26,12 +26,7 @@ const IDX_ONE: u32 = 0x0001_0000;
 /// Emits `rng_read` (ends with `jmp main_loop`).
 pub fn emit(a: &mut Asm) {
     a.label("rng_read");
-    a.mov_r32_imm(Reg::Rcx, VIRTIO_ID_RNG);
-    a.mov_r32_imm(Reg::Rbx, 0);
-    a.mov_r32_imm(Reg::Rdi, RNGQ);
-    a.mov_r32_imm(Reg::Rdx, 1);
-    a.call("virtio_up");
-    a.jcc(Cond::Nz, "rng_none");
+    tiny_virtio::up(a, VIRTIO_ID_RNG, 0, RNGQ, 1, "rng_none");
     a.mov_r32_imm(Reg::Rdi, RNGQ);
     a.mov_mem_imm32(Reg::Rdi, 0, RNG_BUF);
     a.mov_mem_imm32(Reg::Rdi, 8, RNG_BYTES);

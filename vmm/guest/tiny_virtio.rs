@@ -19,7 +19,20 @@ const QUEUE_SIZE: u32 = 4;
 const COM1: u32 = 0x3F8;
 const COM1_LSR: u32 = COM1 + 5;
 
-/// Emits `virtio_find`, `virtio_up`, `virtio_init`, `getc`, `puthexbytes`.
+/// Emits a call of `virtio_up` for device `id` with driver `features`,
+/// `queues` queues from page `queue0`, jumping to `none` when there is no
+/// such device.
+pub fn up(a: &mut Asm, id: u32, features: u32, queue0: u32, queues: u32, none: &'static str) {
+    a.mov_r32_imm(Reg::Rcx, id);
+    a.mov_r32_imm(Reg::Rbx, features);
+    a.mov_r32_imm(Reg::Rdi, queue0);
+    a.mov_r32_imm(Reg::Rdx, queues);
+    a.call("virtio_up");
+    a.jcc(Cond::Nz, none);
+}
+
+/// Emits `virtio_find`, `virtio_up`, `virtio_init`, `virtio_wait_used`,
+/// `getc`, `puthexbytes`.
 pub fn emit(a: &mut Asm) {
     // virtio_find: ECX = device ID. RSI = its window and ZF=1; ZF=0 when no
     // window has it. Clobbers EAX.
@@ -76,6 +89,14 @@ pub fn emit(a: &mut Asm) {
     a.cmp_r32_r32(Reg::Rcx, Reg::Rdx);
     a.jcc(Cond::Nz, "virtio_queue_loop");
     a.mov_mem_imm32(Reg::Rsi, 0x70, 0xF); // DRIVER_OK (mov keeps ZF=1)
+    a.ret();
+
+    // virtio_wait_used: RDI = a queue page; returns once the device has
+    // used everything offered (used idx == avail idx). Clobbers EAX.
+    a.label("virtio_wait_used");
+    a.movzx_r32_mem16(Reg::Rax, Reg::Rdi, AVAIL + 2);
+    a.cmp_r16_mem(Reg::Rax, Reg::Rdi, USED + 2);
+    a.jcc(Cond::Nz, "virtio_wait_used");
     a.ret();
 
     // getc: waits for a console byte; AL = it. Clobbers EDX.

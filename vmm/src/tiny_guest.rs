@@ -48,6 +48,24 @@ pub const CMD_BLK_HOSTILE: u8 = b'H';
 /// `RNG len=<used length, 8 hex digits> bytes=<the bytes, hex>`
 /// (`vmm/guest/tiny_rng.rs`).
 pub const CMD_RNG: u8 = b'G';
+/// Console input byte: bring the first virtio-vsock device up afresh, connect
+/// from guest port [`VSOCK_GUEST_PORT`] to host port [`VSOCK_HOST_PORT`],
+/// print the answer as [`CMD_VSOCK_RECV`] does (`op=02`: OP_RESPONSE), then
+/// send [`VSOCK_TX_PAYLOAD`] on the connection (`vmm/guest/tiny_vsock.rs`).
+pub const CMD_VSOCK_CONNECT: u8 = b'V';
+/// Console input byte: wait for the next vsock packet and print `VSOCK-RX
+/// op=<op, 2 hex digits> port=<dst port, 8 hex digits> <payload>`.
+pub const CMD_VSOCK_RECV: u8 = b'X';
+/// Console input byte: take the next vsock packet (a host connect's
+/// OP_REQUEST), print it as [`CMD_VSOCK_RECV`] does, accept the connection
+/// and send [`VSOCK_TX_PAYLOAD`] on it.
+pub const CMD_VSOCK_ACCEPT: u8 = b'A';
+/// The host port [`CMD_VSOCK_CONNECT`] connects to.
+pub const VSOCK_HOST_PORT: u32 = 1024;
+/// The guest port it connects from.
+pub const VSOCK_GUEST_PORT: u32 = 0x500;
+/// What the guest sends on each vsock connection.
+pub const VSOCK_TX_PAYLOAD: &str = "PROVIUM-TINY-VSOCK-TX";
 
 #[cfg(test)]
 mod tests {
@@ -67,8 +85,11 @@ mod tests {
         assert!(u16_at(0x206) >= 0x0206, "protocol >= 2.06");
         assert_eq!(BZIMAGE[0x211] & 1, 1, "LOADED_HIGH");
         assert_eq!(u16_at(0x236) & 1, 1, "XLF_KERNEL_64");
+        // The emulator's cost is the instructions the guest executes, not
+        // its size; the bound keeps the drivers minimal (4.5 KiB with net,
+        // blk, rng and vsock).
         assert!(
-            BZIMAGE.len() < 4096,
+            BZIMAGE.len() < 8192,
             "keep it tiny: {} bytes",
             BZIMAGE.len()
         );
@@ -99,6 +120,7 @@ mod tests {
         assert!(hay.contains(BANNER));
         assert!(hay.contains(READY));
         assert!(hay.contains(NET_TX_PAYLOAD), "the net check's frame");
+        assert!(hay.contains(VSOCK_TX_PAYLOAD), "the vsock check's payload");
         for answer in ["BLK-RW w=", "BLK-ID s=", "BLK-HOSTILE oob=", "RNG len="] {
             assert!(hay.contains(answer), "{answer}");
         }

@@ -1123,3 +1123,64 @@ fn virtio_rng_guest_reads_the_seeded_stream() {
     let h = guest_rng_bytes(test, None, 2).expect("kvm worked above");
     assert_ne!(h[..16], h[16..], "host randomness repeats");
 }
+
+#[test]
+fn virtio_vsock_guest_connects_and_accepts_with_data_both_ways() {
+    use provium_vmm::vmm_config::VsockHost;
+    use std::io::{Read, Write};
+    use tiny_guest::{
+        CMD_VSOCK_ACCEPT, CMD_VSOCK_CONNECT, CMD_VSOCK_RECV, VSOCK_HOST_PORT, VSOCK_TX_PAYLOAD,
+    };
+    let test = "virtio_vsock_guest_connects_and_accepts_with_data_both_ways";
+    let host = VsockHost::new(3).expect("vsock host");
+    let mut cfg = tiny_cfg();
+    cfg.vsock = Some(host.clone());
+    let Some(vm) = vm_from(test, cfg) else {
+        return;
+    };
+    let listener = host.listen(VSOCK_HOST_PORT).expect("listen");
+    boot_ready(&vm);
+
+    let read_payload = |s: &mut std::os::unix::net::UnixStream| {
+        s.set_read_timeout(Some(WAIT)).expect("timeout");
+        let mut got = vec![0u8; VSOCK_TX_PAYLOAD.len()];
+        s.read_exact(&mut got).expect("the guest's bytes");
+        String::from_utf8(got).expect("utf-8")
+    };
+
+    // Guest -> host: the guest's OP_REQUEST to the listened port is answered
+    // OP_RESPONSE (to guest port 0x500), the host accepts a stream carrying
+    // the guest's bytes, and the host's reply reaches the guest.
+    net_command(&vm, CMD_VSOCK_CONNECT, "VSOCK-RX op=02 port=00000500 \n", 1);
+    let mut s = listener
+        .accept_timeout(WAIT)
+        .expect("the guest's connection reached the listener");
+    assert_eq!(read_payload(&mut s), VSOCK_TX_PAYLOAD);
+    s.write_all(b"HOST-REPLY-1").expect("host writes");
+    net_command(
+        &vm,
+        CMD_VSOCK_RECV,
+        "VSOCK-RX op=05 port=00000500 HOST-REPLY-1\n",
+        1,
+    );
+
+    // Host -> guest: the host's connect to guest port 5000 reaches the guest
+    // as OP_REQUEST; once the guest answers, connect returns a stream that
+    // carries data both ways.
+    let h = host.clone();
+    let connect = std::thread::spawn(move || h.connect(5000, WAIT));
+    net_command(&vm, CMD_VSOCK_ACCEPT, "VSOCK-RX op=01 port=00001388 \n", 1);
+    let mut s2 = connect
+        .join()
+        .expect("no panic")
+        .expect("the guest accepted the host's connection");
+    assert_eq!(read_payload(&mut s2), VSOCK_TX_PAYLOAD);
+    s2.write_all(b"HOST-REPLY-2").expect("host writes");
+    net_command(
+        &vm,
+        CMD_VSOCK_RECV,
+        "VSOCK-RX op=05 port=00001388 HOST-REPLY-2\n",
+        1,
+    );
+    vm.shutdown().expect("shutdown");
+}
