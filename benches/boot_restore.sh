@@ -3,7 +3,8 @@
 # (docs/benchmarking.md has what each phase means and the numbers measured).
 #
 #   bash benches/boot_restore.sh [OUT_DIR]            # root: restore/ops start sandboxes
-#   QEMU=1 bash benches/boot_restore.sh [OUT_DIR]     # also QEMU -M microvm, same kernel
+#   QEMU=1 bash benches/boot_restore.sh [OUT_DIR]     # also QEMU -M microvm side by side
+#   QEMU=1 ONLY_SIDE_BY_SIDE=1 bash benches/boot_restore.sh   # sections 2 (initrd) and 5 only
 #
 # Writes OUT_DIR (default target/bench/<date>) with one JSON-lines file per
 # bench (`--json` output, comparable later with `provium bench compare`) and
@@ -11,11 +12,12 @@
 # (probe kernel boots; default 3, each ~1 min on kvm_pvm), OPS_RUNS (default
 # 1000), PIN (a CPU to pin to; default none).
 #
-# QEMU=1 installs Debian's qemu-system-x86 if missing (never in CI) and boots
-# the same probe kernel and initrd under `-M microvm` PROBE_RUNS times,
-# timestamping QEMU's serial output as it arrives: process start to first
-# byte and to "Run /init". That is a reader on a pipe, not QEMU's own
-# timer, so it is an upper bound for QEMU; our numbers come from the VMM.
+# QEMU=1 installs Debian's qemu-system-x86 if missing (never in CI) and runs
+# section 5: the tiny guest (TINY_RUNS, default 10) and the probe kernel
+# (PROBE_RUNS) under our VMM and `qemu-system-x86_64 -M microvm,acpi=off`,
+# alternating, each from process spawn to the first serial byte and to its
+# marker line, plus each VMM's RSS beyond guest RAM (side-by-side.json;
+# benches/side_by_side.py).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
@@ -27,7 +29,8 @@ PIN_ARGS=()
 if [[ -n "${PIN:-}" ]]; then PIN_ARGS=(--pin "$PIN"); fi
 mkdir -p "$OUT"
 
-cargo build --release -q -p provium -p provium-agent
+ONLY=${ONLY_SIDE_BY_SIDE:-0}
+[[ $ONLY == 1 ]] || cargo build --release -q -p provium -p provium-agent
 PROVIUM=$ROOT/target/release/provium
 export PROVIUM_AGENT=$ROOT/target/release/provium-agent
 
@@ -57,7 +60,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 # 1. The tiny guest: VMM set-up and the VMM's own floor.
-bench boot-tiny boot --tiny-guest -n "$RUNS" --warmup 5
+[[ $ONLY == 1 ]] || bench boot-tiny boot --tiny-guest -n "$RUNS" --warmup 5
 
 # 2. The probe kernel (scripts/build-probe-kernel.sh), up to "Run /init".
 KERNEL=${PROVIUM_PROBE_KERNEL:-$ROOT/target/probe-kernel/bzImage}
@@ -74,12 +77,13 @@ kernel = "$(readlink -f "$KERNEL")"
 initrd = "$work/probe/initrd.cpio"
 cmdline = "$CMDLINE"
 EOF
-    (cd "$work/probe" && bench boot-probe boot probe -n "$PROBE_RUNS" --warmup 0)
+    [[ $ONLY == 1 ]] || (cd "$work/probe" && bench boot-probe boot probe -n "$PROBE_RUNS" --warmup 0)
 else
     echo "== probe kernel $KERNEL missing: run scripts/build-probe-kernel.sh (skipping its boot bench)"
 fi
 
 # 3. Restore of a local vm_fixture, 1 and 4 at once.
+if [[ $ONLY != 1 ]]; then
 mkdir -p "$work/fix/fixtures" "$work/fix/k"
 echo "not booted by the local backend" >"$work/fix/k/bzImage"
 printf '[provium]\nroots = ["."]\ncache_dir = "cache"\n\n[profiles.linux]\nkernel = "k/bzImage"\ncmdline = "q"\n' >"$work/fix/provium.toml"
@@ -90,44 +94,24 @@ printf 'local vm = provium:vm("base", "linux"):boot()\nvm:write_file("/srv/tag",
 
 # 4. Agent round trips on the local backend.
 (cd "$work" && bench ops-local ops --vmm local -n "$OPS_RUNS" --warmup 50)
+fi
 
-# 5. QEMU -M microvm with the same kernel and initrd (opt-in).
-if [[ "${QEMU:-0}" == 1 && -f "$KERNEL" ]]; then
+# 5. Side by side with QEMU -M microvm (opt-in): the same images on the same
+# KVM in one run, alternating ours and QEMU's boot by boot so a load change on
+# the machine hits both. Each VMM runs as its own process with the guest's
+# serial on a pipe: ours is vmm/examples/boot_serial.rs, QEMU has `-serial
+# stdio`; a reader timestamps the bytes as they arrive, from the moment the
+# process is spawned. When the marker line arrives, each process's RSS beyond
+# its guest RAM mapping (the VMM's own memory) is read from /proc/PID/smaps.
+if [[ "${QEMU:-0}" == 1 ]]; then
     if ! command -v qemu-system-x86_64 >/dev/null; then
         apt-get install -y -q qemu-system-x86 >/dev/null
     fi
-    echo "== QEMU $(qemu-system-x86_64 --version | head -1), -M microvm, $PROBE_RUNS boot(s)"
-    python3 - "$KERNEL" "$work/probe/initrd.cpio" "$CMDLINE" "$PROBE_RUNS" "$OUT/qemu-microvm.json" <<'EOF'
-import json, os, subprocess, sys, time
-kernel, initrd, cmdline, runs, out = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
-rows = []
-for i in range(runs):
-    t0 = time.monotonic()
-    p = subprocess.Popen(["qemu-system-x86_64", "-M", "microvm", "-enable-kvm", "-cpu", "host", "-m", "256",
-                          "-nodefaults", "-no-user-config", "-nographic", "-serial", "stdio", "-no-reboot",
-                          "-kernel", kernel, "-initrd", initrd, "-append", cmdline],
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    first = init = None
-    buf = b""
-    while True:
-        b = os.read(p.stdout.fileno(), 4096)
-        if not b:
-            break
-        now = time.monotonic()
-        first = first or now
-        buf = (buf + b)[-4096:]
-        if b" as init process" in buf:
-            init = now
-            break
-        if now - t0 > 900:
-            break
-    p.kill(); p.wait()
-    rows.append({"start_to_console": (first - t0) * 1e9 if first else None,
-                 "start_to_init": (init - t0) * 1e9 if init else None})
-    fmt = lambda ns, div, unit: "never" if ns is None else f"{ns / div:.2f} {unit}"
-    print(f"  qemu boot {i+1}: start to first byte {fmt(rows[-1]['start_to_console'], 1e6, 'ms')}, "
-          f"to Run /init {fmt(rows[-1]['start_to_init'], 1e9, 's')}")
-json.dump(rows, open(out, "w"))
-EOF
+    cargo build --release -q -p provium-vmm --example boot_serial
+    TINY="$work/tiny.bzImage"
+    cp "$(ls -t "$ROOT"/target/release/build/provium-vmm-*/out/tiny_guest.bzImage | head -n 1)" "$TINY"
+    echo "== side by side: ours (boot_serial) vs $(qemu-system-x86_64 --version | head -1) -M microvm,acpi=off"
+    python3 "$ROOT/benches/side_by_side.py" "$ROOT/target/release/examples/boot_serial" "$TINY" "$KERNEL" \
+        "$work/probe/initrd.cpio" "$CMDLINE" "${TINY_RUNS:-10}" "$PROBE_RUNS" "$OUT/side-by-side.json"
 fi
 echo "== results in $OUT"

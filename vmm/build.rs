@@ -32,10 +32,13 @@ fn main() {
          /// Offset of `startup_64` in the protected-mode kernel.\n\
          pub const STARTUP_64_OFFSET: u64 = {:#x};\n\
          /// Offset of the guest's u64 loop counter from `LOAD_ADDR`.\n\
-         pub const COUNTER_OFFSET: u64 = {:#x};\n",
+         pub const COUNTER_OFFSET: u64 = {:#x};\n\
+         /// Offset of the guest's kvmclock pvclock struct from `LOAD_ADDR`.\n\
+         pub const PVCLOCK_OFFSET: u64 = {:#x};\n",
         tiny_guest::LOAD_ADDR,
         tiny_guest::STARTUP_64_OFFSET,
         guest.counter_offset,
+        guest.pvclock_offset,
     );
     std::fs::write(out.join("tiny_guest_layout.rs"), consts).expect("write tiny guest layout");
 }

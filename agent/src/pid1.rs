@@ -8,6 +8,15 @@
 //!    `/init` if it exists) with the same arguments, so the guest boots as it
 //!    would without the agent; with no init to exec, it remains PID 1 itself,
 //!    reaping every orphan and restarting the agent if the agent dies.
+//! 3. staying PID 1, it is also the init that handles the power button: it
+//!    turns the kernel's Ctrl-Alt-Del reboot off (`reboot(CAD_OFF)`), so the
+//!    kernel sends PID 1 SIGINT instead (what the VMM's power button, a
+//!    Ctrl+Alt+Del on the i8042, turns into), and on SIGINT it powers off
+//!    gracefully: SIGTERM to every process, up to `POWER_OFF_GRACE` for them
+//!    to exit, SIGKILL for the rest, `sync`, `reboot(POWER_OFF)`. An exec'd
+//!    init gets the SIGINT itself and does its own shutdown. (In a child pid
+//!    namespace, as in the agent's tests, CAD_OFF fails with EINVAL and
+//!    POWER_OFF ends the namespace as if PID 1 was killed by SIGINT.)
 //!
 //! The agent is never the reaper of processes other than its own children, so
 //! its `wait`s never race a `waitpid(-1)`.
@@ -135,24 +144,133 @@ pub fn split(init: Option<&Path>, args: &[OsString]) {
     reap_forever(agent);
 }
 
-/// PID 1 without an init: reap everything; if the agent child dies, fork a
-/// new one (which returns from here to serve).
-fn reap_forever(mut agent: libc::pid_t) {
+/// How long processes get between SIGTERM and SIGKILL on power-off.
+pub const POWER_OFF_GRACE: Duration = Duration::from_secs(5);
+
+extern "C" fn on_sigint(_: libc::c_int) {
+    // Never runs: SIGINT stays blocked and is taken with sigwaitinfo. The
+    // handler exists because the kernel drops a signal to init whose
+    // disposition is the default.
+}
+
+/// The signals PID 1 waits for: SIGCHLD (reap) and SIGINT (power button).
+fn pid1_signals() -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset initialise and fill a local set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        set
+    }
+}
+
+/// Step 3 of the module docs: C-A-D off; SIGINT and SIGCHLD blocked, so
+/// the loop takes them with `sigwaitinfo` and none can slip in between a
+/// check and a wait.
+fn handle_power_button(set: &libc::sigset_t) {
+    // SAFETY: reboot(2) with the CAD_OFF command takes no argument.
+    let rc = unsafe { libc::reboot(libc::LINUX_REBOOT_CMD_CAD_OFF) };
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        // EINVAL: a child pid namespace, where C-A-D is the host's business.
+        if e.raw_os_error() != Some(libc::EINVAL) {
+            eprintln!(
+                "provium-agent: cannot turn Ctrl-Alt-Del off ({e}); the power button will reboot"
+            );
+        }
+    }
+    // SAFETY: a zeroed sigaction with an empty mask and a handler that does
+    // nothing; `set` is a valid signal set.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigint as extern "C" fn(libc::c_int) as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
+        libc::sigprocmask(libc::SIG_BLOCK, set, std::ptr::null_mut());
+    }
+}
+
+/// Undoes `handle_power_button` in a forked agent (a mask and handler are
+/// inherited across fork).
+fn release_power_button(set: &libc::sigset_t) {
+    // SAFETY: restoring the default disposition and unblocking a valid set.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_DFL);
+        libc::sigprocmask(libc::SIG_UNBLOCK, set, std::ptr::null_mut());
+    }
+}
+
+/// Reaps every exited child without blocking. Returns (whether `agent` was
+/// among them, whether no child at all is left).
+fn reap_all_nohang(agent: libc::pid_t) -> (bool, bool) {
+    let mut agent_exited = false;
     loop {
         let mut status = 0;
         // SAFETY: waitpid with a live status pointer.
-        let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
-        if pid < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::ECHILD) {
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if pid > 0 {
+            agent_exited |= pid == agent;
             continue;
         }
-        if pid == agent || pid < 0 {
+        let none_left = pid < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD);
+        return (agent_exited, none_left);
+    }
+}
+
+/// The graceful power-off of step 3. Does not return.
+fn power_off() -> ! {
+    eprintln!("provium-agent: power button: stopping every process, then powering off");
+    for (sig, grace) in [
+        (libc::SIGTERM, POWER_OFF_GRACE),
+        (libc::SIGKILL, Duration::from_secs(1)),
+    ] {
+        // SAFETY: kill(-1) signals every process but PID 1 itself.
+        unsafe { libc::kill(-1, sig) };
+        let deadline = std::time::Instant::now() + grace;
+        while !reap_all_nohang(0).1 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    // SAFETY: sync and reboot take no pointers.
+    unsafe {
+        libc::sync();
+        libc::reboot(libc::LINUX_REBOOT_CMD_POWER_OFF);
+    }
+    // reboot(POWER_OFF) only returns on error; PID 1 must not exit.
+    eprintln!(
+        "provium-agent: reboot(POWER_OFF) failed: {}",
+        io::Error::last_os_error()
+    );
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+/// PID 1 without an init: reap everything; if the agent child dies, fork a
+/// new one (which returns from here to serve); power off on SIGINT.
+fn reap_forever(mut agent: libc::pid_t) {
+    let set = pid1_signals();
+    handle_power_button(&set);
+    loop {
+        let (agent_exited, none_left) = reap_all_nohang(agent);
+        if agent_exited || none_left {
             eprintln!("provium-agent: the agent process exited; restarting it in 1 s");
             std::thread::sleep(Duration::from_secs(1));
             match fork() {
-                Ok(0) => return,
+                Ok(0) => {
+                    release_power_button(&set);
+                    return;
+                }
                 Ok(new) => agent = new,
                 Err(e) => eprintln!("provium-agent: cannot restart the agent: {e}"),
             }
+            continue;
+        }
+        // SAFETY: `set` is valid; a null siginfo pointer is allowed.
+        let sig = unsafe { libc::sigwaitinfo(&set, std::ptr::null_mut()) };
+        if sig == libc::SIGINT {
+            power_off();
         }
     }
 }

@@ -177,7 +177,8 @@ impl Machine {
         }
     }
 
-    pub fn reset(&self) -> Result<(), String> {
+    /// Warm reset; returns the agent connection of the new boot.
+    pub fn reset(&self) -> Result<AgentClient, String> {
         match self {
             Machine::Local(_) => Err(
                 "reset needs the kvm backend (the local sandbox has no kernel to reboot)".into(),
@@ -186,17 +187,14 @@ impl Machine {
         }
     }
 
+    /// Presses the power button and waits for the guest to power off.
     pub fn power_button(&self) -> Result<(), String> {
         match self {
             Machine::Local(_) => Err(
-                "power_button needs the kvm backend (the local sandbox has no ACPI/i8042 to press)"
+                "power_button needs the kvm backend (the local sandbox has no i8042 to press)"
                     .into(),
             ),
-            Machine::Kvm(_) => Err(
-                "power_button: the VMM has no ACPI power button yet (a Linux guest without ACPI cannot \
-                 see one); use vm:shutdown()"
-                    .into(),
-            ),
+            Machine::Kvm(k) => k.power_button(),
         }
     }
 

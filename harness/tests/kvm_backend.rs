@@ -14,6 +14,12 @@
 //!   init, with the guest's banner in the console excerpt; the dead VM's
 //!   Console still reads its log, its stream is at EOF, writes are refused.
 //! - `--vmm auto` keeps choosing local (`KVM_BACKEND_BOOTS` is false).
+//! - `KvmMachine::reset` and `power_button` on the tiny guest (which has no
+//!   agent, so `vm:boot()` never reaches Booted in Lua here): a reset
+//!   rebuilds the machine and then fails honestly, quoting only the new
+//!   boot's console; the power button powers off a guest that reads its
+//!   keyboard and powers off (tiny guest `W`), and says why for one that
+//!   ignores it.
 //!
 //! KVM tests need /dev/kvm (`PROVIUM_SKIP_KVM=1` skips, printing why); the
 //! probe test needs the probe kernel (`PROVIUM_SKIP_PROBE_KERNEL=1` skips).
@@ -28,34 +34,6 @@ use std::process::{Command, Output};
 use provium_protocol::frame::{read_message, DEFAULT_MAX_FRAME_BYTES};
 use provium_protocol::{Event, EventFrame};
 use provium_vmm::tiny_guest;
-
-/// A static x86-64 ELF whose only instruction is `jmp .`: it execs as init
-/// and never answers (no syscall at all).
-fn looping_elf() -> Vec<u8> {
-    const BASE: u64 = 0x40_0000;
-    let code = [0xeb, 0xfe];
-    let size = 64 + 56 + code.len() as u64;
-    let mut e = Vec::new();
-    e.extend_from_slice(b"\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0");
-    e.extend_from_slice(&2u16.to_le_bytes()); // ET_EXEC
-    e.extend_from_slice(&0x3eu16.to_le_bytes()); // x86-64
-    e.extend_from_slice(&1u32.to_le_bytes());
-    e.extend_from_slice(&(BASE + 120).to_le_bytes()); // entry
-    e.extend_from_slice(&64u64.to_le_bytes()); // phoff
-    e.extend_from_slice(&0u64.to_le_bytes()); // shoff
-    e.extend_from_slice(&0u32.to_le_bytes());
-    for v in [64u16, 56, 1, 0, 0, 0] {
-        e.extend_from_slice(&v.to_le_bytes());
-    }
-    e.extend_from_slice(&1u32.to_le_bytes()); // PT_LOAD
-    e.extend_from_slice(&5u32.to_le_bytes()); // R+X
-    for v in [0, BASE, BASE, size, size, 0x1000] {
-        e.extend_from_slice(&v.to_le_bytes());
-    }
-    e.extend_from_slice(&code);
-    assert_eq!(e.len() as u64, size);
-    e
-}
 
 fn write_exe(path: &Path, bytes: &[u8]) {
     use std::os::unix::fs::PermissionsExt;
@@ -153,7 +131,7 @@ fn probe_kernel_boot_fails_honestly_with_the_console() {
     let d = tempfile::tempdir().unwrap();
     let initrd = probe_initrd(d.path());
     let agent = d.path().join("stand-in-agent");
-    write_exe(&agent, &looping_elf());
+    write_exe(&agent, &provium_vmm::initrd::spinning_init_elf());
     let p = project(
         &format!(
             "[profiles.probe]\nkernel = {kernel:?}\ninitrd = {initrd:?}\ncmdline = {PROBE_CMDLINE:?}\nguest_os = \"linux\"\n"
@@ -453,4 +431,148 @@ end)
     assert_eq!(o.status.code(), Some(1), "{o:?}");
     let (reason, _) = failure(p.path(), &o);
     assert!(reason.contains("no Hello from the agent"), "{reason}");
+}
+
+mod machine_level {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    use provium::backend::kvm::{KvmBootOpts, KvmMachine};
+    use provium::config::Profile;
+    use provium_vmm::{StopReason, VmState};
+
+    /// The tiny guest booted through the kvm backend, READY on its console.
+    fn tiny_machine(test: &str, dir: &Path) -> Option<KvmMachine> {
+        if !kvm_or_skip(test) {
+            return None;
+        }
+        let kernel = dir.join("tiny.bzImage");
+        std::fs::write(&kernel, tiny_guest::BZIMAGE).unwrap();
+        let profile = Profile {
+            name: "tiny".into(),
+            kernel: Some(kernel),
+            initrd: None,
+            cmdline: "tiny".into(),
+            cmdline_file: None,
+            guest_os: "linux".into(),
+            inject_agent: false,
+            agent_overlay_path: None,
+            build: None,
+            build_out: dir.to_path_buf(),
+        };
+        let opts = KvmBootOpts {
+            memory_bytes: 64 << 20,
+            cpus: 1,
+            ..KvmBootOpts::default()
+        };
+        let m = KvmMachine::create("v", &profile, &opts, None)
+            .unwrap()
+            .with_agent_timeout(Duration::from_secs(2))
+            .with_power_off_timeout(Duration::from_secs(2));
+        m.start().unwrap();
+        wait_console(&m, tiny_guest::READY, 1);
+        Some(m)
+    }
+
+    fn wait_console(m: &KvmMachine, needle: &str, count: usize) {
+        let c = m.console();
+        assert!(
+            c.wait_for(needle.as_bytes(), count, Duration::from_secs(60)),
+            "{needle:?} x{count}; log:\n{}",
+            c.log_string()
+        );
+    }
+
+    #[test]
+    fn reset_reconnects_or_fails_with_this_boots_console() {
+        let test = "reset_reconnects_or_fails_with_this_boots_console";
+        let d = tempfile::tempdir().unwrap();
+        let Some(m) = tiny_machine(test, d.path()) else {
+            return;
+        };
+        let t0 = Instant::now();
+        let e = match m.reset() {
+            Ok(_) => panic!("the tiny guest has no agent: no Hello after a reset"),
+            Err(e) => e,
+        };
+        assert_eq!(m.vm().boot_count(), 2, "the boot path ran again");
+        for want in [
+            "the guest was reset, but no Hello from the agent",
+            "within 2s",
+            "the kernel never reached init",
+            tiny_guest::BANNER,
+        ] {
+            assert!(e.contains(want), "missing {want:?} in:\n{e}");
+        }
+        // Both boots printed the banner; the error quotes only the new one.
+        assert_eq!(
+            m.console().log_string().matches(tiny_guest::BANNER).count(),
+            2
+        );
+        assert_eq!(e.matches(tiny_guest::BANNER).count(), 1, "{e}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "bounded by the agent timeout"
+        );
+    }
+
+    #[test]
+    fn power_button_powers_off_a_guest_that_honours_it() {
+        let test = "power_button_powers_off_a_guest_that_honours_it";
+        let d = tempfile::tempdir().unwrap();
+        let Some(m) = tiny_machine(test, d.path()) else {
+            return;
+        };
+        m.console()
+            .write_input(&[tiny_guest::CMD_KEYBOARD_THEN_POWER_OFF])
+            .unwrap();
+        wait_console(&m, tiny_guest::KBD_ARMED, 1);
+        m.power_button().expect("the guest powers off");
+        assert_eq!(m.vm().state(), VmState::Shutdown);
+        assert_eq!(m.vm().stop_reason(), Some(StopReason::GuestPowerOff));
+        let log = m.console().log_string();
+        assert!(log.contains("kbd=1411e071e0f071f011f014"), "{log}");
+    }
+
+    /// A Linux guest without ACPI prints "reboot: Power down" and halts.
+    /// The tiny guest cannot echo that line (its `P` means power off), so
+    /// the line goes into the console the way COM1's output does.
+    #[test]
+    fn power_button_takes_the_kernels_power_down_line_as_the_power_off() {
+        let test = "power_button_takes_the_kernels_power_down_line_as_the_power_off";
+        let d = tempfile::tempdir().unwrap();
+        let Some(m) = tiny_machine(test, d.path()) else {
+            return;
+        };
+        let line = format!("{}\n", provium::backend::kvm::KERNEL_POWER_DOWN);
+        m.console().push_output(line.as_bytes());
+        m.power_button()
+            .expect("the halted kernel counts as powered off");
+        assert_eq!(m.vm().state(), VmState::Shutdown);
+    }
+
+    #[test]
+    fn power_button_ignored_by_the_guest_fails_and_says_why() {
+        let test = "power_button_ignored_by_the_guest_fails_and_says_why";
+        let d = tempfile::tempdir().unwrap();
+        let Some(m) = tiny_machine(test, d.path()) else {
+            return;
+        };
+        let e = m
+            .power_button()
+            .expect_err("the guest ignores its keyboard");
+        for want in [
+            "did not power off within 2s",
+            "SERIO_I8042",
+            "init must power off on SIGINT",
+            tiny_guest::READY,
+        ] {
+            assert!(e.contains(want), "missing {want:?} in:\n{e}");
+        }
+        assert_eq!(
+            m.vm().state(),
+            VmState::Booted,
+            "the caller decides to shut down"
+        );
+    }
 }

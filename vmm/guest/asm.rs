@@ -354,6 +354,52 @@ impl Asm {
         self.bytes(&[0]);
     }
 
+    // ---- used by the kvmclock and keyboard checks (tiny_guest.rs) ----
+
+    /// `cpuid` (EAX = leaf; clobbers EAX, EBX, ECX, EDX)
+    pub fn cpuid(&mut self) {
+        self.bytes(&[0x0F, 0xA2]);
+    }
+
+    /// `wrmsr` (ECX = MSR, EDX:EAX = value)
+    pub fn wrmsr(&mut self) {
+        self.bytes(&[0x0F, 0x30]);
+    }
+
+    /// `mov [rip + l], r32`
+    pub fn mov_rip_r32(&mut self, l: &'static str, r: Reg) {
+        self.bytes(&[0x89, ((r as u8) << 3) | 0b101]);
+        self.rel32(l);
+    }
+
+    /// `mov r32, [rip + l]`
+    pub fn mov_r32_rip(&mut self, l: &'static str, r: Reg) {
+        self.bytes(&[0x8B, ((r as u8) << 3) | 0b101]);
+        self.rel32(l);
+    }
+
+    /// `mov [rip + l], al`
+    pub fn mov_rip_al(&mut self, l: &'static str) {
+        self.bytes(&[0x88, 0x05]);
+        self.rel32(l);
+    }
+
+    /// `mov al, [rip + l]`
+    pub fn mov_al_rip(&mut self, l: &'static str) {
+        self.bytes(&[0x8A, 0x05]);
+        self.rel32(l);
+    }
+
+    /// `or al, imm8`
+    pub fn or_al(&mut self, imm: u8) {
+        self.bytes(&[0x0C, imm]);
+    }
+
+    /// `movzx eax, al`
+    pub fn movzx_eax_al(&mut self) {
+        self.bytes(&[0x0F, 0xB6, 0xC0]);
+    }
+
     /// Resolves every fixup and returns the code.
     pub fn finish(mut self) -> Vec<u8> {
         for (at, name) in std::mem::take(&mut self.fixups) {

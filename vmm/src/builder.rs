@@ -20,6 +20,7 @@ use crate::arch::boot_params::{
 use crate::arch::layout::{
     ram_ranges, CMDLINE_ADDR, CMDLINE_MAX_BYTES, HIMEM_START, ZERO_PAGE_ADDR,
 };
+use crate::arch::mptable::{setup_mptable, MptableError};
 use crate::arch::regs::write_boot_tables;
 use crate::console::Console;
 use crate::device_manager::legacy::{attach_legacy_devices, LegacyDevices, LegacyDevicesError};
@@ -129,6 +130,9 @@ pub enum BuildError {
     /// Writing page tables or GDT failed.
     #[error("cannot write boot page tables and GDT")]
     BootTables(#[source] GuestMemoryError),
+    /// Writing the MP table failed.
+    #[error("cannot write the MP table")]
+    Mptable(#[source] MptableError),
     /// Building the zero page failed.
     #[error("cannot build boot_params")]
     ZeroPage(#[source] BootParamsError),
@@ -415,6 +419,9 @@ pub fn build_and_start(
     load_cmdline(&ram.memory, GuestAddress(CMDLINE_ADDR), &cmdline)
         .map_err(BuildError::WriteCmdline)?;
     write_boot_tables(&ram.memory).map_err(BuildError::BootTables)?;
+    // Every vCPU is announced: without ACPI the MP table is how the guest
+    // learns there is more than the boot processor.
+    setup_mptable(&ram.memory, m.vcpu_count).map_err(BuildError::Mptable)?;
     let spec = ZeroPageSpec {
         setup_header: hdr,
         cmdline_gpa: CMDLINE_ADDR,

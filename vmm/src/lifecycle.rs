@@ -153,6 +153,9 @@ pub enum VmError {
         #[source]
         source: crate::persist::PersistError,
     },
+    /// The power button could not be pressed.
+    #[error("cannot press the power button")]
+    PowerButton(#[source] crate::devices::legacy::i8042::I8042Error),
     /// The monitor thread could not be started.
     #[error("cannot start the VM monitor thread")]
     Monitor(#[source] std::io::Error),
@@ -549,6 +552,19 @@ impl Vm {
         let mut g = s.lock();
         Self::require(&g, "reset", &[VmState::Booted])?;
         s.reset(&mut g)
+    }
+
+    /// Presses the power button from `Booted`. There is no ACPI, so this is
+    /// Ctrl+Alt+Del on the i8042 with IRQ 1 (docs/vmm.md, "Power button"):
+    /// the guest's init decides. It stays `Booted` until the guest powers off
+    /// (`wait_for_state(Shutdown, ..)`), or resets if its init left C-A-D on.
+    pub fn power_button(&self) -> Result<(), VmError> {
+        let s = &self.shared;
+        let g = s.lock();
+        Self::require(&g, "press the power button", &[VmState::Booted])?;
+        let m = g.machine.as_ref().expect("a booted VM has a machine");
+        let mut kbd = m.legacy.i8042.lock().unwrap_or_else(|e| e.into_inner());
+        kbd.trigger_ctrl_alt_del().map_err(VmError::PowerButton)
     }
 
     /// Any state `→ Shutdown`. Idempotent.

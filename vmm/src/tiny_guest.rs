@@ -66,6 +66,21 @@ pub const VSOCK_HOST_PORT: u32 = 1024;
 pub const VSOCK_GUEST_PORT: u32 = 0x500;
 /// What the guest sends on each vsock connection.
 pub const VSOCK_TX_PAYLOAD: &str = "PROVIUM-TINY-VSOCK-TX";
+/// Console input byte: write MSR_KVM_SYSTEM_TIME_NEW again (KVM refreshes the struct).
+pub const CMD_KVMCLOCK: u8 = b'C';
+/// GPA of the guest's `struct pvclock_vcpu_time_info` (kvmclock).
+pub const PVCLOCK_GPA: u64 = LOAD_ADDR + PVCLOCK_OFFSET;
+/// Printed before the guest reports its paravirt CPUID leaves: `kvm=<signature> features=<hex>`.
+pub const KVM_LINE: &str = "kvm=";
+/// Console input byte: wait for IRQ 1, then print the i8042 output buffer.
+pub const CMD_KEYBOARD: u8 = b'K';
+/// Console input byte: like `CMD_KEYBOARD`, then power off (a guest whose
+/// init honours the power button).
+pub const CMD_KEYBOARD_THEN_POWER_OFF: u8 = b'W';
+/// Printed once the guest waits for IRQ 1.
+pub const KBD_ARMED: &str = "KBD-ARMED";
+/// Prefix of the line with the bytes read from the i8042 after IRQ 1.
+pub const KBD_LINE: &str = "kbd=";
 
 #[cfg(test)]
 mod tests {

@@ -114,3 +114,66 @@ fn pid1_without_init_reaps_orphans() {
     let (_, comm, _) = c.sh("cat /proc/1/comm");
     assert!(comm.starts_with("provium-agent"), "{comm}");
 }
+
+/// The host pid of the namespace's PID 1: the child of the `unshare` process.
+fn ns_init_host_pid(unshare: u32) -> Option<libc::pid_t> {
+    std::fs::read_dir("/proc").ok()?.find_map(|e| {
+        let pid: libc::pid_t = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // pid (comm) state ppid ...: comm may hold spaces, so split after ')'.
+        let ppid: u32 = stat
+            .rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        (ppid == unshare).then_some(pid)
+    })
+}
+
+#[test]
+fn pid1_powers_off_gracefully_on_sigint() {
+    use std::os::unix::process::ExitStatusExt;
+    let test = "pid1_powers_off_gracefully_on_sigint";
+    if let Err(why) = unshare_works() {
+        eprintln!("skipping {test}: {why}");
+        return;
+    }
+    if std::path::Path::new("/init").exists() {
+        eprintln!("skipping {test}: this host has an /init, which PID 1 would exec (and that init would get the SIGINT)");
+        return;
+    }
+    let mut a = start_pid1(&[]);
+    let mut c = a.client();
+    let dir = tempfile::tempdir_in(scratch_base()).unwrap();
+    let marker = dir.path().join("stopped");
+    // A service that must be stopped gracefully: it records SIGTERM.
+    let (_, exit) = c.exec(shell(&format!(
+        "(trap 'echo stopped > {}; exit 0' TERM; while :; do sleep 0.05; done) >/dev/null 2>&1 &",
+        marker.display()
+    )));
+    assert_eq!(exit.exit_code, 0);
+    let init = ns_init_host_pid(a.child.id()).expect("unshare's child is the namespace's PID 1");
+    // What the kernel does on Ctrl-Alt-Del once init turned C-A-D off
+    // (kill_cad_pid(SIGINT)): the VMM's power button.
+    // SAFETY: kill(2) on a pid we just found, a child of our own child.
+    assert_eq!(unsafe { libc::kill(init, libc::SIGINT) }, 0);
+    let mut status = None;
+    wait_until("PID 1 to power off", || {
+        status = a.child.try_wait().unwrap();
+        status.is_some()
+    });
+    let status = status.expect("exited");
+    // In a child pid namespace reboot(POWER_OFF) ends the namespace as if
+    // its init died of SIGINT; unshare passes that on.
+    assert!(
+        status.signal() == Some(libc::SIGINT) || status.code() == Some(128 + libc::SIGINT),
+        "PID 1 powered off: {status:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&marker).unwrap_or_default(),
+        "stopped\n",
+        "the service got SIGTERM before the power-off"
+    );
+}

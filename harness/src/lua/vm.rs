@@ -729,6 +729,32 @@ impl Vm {
         Ok(())
     }
 
+    /// `vm:reset()`: warm reboot, then the agent of the new boot answers
+    /// (a new Hello) before this returns. When it does not, the VM is dead
+    /// and the error says why, as for `vm:boot()`.
+    pub fn reset(&self) -> mlua::Result<()> {
+        let machine = self.booted_machine("reset")?;
+        let mut st = self.0.state.lock().unwrap();
+        if st.phase != Phase::Booted {
+            return Err(self.wrong_state("reset", st.phase, "booted"));
+        }
+        // The old connection dies with the old boot.
+        if let Some(c) = st.client.take() {
+            c.close();
+        }
+        match machine.reset() {
+            Ok(client) => {
+                st.client = Some(client);
+                Ok(())
+            }
+            Err(e) => {
+                machine.kill();
+                st.phase = Phase::Dead;
+                Err(err(format!("vm:reset: vm `{}`: {e}", self.0.name)))
+            }
+        }
+    }
+
     fn machine(&self) -> mlua::Result<Arc<Machine>> {
         self.0
             .machine
@@ -771,16 +797,13 @@ impl UserData for Vm {
         m.add_method("resume", |_, this, ()| this.resume());
         m.add_method("shutdown", |_, this, ()| this.shutdown());
         m.add_method("close", |_, this, ()| this.shutdown());
-        m.add_method("reset", |_, this, ()| {
-            this.booted_machine("reset")?
-                .reset()
-                .map_err(|e| err(format!("vm:reset: {e}")))
-        });
+        m.add_method("reset", |_, this, ()| this.reset());
         m.add_method("power_button", |_, this, ()| {
-            this.booted_machine("power_button")?
-                .power_button()
-                .map_err(|e| err(format!("vm:power_button: {e}")))?;
-            this.shutdown()
+            let pressed = this.booted_machine("power_button")?.power_button();
+            // Shutdown either way (the reference's post-state); a guest that
+            // did not power off is still an error, with what it did instead.
+            this.shutdown()?;
+            pressed.map_err(|e| err(format!("vm:power_button: vm `{}`: {e}", this.0.name)))
         });
         m.add_method("snapshot", |_, this, path: Option<String>| {
             use super::snapshot::{delete_at_scope_end, temp_path, SnapshotUd};

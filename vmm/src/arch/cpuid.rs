@@ -66,6 +66,15 @@ const LEAF7_EBX_MINIMAL: u32 = 1 // FSGSBASE
     | (1 << 18) // RDSEED
     | (1 << 20); // SMAP
 
+/// KVM's paravirt feature leaf (Documentation/virt/kvm/x86/cpuid.rst).
+pub const KVM_CPUID_FEATURES: u32 = 0x4000_0001;
+/// The KVM paravirt features a guest drives with `vmcall`, which hangs on
+/// kvm_pvm (DESIGN.md): PV_UNHALT (bit 7, pv spinlock kicks), PV_TLB_FLUSH
+/// (9), PV_SEND_IPI (11), PV_SCHED_YIELD (13). An SMP Linux guest uses them
+/// for every IPI; without them it sends IPIs through the LAPIC. The
+/// MSR-based features (kvmclock, steal time, async PF, EOI) stay.
+pub const KVM_FEATURES_HYPERCALL: u32 = (1 << 7) | (1 << 9) | (1 << 11) | (1 << 13);
+
 const MINIMAL_MASKS: &[CpuidMask] = &[
     CpuidMask {
         leaf: 1,
@@ -78,6 +87,12 @@ const MINIMAL_MASKS: &[CpuidMask] = &[
         subleaf: Some(0),
         reg: CpuidReg::Ebx,
         clear_bits: LEAF7_EBX_MINIMAL,
+    },
+    CpuidMask {
+        leaf: KVM_CPUID_FEATURES,
+        subleaf: None,
+        reg: CpuidReg::Eax,
+        clear_bits: KVM_FEATURES_HYPERCALL,
     },
 ];
 
@@ -213,6 +228,22 @@ mod tests {
         assert_eq!(s[1].ebx & (1 << 20), 0, "smap hidden");
         assert_eq!(s[2].ebx, u32::MAX, "other sub-leaves untouched");
         assert_ne!(s[0].ecx & 1, 0, "sse3 kept");
+    }
+
+    #[test]
+    fn minimal_hides_the_hypercall_pv_features_only() {
+        let kvm = kvm_cpuid_entry2 {
+            function: KVM_CPUID_FEATURES,
+            eax: 0x0100_7efb, // what KVM reports on this machine
+            ..Default::default()
+        };
+        let mut c = CpuId::from_entries(&[kvm]).expect("1 entry fits");
+        apply_template(&mut c, CpuTemplate::Minimal);
+        let eax = c.as_slice()[0].eax;
+        assert_eq!(eax & KVM_FEATURES_HYPERCALL, 0);
+        assert_ne!(eax & (1 << 3), 0, "CLOCKSOURCE2 (kvmclock) kept");
+        assert_ne!(eax & (1 << 24), 0, "CLOCKSOURCE_STABLE kept");
+        assert_eq!(eax, 0x0100_547b);
     }
 
     #[test]

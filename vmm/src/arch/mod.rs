@@ -1,5 +1,6 @@
 //! x86_64 machine description: memory layout, GDT, page tables, boot
-//! parameters, CPUID templates, boot MSRs and LAPIC setup.
+//! parameters, the MP table (processors and interrupt routing), CPUID
+//! templates, boot MSRs and LAPIC setup.
 //!
 //! Everything here computes plain data (kvm-bindings structs, byte images) and
 //! writes guest memory; nothing calls a KVM ioctl (that is `vstate/`), so all of
@@ -10,5 +11,6 @@ pub mod cpuid;
 pub mod gdt;
 pub mod interrupts;
 pub mod layout;
+pub mod mptable;
 pub mod msr;
 pub mod regs;

@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use kvm_bindings::{
     kvm_debugregs, kvm_lapic_state, kvm_mp_state, kvm_msr_entry, kvm_regs, kvm_sregs,
-    kvm_vcpu_events, kvm_xcrs, kvm_xsave, Msrs, KVM_SYSTEM_EVENT_RESET, KVM_SYSTEM_EVENT_SHUTDOWN,
+    kvm_vcpu_events, kvm_xcrs, kvm_xsave, Msrs, KVM_MP_STATE_RUNNABLE, KVM_MP_STATE_UNINITIALIZED,
+    KVM_SYSTEM_EVENT_RESET, KVM_SYSTEM_EVENT_SHUTDOWN,
 };
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use serde::{Deserialize, Serialize};
@@ -150,6 +151,20 @@ pub fn configure_vcpu(
     let lapic = fd.get_lapic().map_err(cfg_err("KVM_GET_LAPIC", i))?;
     fd.set_lapic(&interrupts::set_lint(lapic))
         .map_err(cfg_err("KVM_SET_LAPIC", i))?;
+    // The boot vCPU runs from its entry point; application processors wait
+    // in "uninitialized" until the guest's INIT/SIPI, which the in-kernel
+    // LAPIC turns into a start at the SIPI vector (real mode). KVM picks the
+    // same states at creation; setting them says so and holds on any KVM
+    // whose default differs.
+    let mp_state = kvm_mp_state {
+        mp_state: if cfg.entry_gpa.is_some() {
+            KVM_MP_STATE_RUNNABLE
+        } else {
+            KVM_MP_STATE_UNINITIALIZED
+        },
+    };
+    fd.set_mp_state(mp_state)
+        .map_err(cfg_err("KVM_SET_MP_STATE", i))?;
     Ok(())
 }
 

@@ -13,17 +13,24 @@
 //! cannot run Linux user space (`kvm_pvm`, DESIGN.md "This machine's KVM"),
 //! that this is why — such a boot fails a few seconds after init starts
 //! instead of waiting out the whole timeout. A kernel panic ends the wait too.
+//! Only the console output of the current boot counts: after `reset` the
+//! previous boot's "Run /init" line or panic says nothing about this one.
+//!
+//! `reset` re-runs the boot path and then reconnects (a new Hello), or fails
+//! with the same reasons a boot gives. `power_button` presses Ctrl+Alt+Del
+//! (the VMM has no ACPI; docs/vmm.md, "Power button") and waits for the
+//! guest to power off, saying what happened when it does not.
 
 pub mod config;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use provium_protocol::AGENT_VSOCK_PORT;
 use provium_vmm::devices::virtio::vsock::VsockConnectError;
 use provium_vmm::vmm_config::VsockHost;
-use provium_vmm::{Console, Vm, VmState};
+use provium_vmm::{Console, StopReason, Vm, VmState};
 
 use crate::client::{AgentClient, AgentOps, ClientOptions};
 use crate::config::Profile;
@@ -37,6 +44,11 @@ pub const DEFAULT_AGENT_TIMEOUT: Duration = Duration::from_secs(60);
 pub const INIT_GRACE: Duration = Duration::from_secs(5);
 /// Console lines an agent failure quotes.
 pub const ERROR_CONSOLE_LINES: usize = 20;
+/// What Linux prints in `kernel_power_off()` before it cuts the power, or,
+/// with no ACPI (no `pm_power_off`), halts for good.
+pub const KERNEL_POWER_DOWN: &str = "reboot: Power down";
+/// How long `power_button` waits for the guest to power off.
+pub const DEFAULT_POWER_OFF_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Guest CIDs: 0-2 are reserved; each VM of this process gets the next one.
 /// Our vsock is userspace (per device), so CIDs never collide across processes.
@@ -75,7 +87,11 @@ pub struct KvmMachine {
     cid: u32,
     killed: AtomicBool,
     agent_timeout: Duration,
+    power_off_timeout: Duration,
     initial_time: Option<f64>,
+    /// Console bytes written before the current boot started (its output
+    /// is what follows).
+    boot_log_mark: AtomicU64,
 }
 
 impl KvmMachine {
@@ -111,7 +127,9 @@ impl KvmMachine {
             cid,
             killed: AtomicBool::new(false),
             agent_timeout,
+            power_off_timeout: DEFAULT_POWER_OFF_TIMEOUT,
             initial_time,
+            boot_log_mark: AtomicU64::new(0),
         })
     }
 
@@ -142,6 +160,18 @@ impl KvmMachine {
             .map_err(|e| config::chain(&e))
     }
 
+    /// Replaces the agent timeout (`PROVIUM_KVM_AGENT_TIMEOUT` otherwise).
+    pub fn with_agent_timeout(mut self, t: Duration) -> KvmMachine {
+        self.agent_timeout = t;
+        self
+    }
+
+    /// Replaces how long `power_button` waits for the guest to power off.
+    pub fn with_power_off_timeout(mut self, t: Duration) -> KvmMachine {
+        self.power_off_timeout = t;
+        self
+    }
+
     /// Boots a VM made by `create`.
     pub fn start(&self) -> Result<(), String> {
         self.vm.boot().map_err(|e| config::chain(&e))
@@ -166,8 +196,19 @@ impl KvmMachine {
         String::from_utf8_lossy(&log[log.len().saturating_sub(max)..]).into_owned()
     }
 
+    /// The console output of the current boot (what the log still holds of it).
+    fn boot_log(&self) -> String {
+        let console = self.vm.console();
+        let log = console.log();
+        let since = console
+            .total_bytes()
+            .saturating_sub(self.boot_log_mark.load(Ordering::SeqCst));
+        let keep = usize::try_from(since).unwrap_or(usize::MAX).min(log.len());
+        String::from_utf8_lossy(&log[log.len() - keep..]).into_owned()
+    }
+
     fn last_lines(&self, n: usize) -> String {
-        let log = self.vm.console().log_string();
+        let log = self.boot_log();
         let lines: Vec<&str> = log.lines().collect();
         let tail = &lines[lines.len().saturating_sub(n)..];
         if tail.is_empty() {
@@ -198,16 +239,7 @@ impl KvmMachine {
                     std::thread::sleep(Duration::from_millis(100));
                     continue;
                 }
-                s => {
-                    let why = self
-                        .vm
-                        .stop_reason()
-                        .map_or_else(|| s.to_string(), |r| r.to_string());
-                    return Err(format!(
-                        "the VM stopped before its agent answered ({why}); last console lines:\n{}",
-                        self.last_lines(ERROR_CONSOLE_LINES)
-                    ));
-                }
+                s => return Err(self.stopped("before its agent answered", s)),
             }
             let now = Instant::now();
             let left = deadline.saturating_duration_since(now);
@@ -236,7 +268,7 @@ impl KvmMachine {
                     }
                 }
             }
-            let log = self.vm.console().log_string();
+            let log = self.boot_log();
             if log.contains("Kernel panic") {
                 // Let the rest of the panic message arrive.
                 std::thread::sleep(Duration::from_secs(1));
@@ -254,6 +286,18 @@ impl KvmMachine {
                 }
             }
         }
+    }
+
+    /// "The VM stopped WHEN (its stop reason); last console lines: ...".
+    fn stopped(&self, when: &str, state: VmState) -> String {
+        let why = self
+            .vm
+            .stop_reason()
+            .map_or_else(|| state.to_string(), |r| r.to_string());
+        format!(
+            "the VM stopped {when} ({why}); last console lines:\n{}",
+            self.last_lines(ERROR_CONSOLE_LINES)
+        )
     }
 
     fn no_hello(&self, last: &str, init: Option<&str>) -> String {
@@ -309,10 +353,63 @@ impl KvmMachine {
         self.vm.resume().map_err(|e| config::chain(&e))
     }
 
-    /// Warm reset through the boot path. The agent restarts with the guest,
-    /// so the old connection ends.
-    pub fn reset(&self) -> Result<(), String> {
-        self.vm.reset().map_err(|e| config::chain(&e))
+    /// Warm reset through the boot path, then a new agent connection: the
+    /// agent restarts with the guest, so the old connection is gone. Fails
+    /// like `connect` (with this boot's console) when no Hello comes.
+    pub fn reset(&self) -> Result<AgentClient, String> {
+        self.boot_log_mark
+            .store(self.vm.console().total_bytes(), Ordering::SeqCst);
+        self.vm.reset().map_err(|e| config::chain(&e))?;
+        self.connect()
+            .map_err(|e| format!("the guest was reset, but {e}"))
+    }
+
+    /// `vm:power_button()`: Ctrl+Alt+Del on the i8042 (no ACPI here; see
+    /// docs/vmm.md), then waits up to the power-off timeout for the guest to
+    /// power off: a write to the PM1a control port, or the kernel's
+    /// "reboot: Power down" (then it halts, and the VM is shut down here).
+    /// The error says what the guest did instead.
+    pub fn power_button(&self) -> Result<(), String> {
+        let boots = self.vm.boot_count();
+        self.vm.power_button().map_err(|e| config::chain(&e))?;
+        let deadline = Instant::now() + self.power_off_timeout;
+        loop {
+            let state = self
+                .vm
+                .wait_for_state(VmState::Shutdown, Duration::from_millis(50));
+            match state {
+                VmState::Shutdown if self.vm.stop_reason() == Some(StopReason::GuestPowerOff) => {
+                    return Ok(())
+                }
+                VmState::Shutdown | VmState::Dead => {
+                    return Err(self.stopped("after the power button without powering off", state))
+                }
+                _ => {}
+            }
+            // A kernel without ACPI has no way to cut the power: after
+            // "reboot: Power down" it halts. That line is its power-off.
+            if self.boot_log().contains(KERNEL_POWER_DOWN) {
+                return self.vm.shutdown().map_err(|e| config::chain(&e));
+            }
+            if self.vm.boot_count() != boots {
+                return Err(format!(
+                    "the guest rebooted instead of powering off: its kernel took Ctrl+Alt+Del \
+                     as a reboot because init left it on (an init that handles the power button \
+                     calls reboot(LINUX_REBOOT_CMD_CAD_OFF) and powers off on SIGINT; \
+                     provium-agent as PID 1 does); last console lines:\n{}",
+                    self.last_lines(ERROR_CONSOLE_LINES)
+                ));
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "the guest did not power off within {:?} of the power button (Ctrl+Alt+Del \
+                     with IRQ 1 on the i8042: the kernel needs SERIO_I8042, KEYBOARD_ATKBD and \
+                     VT, and init must power off on SIGINT); last console lines:\n{}",
+                    self.power_off_timeout,
+                    self.last_lines(ERROR_CONSOLE_LINES)
+                ));
+            }
+        }
     }
 }
 

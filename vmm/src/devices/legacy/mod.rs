@@ -1,5 +1,6 @@
 //! Legacy PC devices on the PIO bus: the COM1 8250 UART, the i8042 controller
-//! (reset only) and the PM1a control port (power off).
+//! (keyboard, reset, the power button's Ctrl+Alt+Del) and the PM1a control
+//! port (power off).
 
 pub mod i8042;
 pub mod pm_control;
