@@ -262,6 +262,24 @@ fn a_test_scoped_vm_is_in_the_console_excerpt() {
     );
 }
 
+/// A profile for the tiny guest (written into `dir`), without the agent.
+fn tiny_profile(dir: &Path) -> provium::config::Profile {
+    let kernel = dir.join("tiny.bzImage");
+    std::fs::write(&kernel, tiny_guest::BZIMAGE).unwrap();
+    provium::config::Profile {
+        name: "tiny".into(),
+        kernel: Some(kernel),
+        initrd: None,
+        cmdline: "tiny".into(),
+        cmdline_file: None,
+        guest_os: "linux".into(),
+        inject_agent: false,
+        agent_overlay_path: None,
+        build: None,
+        build_out: dir.to_path_buf(),
+    }
+}
+
 /// The kvm backend's NIC path below Lua: `KvmBootOpts::nics` become
 /// virtio-net devices of the booted VM. The tiny guest (no agent) drives its
 /// device from console commands: its frame reaches the switch with the MAC
@@ -270,7 +288,6 @@ fn a_test_scoped_vm_is_in_the_console_excerpt() {
 #[test]
 fn kvm_machine_nic_sends_to_the_switch_and_follows_the_link() {
     use provium::backend::kvm::{KvmBootOpts, KvmMachine};
-    use provium::config::Profile;
     use provium::lua::bridge::nic_mac;
     use provium::machine::Machine;
     use provium_netsetup::{Switch, SwitchConfig};
@@ -283,20 +300,7 @@ fn kvm_machine_nic_sends_to_the_switch_and_follows_the_link() {
         return;
     }
     let d = tempfile::tempdir().unwrap();
-    let kernel = d.path().join("tiny.bzImage");
-    std::fs::write(&kernel, tiny_guest::BZIMAGE).unwrap();
-    let profile = Profile {
-        name: "tiny".into(),
-        kernel: Some(kernel),
-        initrd: None,
-        cmdline: "tiny".into(),
-        cmdline_file: None,
-        guest_os: "linux".into(),
-        inject_agent: false,
-        agent_overlay_path: None,
-        build: None,
-        build_out: d.path().into(),
-    };
+    let profile = tiny_profile(d.path());
     let lan = Switch::new("lan", SwitchConfig::default());
     let mac = nic_mac("v", "lan", &[]);
     let port = Arc::new(lan.attach("v", mac).unwrap());
@@ -438,7 +442,6 @@ mod machine_level {
     use std::time::{Duration, Instant};
 
     use provium::backend::kvm::{KvmBootOpts, KvmMachine};
-    use provium::config::Profile;
     use provium_vmm::{StopReason, VmState};
 
     /// The tiny guest booted through the kvm backend, READY on its console.
@@ -446,20 +449,7 @@ mod machine_level {
         if !kvm_or_skip(test) {
             return None;
         }
-        let kernel = dir.join("tiny.bzImage");
-        std::fs::write(&kernel, tiny_guest::BZIMAGE).unwrap();
-        let profile = Profile {
-            name: "tiny".into(),
-            kernel: Some(kernel),
-            initrd: None,
-            cmdline: "tiny".into(),
-            cmdline_file: None,
-            guest_os: "linux".into(),
-            inject_agent: false,
-            agent_overlay_path: None,
-            build: None,
-            build_out: dir.to_path_buf(),
-        };
+        let profile = tiny_profile(dir);
         let opts = KvmBootOpts {
             memory_bytes: 64 << 20,
             cpus: 1,
