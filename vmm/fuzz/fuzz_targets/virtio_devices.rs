@@ -1,0 +1,261 @@
+//! Hostile-guest fuzzing of the virtio device models behind the real
+//! virtio-mmio transport.
+//!
+//! The input picks a device (blk over a small temp file, rng, vsock, net on
+//! a switch port), then is read as a list of guest actions against a 64 KiB
+//! guest memory: raw MMIO register/config reads and writes at any offset and
+//! width, bytes written anywhere in guest memory (descriptor tables, rings,
+//! buffers: addresses, lengths, flags and `next` links are whatever the
+//! input says, so loops, out-of-range addresses and absurd lengths occur), a
+//! driver-init shortcut that sets up every queue at input-chosen addresses
+//! and sets DRIVER_OK (activating the device and its worker thread), queue
+//! notifications, snapshot `save`/`resume_after_save`, and reset. For net
+//! and vsock an action also runs the device's queue processing
+//! (`NetQueues::run_once`, `Muxer::work`) synchronously on this thread over
+//! queues at input-chosen addresses, so their TX/RX parsing is exercised
+//! deterministically, not only when the worker thread gets to it.
+//!
+//! A panic on any thread (worker threads included) aborts the process, which
+//! libFuzzer reports as a crash.
+
+#![no_main]
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use libfuzzer_sys::fuzz_target;
+use provium_netsetup::{MacAddr, Port, Switch, SwitchConfig};
+use provium_vmm::devices::bus::BusDevice;
+use provium_vmm::devices::legacy::EventFdTrigger;
+use provium_vmm::devices::virtio::block::{Block, BlockConfig, BlockFaults, DiskImage};
+use provium_vmm::devices::virtio::mmio::{MmioInterrupt, MmioTransport};
+use provium_vmm::devices::virtio::net::defs::{HDR_LEGACY_BYTES, HDR_V1_BYTES};
+use provium_vmm::devices::virtio::net::packet::NetQueues;
+use provium_vmm::devices::virtio::net::{Net, NetMetrics};
+use provium_vmm::devices::virtio::rng::{Rng, RngConfig};
+use provium_vmm::devices::virtio::vsock::muxer::Muxer;
+use provium_vmm::devices::virtio::vsock::{Vsock, VsockHost};
+use provium_vmm::devices::virtio::{VirtioDevice, VirtioInterrupt};
+use provium_vmm::vstate::memory::GuestMemoryMmap;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{Bytes, GuestAddress};
+use vmm_sys_util::eventfd::EventFd;
+
+/// Guest RAM: small, so nothing the guest does can make the host touch much.
+const MEM_BYTES: usize = 64 << 10;
+/// Actions per input, so one input cannot run for long.
+const MAX_OPS: usize = 256;
+const GUEST_MAC: MacAddr = MacAddr([0x02, 0x11, 0x22, 0x33, 0x44, 0x55]);
+const PEER_MAC: MacAddr = MacAddr([0x02, 0, 0, 0, 0, 2]);
+
+struct Input<'a>(&'a [u8]);
+
+impl Input<'_> {
+    fn u8(&mut self) -> Option<u8> {
+        let (&b, rest) = self.0.split_first()?;
+        self.0 = rest;
+        Some(b)
+    }
+    fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_le_bytes([self.u8()?, self.u8()?]))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes([
+            self.u8()?,
+            self.u8()?,
+            self.u8()?,
+            self.u8()?,
+        ]))
+    }
+    fn bytes(&mut self, n: usize) -> &[u8] {
+        let n = n.min(self.0.len());
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        a
+    }
+}
+
+/// What lives across inputs: a disk file and a switch with the guest's and
+/// a peer's port (the peer sends frames to the guest).
+struct Fixtures {
+    _file: tempfile::NamedTempFile,
+    disk: Arc<DiskImage>,
+    _switch: Switch,
+    port: Arc<Port>,
+    peer: Port,
+}
+
+fn fixtures() -> Fixtures {
+    let mut f = tempfile::NamedTempFile::new().expect("tempfile");
+    f.write_all(&vec![0x5a; 64 * 512]).expect("write disk");
+    let disk = Arc::new(DiskImage::open(f.path(), false, "fuzz-vda").expect("open disk"));
+    let switch = Switch::new("fuzz", SwitchConfig::default());
+    let port = Arc::new(switch.attach("vm", GUEST_MAC).expect("attach vm"));
+    let peer = switch.attach("peer", PEER_MAC).expect("attach peer");
+    Fixtures {
+        _file: f,
+        disk,
+        _switch: switch,
+        port,
+        peer,
+    }
+}
+
+thread_local! {
+    static FIX: Fixtures = fixtures();
+}
+
+#[derive(Default)]
+struct NoInterrupt;
+
+impl VirtioInterrupt for NoInterrupt {
+    fn signal_used_queue(&self) {}
+    fn signal_config(&self) {}
+}
+
+/// A queue of up to `max` entries at input-chosen addresses, if it is valid.
+fn queue_from(input: &mut Input<'_>, mem: &GuestMemoryMmap, max: u16) -> Option<Queue> {
+    let mut q = Queue::new(max).ok()?;
+    q.set_size(1u16 << (input.u8()? % 9));
+    q.set_desc_table_address(Some(u32::from(input.u16()?)), Some(0));
+    q.set_avail_ring_address(Some(u32::from(input.u16()?)), Some(0));
+    q.set_used_ring_address(Some(u32::from(input.u16()?)), Some(0));
+    q.set_ready(true);
+    q.is_valid(mem).then_some(q)
+}
+
+fn run(data: &[u8]) {
+    let mut input = Input(data);
+    let Some(which) = input.u8() else { return };
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_BYTES)]).expect("guest memory");
+    FIX.with(|fix| {
+        let device: Box<dyn VirtioDevice> = match which % 4 {
+            0 => Box::new(Block::new(BlockConfig {
+                disk: fix.disk.clone(),
+                faults: Arc::new(BlockFaults::default()),
+            })),
+            1 => Box::new(Rng::new(RngConfig { seed: Some(1) })),
+            2 => Box::new(Vsock::new(VsockHost::new(3).expect("vsock host"))),
+            _ => Box::new(Net::new(GUEST_MAC, fix.port.clone())),
+        };
+        let queue_count = device.queue_max_sizes().len();
+        let irq = Arc::new(MmioInterrupt::new(EventFdTrigger::new().expect("eventfd")));
+        let mut t = MmioTransport::new(device, mem.clone(), irq);
+        let wr = |t: &mut MmioTransport, off: u64, v: u32| t.write(off, &v.to_le_bytes());
+        for _ in 0..MAX_OPS {
+            let Some(op) = input.u8() else { break };
+            let r = (|| -> Option<()> {
+                match op % 10 {
+                    0 => {
+                        let off = u64::from(input.u16()? % 0x200);
+                        let v = input.u32()?;
+                        wr(&mut t, off, v);
+                    }
+                    1 => {
+                        let off = u64::from(input.u16()? % 0x200);
+                        let mut b = [0u8; 8];
+                        let n = usize::from(input.u8()? % 9);
+                        t.read(off, &mut b[..n]);
+                    }
+                    2 => {
+                        let off = u64::from(input.u16()?);
+                        let n = usize::from(input.u8()? % 9);
+                        let b = input.bytes(n).to_vec();
+                        t.write(off, &b);
+                    }
+                    3 => {
+                        let addr = u64::from(input.u16()?);
+                        let n = usize::from(input.u8()?);
+                        let b = input.bytes(n).to_vec();
+                        let _ = mem.write_slice(&b, GuestAddress(addr));
+                    }
+                    4 => {
+                        // The driver's init sequence, queues at input-chosen addresses.
+                        wr(&mut t, 0x070, 0);
+                        wr(&mut t, 0x070, 1);
+                        wr(&mut t, 0x070, 3);
+                        wr(&mut t, 0x024, 0);
+                        wr(&mut t, 0x020, input.u32()?);
+                        wr(&mut t, 0x024, 1);
+                        wr(&mut t, 0x020, input.u32()? & 1);
+                        wr(&mut t, 0x070, 0xb);
+                        for i in 0..queue_count {
+                            wr(&mut t, 0x030, i as u32);
+                            wr(&mut t, 0x038, 1u32 << (input.u8()? % 9));
+                            wr(&mut t, 0x080, u32::from(input.u16()?));
+                            wr(&mut t, 0x090, u32::from(input.u16()?));
+                            wr(&mut t, 0x0a0, u32::from(input.u16()?));
+                            wr(&mut t, 0x044, 1);
+                        }
+                        wr(&mut t, 0x070, 0xf);
+                    }
+                    5 => wr(&mut t, 0x050, u32::from(input.u8()? % 4)),
+                    6 => {
+                        let _ = t.save();
+                        t.resume_after_save();
+                    }
+                    7 => wr(&mut t, 0x070, 0),
+                    8 => {
+                        // A frame from the peer towards the guest.
+                        let n = usize::from(input.u16()? % 2048);
+                        let mut frame = input.bytes(n).to_vec();
+                        if frame.len() >= 12 {
+                            frame[..6].copy_from_slice(&GUEST_MAC.0);
+                            frame[6..12].copy_from_slice(&PEER_MAC.0);
+                        }
+                        let _ = fix.peer.send(&frame);
+                    }
+                    _ => sync_drive(&mut input, &mem, which % 4, fix),
+                }
+                Some(())
+            })();
+            if r.is_none() {
+                break;
+            }
+        }
+        // Dropping the transport stops the device's worker (joins it).
+        drop(t);
+        while fix.peer.try_recv().is_some() {}
+    });
+}
+
+/// Runs net's or vsock's queue processing on this thread.
+fn sync_drive(input: &mut Input<'_>, mem: &GuestMemoryMmap, which: u8, fix: &Fixtures) {
+    let (Some(rxq), Some(txq)) = (queue_from(input, mem, 256), queue_from(input, mem, 256)) else {
+        return;
+    };
+    let rounds = input.u8().map_or(1, |r| r % 4 + 1);
+    match which {
+        2 => {
+            let host = VsockHost::new(3).expect("vsock host");
+            let kick = Arc::new(EventFd::new(0).expect("eventfd"));
+            let mut m = Muxer::new(host, mem.clone(), rxq, txq, Arc::new(NoInterrupt), kick);
+            for _ in 0..rounds {
+                m.work();
+            }
+            m.run_once(Duration::ZERO);
+        }
+        3 => {
+            let hdr = if input.u8().unwrap_or(0) & 1 == 0 {
+                HDR_V1_BYTES
+            } else {
+                HDR_LEGACY_BYTES
+            };
+            let mut q = NetQueues::new(
+                mem.clone(),
+                rxq,
+                txq,
+                fix.port.clone(),
+                hdr,
+                Arc::new(NetMetrics::default()),
+            );
+            for _ in 0..rounds {
+                q.run_once();
+            }
+        }
+        _ => {}
+    }
+}
+
+fuzz_target!(|data: &[u8]| run(data));
