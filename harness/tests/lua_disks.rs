@@ -7,20 +7,23 @@
 //!   the backend, and every other test skips saying why.
 //! - The tiny guest (tier 4) booted with a disk attached from Lua: the VMM
 //!   gives it a virtio-blk device in the first virtio-mmio slot.
-//! - The probe kernel (tier 5) booted (with an initrd, no agent) with two
-//!   disks attached from Lua and `eio_read` injected on the first: Linux's
-//!   virtio_blk driver finds them in attach order (vda, vdb) with their
-//!   sizes, and its partition scan of vda fails with an I/O error while vdb
-//!   reads cleanly. That is the Disk's fault set acting on the guest's
-//!   requests. (The same boot without an initrd stopped early on this
-//!   machine, before any device probe; see docs/vmm.md.)
+//! - The probe kernel (tier 5) booted (no agent) with two disks attached
+//!   from Lua and `eio_read` injected on the first: Linux's virtio_blk
+//!   driver finds them in attach order (vda, vdb) with their sizes, its
+//!   partition scan of vda fails with an I/O error, and vdb, an ext4 image
+//!   this test made with mkfs.ext4, is mounted as the root file system
+//!   (`root=/dev/vdb`; the initrd has no /init, so the kernel goes on to
+//!   mount `root=`). That is the Disk's fault set acting on the guest's
+//!   requests, and our virtio-blk serving a real file system. (A boot with
+//!   no initrd at all stopped early on this machine, before any device
+//!   probe; see docs/vmm.md.)
 //!
 //! KVM tests need /dev/kvm (`PROVIUM_SKIP_KVM=1` skips, printing why); the
 //! probe test needs the probe kernel (`PROVIUM_SKIP_PROBE_KERNEL=1` skips).
 
 mod common;
 
-use common::{kvm_or_skip, probe_initrd, probe_kernel, repo_root, PROBE_CMDLINE};
+use common::{kvm_or_skip, probe_kernel, repo_root, PROBE_CMDLINE};
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -108,6 +111,39 @@ fn project(profile: &str, test: &str) -> tempfile::TempDir {
     d
 }
 
+/// An ext4 file system of `sectors` 512-byte sectors, made by the host's
+/// mkfs.ext4 (e2fsprogs, priority "required" on Debian) with a /sbin/init
+/// in it.
+fn ext4_image(dir: &Path, name: &str, sectors: usize) -> String {
+    let root = dir.join(format!("{name}.root"));
+    std::fs::create_dir_all(root.join("sbin")).unwrap();
+    std::fs::write(
+        root.join("sbin/init"),
+        "#!/bin/sh\necho provium ext4 root\n",
+    )
+    .unwrap();
+    let p = image(dir, name, sectors);
+    let o = Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-L", "provium-root", "-d"])
+        .arg(&root)
+        .arg(&p)
+        .output()
+        .expect("mkfs.ext4 (e2fsprogs) runs");
+    assert!(o.status.success(), "mkfs.ext4: {}", text(&o));
+    p
+}
+
+/// A newc initrd holding only /dev/console: with no /init in it the kernel
+/// goes on to mount `root=`.
+fn initrd_without_init(dir: &Path) -> std::path::PathBuf {
+    let mut w = provium_vmm::initrd::CpioWriter::new();
+    w.dir("dev", 0o755).unwrap();
+    w.char_dev("dev/console", 0o600, 5, 1).unwrap();
+    let path = dir.join("initrd-no-init.cpio");
+    std::fs::write(&path, w.finish()).unwrap();
+    path
+}
+
 fn image(dir: &Path, name: &str, sectors: usize) -> String {
     let p = dir.join(name);
     std::fs::write(&p, vec![0u8; sectors * 512]).unwrap();
@@ -172,9 +208,14 @@ test("the guest kernel sees the disks in attach order, and EIO on the faulty one
     t:assert_eq(good:guest_device(), "/dev/vdb")
     local log = vm:console():read_log()
     t:assert(log:find("virtio_blk virtio0: [vda] 2048 512-byte logical blocks", 1, true), log)
-    t:assert(log:find("virtio_blk virtio1: [vdb] 4096 512-byte logical blocks", 1, true), log)
+    t:assert(log:find("virtio_blk virtio1: [vdb] 16384 512-byte logical blocks", 1, true), log)
     t:assert(log:find("I/O error, dev vda, sector 0", 1, true), "the partition scan of vda saw EIO: " .. log)
     t:assert(not log:find("error, dev vdb", 1, true), "vdb has no fault: " .. log)
+    -- vdb holds the ext4 file system mkfs.ext4 made: the kernel mounts it
+    -- as root through our virtio-blk (superblock, group descriptors, root
+    -- inode all read by the guest's requests).
+    t:assert(log:find("EXT4-fs (vdb): mounted filesystem", 1, true), "ext4 on vdb mounted: " .. log)
+    t:assert(log:find("VFS: Mounted root (ext4 filesystem)", 1, true), "root=/dev/vdb mounted: " .. log)
     -- The host side agrees: the fault is still active, the image intact.
     t:assert_eq(bad:active_faults()[1], "eio_read")
     bad:clear_faults()
@@ -193,13 +234,16 @@ fn an_injected_eio_reaches_the_probe_kernel() {
     };
     let scratch = tempfile::tempdir().unwrap();
     let bad = image(scratch.path(), "bad.img", 2048);
-    let good = image(scratch.path(), "good.img", 4096);
-    let initrd = probe_initrd(scratch.path());
+    let good = ext4_image(scratch.path(), "good.img", 16384);
+    let initrd = initrd_without_init(scratch.path());
     // No agent: the kernel probes its devices (the partition scan
-    // included), runs /init, and the boot fails (no Hello).
+    // included), finds no /init in the initrd, mounts root=/dev/vdb, tries
+    // its /sbin/init (kvm_pvm runs no user space), and the boot fails (no
+    // Hello).
+    let cmdline = format!("{PROBE_CMDLINE} root=/dev/vdb rootfstype=ext4");
     let p = project(
         &format!(
-            "[profiles.probe]\nkernel = {kernel:?}\ninitrd = {initrd:?}\ncmdline = {PROBE_CMDLINE:?}\nguest_os = \"linux\"\ninject_agent = false\n"
+            "[profiles.probe]\nkernel = {kernel:?}\ninitrd = {initrd:?}\ncmdline = {cmdline:?}\nguest_os = \"linux\"\ninject_agent = false\n"
         ),
         &PROBE_TEST
             .replace("BAD", &format!("{bad:?}"))
