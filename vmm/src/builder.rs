@@ -8,6 +8,7 @@ use std::fs::File;
 use std::io::{self, Cursor, Read, Seek};
 use std::sync::Arc;
 
+use kvm_ioctls::VcpuFd;
 use linux_loader::cmdline::Cmdline;
 use linux_loader::configurator::linux::LinuxBootConfigurator;
 use linux_loader::configurator::{BootConfigurator, BootParams};
@@ -447,33 +448,69 @@ pub fn build_and_start(
         configure_vcpu(&fd, kvm, &boot).map_err(BuildError::Vcpu)?;
         fds.push(fd);
     }
-    let pio = Arc::new(pio);
-    let mmio = Arc::new(mmio);
+    let boot = BootInfo {
+        kernel_load_gpa: kernel.result.kernel_load.0,
+        entry_gpa: kernel.entry_gpa,
+        kernel_end_gpa: kernel.result.kernel_end,
+        initrd,
+        cmdline: cmdline_text,
+    };
+    start_machine(
+        cfg,
+        MachineParts {
+            vm,
+            ram,
+            legacy,
+            pio,
+            mmio,
+            virtio,
+            vcpu_fds: fds,
+            stops,
+            boot,
+        },
+    )
+    .map_err(BuildError::Vcpu)
+}
+
+/// A configured machine whose vCPUs have not started: what a cold boot
+/// (`build_and_start`) and a restore (`persist::restore_and_start`) both
+/// arrive at before the one shared last step, [`start_machine`].
+pub(crate) struct MachineParts {
+    pub vm: KvmVm,
+    pub ram: GuestRam,
+    pub legacy: LegacyDevices,
+    pub pio: Bus,
+    pub mmio: Bus,
+    pub virtio: Vec<Arc<std::sync::Mutex<MmioTransport>>>,
+    pub vcpu_fds: Vec<VcpuFd>,
+    pub stops: Arc<dyn VcpuStopSink>,
+    pub boot: BootInfo,
+}
+
+/// Marks setup done on the boot timer and starts the vCPU threads: the
+/// guest's next instruction runs after this.
+pub(crate) fn start_machine(cfg: &VmConfig, parts: MachineParts) -> Result<Machine, VcpuError> {
+    let pio = Arc::new(parts.pio);
+    let mmio = Arc::new(parts.mmio);
     let io = VcpuIo {
         pio: pio.clone(),
         mmio: mmio.clone(),
-        stops,
+        stops: parts.stops,
         boot_timer: cfg.boot_timer.clone(),
     };
     if let Some(t) = &cfg.boot_timer {
         t.mark(crate::boot_timer::BootMark::SetupDone);
     }
-    let vcpus = VcpuSet::start(fds, io).map_err(BuildError::Vcpu)?;
+    let vcpus = VcpuSet::start(parts.vcpu_fds, io)?;
     Ok(Machine {
         vcpus,
-        legacy,
+        legacy: parts.legacy,
         pio,
         mmio,
-        virtio,
-        vm,
-        ram,
-        boot: BootInfo {
-            kernel_load_gpa: kernel.result.kernel_load.0,
-            entry_gpa: kernel.entry_gpa,
-            kernel_end_gpa: kernel.result.kernel_end,
-            initrd,
-            cmdline: cmdline_text,
-        },
+        virtio: parts.virtio,
+        vm: parts.vm,
+        ram: parts.ram,
+        boot: parts.boot,
     })
 }
 

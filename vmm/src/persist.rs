@@ -38,7 +38,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::builder::{attach_boot_timer, virtio_devices, BootInfo, BuildError, Machine};
+use crate::builder::{
+    attach_boot_timer, start_machine, virtio_devices, BootInfo, BuildError, Machine, MachineParts,
+};
 use crate::console::Console;
 use crate::device_manager::legacy::attach_legacy_devices;
 use crate::device_manager::mmio::{attach_restored_virtio_device, MmioSlots};
@@ -51,7 +53,7 @@ use crate::vmm_config::VmConfig;
 use crate::vstate::kvm::KvmContext;
 use crate::vstate::memory::{data_masks, guest_ram_from_image, host_parts, MemoryError};
 use crate::vstate::vcpu::{
-    configure_vcpu, restore_vcpu, save_vcpu, VcpuBootConfig, VcpuError, VcpuIo, VcpuSet, VcpuState,
+    configure_vcpu, restore_vcpu, save_vcpu, VcpuBootConfig, VcpuError, VcpuSet, VcpuState,
     VcpuStopSink,
 };
 use crate::vstate::vm::{KvmVm, KvmVmError, KvmVmState};
@@ -397,28 +399,21 @@ pub fn restore_and_start(
         fds.push(fd);
     }
     console.restore_log(&tail);
-    let pio = Arc::new(pio);
-    let mmio = Arc::new(mmio);
-    let io = VcpuIo {
-        pio: pio.clone(),
-        mmio: mmio.clone(),
-        stops,
-        boot_timer: cfg.boot_timer.clone(),
-    };
-    if let Some(t) = &cfg.boot_timer {
-        t.mark(crate::boot_timer::BootMark::SetupDone);
-    }
-    let vcpus = VcpuSet::start(fds, io).map_err(PersistError::Vcpu)?;
-    Ok(Machine {
-        vcpus,
-        legacy,
-        pio,
-        mmio,
-        virtio,
-        vm,
-        ram,
-        boot: BootInfo::default(),
-    })
+    start_machine(
+        cfg,
+        MachineParts {
+            vm,
+            ram,
+            legacy,
+            pio,
+            mmio,
+            virtio,
+            vcpu_fds: fds,
+            stops,
+            boot: BootInfo::default(),
+        },
+    )
+    .map_err(PersistError::Vcpu)
 }
 
 /// The snapshot's restore image: beside it when that directory is
