@@ -14,7 +14,9 @@
 //!   this test made with mkfs.ext4, is mounted as the root file system
 //!   (`root=/dev/vdb`; the initrd has no /init, so the kernel goes on to
 //!   mount `root=`). That is the Disk's fault set acting on the guest's
-//!   requests, and our virtio-blk serving a real file system. (A boot with
+//!   requests, and our virtio-blk serving a real file system. A second boot
+//!   makes an ext4 image the root (`root=/dev/vda`) with `eio_read` on it:
+//!   the mount fails (`VFS: Unable to mount root fs`). (A boot with
 //!   no initrd at all stopped early on this machine, before any device
 //!   probe; see docs/vmm.md.)
 //!
@@ -223,31 +225,40 @@ test("the guest kernel sees the disks in attach order, and EIO on the faulty one
 end)
 "#;
 
-#[test]
-fn an_injected_eio_reaches_the_probe_kernel() {
-    let test = "an_injected_eio_reaches_the_probe_kernel";
-    if !kvm_or_skip(test) {
-        return;
-    }
+const PROBE_ROOT_EIO_TEST: &str = r#"
+test("an eio_read on the ext4 root fails its mount in the guest kernel", function(t)
+    local vm = provium:vm("v", "probe", {memory = "256M"})
+    local root = vm:attach_disk({id = "root", image = ROOT})
+    root:fault_inject("eio_read")
+    local ok = pcall(function() vm:boot() end)
+    t:assert(not ok, "the root cannot be mounted: the boot must fail")
+    local log = vm:console():read_log()
+    t:assert(log:find("I/O error, dev vda", 1, true), "the guest's reads of vda saw EIO: " .. log)
+    t:assert(log:find("VFS: Unable to mount root fs", 1, true), "the root mount failed: " .. log)
+    t:assert(not log:find("VFS: Mounted root", 1, true), "nothing was mounted: " .. log)
+    -- The image itself is intact: ext4's magic 0xEF53 at byte 1080
+    -- (sector 2, offset 56), read host-side once the fault is cleared.
+    root:clear_faults()
+    t:assert_eq(root:read_sectors(2, 1):sub(57, 58), "\x53\xEF")
+end)
+"#;
+
+/// Boots the probe kernel from a project whose `probe` profile adds
+/// `cmdline_extra` and has an initrd without /init (so the kernel mounts
+/// `root=`), runs `lua` in it, and asserts its one test passed.
+fn run_probe_disk_test(test: &str, scratch: &Path, cmdline_extra: &str, lua: &str) {
     let Some(kernel) = probe_kernel(test) else {
         return;
     };
-    let scratch = tempfile::tempdir().unwrap();
-    let bad = image(scratch.path(), "bad.img", 2048);
-    let good = ext4_image(scratch.path(), "good.img", 16384);
-    let initrd = initrd_without_init(scratch.path());
-    // No agent: the kernel probes its devices (the partition scan
-    // included), finds no /init in the initrd, mounts root=/dev/vdb, tries
-    // its /sbin/init (kvm_pvm runs no user space), and the boot fails (no
-    // Hello).
-    let cmdline = format!("{PROBE_CMDLINE} root=/dev/vdb rootfstype=ext4");
+    let initrd = initrd_without_init(scratch);
+    // No agent: the boot fails once the kernel panics (no working init, or
+    // no root), after the probes the test asserts on.
+    let cmdline = format!("{PROBE_CMDLINE} {cmdline_extra}");
     let p = project(
         &format!(
             "[profiles.probe]\nkernel = {kernel:?}\ninitrd = {initrd:?}\ncmdline = {cmdline:?}\nguest_os = \"linux\"\ninject_agent = false\n"
         ),
-        &PROBE_TEST
-            .replace("BAD", &format!("{bad:?}"))
-            .replace("GOOD", &format!("{good:?}")),
+        lua,
     );
     let t0 = std::time::Instant::now();
     let o = provium(
@@ -255,8 +266,38 @@ fn an_injected_eio_reaches_the_probe_kernel() {
         &["--vmm", "kvm", "--timeout", "1200"],
         &[("PROVIUM_KVM_AGENT_TIMEOUT", "1100")],
     );
-    eprintln!("probe boot with disks: {:?}", t0.elapsed());
+    eprintln!("{test}: probe boot with disks: {:?}", t0.elapsed());
     let out = text(&o);
     assert_eq!(o.status.code(), Some(0), "{out}");
     assert!(out.contains("1 passed, 0 failed"), "{out}");
+}
+
+#[test]
+fn an_injected_eio_reaches_the_probe_kernel() {
+    let test = "an_injected_eio_reaches_the_probe_kernel";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let bad = image(scratch.path(), "bad.img", 2048);
+    let good = ext4_image(scratch.path(), "good.img", 16384);
+    // The kernel probes both disks (the partition scan included), finds no
+    // /init in the initrd, mounts root=/dev/vdb and tries its /sbin/init
+    // (kvm_pvm runs no user space).
+    let lua = PROBE_TEST
+        .replace("BAD", &format!("{bad:?}"))
+        .replace("GOOD", &format!("{good:?}"));
+    run_probe_disk_test(test, scratch.path(), "root=/dev/vdb rootfstype=ext4", &lua);
+}
+
+#[test]
+fn an_eio_on_the_root_disk_fails_the_ext4_mount_in_the_probe_kernel() {
+    let test = "an_eio_on_the_root_disk_fails_the_ext4_mount_in_the_probe_kernel";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let root = ext4_image(scratch.path(), "root.img", 16384);
+    let lua = PROBE_ROOT_EIO_TEST.replace("ROOT", &format!("{root:?}"));
+    run_probe_disk_test(test, scratch.path(), "root=/dev/vda rootfstype=ext4", &lua);
 }
