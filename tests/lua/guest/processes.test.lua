@@ -126,7 +126,7 @@ end)
 
 test("backend limits are errors, never silent", function(t)
   t:assert_contains(t:assert_raises(function() vm:console() end), "has no kernel console")
-  t:assert_contains(t:assert_raises(function() vm:attach_disk() end), "not available on the local backend")
+  t:assert_contains(t:assert_raises(function() vm:attach_disk() end), "the local backend has no block devices")
   -- Snapshots work on the local backend (files); memory snapshots are kvm's.
   local s = vm:snapshot()
   t:assert(s:size() > 0)
