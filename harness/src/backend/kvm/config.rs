@@ -109,7 +109,17 @@ pub fn vm_config_with(
             files,
             cache_dir: cache.to_path_buf(),
         };
-        inject_agent(&boot, &inj).map_err(|e| chain(&e))?
+        let mut boot = inject_agent(&boot, &inj).map_err(|e| chain(&e))?;
+        // Tell the agent where the VMM's boot timer is: it writes the
+        // "ready" mark there once it can take our Hello, which is what
+        // `provium bench boot --until ready` times. Appended last so it
+        // wins over any profile value (the agent takes the last one).
+        boot.cmdline = format!(
+            "{} provium.boot_timer={:#x}",
+            boot.cmdline,
+            provium_vmm::boot_timer::BOOT_TIMER_PORT
+        );
+        boot
     } else if !files.is_empty() {
         // No agent, but the files must still be there before init runs.
         let overlay = files_cpio(&files).map_err(|e| chain(&e))?;
@@ -282,6 +292,40 @@ mod tests {
         assert_eq!(
             cfg(&p, &opts, 3, d.path()).unwrap().0.boot.cmdline,
             "x=1 console=ttyS0"
+        );
+    }
+
+    #[test]
+    fn injected_agent_is_told_the_boot_timer_port() {
+        let d = tempfile::tempdir().unwrap();
+        let p = profile(d.path());
+        // A real (static) file stands in for the agent: injection only
+        // copies its bytes into the initrd overlay.
+        let agent = d.path().join("provium-agent");
+        std::fs::write(&agent, b"not really an agent").unwrap();
+        let found = || Ok(agent.clone());
+        let with = KvmBootOpts {
+            memory_bytes: 64 << 20,
+            cpus: 1,
+            inject_agent: true,
+            ..KvmBootOpts::default()
+        };
+        let (c, _) = vm_config_with(&p, &with, 3, &found, &d.path().join("cache")).unwrap();
+        assert!(
+            c.boot.cmdline.ends_with(" provium.boot_timer=0x440"),
+            "{}",
+            c.boot.cmdline
+        );
+        assert!(c.boot.cmdline.contains("rdinit="), "{}", c.boot.cmdline);
+        let without = KvmBootOpts {
+            inject_agent: false,
+            ..with
+        };
+        let (c, _) = vm_config_with(&p, &without, 3, &found, &d.path().join("cache")).unwrap();
+        assert!(
+            !c.boot.cmdline.contains("provium.boot_timer"),
+            "{}",
+            c.boot.cmdline
         );
     }
 
