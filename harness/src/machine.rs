@@ -127,6 +127,7 @@ impl Machine {
                     inject_agent: profile.inject_agent,
                     nics,
                     drives: drives.to_vec(),
+                    boot_timer: None,
                 };
                 KvmMachine::boot(&spec.vm_name, profile, &opts, spec.initial_time).map(Machine::Kvm)
             }
@@ -338,6 +339,7 @@ impl Machine {
                     inject_agent: false,
                     nics,
                     drives: drives.to_vec(),
+                    boot_timer: None,
                 };
                 KvmMachine::restore(&spec.vm_name, profile, &opts, path).map(Machine::Kvm)
             }

@@ -112,6 +112,20 @@ fn check_shape(lines: &[Value], bench: &str, runs: usize) {
     }
 }
 
+/// A successful `bench boot --json`'s lines: every boot phase, in order,
+/// each of the shape `check_shape` wants for `runs` samples.
+fn boot_lines(o: &Output, runs: usize) -> Vec<Value> {
+    assert_eq!(o.status.code(), Some(0), "{}", text(o));
+    let lines = json_lines(o);
+    let names: Vec<&str> = lines
+        .iter()
+        .map(|l| l["phase"].as_str().expect("phase"))
+        .collect();
+    assert_eq!(names, BOOT_PHASES);
+    check_shape(&lines, "boot", runs);
+    lines
+}
+
 #[test]
 fn boot_tiny_guest_json_has_every_phase() {
     if !kvm_or_skip("boot_tiny_guest_json_has_every_phase") {
@@ -131,14 +145,7 @@ fn boot_tiny_guest_json_has_every_phase() {
             "--json",
         ],
     );
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let lines = json_lines(&o);
-    let names: Vec<&str> = lines
-        .iter()
-        .map(|l| l["phase"].as_str().expect("phase"))
-        .collect();
-    assert_eq!(names, BOOT_PHASES);
-    check_shape(&lines, "boot", 3);
+    let lines = boot_lines(&o, 3);
     for l in &lines {
         assert_eq!(l["target"], "tiny-guest");
         assert_eq!(l["unit"], "ns");
@@ -170,6 +177,54 @@ fn boot_tiny_guest_json_has_every_phase() {
     let guest = &lines[0]["guest"];
     assert_eq!(guest["kernel_version"], "PROVIUM-TINY-GUEST v1", "{guest}");
     assert_eq!(guest["until"], "ready");
+}
+
+/// A profile boots through the kvm backend's config builder: with the agent
+/// injected its cmdline tells the agent the boot-timer port, without it
+/// not, and the Hello phase says why it was not measured. The tiny guest's
+/// bzImage stands in for a kernel (it ignores the initrd and cmdline), and
+/// a non-ELF executable for the agent (injection only copies its bytes).
+#[test]
+fn boot_profile_injects_the_agent_with_the_boot_timer_port() {
+    if !kvm_or_skip("boot_profile_injects_the_agent_with_the_boot_timer_port") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("bzImage"), provium_vmm::tiny_guest::BZIMAGE).expect("kernel");
+    let agent = dir.path().join("fake-agent");
+    std::fs::write(&agent, b"#!/bin/sh\n").expect("agent");
+    std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    for inject in [true, false] {
+        std::fs::write(
+            dir.path().join("provium.toml"),
+            format!(
+                "[profiles.t]\nkernel = \"bzImage\"\ncmdline = \"quiet\"\ninject_agent = {inject}\n"
+            ),
+        )
+        .expect("config");
+        let o = Command::new(env!("CARGO_BIN_EXE_provium"))
+            .args([
+                "bench", "boot", "t", "-n", "1", "--warmup", "0", "--json", "--until", "console",
+            ])
+            .env("PROVIUM_AGENT", &agent)
+            .current_dir(dir.path())
+            .output()
+            .expect("run provium");
+        let lines = boot_lines(&o, 1);
+        let cmdline = lines[0]["guest"]["cmdline"].as_str().expect("cmdline");
+        let hello = phase(&lines, "kernel_to_agent_hello");
+        assert_eq!(hello["available"], false, "{hello}");
+        let why = hello["reason"].as_str().expect("reason");
+        assert!(why.contains("Hello"), "{why}");
+        if inject {
+            assert!(cmdline.ends_with(" provium.boot_timer=0x440"), "{cmdline}");
+            assert!(cmdline.contains("rdinit="), "{cmdline}");
+        } else {
+            assert!(!cmdline.contains("provium.boot_timer"), "{cmdline}");
+            assert!(why.contains("inject_agent = false"), "{why}");
+        }
+    }
 }
 
 #[test]

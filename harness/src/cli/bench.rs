@@ -25,7 +25,10 @@ use provium_vmm::{tiny_guest, BootSource, KernelImage, Vm, VmConfig, VmState};
 
 use super::run::{choose_backend, load_config};
 use super::{RunArgs, VmmChoice, EXIT_FAILED, EXIT_OK};
+use crate::backend::kvm::config::{self as kvm_config, locate_guest_agent, KvmBootOpts};
+use crate::backend::kvm::KvmMachine;
 use crate::client::AgentOps;
+use crate::config::Profile;
 use crate::machine::{BootSpec, Machine};
 use crate::runner::BackendKind;
 
@@ -712,7 +715,15 @@ pub fn compare(old: &[Value], new: &[Value], max: f64) -> Comparison {
 
 struct BootTarget {
     name: String,
+    /// What is booted (for a profile: as the kvm backend builds it, agent
+    /// and `provium.boot_timer=` included when injected).
     boot: BootSource,
+    /// A profile boots through the kvm backend's own config builder and
+    /// connect path (`KvmMachine`); the tiny guest is booted directly.
+    kvm: Option<(Profile, KvmBootOpts)>,
+    /// Why no agent is in the guest (a profile with `inject_agent = false`,
+    /// or no agent binary found); None when it is injected.
+    no_agent: Option<String>,
     linux: bool,
     mem_mib: u64,
     shown_kernel: String,
@@ -730,6 +741,8 @@ fn boot_target(args: &RunArgs, b: &BootArgs) -> Result<BootTarget, String> {
                     .clone()
                     .unwrap_or_else(|| "console=ttyS0".to_string()),
             },
+            kvm: None,
+            no_agent: Some("the tiny guest has no agent".into()),
             linux: false,
             mem_mib: b.mem.unwrap_or(32),
             shown_kernel: format!(
@@ -761,21 +774,45 @@ fn boot_target(args: &RunArgs, b: &BootArgs) -> Result<BootTarget, String> {
             kernel.display()
         ));
     }
-    let cmdline = p
-        .kernel_cmdline(b.cmdline.as_deref())
+    let mem_mib = b.mem.unwrap_or(256);
+    // The agent goes in when the profile asks for it and one is found; a
+    // missing agent binary still lets the kernel phases be measured.
+    let (inject_agent, no_agent) = if !p.inject_agent {
+        (
+            false,
+            Some("the profile has inject_agent = false".to_string()),
+        )
+    } else {
+        match locate_guest_agent() {
+            Ok(_) => (true, None),
+            Err(e) => (false, Some(format!("no agent to inject: {e}"))),
+        }
+    };
+    let opts = KvmBootOpts {
+        memory_bytes: mem_mib << 20,
+        cpus: u32::from(b.cpus),
+        kernel_cmdline: b.cmdline.clone(),
+        inject_agent,
+        ..KvmBootOpts::default()
+    };
+    // Built once here only to report what is booted; every boot builds its
+    // own through KvmMachine::create (same builder, fresh vsock).
+    let (cfg, _) = kvm_config::vm_config(p, &opts, BENCH_CID)
         .map_err(|e| format!("bench boot: profile `{name}`: {e}"))?;
     Ok(BootTarget {
         name,
-        boot: BootSource {
-            kernel: KernelImage::Path(kernel.clone()),
-            initrd: p.initrd.clone(),
-            cmdline,
-        },
+        boot: cfg.boot,
+        kvm: Some((p.clone(), opts)),
+        no_agent,
         linux: true,
-        mem_mib: b.mem.unwrap_or(256),
+        mem_mib,
         shown_kernel: kernel.display().to_string(),
     })
 }
+
+/// The guest CID of the config `boot_target` builds only to report what
+/// is booted (no VM is made from it).
+const BENCH_CID: u32 = 3;
 
 /// Per-boot samples.
 struct BootSample {
@@ -784,6 +821,9 @@ struct BootSample {
     start: Instant,
     /// Whether the ready wait gave up (Linux guest, no boot-timer write).
     ready_gave_up: bool,
+    /// First KVM_RUN to the agent's Hello completing (agent injected and
+    /// its ready mark seen).
+    hello: Option<Duration>,
 }
 
 fn console_tail(vm: &Vm) -> String {
@@ -803,13 +843,28 @@ fn one_boot(
 ) -> Result<BootSample, String> {
     let timer = BootTimer::new();
     timer.watch_console(RUN_INIT_TEXT);
-    let mut cfg = VmConfig::new(t.boot.clone());
-    cfg.machine.mem_size_mib = t.mem_mib;
-    cfg.machine.vcpu_count = b.cpus;
-    cfg.boot_timer = Some(timer.clone());
     let start = Instant::now();
-    let vm = Vm::new(cfg).map_err(|e| format!("bench boot: {}", chain(&e)))?;
+    let machine = match &t.kvm {
+        Some((profile, opts)) => {
+            let opts = KvmBootOpts {
+                boot_timer: Some(timer.clone()),
+                ..opts.clone()
+            };
+            let m = KvmMachine::create(&t.name, profile, &opts, None)
+                .map_err(|e| format!("bench boot: {e}"))?
+                .with_agent_timeout(Duration::from_secs(b.ready_timeout));
+            Booted::Kvm(Box::new(m))
+        }
+        None => {
+            let mut cfg = VmConfig::new(t.boot.clone());
+            cfg.machine.mem_size_mib = t.mem_mib;
+            cfg.machine.vcpu_count = b.cpus;
+            cfg.boot_timer = Some(timer.clone());
+            Booted::Vm(Vm::new(cfg).map_err(|e| format!("bench boot: {}", chain(&e)))?)
+        }
+    };
     let vm_create = start.elapsed();
+    let vm = machine.vm();
     vm.boot()
         .map_err(|e| format!("bench boot: {}", chain(&e)))?;
     let deadline = Instant::now() + Duration::from_secs(b.timeout);
@@ -844,7 +899,7 @@ fn one_boot(
             return Err(format!(
                 "bench boot {}: the VM stopped before {until:?} ({why}); console tail:\n{}",
                 t.name,
-                console_tail(&vm)
+                console_tail(vm)
             ));
         }
         if Instant::now() >= deadline {
@@ -852,10 +907,21 @@ fn one_boot(
                 "bench boot {}: no {until:?} mark within {} s (--timeout); console tail:\n{}",
                 t.name,
                 b.timeout,
-                console_tail(&vm)
+                console_tail(vm)
             ));
         }
     };
+    // The agent's Hello: only with --until ready and once it marked ready
+    // (so it is listening), through the kvm backend's own connect (vsock,
+    // retries, handshake), so the number is what a test's boot waits for.
+    let mut hello = None;
+    if let (Booted::Kvm(m), Some(_)) = (&machine, marks.guest_ready) {
+        if t.no_agent.is_none() && until == Until::Ready {
+            m.connect()
+                .map_err(|e| format!("bench boot {}: {e}", t.name))?;
+            hello = marks.first_kvm_run.map(|k| k.elapsed());
+        }
+    }
     if kernel_version.is_none() {
         let log = vm.console().log_string();
         *kernel_version = log
@@ -870,7 +936,23 @@ fn one_boot(
         marks,
         start,
         ready_gave_up,
+        hello,
     })
+}
+
+/// What one boot runs: the kvm backend's machine (profiles) or a bare Vm.
+enum Booted {
+    Kvm(Box<KvmMachine>),
+    Vm(Vm),
+}
+
+impl Booted {
+    fn vm(&self) -> &Vm {
+        match self {
+            Booted::Kvm(m) => m.vm(),
+            Booted::Vm(v) => v,
+        }
+    }
 }
 
 fn bench_boot(args: &RunArgs, b: &BootArgs) -> Result<Report, String> {
@@ -936,8 +1018,9 @@ fn bench_boot(args: &RunArgs, b: &BootArgs) -> Result<Report, String> {
     );
     let mut to_hello = Phase::new(
         "kernel_to_agent_hello",
-        "first KVM_RUN to the agent's Hello over vsock",
-        "vmm",
+        "first KVM_RUN to the harness's Hello handshake with the agent over vsock completing",
+        // The start is the VMM's mark, the end the harness's clock.
+        "harness+vmm",
         Unit::Ns,
     );
     let mut start_to_console = Phase::new(
@@ -957,6 +1040,7 @@ fn bench_boot(args: &RunArgs, b: &BootArgs) -> Result<Report, String> {
             m.console_at(RUN_INIT_TEXT),
         ));
         to_ready.push_duration(BootMarks::between(m.first_kvm_run, m.guest_ready));
+        to_hello.push_duration(s.hello);
         start_to_console.push_duration(BootMarks::between(Some(s.start), m.first_console_byte));
         gave_up += usize::from(s.ready_gave_up);
     }
@@ -976,26 +1060,37 @@ fn bench_boot(args: &RunArgs, b: &BootArgs) -> Result<Report, String> {
         )
     } else if until != Until::Ready {
         format!("not waited for (--until {until:?})").to_lowercase()
+    } else if let (true, Some(why)) = (gave_up > 0, &t.no_agent) {
+        format!(
+            "the guest wrote nothing to port {BOOT_TIMER_PORT:#x} within {} s of \"Run /init\" \
+             (only the provium agent writes it, and {why})",
+            b.ready_timeout
+        )
     } else if gave_up > 0 {
         format!(
             "the guest wrote nothing to port {BOOT_TIMER_PORT:#x} within {} s of \"Run /init\" \
-             (the provium agent does not write the boot timer yet)",
+             (the injected agent never marked ready: see its stderr on the console)",
             b.ready_timeout
         )
     } else {
         "no boot-timer write".to_string()
     };
     to_ready.unless_measured(ready_why);
-    to_hello.unavailable = Some(if !t.linux {
+    to_hello.unless_measured(if !t.linux {
         "the tiny guest has no agent".to_string()
+    } else if let Some(why) = &t.no_agent {
+        format!("no agent Hello to wait for: {why}")
+    } else if no_user_space {
+        "no Hello over vsock can come: this host's KVM is kvm_pvm, which cannot run Linux \
+         user space (the agent is injected but never runs)"
+            .to_string()
+    } else if until != Until::Ready {
+        format!(
+            "the Hello is only awaited with --until ready, not --until {}",
+            format!("{until:?}").to_lowercase()
+        )
     } else {
-        let mut why = "bench boot does not inject the agent or wait for its Hello over vsock yet \
-                       (the harness kvm backend does both for tests)"
-            .to_string();
-        if no_user_space {
-            why.push_str("; on this host no Hello could come: kvm_pvm cannot run Linux user space");
-        }
-        why
+        "the agent never marked ready, so its Hello was not awaited".to_string()
     });
     let (kernel, initrd) = (t.shown_kernel.clone(), t.boot.initrd.clone());
     Ok(Report {

@@ -142,6 +142,7 @@ pub fn run(args: &RunArgs, profile_name: &str, opts: &ConsoleOpts) -> Result<i32
         inject_agent: opts.agent,
         nics: Vec::new(),
         drives: Vec::new(),
+        boot_timer: None,
     };
     let machine = KvmMachine::create("console", profile, &boot, None)
         .map_err(|e| format!("console: profile `{profile_name}`: {e}"))?;

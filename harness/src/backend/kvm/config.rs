@@ -32,6 +32,9 @@ pub struct KvmBootOpts {
     /// The VM's disks in attach order (the guest's vda, vdb, …); each
     /// carries its Disk userdata's fault set (`lua::disk::boot_drives`).
     pub drives: Vec<DriveConfig>,
+    /// The VMM boot timer to attach (`provium bench boot` reads its marks:
+    /// first KVM_RUN, console, the agent's ready write); none for tests.
+    pub boot_timer: Option<provium_vmm::boot_timer::BootTimer>,
 }
 
 /// Where merged initrds are cached (content-addressed, so sharing is safe).
@@ -152,6 +155,7 @@ pub fn vm_config_with(
     // harness speaks.
     cfg.protocol_version = provium_protocol::PROTOCOL_VERSION;
     cfg.nets = opts.nics.clone();
+    cfg.boot_timer = opts.boot_timer.clone();
     Ok((cfg, vsock))
 }
 
