@@ -5,6 +5,12 @@
 //! host connects; read the TX queue (guest packets); move bytes to and from
 //! host sockets; fill RX buffers with the replies and data owed to the guest.
 //! Tests call it directly, with queues laid out in guest memory.
+//!
+//! The worker sleeps in poll until there is something to do: a kick, a host
+//! connect, a host socket the connection can act on, or the nearest
+//! connection deadline. No fd may keep poll returning without work to do
+//! (`run_once` says how hung-up sockets are kept out), and nothing depends
+//! on a periodic wake-up.
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::AsRawFd;
@@ -43,6 +49,12 @@ pub struct VsockMetrics {
     pub credit_overruns: u64,
     /// RSTs sent.
     pub rsts_sent: u64,
+    /// Host connects withdrawn because their caller gave up waiting.
+    pub abandoned_connects: u64,
+    /// Times `run_once`'s poll returned (an event or its timeout). An idle
+    /// device should not wake at all; a count that grows while nothing
+    /// happens is a busy worker.
+    pub wakeups: u64,
 }
 
 /// The muxer of one activated device.
@@ -104,11 +116,22 @@ impl Muxer {
         self.conns.len()
     }
 
-    /// One turn: waits up to `timeout` for an event, then does all the work
-    /// that is ready.
+    /// One turn: waits up to `timeout` (`Duration::MAX`: no limit) for an
+    /// event or the next connection deadline, then does all the work that
+    /// is ready.
+    ///
+    /// The wait only ends early for a reason to act, so an idle device
+    /// sleeps: a host socket is polled only for what the connection can
+    /// act on now (reading within the guest's credit, flushing `to_host`).
+    /// Linux reports POLLHUP/POLLERR even for `events == 0`, so a hung-up
+    /// socket the connection has nothing to do with stays out of the set
+    /// (it is read or flushed once there is credit or data again, which a
+    /// guest packet brings, and the guest packet kicks us). The one
+    /// exception is a connect still waiting for the guest: its socket is
+    /// polled for the hang-up alone, which means the caller gave up, and
+    /// the connection is withdrawn then (`abandon`).
     pub fn run_once(&mut self, timeout: Duration) {
-        let keys: Vec<Key> = self.conns.keys().copied().collect();
-        let mut fds = Vec::with_capacity(keys.len() + 2);
+        let mut fds = Vec::with_capacity(self.conns.len() + 2);
         fds.push(libc::pollfd {
             fd: self.kick.as_raw_fd(),
             events: libc::POLLIN,
@@ -119,8 +142,8 @@ impl Muxer {
             events: libc::POLLIN,
             revents: 0,
         });
-        for k in &keys {
-            let c = &self.conns[k];
+        let mut polled: Vec<Key> = Vec::with_capacity(self.conns.len());
+        for (k, c) in &self.conns {
             let mut events = 0;
             if c.wants_host_read() {
                 events |= libc::POLLIN;
@@ -128,19 +151,26 @@ impl Muxer {
             if !c.to_host.is_empty() {
                 events |= libc::POLLOUT;
             }
+            let connecting = matches!(c.state, ConnState::Connecting { .. });
+            if events == 0 && !connecting {
+                continue;
+            }
+            polled.push(*k);
             fds.push(libc::pollfd {
                 fd: c.stream.as_raw_fd(),
                 events,
                 revents: 0,
             });
         }
-        let timeout = self.next_deadline().map_or(timeout, |d| {
-            timeout.min(d.saturating_duration_since(Instant::now()))
-        });
-        let timeout_ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+        let now = Instant::now();
+        let timeout = self
+            .next_deadline()
+            .map_or(timeout, |d| timeout.min(d.saturating_duration_since(now)));
+        let timeout_ms = poll_timeout_ms(timeout);
         let nfds = libc::nfds_t::try_from(fds.len()).expect("at most MAX_CONNECTIONS + 2");
         // SAFETY: `fds` is a valid, exclusively borrowed array of `nfds` pollfds.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), nfds, timeout_ms) };
+        self.metrics.wakeups += 1;
         if n > 0 {
             if fds[0].revents != 0 {
                 let _ = self.kick.read();
@@ -148,7 +178,7 @@ impl Muxer {
             if fds[1].revents != 0 {
                 let _ = self.host.wake_fd().read();
             }
-            for (k, p) in keys.iter().zip(&fds[2..]) {
+            for (k, p) in polled.iter().zip(&fds[2..]) {
                 if p.revents != 0 {
                     self.host_ready(*k, p.revents);
                 }
@@ -205,6 +235,24 @@ impl Muxer {
         self.reply(key, OP_RST, 0);
     }
 
+    /// Withdraws a host connect whose caller stopped waiting (its end of
+    /// the socketpair closed). A REQUEST still queued for the guest is taken
+    /// back, and then the guest never heard of the connection; one it has
+    /// seen gets an RST, so it drops its half and a late RESPONSE is not
+    /// needed.
+    fn abandon(&mut self, key: Key) {
+        if self.conns.remove(&key).is_none() {
+            return;
+        }
+        self.metrics.abandoned_connects += 1;
+        let queued = self.replies.len();
+        self.replies
+            .retain(|r| !(r.key == key && r.op == OP_REQUEST));
+        if self.replies.len() == queued {
+            self.reply(key, OP_RST, 0);
+        }
+    }
+
     fn take_host_connects(&mut self) {
         let reqs: Vec<ConnectRequest> = std::mem::take(&mut self.host.state().connects);
         for r in reqs {
@@ -254,11 +302,16 @@ impl Muxer {
         let Some(c) = self.conns.get_mut(&key) else {
             return;
         };
+        let hung_up = revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0;
+        if hung_up && matches!(c.state, ConnState::Connecting { .. }) {
+            self.abandon(key);
+            return;
+        }
         let mut closed = false;
         if !c.to_host.is_empty() {
             closed |= c.flush_to_host() == HostIo::Closed;
         }
-        if revents & (libc::POLLIN | libc::POLLHUP) != 0 && c.wants_host_read() {
+        if revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 && c.wants_host_read() {
             closed |= c.read_from_host() == HostIo::Closed;
         }
         if closed {
@@ -538,6 +591,15 @@ impl Muxer {
             .set_fwd_cnt(fwd_cnt);
         hdr + data_len
     }
+}
+
+/// `timeout` as poll(2)'s argument: rounded up to whole milliseconds (a
+/// deadline 0.4 ms away must not become a zero timeout, which would return
+/// at once, over and over, until the deadline passes), and -1 (no limit) for
+/// a wait longer than a `c_int` of milliseconds (`Duration::MAX`).
+fn poll_timeout_ms(timeout: Duration) -> libc::c_int {
+    let ms = timeout.as_nanos().div_ceil(1_000_000);
+    libc::c_int::try_from(ms).unwrap_or(-1)
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -1047,5 +1109,142 @@ mod tests {
         r.turn();
         assert_eq!(r.received().len(), 400);
         assert_eq!(r.tx.take_used(&r.mem).len(), 400 - MAX_PENDING_REPLIES);
+    }
+
+    /// CPU time (user + system) the calling thread has used.
+    fn thread_cpu() -> Duration {
+        // SAFETY: `rusage` is plain integers, for which all-zero is valid.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `ru` is a valid, exclusively borrowed rusage to fill.
+        let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+        assert_eq!(rc, 0, "getrusage(RUSAGE_THREAD)");
+        let tv = |t: libc::timeval| {
+            Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
+                + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+        };
+        tv(ru.ru_utime) + tv(ru.ru_stime)
+    }
+
+    /// The state gdb found a booting guest's worker spinning in: host
+    /// connects whose callers gave up waiting (their socket ends closed),
+    /// one the guest refused, an open connection whose host end hung up
+    /// while the guest has no credit to take the EOF, and one waiting for
+    /// the guest's RST after SHUTDOWN. Hung-up sockets report POLLHUP even
+    /// with no events asked for; none of them may keep poll from sleeping.
+    #[test]
+    fn dead_connections_let_the_worker_sleep() {
+        let mut r = Rig::new();
+        r.rx_buffers(16);
+        let gave_up: Vec<_> = (0..3)
+            .map(|i| {
+                let h = r.host.clone();
+                std::thread::spawn(move || h.connect(2000 + i, Duration::from_millis(50)))
+            })
+            .collect();
+        let mut requested = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while requested.len() < 3 {
+            assert!(
+                Instant::now() < deadline,
+                "REQUESTs reached the guest: {requested:?}"
+            );
+            r.turn();
+            requested.extend(
+                r.received()
+                    .into_iter()
+                    .filter(|(p, _)| p.op == OP_REQUEST)
+                    .map(|(p, _)| p.dst_port),
+            );
+        }
+        for t in gave_up {
+            let e = t.join().expect("thread").expect_err("nobody answers");
+            assert!(matches!(e, VsockConnectError::Timeout { .. }), "{e}");
+        }
+        for _ in 0..3 {
+            r.turn();
+        }
+        let mut settled = r.received();
+        // Refused by the guest.
+        let h = r.host.clone();
+        let t = std::thread::spawn(move || h.connect(99, Duration::from_secs(10)));
+        let req = r.until_received()[0].0;
+        r.send(from_guest(99, req.src_port, OP_RST), &[]);
+        r.turn();
+        assert!(t.join().expect("thread").is_err());
+        // Open, host wrote the guest's whole credit (8 bytes) and hung up.
+        let (mut s, hport) = host_connect(&mut r);
+        s.write_all(b"01234567").expect("host write");
+        drop(s);
+        assert_eq!(r.until_received()[0].1, b"01234567");
+        // Host hung up; SHUTDOWN sent; the guest has not answered.
+        let (s2, hport2) = host_connect(&mut r);
+        drop(s2);
+        assert_eq!(r.until_received()[0].0.op, OP_SHUTDOWN);
+        for _ in 0..3 {
+            r.turn();
+        }
+        settled.extend(r.received());
+
+        let quiet = Duration::from_secs(1);
+        let (wakeups0, cpu0, start) = (r.mux.metrics.wakeups, thread_cpu(), Instant::now());
+        while start.elapsed() < quiet {
+            r.mux.run_once(quiet.saturating_sub(start.elapsed()));
+        }
+        let wakeups = r.mux.metrics.wakeups - wakeups0;
+        let cpu_ms = (thread_cpu() - cpu0).as_millis();
+        eprintln!("quiet second with dead connections: {wakeups} wake-ups, {cpu_ms} ms CPU");
+        assert!(
+            wakeups < 10,
+            "the worker woke {wakeups} times in a quiet second ({cpu_ms} ms CPU)"
+        );
+
+        // The given-up connects were torn down, each with an RST to the
+        // guest (it had seen their REQUESTs).
+        let mut rsts: Vec<u32> = settled
+            .iter()
+            .chain(r.received().iter())
+            .filter(|(p, _)| p.op == OP_RST)
+            .map(|(p, _)| p.dst_port)
+            .collect();
+        rsts.sort_unstable();
+        assert_eq!(rsts, [2000, 2001, 2002]);
+        assert_eq!(r.mux.connection_count(), 2);
+        // The unpolled hung-up connection still ends properly: with credit,
+        // the EOF is read and the guest gets SHUTDOWN.
+        let mut upd = from_guest(1234, hport, OP_CREDIT_UPDATE);
+        upd.buf_alloc = 8;
+        upd.fwd_cnt = 8;
+        r.send(upd, &[]);
+        let got = r.until_received();
+        assert_eq!(
+            (got[0].0.op, got[0].0.src_port, got[0].0.flags),
+            (OP_SHUTDOWN, hport, SHUTDOWN_RCV | SHUTDOWN_SEND)
+        );
+        r.send(from_guest(1234, hport, OP_RST), &[]);
+        r.send(from_guest(1234, hport2, OP_RST), &[]);
+        r.turn();
+        assert_eq!(r.mux.connection_count(), 0);
+    }
+
+    /// A connect whose caller gave up before the guest had RX buffers to
+    /// see its REQUEST is withdrawn: the guest never hears of it.
+    #[test]
+    fn a_connect_abandoned_before_the_guest_saw_it_is_withdrawn() {
+        let mut r = Rig::new();
+        let h = r.host.clone();
+        let t = std::thread::spawn(move || h.connect(2000, Duration::from_millis(20)));
+        while !t.is_finished() {
+            r.turn();
+        }
+        assert!(t.join().expect("thread").is_err());
+        for _ in 0..3 {
+            r.turn();
+        }
+        assert_eq!(r.mux.connection_count(), 0);
+        r.rx_buffers(8);
+        for _ in 0..3 {
+            r.turn();
+        }
+        assert_eq!(r.received(), Vec::new(), "no REQUEST, no RST");
     }
 }
