@@ -7,14 +7,22 @@
 #
 # Recipe: `make tinyconfig`, then every line of scripts/probe-kernel/options
 # (scripts/config --enable/--disable), `make olddefconfig`, a check that each
-# option really took, and scripts/probe-kernel/skip-int3-selftest.patch (kvm_pvm
-# emulates no int3). The image is LZ4-compressed, has no PCI or ACPI, and finds
-# its virtio devices on the command line (virtio_mmio.device=).
+# option really took, and every scripts/probe-kernel/*.patch in name order:
+#   skip-int3-selftest.patch      kvm_pvm emulates no int3;
+#   kvm-pvm-syscall-fault.patch   serves kvm_pvm's broken user-mode SYSCALL
+#                                 (a #PF at LSTAR) as the system call it was;
+#   kvm-pvm-no-fwait.patch        no FWAIT in fpu__drop (not emulated).
+# Each patch's header says the exact fault it serves; hardware KVM needs none of
+# them (docs/vmm.md, "The probe kernel's kvm_pvm shims"). The image is
+# LZ4-compressed, has no PCI or ACPI, and finds its virtio devices on the
+# command line (virtio_mmio.device=).
 #
-# Cache: target/probe-kernel/<key>/bzImage, where <key> is the SHA-256 of the
-# options, the patch, this script, the linux-source package version and the
-# compiler version; target/probe-kernel/bzImage links to the newest. A rerun
-# with the same inputs only prints the path. The source tree is extracted under
+# Cache: target/probe-kernel/<key>/{bzImage,vmlinux}, where <key> is the
+# SHA-256 of the options, the patches, this script, the linux-source package
+# version and the compiler version; target/probe-kernel/bzImage and
+# target/probe-kernel/vmlinux link to the newest. vmlinux is the same kernel as
+# a stripped ELF: booting it skips the LZ4 decompression, which kvm_pvm
+# emulates (about 25 s here). A rerun with the same inputs only prints the path. The source tree is extracted under
 # target/probe-kernel/src-<version>/ (kept, so a config change rebuilds only what
 # changed). vmm/tests/probe_kernel.rs boots target/probe-kernel/bzImage, or the
 # file PROVIUM_PROBE_KERNEL names.
@@ -67,7 +75,7 @@ fi
 version=$(dpkg-query -W -f='${Version}' "$SOURCE_PKG" 2>/dev/null || echo unknown)
 key=$(
     {
-        cat "$HERE/options" "$HERE/skip-int3-selftest.patch" "${BASH_SOURCE[0]}"
+        cat "$HERE/options" "$HERE"/*.patch "${BASH_SOURCE[0]}"
         echo "$SOURCE_PKG $version"
         gcc --version | head -n 1
     } | sha256sum | cut -c1-16
@@ -79,8 +87,9 @@ mkdir -p "$OUT"
 exec 9>"$OUT/.lock"
 flock 9
 
-if [ -f "$dest/bzImage" ]; then
+if [ -f "$dest/bzImage" ] && [ -f "$dest/vmlinux" ]; then
     ln -sfn "$key/bzImage" "$OUT/bzImage"
+    ln -sfn "$key/vmlinux" "$OUT/vmlinux"
     log "cached ($SOURCE_PKG $version, key $key)"
     echo "$dest/bzImage"
     exit 0
@@ -96,11 +105,16 @@ if [ ! -f "$src/.provium-extracted" ]; then
 fi
 
 cd "$src"
-# The patch is applied once per tree; a tree patched earlier is left as is.
-if ! grep -q 'provium: kvm_pvm emulates no int3' arch/x86/kernel/alternative.c; then
-    log "applying skip-int3-selftest.patch"
-    patch -p1 --forward <"$HERE/skip-int3-selftest.patch" >&2
-fi
+# Each patch is applied once per tree: one whose reverse applies cleanly is
+# already in (a tree kept from an earlier build).
+for patch_file in "$HERE"/*.patch; do
+    name=$(basename "$patch_file")
+    if patch -p1 -R --dry-run --force <"$patch_file" >/dev/null 2>&1; then
+        continue
+    fi
+    log "applying $name"
+    patch -p1 --forward <"$patch_file" >&2 || die "$name does not apply to $SOURCE_PKG $version"
+done
 
 log "configuring (tinyconfig + scripts/probe-kernel/options)"
 make -s ARCH=x86 tinyconfig >&2
@@ -130,7 +144,7 @@ fi
 jobs=$(nproc)
 log "building bzImage with $jobs jobs (log: $src/build.log)"
 start=$(date +%s)
-if ! make ARCH=x86 -j"$jobs" bzImage >"$src/build.log" 2>&1; then
+if ! make ARCH=x86 -j"$jobs" bzImage vmlinux >"$src/build.log" 2>&1; then
     tail -n 40 "$src/build.log" >&2
     die "kernel build failed; full log: $src/build.log"
 fi
@@ -138,9 +152,14 @@ log "built in $(($(date +%s) - start)) s"
 
 mkdir -p "$dest.tmp"
 cp arch/x86/boot/bzImage "$dest.tmp/bzImage"
+# The loader needs only the loadable segments; symbols stay in the tree's
+# vmlinux (and System.map) for resolving initcall_debug addresses.
+objcopy --strip-all vmlinux "$dest.tmp/vmlinux"
+cp System.map "$dest.tmp/System.map"
 cp .config "$dest.tmp/config"
 echo "$SOURCE_PKG $version" >"$dest.tmp/source"
 rm -rf "$dest"
 mv "$dest.tmp" "$dest"
 ln -sfn "$key/bzImage" "$OUT/bzImage"
+ln -sfn "$key/vmlinux" "$OUT/vmlinux"
 echo "$dest/bzImage"
