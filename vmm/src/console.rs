@@ -157,6 +157,22 @@ impl Console {
         String::from_utf8_lossy(&self.log()).into_owned()
     }
 
+    /// The newest `max_lines` lines of the log, from at most its last
+    /// `max_bytes` bytes (a guest that never writes a newline cannot make an
+    /// error message megabytes long), as lossy UTF-8 without `\r`s; a
+    /// trailing newline does not count as an empty last line. For error
+    /// reports that should show what the guest printed last.
+    pub fn last_lines(&self, max_lines: usize, max_bytes: usize) -> String {
+        let g = lock(&self.inner);
+        let from = g.log.len().saturating_sub(max_bytes);
+        let tail: Vec<u8> = g.log.range(from..).copied().collect();
+        drop(g);
+        let text = String::from_utf8_lossy(&tail).replace('\r', "");
+        let text = text.strip_suffix('\n').unwrap_or(&text);
+        let lines: Vec<&str> = text.split('\n').collect();
+        lines[lines.len().saturating_sub(max_lines)..].join("\n")
+    }
+
     /// Bytes the guest has written in total, including those rotated out of the log.
     pub fn total_bytes(&self) -> u64 {
         lock(&self.inner).total_bytes
@@ -315,6 +331,19 @@ impl ConsoleSubscriber {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn last_lines_are_the_newest_lines_bounded_in_bytes() {
+        let c = Console::new(1024);
+        assert_eq!(c.last_lines(3, 1024), "");
+        c.push_output(b"one\r\ntwo\nthree\nfour\n");
+        assert_eq!(c.last_lines(2, 1024), "three\nfour");
+        assert_eq!(c.last_lines(10, 1024), "one\ntwo\nthree\nfour");
+        c.push_output(b"partial");
+        assert_eq!(c.last_lines(2, 1024), "four\npartial");
+        // Only the last 9 bytes are looked at: "\npartial" plus one byte.
+        assert_eq!(c.last_lines(10, 9), "r\npartial");
+    }
 
     #[test]
     fn log_keeps_the_newest_bytes() {

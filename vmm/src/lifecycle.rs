@@ -23,8 +23,15 @@ use crate::builder::{build_and_start, BootInfo, BuildError, Machine};
 use crate::console::Console;
 use crate::devices::{GuestRequest, GuestRequestSink};
 use crate::vmm_config::VmConfig;
+use crate::vstate::internal_error::{InternalErrorExit, VcpuExitError};
 use crate::vstate::kvm::{KvmContext, KvmError};
 use crate::vstate::vcpu::{VcpuError, VcpuStop, VcpuStopSink};
+
+/// Console lines a vCPU failure report ends with, and the most bytes of
+/// the log they are taken from.
+pub const REPORT_CONSOLE_LINES: usize = 10;
+/// See [`REPORT_CONSOLE_LINES`].
+pub const REPORT_CONSOLE_BYTES: usize = 4096;
 
 /// How long pause and stop wait for every vCPU to leave `KVM_RUN`.
 pub const VCPU_WAIT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -91,6 +98,9 @@ pub enum StopReason {
         /// What happened.
         reason: String,
     },
+    /// KVM could not go on with the guest (KVM_EXIT_INTERNAL_ERROR): the
+    /// report has the suberror, RIP, instruction bytes and console tail.
+    InternalError(Box<VcpuExitError>),
     /// A warm reset could not rebuild the machine.
     ResetFailed(String),
 }
@@ -102,6 +112,7 @@ impl fmt::Display for StopReason {
             StopReason::GuestPowerOff => write!(f, "the guest powered off"),
             StopReason::TripleFault { vcpu } => write!(f, "vCPU {vcpu} triple-faulted"),
             StopReason::VcpuFailed { vcpu, reason } => write!(f, "vCPU {vcpu} failed: {reason}"),
+            StopReason::InternalError(e) => write!(f, "{e}"),
             StopReason::ResetFailed(r) => write!(f, "reset failed: {r}"),
         }
     }
@@ -324,6 +335,33 @@ impl Shared {
         };
     }
 
+    /// The report of KVM_EXIT_INTERNAL_ERROR on `vcpu` of boot
+    /// `generation`: the instruction bytes come from KVM or, failing that,
+    /// from that boot's RAM (none for a stale generation: the event is
+    /// ignored then anyway), the tail from the console.
+    fn internal_error_report(
+        &self,
+        generation: u64,
+        vcpu: u8,
+        exit: &InternalErrorExit,
+    ) -> VcpuExitError {
+        let tail = self
+            .console
+            .last_lines(REPORT_CONSOLE_LINES, REPORT_CONSOLE_BYTES);
+        let g = self.lock();
+        let ram = g
+            .machine
+            .as_ref()
+            .filter(|_| g.generation == generation)
+            .map(|m| &m.ram.memory);
+        VcpuExitError::internal(
+            vcpu,
+            exit,
+            |gpa, buf| ram.is_some_and(|m| m.read_slice(buf, GuestAddress(gpa)).is_ok()),
+            tail,
+        )
+    }
+
     fn on_guest_event(&self, generation: u64, action: GuestAction) {
         let mut g = self.lock();
         if generation != g.generation {
@@ -373,6 +411,9 @@ fn monitor(shared: Arc<Shared>, rx: Receiver<MonitorMsg>) {
                     VcpuStop::TripleFault => {
                         GuestAction::Die(StopReason::TripleFault { vcpu: index })
                     }
+                    VcpuStop::InternalError(exit) => GuestAction::Die(StopReason::InternalError(
+                        Box::new(shared.internal_error_report(generation, index, &exit)),
+                    )),
                     VcpuStop::Failed(reason) => GuestAction::Die(StopReason::VcpuFailed {
                         vcpu: index,
                         reason,

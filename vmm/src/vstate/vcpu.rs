@@ -26,6 +26,7 @@ use kvm_ioctls::{VcpuExit, VcpuFd};
 use serde::{Deserialize, Serialize};
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 
+use super::internal_error::InternalErrorExit;
 use super::kvm::KvmContext;
 use crate::arch::cpuid::{apply_template, set_vcpu_leaves, CpuTemplate};
 use crate::arch::{interrupts, msr, regs};
@@ -343,7 +344,11 @@ pub enum VcpuStop {
     SystemReset,
     /// KVM_SYSTEM_EVENT_SHUTDOWN.
     SystemShutdown,
-    /// Any failure to run the guest (the text names the exit or errno).
+    /// KVM_EXIT_INTERNAL_ERROR (e.g. an instruction KVM's emulator lacks),
+    /// with the exit's data and registers; the lifecycle adds guest memory
+    /// and the console tail to report it.
+    InternalError(Box<InternalErrorExit>),
+    /// Any other failure to run the guest (the text names the exit or errno).
     Failed(String),
 }
 
@@ -569,6 +574,9 @@ impl Drop for VcpuSet {
 enum Handled {
     Continue,
     Stopped(VcpuStop),
+    /// KVM_EXIT_INTERNAL_ERROR: the caller reads the details from the fd
+    /// once the exit's borrow of `kvm_run` has ended.
+    InternalError,
 }
 
 fn handle_exit(exit: VcpuExit<'_>, io: &VcpuIo) -> Handled {
@@ -599,6 +607,7 @@ fn handle_exit(exit: VcpuExit<'_>, io: &VcpuIo) -> Handled {
                 "KVM_EXIT_FAIL_ENTRY (hardware reason {reason:#x}, cpu {cpu})"
             )))
         }
+        VcpuExit::InternalError => return Handled::InternalError,
         other => return Handled::Stopped(VcpuStop::Failed(format!("unexpected exit {other:?}"))),
     }
     Handled::Continue
@@ -630,7 +639,14 @@ fn run_vcpu(mut fd: VcpuFd, index: u8, control: &Control, io: &VcpuIo) -> VcpuFd
                 io::Error::from_raw_os_error(e.errno())
             ))),
         };
-        if let Handled::Stopped(why) = handled {
+        let stopped = match handled {
+            Handled::Continue => None,
+            Handled::Stopped(why) => Some(why),
+            Handled::InternalError => Some(VcpuStop::InternalError(Box::new(
+                InternalErrorExit::capture(&mut fd),
+            ))),
+        };
+        if let Some(why) = stopped {
             io.stops.vcpu_stopped(index, why);
             // Never run this guest again; wait for the controller to stop us.
             control.park(true);
