@@ -1,19 +1,21 @@
 //! The `kvm` backend through `provium --vmm kvm` and Lua: what this machine
 //! (kvm_pvm, DESIGN.md "This machine's KVM") can prove, and `--vmm auto`.
 //!
-//! - The probe kernel (tier 5) boots with the agent injected: `vm:boot()`
-//!   fails with the honest error (the kernel reached init, but this KVM runs
-//!   no Linux user space, so no Hello), the console log and the failed
-//!   test's console excerpt show "Run /sbin/provium-agent as init process"
-//!   (the kernel found our overlay's agent as rdinit). The agent is a
-//!   stand-in static ELF that only loops: the real agent's Hello needs
-//!   hardware KVM (the real-kernel tier); a small binary keeps the emulated
+//! - The probe kernel (tier 5) boots with the agent injected: the kernel
+//!   finds our overlay's agent as rdinit ("Run /sbin/provium-agent as init
+//!   process" in the console log and the failed test's excerpt) and runs it.
+//!   The agent is a stand-in static ELF that only calls exit(0), so init
+//!   exits and `vm:boot()` fails at once with the kernel's panic
+//!   ("Attempted to kill init! exitcode=0x00000000": its system call ran,
+//!   which on kvm_pvm takes the probe kernel's shims). The real agent's
+//!   Hello is the real-kernel tier's; a tiny binary keeps the emulated
 //!   kernel's cpio unpacking short.
 //! - The tiny guest (no vsock driver) with `inject_agent = false` and a 2 s
 //!   agent timeout: the boot fails within it, saying the kernel never reached
 //!   init, with the guest's banner in the console excerpt; the dead VM's
 //!   Console still reads its log, its stream is at EOF, writes are refused.
-//! - `--vmm auto` keeps choosing local (`KVM_BACKEND_BOOTS` is false).
+//! - `--vmm auto` picks kvm for a usable /dev/kvm and a profile kernel, and
+//!   local (saying why) when that profile's initrd is missing.
 //! - `KvmMachine::reset` and `power_button` on the tiny guest (which has no
 //!   agent, so `vm:boot()` never reaches Booted in Lua here): a reset
 //!   rebuilds the machine and then fails honestly, quoting only the new
@@ -96,13 +98,49 @@ fn failure(dir: &Path, o: &Output) -> (String, String) {
     failed.into_iter().next().unwrap()
 }
 
+/// A static x86-64 ELF whose whole program is `exit(0)` (`mov eax, 60;
+/// xor edi, edi; syscall`), loaded at 0x400000.
+fn exit0_elf() -> Vec<u8> {
+    const BASE: u64 = 0x40_0000;
+    let code = [0xb8, 60, 0, 0, 0, 0x31, 0xff, 0x0f, 0x05];
+    let size = (64 + 56 + code.len()) as u64;
+    let mut elf = b"\x7fELF\x02\x01\x01\x00".to_vec();
+    elf.extend([0u8; 8]);
+    elf.extend(2u16.to_le_bytes()); // ET_EXEC
+    elf.extend(0x3eu16.to_le_bytes()); // x86-64
+    elf.extend(1u32.to_le_bytes());
+    elf.extend((BASE + 120).to_le_bytes()); // entry: the code
+    elf.extend(64u64.to_le_bytes()); // phoff
+    elf.extend(0u64.to_le_bytes()); // shoff
+    elf.extend(0u32.to_le_bytes());
+    for h in [64u16, 56, 1, 0, 0, 0] {
+        elf.extend(h.to_le_bytes()); // ehsize, phentsize, phnum, sh*
+    }
+    elf.extend(1u32.to_le_bytes()); // PT_LOAD
+    elf.extend(5u32.to_le_bytes()); // R+X
+    for v in [0, BASE, BASE, size, size, 0x1000] {
+        elf.extend(v.to_le_bytes());
+    }
+    elf.extend(code);
+    elf
+}
+
+#[test]
+fn the_exit0_stand_in_exits_0() {
+    let d = tempfile::tempdir().unwrap();
+    let exe = d.path().join("exit0");
+    write_exe(&exe, &exit0_elf());
+    let status = Command::new(&exe).status().unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
 // File-scope VMs: a test-scope VM is shut down (scope exit) before the
 // runner takes the failed test's console excerpt.
 const PROBE_TEST: &str = r#"
 local vm = provium:vm("v", "probe", {memory = "256M"})
 test("boot", function(t)
     local ok, e = pcall(function() vm:boot() end)
-    t:assert(not ok, "vm:boot() cannot succeed on this KVM")
+    t:assert(not ok, "the stand-in agent exits at once: vm:boot() must fail")
     t:assert_eq(vm:state(), "dead")
     t:assert(vm:cid() ~= nil and vm:cid() >= 3, "a guest CID was assigned")
     local log = vm:console():read_log()
@@ -121,17 +159,10 @@ fn probe_kernel_boot_fails_honestly_with_the_console() {
     let Some(kernel) = probe_kernel(test) else {
         return;
     };
-    if !Path::new("/sys/module/kvm_pvm").exists() {
-        eprintln!(
-            "SKIP {test}: this host's KVM is not kvm_pvm, so the guest's user space runs and this \
-             failure path does not apply; the real-kernel tier (PROVIUM_TEST_KERNEL) covers the agent there"
-        );
-        return;
-    }
     let d = tempfile::tempdir().unwrap();
     let initrd = probe_initrd(d.path());
     let agent = d.path().join("stand-in-agent");
-    write_exe(&agent, &provium_vmm::initrd::spinning_init_elf());
+    write_exe(&agent, &exit0_elf());
     let p = project(
         &format!(
             "[profiles.probe]\nkernel = {kernel:?}\ninitrd = {initrd:?}\ncmdline = {PROBE_CMDLINE:?}\nguest_os = \"linux\"\n"
@@ -145,7 +176,7 @@ fn probe_kernel_boot_fails_honestly_with_the_console() {
         &[
             ("PROVIUM_AGENT", agent.to_str().unwrap()),
             // Long enough to reach init on a loaded 2-core machine; the
-            // failure comes a few seconds after init on kvm_pvm.
+            // panic comes right after init.
             ("PROVIUM_KVM_AGENT_TIMEOUT", "1100"),
         ],
     );
@@ -154,10 +185,10 @@ fn probe_kernel_boot_fails_honestly_with_the_console() {
     let (reason, excerpt) = failure(p.path(), &o);
     for want in [
         "vm:boot: vm `v`: the agent did not answer",
-        "the kernel reached init (\"Run /sbin/provium-agent as init process\"",
-        "kvm_pvm, which cannot run Linux user space",
-        "needs hardware KVM",
+        "the guest kernel panicked before its agent answered",
         "last console lines:",
+        // exit(0) ran: the stand-in's system call reached the kernel.
+        "Attempted to kill init! exitcode=0x00000000",
     ] {
         assert!(reason.contains(want), "missing {want:?} in:\n{reason}");
     }
@@ -221,23 +252,45 @@ fn agent_timeout_bounds_a_boot_without_an_agent() {
 }
 
 #[test]
-fn vmm_auto_keeps_choosing_local() {
+fn vmm_auto_picks_kvm_for_a_bootable_profile() {
     let d = tempfile::tempdir().unwrap();
     let kernel = d.path().join("k.bzImage");
     std::fs::write(&kernel, tiny_guest::BZIMAGE).unwrap();
-    let p = project(
-        &format!(
-            "[profiles.tiny]\nkernel = {kernel:?}\ncmdline = \"tiny\"\nguest_os = \"linux\"\n"
-        ),
-        "test(\"noop\", function(t) end)\n",
-    );
+    let kvm_usable = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .is_ok();
+    let noop = "test(\"noop\", function(t) end)\n";
+    let tiny =
+        format!("[profiles.tiny]\nkernel = {kernel:?}\ncmdline = \"tiny\"\nguest_os = \"linux\"\n");
+    let p = project(&tiny, noop);
+    let o = run(p.path(), "auto", &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    let want = if kvm_usable {
+        format!(
+            "provium: --vmm auto: using the kvm backend (/dev/kvm is usable and profile `tiny`'s \
+             kernel {} exists)",
+            kernel.display()
+        )
+    } else {
+        eprintln!("vmm_auto_picks_kvm_for_a_bootable_profile: /dev/kvm is not usable here: local expected");
+        "provium: --vmm auto: using the local backend (/dev/kvm is not usable".to_string()
+    };
+    assert!(err.contains(&want), "missing {want:?} in:\n{err}");
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    if !kvm_usable {
+        return;
+    }
+    // The same profile with an initrd that is not there: local, saying why.
+    let p = project(&format!("{tiny}initrd = \"missing.cpio\"\n"), noop);
     let o = run(p.path(), "auto", &[]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        err.contains("--vmm auto: using the local backend"),
-        "auto must not pick kvm while KVM_BACKEND_BOOTS is false:\n{err}"
+        err.contains("provium: --vmm auto: using the local backend (profile `tiny`'s initrd ")
+            && err.contains("missing.cpio does not exist)"),
+        "{err}"
     );
-    assert_eq!(o.status.code(), Some(0), "{o:?}");
 }
 
 /// A VM declared inside the failing test is closed with the test's scope;

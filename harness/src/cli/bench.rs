@@ -114,7 +114,7 @@ pub struct BootArgs {
     #[arg(long)]
     pub cmdline: Option<String>,
     /// The last mark each boot waits for (default: ready; init for a Linux
-    /// guest on a host whose KVM cannot run user space).
+    /// guest on kvm_pvm, where guest kernel code is emulated and slow).
     #[arg(long, value_enum)]
     pub until: Option<Until>,
     /// Seconds one boot may take to reach --until before the bench fails.
@@ -457,8 +457,9 @@ fn read_trim(path: &str) -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
-/// What KVM this host has: "kvm_pvm" (paravirtual, nested: no Linux user
-/// space in guests), "kvm", or "none".
+/// What KVM this host has: "kvm_pvm" (paravirtual, nested: guest kernel
+/// code is emulated, so slow; user space needs a kernel with the kvm_pvm
+/// shims), "kvm", or "none".
 pub fn kvm_kind() -> &'static str {
     if Path::new("/sys/module/kvm_pvm").exists() {
         "kvm_pvm"
@@ -960,8 +961,10 @@ fn bench_boot(args: &RunArgs, b: &BootArgs) -> Result<Report, String> {
     let runs = b.common.runs.unwrap_or(10).max(1);
     let warmup = b.common.warmup.unwrap_or(1);
     let kvm = kvm_kind();
-    let no_user_space = kvm == "kvm_pvm";
-    let until = b.until.unwrap_or(if t.linux && no_user_space {
+    let kvm_pvm = kvm == "kvm_pvm";
+    // On kvm_pvm each emulated boot takes minutes to reach init, and more to
+    // user space: stop at init unless asked for more.
+    let until = b.until.unwrap_or(if t.linux && kvm_pvm {
         Until::Init
     } else {
         Until::Ready
@@ -1053,10 +1056,12 @@ fn bench_boot(args: &RunArgs, b: &BootArgs) -> Result<Report, String> {
     }
     let ready_why = if !t.linux {
         "not waited for (--until console)".to_string()
-    } else if no_user_space {
+    } else if kvm_pvm && until != Until::Ready {
         format!(
-            "this host's KVM is kvm_pvm, which cannot run Linux user space, so nothing in the guest \
-             can write {GUEST_READY} to port {BOOT_TIMER_PORT:#x}"
+            "not waited for (--until {}): this host's KVM is kvm_pvm, where guest kernel code is \
+             emulated and slow; --until ready waits for the agent's {GUEST_READY} on port \
+             {BOOT_TIMER_PORT:#x} (the kernel needs the kvm_pvm shims, scripts/probe-kernel/)",
+            format!("{until:?}").to_lowercase()
         )
     } else if until != Until::Ready {
         format!("not waited for (--until {until:?})").to_lowercase()
@@ -1080,10 +1085,12 @@ fn bench_boot(args: &RunArgs, b: &BootArgs) -> Result<Report, String> {
         "the tiny guest has no agent".to_string()
     } else if let Some(why) = &t.no_agent {
         format!("no agent Hello to wait for: {why}")
-    } else if no_user_space {
-        "no Hello over vsock can come: this host's KVM is kvm_pvm, which cannot run Linux \
-         user space (the agent is injected but never runs)"
-            .to_string()
+    } else if kvm_pvm && until != Until::Ready {
+        format!(
+            "the Hello is only awaited with --until ready, not --until {} (the default on kvm_pvm, \
+             where guest kernel code is emulated and slow)",
+            format!("{until:?}").to_lowercase()
+        )
     } else if until != Until::Ready {
         format!(
             "the Hello is only awaited with --until ready, not --until {}",
@@ -1155,13 +1162,13 @@ fn local_backend(
         BackendKind::Local => Ok(()),
         BackendKind::Kvm => Err(if what == "restore" {
             "bench restore: a Lua vm_fixture on the kvm backend needs its agent to answer in a Linux \
-             guest (hardware KVM; this bench measures restore to the agent's answer); run with --vmm \
-             local, or `bench restore --tiny-guest` for restores on the VMM"
+             guest (this bench measures restore to the agent's answer, and does not boot one on kvm \
+             yet); run with --vmm local, or `bench restore --tiny-guest` for restores on the VMM"
                 .to_string()
         } else {
             format!(
-                "bench {what}: runs on the local backend only for now (on kvm the agent needs Linux \
-                 user space, which kvm_pvm hosts cannot run); run with --vmm local"
+                "bench {what}: runs on the local backend only for now (on kvm it would time the agent \
+                 inside a Linux guest, which this bench does not boot yet); run with --vmm local"
             )
         }),
     }

@@ -3,10 +3,6 @@
 use crate::backend::local::locate_agent;
 use crate::runner::BackendKind;
 
-/// Whether the kvm backend can boot guests end to end in this build. It
-/// becomes true when the VMM is wired in; `--vmm auto` consults it.
-pub const KVM_BACKEND_BOOTS: bool = false;
-
 pub fn kvm_usable() -> Result<(), String> {
     match std::fs::OpenOptions::new()
         .read(true)

@@ -57,23 +57,7 @@ pub fn choose_backend(choice: VmmChoice, config: &Config) -> BackendKind {
         VmmChoice::Local => BackendKind::Local,
         VmmChoice::Kvm => BackendKind::Kvm,
         VmmChoice::Auto => {
-            let kvm = preflight::kvm_usable();
-            let kernels = config
-                .profiles
-                .values()
-                .any(|p| p.kernel.as_ref().is_some_and(|k| k.exists()));
-            let (kind, why) = match (kvm, kernels) {
-                (Ok(()), true) if preflight::KVM_BACKEND_BOOTS => (
-                    BackendKind::Kvm,
-                    "/dev/kvm is usable and a profile kernel exists".to_string(),
-                ),
-                (Ok(()), true) => (
-                    BackendKind::Local,
-                    "the kvm backend cannot boot guests end to end in this build yet".into(),
-                ),
-                (Err(e), _) => (BackendKind::Local, e),
-                (Ok(()), false) => (BackendKind::Local, "no profile's kernel exists".into()),
-            };
+            let (kind, why) = auto_backend(preflight::kvm_usable(), config);
             eprintln!(
                 "provium: --vmm auto: using the {} backend ({why})",
                 kind.as_str()
@@ -81,6 +65,48 @@ pub fn choose_backend(choice: VmmChoice, config: &Config) -> BackendKind {
             kind
         }
     }
+}
+
+/// `--vmm auto`: kvm when /dev/kvm is usable (`kvm`) and a profile's kernel
+/// exists, with its initrd if it sets one; else local. Returns the reason
+/// too, for the stderr line.
+pub fn auto_backend(kvm: Result<(), String>, config: &Config) -> (BackendKind, String) {
+    if let Err(e) = kvm {
+        return (BackendKind::Local, e);
+    }
+    let mut missing = None;
+    for (name, p) in &config.profiles {
+        let Some(kernel) = p.kernel.as_ref().filter(|k| k.is_file()) else {
+            continue;
+        };
+        match &p.initrd {
+            Some(i) if !i.is_file() => {
+                missing.get_or_insert_with(|| {
+                    format!("profile `{name}`'s initrd {} does not exist", i.display())
+                });
+            }
+            Some(_) => {
+                return (
+                    BackendKind::Kvm,
+                    format!(
+                        "/dev/kvm is usable and profile `{name}`'s kernel {} and initrd exist",
+                        kernel.display()
+                    ),
+                )
+            }
+            None => {
+                return (
+                    BackendKind::Kvm,
+                    format!(
+                        "/dev/kvm is usable and profile `{name}`'s kernel {} exists",
+                        kernel.display()
+                    ),
+                )
+            }
+        }
+    }
+    let why = missing.unwrap_or_else(|| "no profile's kernel exists".into());
+    (BackendKind::Local, why)
 }
 
 fn build_filter(args: &RunArgs) -> Result<TestFilter, String> {
@@ -438,4 +464,57 @@ pub fn run_seed(flag: Option<u64>, env: Option<&str>) -> Result<u64, String> {
         b = ((t as u64) ^ u64::from(std::process::id()).rotate_left(32)).to_le_bytes();
     }
     Ok(u64::from_le_bytes(b) >> 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_picks_kvm_only_with_a_usable_kvm_and_a_bootable_profile() {
+        let d = tempfile::tempdir().unwrap();
+        let kernel = d.path().join("bzImage");
+        std::fs::write(&kernel, b"k").unwrap();
+        let mut config = Config::defaults(d.path());
+        let (kind, why) = auto_backend(Ok(()), &config);
+        assert_eq!(
+            (kind, why.as_str()),
+            (BackendKind::Local, "no profile's kernel exists")
+        );
+        let mut p = crate::config::Profile {
+            name: "p".into(),
+            kernel: Some(kernel.clone()),
+            initrd: Some(d.path().join("initrd.cpio")),
+            cmdline: String::new(),
+            cmdline_file: None,
+            guest_os: "linux".into(),
+            inject_agent: true,
+            agent_overlay_path: None,
+            build: None,
+            build_out: d.path().into(),
+        };
+        config.profiles.insert("p".into(), p.clone());
+        let (kind, why) = auto_backend(Ok(()), &config);
+        assert_eq!(kind, BackendKind::Local);
+        assert!(
+            why.contains("profile `p`'s initrd") && why.contains("does not exist"),
+            "{why}"
+        );
+        p.initrd = None;
+        config.profiles.insert("p".into(), p.clone());
+        let (kind, why) = auto_backend(Ok(()), &config);
+        assert_eq!(kind, BackendKind::Kvm);
+        assert_eq!(
+            why,
+            format!(
+                "/dev/kvm is usable and profile `p`'s kernel {} exists",
+                kernel.display()
+            )
+        );
+        let (kind, why) = auto_backend(Err("/dev/kvm is not usable: gone".into()), &config);
+        assert_eq!(
+            (kind, why.as_str()),
+            (BackendKind::Local, "/dev/kvm is not usable: gone")
+        );
+    }
 }

@@ -1,11 +1,18 @@
 //! A profile + boot options → the VMM's `VmConfig`: kernel, initrd (with the
 //! agent injected unless the profile says `inject_agent = false`), command
-//! line (the reference's rules), sizing, rng seed, the VM's disks (virtio-blk,
-//! in attach order, each with its Disk's shared fault set), a vsock device.
+//! line (the reference's rules; on kvm_pvm also the words a Linux guest
+//! needs there, [`KVM_PVM_CMDLINE_WORDS`]), sizing, rng seed, the VM's disks
+//! (virtio-blk, in attach order, each with its Disk's shared fault set), a
+//! vsock device.
+//!
+//! The injected agent is the static, stripped one harness/build.rs builds
+//! (`PROVIUM_GUEST_AGENT` at compile time) unless `PROVIUM_AGENT` names
+//! another; see [`locate_guest_agent`].
 
 use std::path::{Path, PathBuf};
+use std::sync::Once;
 
-use provium_vmm::initrd::inject::{merged_initrd, InjectError};
+use provium_vmm::initrd::inject::{cmdline_words, merged_initrd, InjectError};
 use provium_vmm::initrd::{inject_agent, AgentInjection, BootFile, CpioWriter};
 use provium_vmm::vmm_config::{DriveConfig, NetConfig, RngConfig, VsockHost};
 use provium_vmm::{BootSource, KernelImage, MachineConfig, VmConfig};
@@ -56,16 +63,19 @@ pub fn vm_config(
         cid,
         &locate_guest_agent,
         &overlay_cache_dir(),
+        super::host_is_kvm_pvm(),
     )
 }
 
-/// [`vm_config`] with the agent locator and the overlay cache given.
+/// [`vm_config`] with the agent locator, the overlay cache and whether the
+/// host's KVM is kvm_pvm given.
 pub fn vm_config_with(
     profile: &Profile,
     opts: &KvmBootOpts,
     cid: u32,
     agent: &dyn Fn() -> Result<PathBuf, String>,
     cache: &Path,
+    kvm_pvm: bool,
 ) -> Result<(VmConfig, VsockHost), String> {
     let kernel = profile.kernel.clone().ok_or_else(|| {
         format!(
@@ -92,6 +102,15 @@ pub fn vm_config_with(
     let cmdline = profile
         .kernel_cmdline(opts.kernel_cmdline.as_deref())
         .map_err(|e| format!("profile `{}`: {e}", profile.name))?;
+    let cmdline = if kvm_pvm {
+        let (line, added) = with_missing_words(&cmdline, KVM_PVM_CMDLINE_WORDS);
+        if !added.is_empty() {
+            note_kvm_pvm_words(&added);
+        }
+        line
+    } else {
+        cmdline
+    };
     let boot = BootSource {
         kernel: KernelImage::Path(kernel),
         initrd: profile.initrd.clone(),
@@ -159,6 +178,65 @@ pub fn vm_config_with(
     Ok((cfg, vsock))
 }
 
+/// The kernel command-line words a Linux guest needs on kvm_pvm, where
+/// `KVM_SET_CPUID2` does not change what the guest sees (DESIGN.md "This
+/// machine's KVM"): no XSAVE, no KASLR, a trusted TSC, and the CPUID
+/// features the emulator cannot run hidden. The tests' probe profiles use
+/// the same line.
+pub const KVM_PVM_CMDLINE_WORDS: &[&str] = &[
+    "noxsave",
+    "nokaslr",
+    "tsc=reliable",
+    "clearcpuid=308,141,151,145,158,288,298,306,291,296,156,293",
+];
+
+/// `cmdline` with those of `words` it does not have put in front (so a
+/// profile written for hardware KVM boots on kvm_pvm unchanged), and the
+/// words added. The cmdline's own words win: a word is left out when the
+/// kernel's part of the cmdline (before `--`) has one with the same key
+/// (the part before `=`, so a profile's `clearcpuid=` or `tsc=` stays the
+/// only one), or, for a bare `noX` word, says `X` (`kaslr` keeps KASLR on).
+pub fn with_missing_words<'w>(cmdline: &str, words: &[&'w str]) -> (String, Vec<&'w str>) {
+    let key = |w: &str| -> String {
+        let k = w.split('=').next().unwrap_or(w);
+        if w.contains('=') {
+            k.to_string()
+        } else {
+            k.strip_prefix("no").unwrap_or(k).to_string()
+        }
+    };
+    let have: Vec<String> = cmdline_words(cmdline)
+        .into_iter()
+        .take_while(|w| *w != "--")
+        .map(key)
+        .collect();
+    let added: Vec<&'w str> = words
+        .iter()
+        .copied()
+        .filter(|w| !have.contains(&key(w)))
+        .collect();
+    if added.is_empty() {
+        return (cmdline.to_string(), added);
+    }
+    let mut line = added.join(" ");
+    if !cmdline.trim().is_empty() {
+        line.push(' ');
+        line.push_str(cmdline.trim_start());
+    }
+    (line, added)
+}
+
+/// Says once per process, on stderr, which words the kvm_pvm host adds.
+fn note_kvm_pvm_words(added: &[&str]) {
+    static NOTE: Once = Once::new();
+    NOTE.call_once(|| {
+        eprintln!(
+            "provium: kvm_pvm host: adding kernel command-line words {} (guest kernel code is emulated here)",
+            added.join(" ")
+        );
+    });
+}
+
 fn files_cpio(files: &[BootFile]) -> Result<Vec<u8>, InjectError> {
     let mut w = CpioWriter::new();
     let mut dirs = Vec::new();
@@ -172,19 +250,23 @@ fn files_cpio(files: &[BootFile]) -> Result<Vec<u8>, InjectError> {
     Ok(w.finish())
 }
 
+/// The static agent harness/build.rs built for this harness, if it did
+/// (`PROVIUM_SKIP_GUEST_AGENT_BUILD`, or a host that is not x86_64 Linux,
+/// skips it).
+pub const BUILT_GUEST_AGENT: Option<&str> = option_env!("PROVIUM_GUEST_AGENT");
+
 /// The agent binary to put in the guest. `PROVIUM_AGENT` wins as given;
-/// otherwise a static build (`--target x86_64-unknown-linux-gnu` with
-/// crt-static) next to the workspace is preferred, and a dynamically linked
-/// agent is refused: a guest initrd need not have its loader and libc.
+/// otherwise the static, stripped agent harness/build.rs built, then a static
+/// build (`--target x86_64-unknown-linux-gnu` with crt-static) in the
+/// workspace's target dir, then the local backend's agent if it is static.
+/// A dynamically linked agent is refused: a guest initrd need not have its
+/// loader and libc.
 pub fn locate_guest_agent() -> Result<PathBuf, String> {
     if std::env::var_os("PROVIUM_AGENT").is_some() {
         return locate_agent().map_err(|e| e.to_string());
     }
-    let ws = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf);
     let mut candidates = Vec::new();
-    if let Some(ws) = &ws {
+    if let Some(ws) = Path::new(env!("CARGO_MANIFEST_DIR")).parent() {
         for profile in ["release", "debug"] {
             candidates.push(
                 ws.join("target/x86_64-unknown-linux-gnu")
@@ -193,18 +275,48 @@ pub fn locate_guest_agent() -> Result<PathBuf, String> {
             );
         }
     }
+    pick_guest_agent(BUILT_GUEST_AGENT.map(Path::new), &candidates, &|| {
+        locate_agent().map_err(|e| e.to_string())
+    })
+}
+
+/// [`locate_guest_agent`] after `PROVIUM_AGENT`: `built` (the build
+/// script's agent), then the first static `candidates`, then `fallback`'s
+/// agent if static; else an error that says what was found and the fix.
+pub fn pick_guest_agent(
+    built: Option<&Path>,
+    candidates: &[PathBuf],
+    fallback: &dyn Fn() -> Result<PathBuf, String>,
+) -> Result<PathBuf, String> {
+    if let Some(b) = built {
+        if is_static_elf(b) == Some(true) {
+            return Ok(b.to_path_buf());
+        }
+    }
     if let Some(p) = candidates.iter().find(|p| is_static_elf(p) == Some(true)) {
         return Ok(p.clone());
     }
-    let found = locate_agent().map_err(|e| e.to_string())?;
-    match is_static_elf(&found) {
-        Some(true) => Ok(found),
-        _ => Err(format!(
+    let built_state = match built {
+        Some(b) if b.exists() => format!(
+            "the build script's agent {} is not a static ELF",
+            b.display()
+        ),
+        Some(b) => format!("the build script's agent {} is gone", b.display()),
+        None => "this harness was built without the static agent (PROVIUM_SKIP_GUEST_AGENT_BUILD)"
+            .into(),
+    };
+    let fix =
+        "cargo build -p provium rebuilds it (harness/build.rs builds a static, stripped agent \
+               into target/guest-agent; `touch agent/src/main.rs` first if it is gone), or point \
+               PROVIUM_AGENT at a static agent the guest can run";
+    match fallback() {
+        Ok(found) if is_static_elf(&found) == Some(true) => Ok(found),
+        Ok(found) => Err(format!(
             "the agent {} is dynamically linked, and a guest initrd may have no loader or libc for it; \
-             build a static one: RUSTFLAGS=\"-C target-feature=+crt-static\" cargo build -p provium-agent \
-             --release --target x86_64-unknown-linux-gnu (or point PROVIUM_AGENT at an agent the guest can run)",
+             {built_state}: {fix}",
             found.display()
         )),
+        Err(e) => Err(format!("no static agent for the guest: {built_state}, and {e}: {fix}")),
     }
 }
 
@@ -250,7 +362,7 @@ mod tests {
         cid: u32,
         dir: &Path,
     ) -> Result<(VmConfig, VsockHost), String> {
-        vm_config_with(p, opts, cid, &no_agent, &dir.join("cache"))
+        vm_config_with(p, opts, cid, &no_agent, &dir.join("cache"), false)
     }
 
     fn profile(dir: &Path) -> Profile {
@@ -314,7 +426,7 @@ mod tests {
             inject_agent: true,
             ..KvmBootOpts::default()
         };
-        let (c, _) = vm_config_with(&p, &with, 3, &found, &d.path().join("cache")).unwrap();
+        let (c, _) = vm_config_with(&p, &with, 3, &found, &d.path().join("cache"), false).unwrap();
         assert!(
             c.boot.cmdline.ends_with(" provium.boot_timer=0x440"),
             "{}",
@@ -325,7 +437,8 @@ mod tests {
             inject_agent: false,
             ..with
         };
-        let (c, _) = vm_config_with(&p, &without, 3, &found, &d.path().join("cache")).unwrap();
+        let (c, _) =
+            vm_config_with(&p, &without, 3, &found, &d.path().join("cache"), false).unwrap();
         assert!(
             !c.boot.cmdline.contains("provium.boot_timer"),
             "{}",
@@ -396,7 +509,8 @@ mod tests {
             ..KvmBootOpts::default()
         };
         let with_agent = || Ok(agent.clone());
-        let e = vm_config_with(&p, &opts, 3, &with_agent, &d.path().join("cache")).unwrap_err();
+        let e =
+            vm_config_with(&p, &opts, 3, &with_agent, &d.path().join("cache"), false).unwrap_err();
         assert!(
             e.contains("rdinit=/bin/sh") && e.contains("inject_agent = false"),
             "{e}"
@@ -517,6 +631,139 @@ mod tests {
         vm.shutdown().unwrap();
         assert!(disks[0].is_detached());
         assert_eq!(image.execute(&read, &mem, &drive.faults).status, IOERR);
+    }
+
+    #[test]
+    fn kvm_pvm_words_are_added_once_and_the_profiles_win() {
+        let all = KVM_PVM_CMDLINE_WORDS.join(" ");
+        let (line, added) = with_missing_words("quiet console=ttyS0", KVM_PVM_CMDLINE_WORDS);
+        assert_eq!(line, format!("{all} quiet console=ttyS0"));
+        assert_eq!(added, KVM_PVM_CMDLINE_WORDS);
+        // A line that has them all (the probe profiles') is left as it is.
+        let (same, added) =
+            with_missing_words(&format!("{all} console=ttyS0"), KVM_PVM_CMDLINE_WORDS);
+        assert_eq!(same, format!("{all} console=ttyS0"));
+        assert!(added.is_empty());
+        // The profile's own values win; only the missing words come in.
+        let (line, added) = with_missing_words(
+            "tsc=unstable clearcpuid=1 kaslr console=ttyS0",
+            KVM_PVM_CMDLINE_WORDS,
+        );
+        assert_eq!(added, ["noxsave"]);
+        assert_eq!(
+            line,
+            "noxsave tsc=unstable clearcpuid=1 kaslr console=ttyS0"
+        );
+        // Words after `--` are init's: they do not count.
+        let (line, added) = with_missing_words("ro -- noxsave", &["noxsave"]);
+        assert_eq!((line.as_str(), added.len()), ("noxsave ro -- noxsave", 1));
+        assert_eq!(with_missing_words("", &["nokaslr"]).0, "nokaslr");
+    }
+
+    #[test]
+    fn kvm_pvm_hosts_get_the_words_in_the_vm_config() {
+        let d = tempfile::tempdir().unwrap();
+        let p = profile(d.path());
+        let opts = KvmBootOpts {
+            memory_bytes: 64 << 20,
+            cpus: 1,
+            ..KvmBootOpts::default()
+        };
+        let cache = d.path().join("cache");
+        let (c, _) = vm_config_with(&p, &opts, 3, &no_agent, &cache, true).unwrap();
+        assert_eq!(
+            c.boot.cmdline,
+            format!("{} quiet console=ttyS0", KVM_PVM_CMDLINE_WORDS.join(" "))
+        );
+        let (c, _) = vm_config_with(&p, &opts, 3, &no_agent, &cache, false).unwrap();
+        assert_eq!(
+            c.boot.cmdline, "quiet console=ttyS0",
+            "hardware KVM: as written"
+        );
+    }
+
+    /// A 64-bit ELF header with no program headers: static to
+    /// [`is_static_elf`].
+    fn fake_static_elf(path: &Path) {
+        let mut h = vec![0u8; 64];
+        h[..4].copy_from_slice(b"\x7fELF");
+        h[4] = 2;
+        std::fs::write(path, h).unwrap();
+    }
+
+    #[test]
+    fn the_build_scripts_agent_comes_first_and_dynamic_ones_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let built = d.path().join("built");
+        let cand = d.path().join("candidate");
+        fake_static_elf(&built);
+        fake_static_elf(&cand);
+        let dynamic = std::env::current_exe().unwrap();
+        let fallback = || Ok(dynamic.clone());
+        let cands = [d.path().join("missing"), cand.clone()];
+        assert_eq!(
+            pick_guest_agent(Some(&built), &cands, &fallback),
+            Ok(built.clone())
+        );
+        let gone = d.path().join("gone");
+        assert_eq!(
+            pick_guest_agent(Some(&gone), &cands, &fallback),
+            Ok(cand.clone())
+        );
+        // Nothing static: the (dynamic) local agent is refused with the fix.
+        let e = pick_guest_agent(Some(&gone), &[], &fallback).unwrap_err();
+        for want in [
+            "is dynamically linked",
+            "the build script's agent",
+            "is gone",
+            "cargo build -p provium",
+            "PROVIUM_AGENT",
+        ] {
+            assert!(e.contains(want), "missing {want:?} in {e}");
+        }
+        let e = pick_guest_agent(None, &[], &|| Err("no agent found".into())).unwrap_err();
+        assert!(
+            e.contains("PROVIUM_SKIP_GUEST_AGENT_BUILD") && e.contains("no agent found"),
+            "{e}"
+        );
+        let fallback_static = || Ok(cand.clone());
+        assert_eq!(
+            pick_guest_agent(None, &[], &fallback_static),
+            Ok(cand.clone())
+        );
+    }
+
+    /// Whether an ELF has a symbol table section (`SHT_SYMTAB`): a stripped
+    /// binary has none.
+    fn has_symtab(bytes: &[u8]) -> bool {
+        let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap());
+        let u16_at = |o: usize| u16::from_le_bytes(bytes[o..o + 2].try_into().unwrap());
+        let shoff = usize::try_from(u64_at(0x28)).unwrap();
+        let (size, num) = (usize::from(u16_at(0x3a)), usize::from(u16_at(0x3c)));
+        (0..num).any(|i| {
+            let o = shoff + i * size + 4;
+            u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap()) == 2
+        })
+    }
+
+    /// The normal build (harness/build.rs) made a static, stripped agent.
+    #[test]
+    fn the_build_script_built_a_static_stripped_agent() {
+        let Some(built) = BUILT_GUEST_AGENT else {
+            eprintln!(
+                "SKIP the_build_script_built_a_static_stripped_agent: this harness was built without it \
+                 (PROVIUM_SKIP_GUEST_AGENT_BUILD, or not an x86_64 Linux host)"
+            );
+            return;
+        };
+        let path = Path::new(built);
+        assert_eq!(is_static_elf(path), Some(true), "{built}");
+        let bytes = std::fs::read(path).unwrap();
+        assert!(!has_symtab(&bytes), "{built} is not stripped");
+        assert!(has_symtab(
+            &std::fs::read(std::env::current_exe().unwrap()).unwrap()
+        ));
+        eprintln!("the guest agent {built}: {} bytes", bytes.len());
     }
 
     #[test]

@@ -6,15 +6,18 @@
 //! per-VM guest CID) and boots it. `connect` then reaches the agent: a host
 //! connection to vsock port [`AGENT_VSOCK_PORT`] through the VMM's userspace
 //! vsock (a Unix socket on the host side) and the Hello handshake, retried
-//! until the agent timeout ([`AGENT_TIMEOUT_ENV`], default 60 s).
+//! until the agent timeout ([`AGENT_TIMEOUT_ENV`]; default 60 s, and
+//! [`DEFAULT_AGENT_TIMEOUT_KVM_PVM`] on kvm_pvm, where guest kernel code is
+//! emulated and a boot to init takes minutes).
 //!
 //! When no Hello comes the error says what the console shows: the last
-//! console lines, and, when the kernel reached init on a host whose KVM
-//! cannot run Linux user space (`kvm_pvm`, DESIGN.md "This machine's KVM"),
-//! that this is why — such a boot fails a few seconds after init starts
-//! instead of waiting out the whole timeout. A kernel panic ends the wait too.
-//! Only the console output of the current boot counts: after `reset` the
-//! previous boot's "Run /init" line or panic says nothing about this one.
+//! console lines, whether the kernel reached init, and what to check. On
+//! `kvm_pvm` (DESIGN.md "This machine's KVM") Linux user space runs only
+//! with a guest kernel carrying the kvm_pvm shims, so that is named too (the
+//! command-line words such a kernel needs there are added by `config.rs`).
+//! A kernel panic ends the wait at once. Only the console output of the
+//! current boot counts: after `reset` the previous boot's "Run /init" line
+//! or panic says nothing about this one.
 //!
 //! `reset` re-runs the boot path and then reconnects (a new Hello), or fails
 //! with the same reasons a boot gives. `power_button` presses Ctrl+Alt+Del
@@ -39,9 +42,10 @@ pub use config::{vm_config, KvmBootOpts};
 /// Overrides how long `connect` waits for the agent's Hello (seconds).
 pub const AGENT_TIMEOUT_ENV: &str = "PROVIUM_KVM_AGENT_TIMEOUT";
 pub const DEFAULT_AGENT_TIMEOUT: Duration = Duration::from_secs(60);
-/// After the kernel started init on a host that cannot run user space: how
-/// long to keep collecting console output before failing.
-pub const INIT_GRACE: Duration = Duration::from_secs(5);
+/// The default agent timeout on kvm_pvm: there the emulated guest kernel
+/// takes 190-350 s to reach init with a 2 MB initrd (DESIGN.md), and a
+/// fork+exec costs seconds.
+pub const DEFAULT_AGENT_TIMEOUT_KVM_PVM: Duration = Duration::from_secs(600);
 /// Console lines an agent failure quotes.
 pub const ERROR_CONSOLE_LINES: usize = 20;
 /// What Linux prints in `kernel_power_off()` before it cuts the power, or,
@@ -54,9 +58,11 @@ pub const DEFAULT_POWER_OFF_TIMEOUT: Duration = Duration::from_secs(30);
 /// Our vsock is userspace (per device), so CIDs never collide across processes.
 static NEXT_CID: AtomicU32 = AtomicU32::new(3);
 
-/// The agent timeout: `PROVIUM_KVM_AGENT_TIMEOUT` (seconds) or 60 s.
+/// The agent timeout: `PROVIUM_KVM_AGENT_TIMEOUT` (seconds), else 60 s
+/// ([`DEFAULT_AGENT_TIMEOUT_KVM_PVM`] on kvm_pvm).
 pub fn agent_timeout() -> Result<Duration, String> {
     match std::env::var(AGENT_TIMEOUT_ENV) {
+        Err(_) if host_is_kvm_pvm() => Ok(DEFAULT_AGENT_TIMEOUT_KVM_PVM),
         Err(_) => Ok(DEFAULT_AGENT_TIMEOUT),
         Ok(v) => v
             .trim()
@@ -68,10 +74,11 @@ pub fn agent_timeout() -> Result<Duration, String> {
     }
 }
 
-/// Whether this host's KVM is one that cannot run Linux user space: the
-/// paravirtual `kvm_pvm` (no VT-x; `syscall` from CPL3 is broken for
-/// guests that are not PVM-enabled). `PROVIUM_KVM_PVM=0/1` overrides.
-pub fn host_runs_no_user_space() -> bool {
+/// Whether this host's KVM is the paravirtual `kvm_pvm` (no VT-x; DESIGN.md
+/// "This machine's KVM"): guest kernel code runs in KVM's instruction
+/// emulator (slow), and Linux user space runs only with a guest kernel that
+/// has the kvm_pvm shims. `PROVIUM_KVM_PVM=0/1` overrides the detection.
+pub fn host_is_kvm_pvm() -> bool {
     match std::env::var("PROVIUM_KVM_PVM").as_deref() {
         Ok("1") => true,
         Ok("0") => false,
@@ -223,8 +230,7 @@ impl KvmMachine {
     pub fn connect(&self) -> Result<AgentClient, String> {
         let start = Instant::now();
         let deadline = start + self.agent_timeout;
-        let no_user_space = host_runs_no_user_space();
-        let mut init_seen: Option<(Instant, String)> = None;
+        let mut init_seen: Option<String> = None;
         let mut last = String::from("no attempt yet");
         loop {
             if self.killed.load(Ordering::SeqCst) {
@@ -239,12 +245,21 @@ impl KvmMachine {
                     std::thread::sleep(Duration::from_millis(100));
                     continue;
                 }
-                s => return Err(self.stopped("before its agent answered", s)),
+                s => {
+                    let mut e = self.stopped("before its agent answered", s);
+                    let internal =
+                        matches!(self.vm.stop_reason(), Some(StopReason::InternalError(_)));
+                    let after_init = init_line(&self.boot_log()).is_some();
+                    if internal && after_init && host_is_kvm_pvm() {
+                        e.push_str(&format!("\n{KVM_PVM_INTERNAL_ERROR_HINT}"));
+                    }
+                    return Err(e);
+                }
             }
             let now = Instant::now();
             let left = deadline.saturating_duration_since(now);
             if left.is_zero() {
-                return Err(self.no_hello(&last, init_seen.as_ref().map(|(_, l)| l.as_str())));
+                return Err(self.no_hello(&last, init_seen.as_deref()));
             }
             match self
                 .vsock
@@ -272,18 +287,14 @@ impl KvmMachine {
             if log.contains("Kernel panic") {
                 // Let the rest of the panic message arrive.
                 std::thread::sleep(Duration::from_secs(1));
-                return Err(format!(
-                    "the guest kernel panicked before its agent answered; last console lines:\n{}",
-                    self.last_lines(ERROR_CONSOLE_LINES)
+                return Err(panic_message(
+                    &self.boot_log(),
+                    host_is_kvm_pvm(),
+                    &self.last_lines(ERROR_CONSOLE_LINES),
                 ));
             }
             if init_seen.is_none() {
-                init_seen = init_line(&log).map(|l| (Instant::now(), l));
-            }
-            if let Some((at, line)) = &init_seen {
-                if no_user_space && at.elapsed() >= INIT_GRACE {
-                    return Err(self.no_hello(&last, Some(line)));
-                }
+                init_seen = init_line(&log);
             }
         }
     }
@@ -301,32 +312,14 @@ impl KvmMachine {
     }
 
     fn no_hello(&self, last: &str, init: Option<&str>) -> String {
-        let mut msg = format!(
-            "no Hello from the agent on vsock port {AGENT_VSOCK_PORT} of guest CID {} (last attempt: {last})",
-            self.cid
-        );
-        match init {
-            Some(line) if host_runs_no_user_space() => msg.push_str(&format!(
-                "; the kernel reached init (\"{line}\" is on the console) but no Hello came: this host's KVM is \
-                 kvm_pvm, which cannot run Linux user space (syscall from CPL3 is broken for guests that are not \
-                 PVM-enabled), so the agent never starts here; the agent path of the kvm backend needs hardware \
-                 KVM (VT-x/AMD-V)"
-            )),
-            Some(line) => msg.push_str(&format!(
-                " within {:?} ({AGENT_TIMEOUT_ENV} to wait longer); the kernel reached init (\"{line}\") but \
-                 the agent never answered: check the agent starts in this initrd (rdinit=, a static agent)",
-                self.agent_timeout
-            )),
-            None => msg.push_str(&format!(
-                " within {:?} ({AGENT_TIMEOUT_ENV} to wait longer); the kernel never reached init",
-                self.agent_timeout
-            )),
-        }
-        msg.push_str(&format!(
-            "; last console lines:\n{}",
-            self.last_lines(ERROR_CONSOLE_LINES)
-        ));
-        msg
+        no_hello_message(&NoHello {
+            cid: self.cid,
+            last,
+            init,
+            timeout: self.agent_timeout,
+            kvm_pvm: host_is_kvm_pvm(),
+            console_tail: &self.last_lines(ERROR_CONSOLE_LINES),
+        })
     }
 
     fn after_hello(&self, client: AgentClient) -> Result<AgentClient, String> {
@@ -423,9 +416,160 @@ pub fn init_line(log: &str) -> Option<String> {
         })
 }
 
+/// What the kvm_pvm shims are and where they live, for error messages.
+pub const KVM_PVM_SHIMS: &str =
+    "a guest kernel with the kvm_pvm shims (the SYSCALL-as-#PF and FWAIT \
+     patches in scripts/probe-kernel/, see docs/vmm.md; scripts/build-probe-kernel.sh builds one)";
+
+/// Added to a KVM internal error after init started on kvm_pvm: the FWAIT
+/// the emulator lacks is the known cause there.
+pub const KVM_PVM_INTERNAL_ERROR_HINT: &str =
+    "on this kvm_pvm host a KVM internal error after init \
+     started is what a guest kernel without the FWAIT shim does at init's first exec or exit \
+     (kvm_pvm's emulator has no fwait); the guest needs a kernel with the kvm_pvm shims (the \
+     SYSCALL-as-#PF and FWAIT patches in scripts/probe-kernel/, see docs/vmm.md)";
+
+/// What a missing Hello is reported from.
+pub struct NoHello<'a> {
+    pub cid: u32,
+    /// The last connect or handshake error.
+    pub last: &'a str,
+    /// The kernel's "Run ... as init process" line, if the console has it.
+    pub init: Option<&'a str>,
+    pub timeout: Duration,
+    pub kvm_pvm: bool,
+    /// The current boot's last console lines.
+    pub console_tail: &'a str,
+}
+
+/// The error for an agent that never said Hello: what was tried, how far
+/// the kernel got, what to check (on kvm_pvm: the shims), the console tail.
+pub fn no_hello_message(n: &NoHello<'_>) -> String {
+    let mut msg = format!(
+        "no Hello from the agent on vsock port {AGENT_VSOCK_PORT} of guest CID {} (last attempt: {}) \
+         within {:?} ({AGENT_TIMEOUT_ENV} to wait longer)",
+        n.cid, n.last, n.timeout
+    );
+    match (n.init, n.kvm_pvm) {
+        (Some(line), true) => msg.push_str(&format!(
+            "; the kernel reached init (\"{line}\") but the agent never answered: this host's KVM is \
+             kvm_pvm, where Linux user space runs only on {KVM_PVM_SHIMS}; without them init's first \
+             system call faults (a kernel panic, \"Attempted to kill init\") or the VM stops at an \
+             FWAIT (KVM internal error). With such a kernel, check the agent starts in this initrd \
+             (rdinit=, a static agent) and that the wait covers the emulated boot"
+        )),
+        (Some(line), false) => msg.push_str(&format!(
+            "; the kernel reached init (\"{line}\") but the agent never answered: check the agent \
+             starts in this initrd (rdinit=, a static agent)"
+        )),
+        (None, true) => msg.push_str(&format!(
+            "; the kernel never reached init (this host's KVM is kvm_pvm, where guest kernel code is \
+             emulated and a boot to init takes minutes: wait longer; Linux user space there also needs \
+             {KVM_PVM_SHIMS})"
+        )),
+        (None, false) => msg.push_str("; the kernel never reached init"),
+    }
+    msg.push_str(&format!("; last console lines:\n{}", n.console_tail));
+    msg
+}
+
+/// The error for a guest kernel panic before the Hello. On kvm_pvm, init
+/// killed by SIGSEGV (`exitcode=0x0000000b`) is how a kernel without the
+/// shims ends (its init's first `syscall` faults), so the shims are named.
+pub fn panic_message(boot_log: &str, kvm_pvm: bool, console_tail: &str) -> String {
+    let mut msg = String::from("the guest kernel panicked before its agent answered");
+    if kvm_pvm && boot_log.contains("Attempted to kill init! exitcode=0x0000000b") {
+        msg.push_str(&format!(
+            " (init was killed by SIGSEGV: on this kvm_pvm host that is how a kernel without the \
+             kvm_pvm shims ends, at init's first system call; it needs {KVM_PVM_SHIMS})"
+        ));
+    }
+    msg.push_str(&format!("; last console lines:\n{console_tail}"));
+    msg
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn no_hello(init: Option<&str>, kvm_pvm: bool) -> String {
+        no_hello_message(&NoHello {
+            cid: 7,
+            last: "connection refused",
+            init,
+            timeout: Duration::from_secs(600),
+            kvm_pvm,
+            console_tail: "[ 1.0] last line",
+        })
+    }
+
+    #[test]
+    fn no_hello_on_kvm_pvm_names_the_shims() {
+        let init = Some("Run /sbin/provium-agent as init process");
+        let m = no_hello(init, true);
+        for want in [
+            "no Hello from the agent on vsock port 1024 of guest CID 7",
+            "(last attempt: connection refused)",
+            "within 600s (PROVIUM_KVM_AGENT_TIMEOUT to wait longer)",
+            "the kernel reached init (\"Run /sbin/provium-agent as init process\")",
+            "kvm_pvm",
+            "SYSCALL-as-#PF and FWAIT patches in scripts/probe-kernel/",
+            "docs/vmm.md",
+            "rdinit=, a static agent",
+            "; last console lines:\n[ 1.0] last line",
+        ] {
+            assert!(m.contains(want), "missing {want:?} in {m}");
+        }
+        assert!(!m.contains("cannot run"), "user space does run there: {m}");
+        let m = no_hello(None, true);
+        assert!(m.contains("the kernel never reached init"), "{m}");
+        assert!(
+            m.contains("emulated") && m.contains("scripts/probe-kernel/"),
+            "{m}"
+        );
+        assert!(m.ends_with("last console lines:\n[ 1.0] last line"), "{m}");
+    }
+
+    #[test]
+    fn no_hello_on_hardware_kvm_keeps_its_hints() {
+        let m = no_hello(Some("Run /init as init process"), false);
+        assert!(
+            m.contains("the kernel reached init (\"Run /init as init process\") but the agent never answered: check the agent starts in this initrd (rdinit=, a static agent)"),
+            "{m}"
+        );
+        assert!(!m.contains("kvm_pvm") && !m.contains("probe-kernel"), "{m}");
+        let m = no_hello(None, false);
+        assert!(m.contains("within 600s (PROVIUM_KVM_AGENT_TIMEOUT to wait longer); the kernel never reached init; last console lines:"), "{m}");
+        assert!(!m.contains("kvm_pvm"), "{m}");
+    }
+
+    #[test]
+    fn a_sigsegv_init_panic_on_kvm_pvm_names_the_shims() {
+        let log = "Run /init as init process\nKernel panic - not syncing: Attempted to kill init! exitcode=0x0000000b\n";
+        let m = panic_message(log, true, "tail");
+        assert!(
+            m.starts_with(
+                "the guest kernel panicked before its agent answered (init was killed by SIGSEGV"
+            ),
+            "{m}"
+        );
+        assert!(
+            m.contains("scripts/probe-kernel/") && m.ends_with("; last console lines:\ntail"),
+            "{m}"
+        );
+        for (log, kvm_pvm) in [
+            (log, false),
+            (
+                "Kernel panic - not syncing: Attempted to kill init! exitcode=0x00000000",
+                true,
+            ),
+        ] {
+            assert_eq!(
+                panic_message(log, kvm_pvm, "tail"),
+                "the guest kernel panicked before its agent answered; last console lines:\ntail"
+            );
+        }
+    }
 
     #[test]
     fn init_line_is_found() {
@@ -441,7 +585,7 @@ mod tests {
     /// snapshotted through the harness path and restored into a new
     /// `Machine`: what the kvm backend's vm:snapshot()/vm:restore() do
     /// before the agent reconnects (that step needs a Linux guest with user
-    /// space, which this host's kvm_pvm cannot run).
+    /// space: on kvm_pvm, a kernel with the kvm_pvm shims).
     #[test]
     fn tiny_guest_snapshot_restores_into_a_new_machine() {
         if !std::path::Path::new("/dev/kvm").exists() {
