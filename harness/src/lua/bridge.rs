@@ -464,6 +464,91 @@ impl Bridge {
         Ok(())
     }
 
+    /// Whether `close` ran (a closed bridge takes no member).
+    pub fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
+    /// For a restore: makes `vm` a member with the snapshot's `mac` (the
+    /// restored guest has it cached), link down when `connected` is
+    /// `Some(false)`. A member that is already this VM keeps its link
+    /// state and takes `mac`; a member of that name that is another VM
+    /// which is shut down or dead is replaced. Errors (nothing changed)
+    /// when the bridge is closed, a live VM of that name is attached, or
+    /// another member has the MAC. Returns whether a member was added.
+    /// The VM is not realised here: the restore does it.
+    pub fn restore_member(
+        &self,
+        vm: &Vm,
+        mac: MacAddr,
+        connected: Option<bool>,
+    ) -> Result<bool, String> {
+        let name = vm.name();
+        let mut st = self.lock();
+        if st.closed {
+            return Err(format!(
+                "bridge `{}` is closed; create another with lab:bridge(name)",
+                self.0.name
+            ));
+        }
+        if let Some((other, _)) = st
+            .members
+            .iter()
+            .find(|(n, m)| n.as_str() != name && m.mac == mac)
+        {
+            return Err(format!(
+                "vm `{other}` on bridge `{}` already has MAC {mac}, the snapshot's NIC's; \
+                 detach it (bridge:detach) or restore under another VM name",
+                self.0.name
+            ));
+        }
+        let mut replace = false;
+        if let Some(m) = st.members.get_mut(name) {
+            match &m.vm {
+                Some(v) if v.same(vm) => {
+                    if m.nic.is_some() {
+                        return Err(format!(
+                            "vm `{name}` already has a live NIC on bridge `{}`",
+                            self.0.name
+                        ));
+                    }
+                    m.mac = mac;
+                    return Ok(false);
+                }
+                Some(v) if matches!(v.phase(), Phase::Shutdown | Phase::Dead) => replace = true,
+                _ => {
+                    return Err(format!(
+                        "a vm named `{name}` is already attached to bridge `{}`; detach it first",
+                        self.0.name
+                    ))
+                }
+            }
+        }
+        if replace {
+            if let Some(old) = st.members.remove(name) {
+                drop(old.nic);
+                let _ = self.0.switch.detach(name);
+                if let Some(v) = old.vm {
+                    drop(st);
+                    v.unlink_bridge(self);
+                    st = self.lock();
+                }
+            }
+        }
+        st.members.insert(
+            name.to_owned(),
+            Member {
+                vm: Some(vm.clone()),
+                mac,
+                nic: None,
+                link_down: connected == Some(false),
+            },
+        );
+        drop(st);
+        vm.link_bridge(self);
+        Ok(true)
+    }
+
     /// For a kvm VM about to boot: attaches the switch port its virtio-net
     /// device will hold (named after the VM, with the member's MAC) and
     /// returns the device's config. A NIC disconnected before boot starts
@@ -650,7 +735,7 @@ impl Bridge {
         self.disable_uplink()
     }
 
-    fn members_sorted(&self) -> Vec<String> {
+    pub(crate) fn members_sorted(&self) -> Vec<String> {
         self.lock().members.keys().cloned().collect()
     }
 
@@ -1037,6 +1122,57 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    fn vm(env: &Arc<FileEnv>, name: &str) -> Vm {
+        let sizing = crate::lua::vm::VmSizing {
+            memory_bytes: 64 << 20,
+            cpus: 1,
+        };
+        Vm::create(env.clone(), name.into(), "p".into(), sizing).unwrap()
+    }
+
+    #[test]
+    fn a_restored_member_has_the_snapshots_mac_and_link() {
+        let env = env(1);
+        let b = Bridge::create(&env, "lan");
+        let v = vm(&env, "v");
+        let mac: MacAddr = "02:00:00:00:00:42".parse().unwrap();
+        assert_eq!(b.restore_member(&v, mac, Some(false)), Ok(true));
+        assert!(b.has_vm(&v) && v.bridges().iter().any(|x| x.ptr_eq(&b)));
+        assert_eq!(b.mac_of("v"), Some(mac));
+        assert!(!b.is_connected("v"), "the snapshot's NIC was disconnected");
+        // Already this VM: takes the MAC, keeps its link state.
+        let mac2: MacAddr = "02:00:00:00:00:43".parse().unwrap();
+        assert_eq!(b.restore_member(&v, mac2, Some(true)), Ok(false));
+        assert_eq!(b.mac_of("v"), Some(mac2));
+        assert!(!b.is_connected("v"));
+        // Another member has the MAC.
+        let w = vm(&env, "w");
+        let e = b.restore_member(&w, mac2, None).unwrap_err();
+        assert!(
+            e.starts_with("vm `v` on bridge `lan` already has MAC 02:00:00:00:00:43"),
+            "{e}"
+        );
+        assert!(!b.is_member("w"));
+        // A live VM of that name is attached: refused; a shut-down one is replaced.
+        let v2 = vm(&env, "v");
+        let e = b.restore_member(&v2, mac, None).unwrap_err();
+        assert!(e.contains("a vm named `v` is already attached"), "{e}");
+        v.shutdown().unwrap();
+        assert!(!b.is_member("v"), "shutdown leaves the bridge");
+        b.attach_all(vec![("v".into(), Some(v.clone()))]).unwrap();
+        assert_eq!(v.phase(), Phase::Shutdown);
+        assert_eq!(b.restore_member(&v2, mac, None), Ok(true));
+        assert!(b.has_vm(&v2) && !b.has_vm(&v));
+        assert!(
+            !v.bridges().iter().any(|x| x.ptr_eq(&b)),
+            "the old VM forgets it"
+        );
+        assert_eq!(v2.phase(), Phase::Created);
+        b.close().unwrap();
+        let e = b.restore_member(&w, mac, None).unwrap_err();
+        assert!(e.contains("bridge `lan` is closed"), "{e}");
     }
 
     #[test]

@@ -40,6 +40,7 @@ use provium_vmm::devices::virtio::block::BlockFaults;
 use provium_vmm::vmm_config::DriveConfig;
 
 use super::err;
+use super::snapshot::DiskDecl;
 use crate::config::parse_size;
 use crate::runner::FileEnv;
 
@@ -266,8 +267,15 @@ impl BootDrives {
 /// cannot be given to a guest.
 pub fn boot_drives(vm_name: &str, disks: &[Disk]) -> Result<BootDrives, String> {
     let live: Vec<Disk> = disks.iter().filter(|d| !d.is_detached()).cloned().collect();
-    let mut drives = Vec::with_capacity(live.len());
-    for d in &live {
+    drives_of(vm_name, live)
+}
+
+/// The drives of exactly `disks`, detached ones included (a restore from
+/// [`DiskDecl`]s: a disk detached before the snapshot is still a device of
+/// the snapshot's machine).
+pub fn drives_of(vm_name: &str, disks: Vec<Disk>) -> Result<BootDrives, String> {
+    let mut drives = Vec::with_capacity(disks.len());
+    for d in &disks {
         let Some(path) = d.image() else {
             return Err(format!(
                 "vm `{vm_name}`: disk `{}` has no backing image, and the kvm backend gives the guest a \
@@ -282,10 +290,69 @@ pub fn boot_drives(vm_name: &str, disks: &[Disk]) -> Result<BootDrives, String> 
             faults: d.0.faults.clone(),
         });
     }
-    Ok(BootDrives {
-        drives,
-        disks: live,
-    })
+    Ok(BootDrives { drives, disks })
+}
+
+impl BootDrives {
+    /// The disks, in device order.
+    pub fn disks(&self) -> &[Disk] {
+        &self.disks
+    }
+}
+
+/// What a snapshot records for a machine's disks (its boot's drives, in
+/// device order).
+pub fn disk_decls(disks: &[Disk]) -> Vec<DiskDecl> {
+    disks
+        .iter()
+        .filter_map(|d| {
+            Some(DiskDecl {
+                id: d.0.id.clone(),
+                image: d.image()?,
+                size_bytes: d.0.size_bytes,
+                detached: d.is_detached(),
+            })
+        })
+        .collect()
+}
+
+/// Which disks a restore gives the machine (see [`plan_disks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiskPlan {
+    /// The VM's attached disks, as at a boot (the test chose them, e.g. a
+    /// copy of the image).
+    Attached,
+    /// New disks like the snapshot's (same ids and images).
+    FromSnapshot,
+}
+
+/// A restore's disks: the VM's attached (not detached) disks `live` when
+/// it has any, which must then be as many as the snapshot's `want` (the
+/// device list must match: a configuration mismatch otherwise); else the
+/// snapshot's own. A VM shut down has only detached disks, so it gets the
+/// snapshot's again.
+pub fn plan_disks(vm_name: &str, want: &[DiskDecl], live: &[String]) -> Result<DiskPlan, String> {
+    if live.is_empty() {
+        return Ok(DiskPlan::FromSnapshot);
+    }
+    if live.len() == want.len() {
+        return Ok(DiskPlan::Attached);
+    }
+    let ids = |v: Vec<&str>| {
+        if v.is_empty() {
+            "none".to_string()
+        } else {
+            v.join(", ")
+        }
+    };
+    Err(format!(
+        "vm `{vm_name}` has {} disk(s) ({}) but the snapshot's VM had {} ({}); attach as many disks, in \
+         the same order, before vm:restore, or none to use the snapshot's images",
+        live.len(),
+        ids(live.iter().map(String::as_str).collect()),
+        want.len(),
+        ids(want.iter().map(|d| d.id.as_str()).collect()),
+    ))
 }
 
 impl Disk {
@@ -306,6 +373,37 @@ impl Disk {
 
     pub fn id(&self) -> &str {
         &self.0.id
+    }
+
+    /// A disk of VM `vm_name` like the snapshot's `decl` (same id and
+    /// image, detached if it was), in `siblings` (the caller appends it).
+    /// Errors when the image is gone: the snapshot does not hold its
+    /// contents.
+    pub fn from_decl(
+        env: Arc<FileEnv>,
+        vm_name: &str,
+        decl: &DiskDecl,
+        siblings: &DiskList,
+    ) -> Result<Disk, String> {
+        let shown = decl.image.to_string_lossy();
+        let image = image_path("the snapshot's disk", &shown).map_err(|e| {
+            format!(
+                "disk `{}`: {} (a snapshot does not hold its disks' contents; put the image back, or \
+                 attach another before vm:restore)",
+                decl.id,
+                super::error_message(&e)
+            )
+        })?;
+        let opts = AttachOpts {
+            id: decl.id.clone(),
+            size_bytes: decl.size_bytes,
+            image: Some(image),
+        };
+        let d = Disk::new(env, vm_name, opts, siblings);
+        if decl.detached {
+            d.detach();
+        }
+        Ok(d)
     }
 
     pub fn image(&self) -> Option<PathBuf> {
@@ -699,6 +797,72 @@ mod tests {
             assert!(e.ends_with(": EIO (fault_inject)"), "{mode}: {e}");
             assert_eq!(std::fs::read(f.path()).unwrap(), vec![b'-'; 8 * 512]);
         }
+    }
+
+    fn decl(id: &str, image: &Path) -> DiskDecl {
+        DiskDecl {
+            id: id.into(),
+            image: image.to_path_buf(),
+            size_bytes: 8 * 512,
+            detached: false,
+        }
+    }
+
+    #[test]
+    fn a_restore_uses_the_attached_disks_or_else_the_snapshots() {
+        let img = Path::new("/srv/a.img");
+        let want = [decl("vda", img), decl("vdb", img)];
+        let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        // A VM shut down (its disks detached) or created without disks.
+        assert_eq!(plan_disks("v", &want, &[]), Ok(DiskPlan::FromSnapshot));
+        assert_eq!(plan_disks("v", &[], &[]), Ok(DiskPlan::FromSnapshot));
+        // The test attached its own (e.g. copies of the images).
+        assert_eq!(
+            plan_disks("v", &want, &ids(&["copy-a", "copy-b"])),
+            Ok(DiskPlan::Attached)
+        );
+        let e = plan_disks("v", &want, &ids(&["vdb"])).unwrap_err();
+        assert_eq!(
+            e,
+            "vm `v` has 1 disk(s) (vdb) but the snapshot's VM had 2 (vda, vdb); attach as many disks, in \
+             the same order, before vm:restore, or none to use the snapshot's images"
+        );
+        let e = plan_disks("v", &[], &ids(&["vda"])).unwrap_err();
+        assert!(e.contains("the snapshot's VM had 0 (none)"), "{e}");
+    }
+
+    #[test]
+    fn the_snapshots_disks_come_back_with_their_images_and_detached_state() {
+        let env = env();
+        let (d, f, list) = disk(env.clone(), 7);
+        d.detach();
+        let recorded = disk_decls(&[d.clone()]);
+        assert_eq!(
+            recorded,
+            [DiskDecl {
+                id: "vda".into(),
+                image: f.path().to_path_buf(),
+                size_bytes: 8 * 512,
+                detached: true,
+            }]
+        );
+        let back = Disk::from_decl(env.clone(), "v", &recorded[0], &list).unwrap();
+        assert_eq!(back.id(), "vda");
+        assert_eq!(back.image(), Some(std::fs::canonicalize(f.path()).unwrap()));
+        assert!(back.is_detached(), "detached before the snapshot: still so");
+        // A detached disk is still a device of the snapshot's machine.
+        let drives = drives_of("v", vec![back.clone()]).unwrap();
+        assert_eq!(drives.drives.len(), 1);
+        assert!(boot_drives("v", &[back]).unwrap().drives.is_empty());
+        // The image is gone: say so, and how to go on.
+        let gone = decl("vdb", Path::new("/nonexistent/gone.img"));
+        let e = Disk::from_decl(env, "v", &gone, &list).err().unwrap();
+        assert!(
+            e.starts_with(
+                "disk `vdb`: the snapshot's disk: image /nonexistent/gone.img: No such file"
+            ) && e.contains("a snapshot does not hold its disks' contents"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use mlua::{Lua, MetaMethod, MultiValue, Table, UserData, UserDataMethods, Value}
 use provium_protocol::event::{ClaimAcquired, ClaimReleased, Event, ResourceAmount};
 
 use super::bridge::Bridge;
-use super::vm::{Vm, VmSizing};
+use super::vm::{RestoreError, Vm, VmSizing};
 use super::{duration, err};
 use crate::config::parse_size;
 use crate::runner::FileEnv;
@@ -166,6 +166,27 @@ impl Lab {
         }
     }
 
+    /// Bridges of this lab and its sub-labs (downward), with their sub-lab
+    /// path.
+    fn bridges_downward(&self, path: &mut Vec<String>, out: &mut Vec<(Vec<String>, Bridge)>) {
+        let (bridges, subs): (Vec<Bridge>, Vec<(String, Lab)>) = {
+            let st = self.0.state.lock().unwrap();
+            (
+                st.bridges.values().cloned().collect(),
+                st.sub_labs
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            )
+        };
+        out.extend(bridges.into_iter().map(|b| (path.clone(), b)));
+        for (name, lab) in subs {
+            path.push(name);
+            lab.bridges_downward(path, out);
+            path.pop();
+        }
+    }
+
     /// `lab:snapshot()` into `dir`: one snapshot per booted VM (this lab and
     /// its sub-labs) and `lab.json`. Refuses while any of them has live streams.
     pub fn snapshot_into(&self, dir: &std::path::Path) -> mlua::Result<()> {
@@ -186,6 +207,14 @@ impl Lab {
                 dir.display()
             ))
         })?;
+        let mut bridges = Vec::new();
+        self.bridges_downward(&mut Vec::new(), &mut bridges);
+        let bridge_lab = |b: &Bridge| {
+            bridges
+                .iter()
+                .find(|(_, x)| x.ptr_eq(b))
+                .map(|(p, _)| p.clone())
+        };
         let mut index = LabIndex::new(&self.0.name);
         for (path, vm) in vms {
             if !matches!(
@@ -195,7 +224,7 @@ impl Lab {
                 continue;
             }
             let file = index.file_name_for(&path, vm.name());
-            vm.snapshot_to(&dir.join(&file))?;
+            vm.snapshot_in(&dir.join(&file), &bridge_lab)?;
             let sizing = vm.sizing();
             index.vms.push(LabVm {
                 lab_path: path,
@@ -237,7 +266,10 @@ impl Lab {
     }
 
     /// A VM restored from fixture `name` (built first if not cached), added
-    /// to this lab under the fixture VM's name.
+    /// to this lab under the fixture VM's name, with the fixture VM's
+    /// devices: its disks (the recorded images, as they are now) and its
+    /// NICs, on bridges of the recorded names found or made by
+    /// [`Lab::bridge_for_restore`] from this lab.
     fn vm_fixture(&self, name: &str) -> mlua::Result<Vm> {
         use crate::fixture::RestoreFailure;
         let env = self.0.env.clone();
@@ -249,11 +281,17 @@ impl Lab {
                 memory_bytes: decl.memory_bytes,
                 cpus: decl.cpus,
             };
-            let vm =
-                Vm::create(env.clone(), decl.name.clone(), decl.profile, sizing).map_err(other)?;
-            if let Err(e) = vm.restore_from(path) {
+            let vm = Vm::create(env.clone(), decl.name.clone(), decl.profile.clone(), sizing)
+                .map_err(other)?;
+            let r = match super::snapshot::VmDevices::read_if_present(path) {
+                Ok(devices) => self
+                    .join_recorded_bridges(&vm, &devices.unwrap_or_default())
+                    .and_then(|()| vm.restore_checked(path)),
+                Err(e) => Err(RestoreError::Failed(err(e))),
+            };
+            if let Err(e) = r {
                 let _ = vm.shutdown();
-                return Err(RestoreFailure::Corrupt(super::error_message(&e)));
+                return Err(restore_failure(e));
             }
             self.0
                 .state
@@ -265,6 +303,76 @@ impl Lab {
         };
         crate::fixture::obtain(&env, name, provium_snapshot::EntryKind::Vm, &mut restore)
             .map_err(|e| err(format!("vm_fixture(\"{name}\"): {e}")))
+    }
+
+    /// The bridge a restored VM's NIC on bridge `name` joins, for a restore
+    /// into this lab: the one of that name in `lab` (the lab that held the
+    /// bridge when the snapshot was taken, mapped onto the restoring tree;
+    /// this lab for a VM fixture) or up its scope chain (so a test scope
+    /// finds the file's bridges); if there is none, a new bridge of that
+    /// name is made in `lab` (closed with the current scope, like any
+    /// bridge). The NICs of VMs restored together thus share the bridges
+    /// they shared when snapshotted.
+    fn bridge_for_restore(lab: &Lab, name: &str) -> Result<Bridge, String> {
+        if let Some(b) = lab.find_bridge(name) {
+            return Ok(b);
+        }
+        lab.check_new_name("bridge", name).map_err(|e| {
+            format!(
+                "cannot make bridge `{name}` for the restored NICs in lab `{}`: {}",
+                lab.0.name,
+                super::error_message(&e)
+            )
+        })?;
+        let b = Bridge::create(&lab.0.env, name);
+        lab.0
+            .state
+            .lock()
+            .unwrap()
+            .bridges
+            .insert(name.to_string(), b.clone());
+        Ok(b)
+    }
+
+    /// kvm: makes `vm` (created or shut down) a member of the bridges its
+    /// snapshot's NICs were on (see [`Lab::bridge_for_restore`]; a NIC's
+    /// recorded sub-lab path is taken below this lab), with the recorded
+    /// MACs and link states, unless it is on a bridge of that name already.
+    /// `vm.restore_checked` then builds the NICs on them.
+    fn join_recorded_bridges(
+        &self,
+        vm: &Vm,
+        devices: &super::snapshot::VmDevices,
+    ) -> Result<(), RestoreError> {
+        if self.0.env.backend != crate::runner::BackendKind::Kvm {
+            return Ok(());
+        }
+        let mismatch = |e: String| {
+            RestoreError::Mismatch(format!(
+                "vm `{}`: the snapshot's NICs do not fit this lab (a configuration mismatch): {e}",
+                vm.name()
+            ))
+        };
+        for n in devices.nics.iter().filter(|n| n.attached) {
+            if vm
+                .bridges()
+                .iter()
+                .any(|b| b.name() == n.bridge && b.has_vm(vm))
+            {
+                continue;
+            }
+            let lab = match &n.bridge_lab {
+                Some(p) => self
+                    .sub_lab_at(p)
+                    .map_err(|e| mismatch(super::error_message(&e)))?,
+                None => self.clone(),
+            };
+            let b = Lab::bridge_for_restore(&lab, &n.bridge).map_err(mismatch)?;
+            let mac = n.mac_addr().map_err(mismatch)?;
+            b.restore_member(vm, mac, Some(n.connected))
+                .map_err(|e| mismatch(format!("bridge `{}`: {e}", n.bridge)))?;
+        }
+        Ok(())
     }
 
     /// A fresh sub-lab of this lab with fixture `name` restored into it.
@@ -279,13 +387,13 @@ impl Lab {
                 n
             };
             let lab = self.child(lab_name.clone(), None);
-            if let Err(e) = lab.restore_from_dir(path) {
+            if let Err(e) = lab.restore_from_dir_checked(path) {
                 let mut vms = Vec::new();
                 lab.vms_downward(&mut Vec::new(), &mut vms);
                 for (_, vm) in vms {
                     let _ = vm.shutdown();
                 }
-                return Err(RestoreFailure::Corrupt(super::error_message(&e)));
+                return Err(restore_failure(e));
             }
             self.0
                 .state
@@ -324,21 +432,33 @@ impl Lab {
 
     /// `lab:restore(dir)`: every VM in `dir/lab.json` is restored into the
     /// VM of that name (created from its recorded declaration where this
-    /// lab has none; shut down first where it runs).
+    /// lab has none; shut down first where it runs), with its snapshot's
+    /// devices: on kvm it joins bridges of the recorded names (see
+    /// [`Lab::join_recorded_bridges`]), so VMs that shared a bridge share
+    /// one again.
     pub fn restore_from_dir(&self, dir: &std::path::Path) -> mlua::Result<()> {
+        self.restore_from_dir_checked(dir)
+            .map_err(RestoreError::into_lua)
+    }
+
+    /// [`Lab::restore_from_dir`], telling a device mismatch from other
+    /// failures.
+    fn restore_from_dir_checked(&self, dir: &std::path::Path) -> Result<(), RestoreError> {
+        use RestoreError::Failed;
         let index = provium_snapshot::LabIndex::read(dir).map_err(|e| {
-            err(format!(
+            Failed(err(format!(
                 "lab:restore: {}",
                 crate::backend::local::snapshot::chain(&e)
-            ))
+            )))
         })?;
+        let kvm = self.0.env.backend == crate::runner::BackendKind::Kvm;
         for v in &index.vms {
-            let lab = self.sub_lab_at(&v.lab_path)?;
+            let lab = self.sub_lab_at(&v.lab_path).map_err(Failed)?;
             let existing = lab.0.state.lock().unwrap().vms.get(&v.name).cloned();
             let vm = match existing {
                 Some(vm) => vm,
                 None => {
-                    lab.check_new_name("vm", &v.name)?;
+                    lab.check_new_name("vm", &v.name).map_err(Failed)?;
                     let sizing = VmSizing {
                         memory_bytes: v.memory_bytes,
                         cpus: v.cpus,
@@ -348,7 +468,8 @@ impl Lab {
                         v.name.clone(),
                         v.profile.clone(),
                         sizing,
-                    )?;
+                    )
+                    .map_err(Failed)?;
                     lab.0
                         .state
                         .lock()
@@ -362,9 +483,17 @@ impl Lab {
                 vm.phase(),
                 super::vm::Phase::Created | super::vm::Phase::Shutdown
             ) {
-                vm.shutdown()?;
+                vm.shutdown().map_err(Failed)?;
             }
-            vm.restore_from(&dir.join(&v.file))?;
+            let file = dir.join(&v.file);
+            if kvm {
+                let devices = super::snapshot::VmDevices::read_if_present(&file)
+                    .map_err(|e| Failed(err(format!("lab:restore: vm `{}`: {e}", v.name))))?;
+                if let Some(devices) = devices {
+                    self.join_recorded_bridges(&vm, &devices)?;
+                }
+            }
+            vm.restore_checked(&file)?;
         }
         Ok(())
     }
@@ -673,6 +802,16 @@ impl Lab {
     }
 }
 
+/// A failed fixture restore's verdict: a device mismatch keeps the entry
+/// (rebuilding it would not help), anything else evicts and rebuilds it.
+fn restore_failure(e: RestoreError) -> crate::fixture::RestoreFailure {
+    use crate::fixture::RestoreFailure;
+    match e {
+        RestoreError::Mismatch(m) => RestoreFailure::Mismatch(m),
+        RestoreError::Failed(e) => RestoreFailure::Corrupt(super::error_message(&e)),
+    }
+}
+
 /// The reserved keys work in both call forms, `provium:pack(...)` and
 /// `provium.pack(...)`: a leading Lab argument is the method form's self.
 fn drop_self(args: MultiValue) -> MultiValue {
@@ -969,5 +1108,170 @@ impl UserData for Lab {
         m.add_meta_method(MetaMethod::ToString, |_, this, ()| {
             Ok(format!("Lab({})", this.0.name))
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::events::EventSender;
+    use crate::lua::snapshot::{NicDecl, VmDevices};
+    use crate::runner::BackendKind;
+
+    fn kvm_env() -> Arc<FileEnv> {
+        Arc::new(FileEnv::new(
+            "t.test.lua".into(),
+            "/t.test.lua".into(),
+            Vec::new(),
+            Arc::new(Config::default()),
+            BackendKind::Kvm,
+            EventSender::disabled(),
+        ))
+    }
+
+    fn vm(lab: &Lab, name: &str) -> Vm {
+        let sizing = VmSizing {
+            memory_bytes: 64 << 20,
+            cpus: 1,
+        };
+        Vm::create(lab.0.env.clone(), name.into(), "p".into(), sizing).unwrap()
+    }
+
+    fn decl(nics: Vec<NicDecl>) -> VmDevices {
+        VmDevices {
+            disks: vec![],
+            nics,
+        }
+    }
+
+    fn nic(bridge: &str, mac: &str, lab: Option<&[&str]>) -> NicDecl {
+        NicDecl {
+            bridge: bridge.into(),
+            mac: mac.into(),
+            attached: true,
+            connected: true,
+            bridge_lab: lab.map(|p| p.iter().map(|s| s.to_string()).collect()),
+        }
+    }
+
+    fn bridge_names(lab: &Lab) -> Vec<String> {
+        lab.0
+            .state
+            .lock()
+            .unwrap()
+            .bridges
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// A VM fixture's NICs: a bridge of the recorded name is made in the
+    /// lab when it has none, with the recorded MAC and link state; VMs
+    /// restored together share it.
+    #[test]
+    fn a_restored_vm_joins_a_new_bridge_of_the_recorded_name() {
+        let root = Lab::root(kvm_env());
+        let v = vm(&root, "v");
+        let mut n = nic("lan", "02:00:00:00:00:0a", None);
+        n.connected = false;
+        root.join_recorded_bridges(&v, &decl(vec![n])).unwrap();
+        assert_eq!(bridge_names(&root), ["lan"]);
+        let lan = root.find_bridge("lan").unwrap();
+        assert!(lan.has_vm(&v));
+        assert_eq!(lan.mac_of("v").unwrap().to_string(), "02:00:00:00:00:0a");
+        assert!(!lan.is_connected("v"));
+        let w = vm(&root, "w");
+        root.join_recorded_bridges(&w, &decl(vec![nic("lan", "02:00:00:00:00:0b", None)]))
+            .unwrap();
+        assert_eq!(lan.members_sorted(), ["v", "w"], "one bridge, shared");
+        // Idempotent: already on a bridge of that name.
+        root.join_recorded_bridges(&w, &decl(vec![nic("lan", "02:00:00:00:00:0b", None)]))
+            .unwrap();
+        assert_eq!(bridge_names(&root), ["lan"]);
+    }
+
+    /// From a test scope the file's bridge of that name is found; a lab
+    /// snapshot's NIC names the sub-lab that held its bridge.
+    #[test]
+    fn recorded_bridges_are_found_up_the_scope_chain_and_at_their_sub_lab() {
+        let root = Lab::root(kvm_env());
+        let lan = Bridge::create(&root.0.env, "lan");
+        root.0
+            .state
+            .lock()
+            .unwrap()
+            .bridges
+            .insert("lan".into(), lan.clone());
+        let scope = root.child("provium".into(), Some(root.clone()));
+        let v = vm(&scope, "v");
+        scope
+            .join_recorded_bridges(&v, &decl(vec![nic("lan", "02:00:00:00:00:0a", None)]))
+            .unwrap();
+        assert!(lan.has_vm(&v), "the file's bridge");
+        assert!(
+            bridge_names(&scope).is_empty(),
+            "no new bridge in the test scope"
+        );
+        let w = vm(&scope, "w");
+        scope
+            .join_recorded_bridges(
+                &w,
+                &decl(vec![nic("dmz", "02:00:00:00:00:0b", Some(&["site"]))]),
+            )
+            .unwrap();
+        let site = scope.find_sub_lab("site").expect("the sub-lab is made");
+        assert_eq!(bridge_names(&site), ["dmz"]);
+        assert!(site.find_bridge("dmz").unwrap().has_vm(&w));
+        // A name taken by a VM of that lab cannot be a bridge: a mismatch.
+        let x = vm(&scope, "x");
+        scope
+            .0
+            .state
+            .lock()
+            .unwrap()
+            .vms
+            .insert("wan".into(), x.clone());
+        match scope.join_recorded_bridges(&x, &decl(vec![nic("wan", "02:00:00:00:00:0c", None)])) {
+            Err(RestoreError::Mismatch(m)) => assert!(
+                m.contains("cannot make bridge `wan` for the restored NICs in lab `provium`"),
+                "{m}"
+            ),
+            _ => panic!("a mismatch expected"),
+        }
+    }
+
+    /// `lab:snapshot()` records each bridge's sub-lab path.
+    #[test]
+    fn bridges_are_listed_with_their_sub_lab_paths() {
+        let root = Lab::root(kvm_env());
+        let lan = Bridge::create(&root.0.env, "lan");
+        root.0
+            .state
+            .lock()
+            .unwrap()
+            .bridges
+            .insert("lan".into(), lan.clone());
+        let site = root.sub_lab_at(&["site".into()]).unwrap();
+        let dmz = Bridge::create(&root.0.env, "dmz");
+        site.0
+            .state
+            .lock()
+            .unwrap()
+            .bridges
+            .insert("dmz".into(), dmz.clone());
+        let mut out = Vec::new();
+        root.bridges_downward(&mut Vec::new(), &mut out);
+        let got: Vec<(Vec<String>, String)> = out
+            .iter()
+            .map(|(p, b)| (p.clone(), b.name().to_string()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (vec![], "lan".to_string()),
+                (vec!["site".to_string()], "dmz".to_string())
+            ]
+        );
     }
 }

@@ -135,13 +135,93 @@ pub fn snapshot_path_arg(v: &Value, what: &str) -> mlua::Result<PathBuf> {
 /// fixture can recreate it.
 pub const VM_DECL_SECTION: &str = "vm-decl";
 
-/// How the snapshotted VM was declared (JSON in [`VM_DECL_SECTION`]).
+/// How the snapshotted VM was declared (JSON in [`VM_DECL_SECTION`]), so a
+/// fixture can recreate it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct VmDecl {
     pub name: String,
     pub profile: String,
     pub memory_bytes: u64,
     pub cpus: u32,
+}
+
+/// The section of a VM snapshot that records its machine's devices.
+pub const VM_DEVICES_SECTION: &str = "vm-devices";
+
+/// The devices the snapshotted VM's machine had (JSON in
+/// [`VM_DEVICES_SECTION`]), so a restore can give the restoring VM the same
+/// ones: the snapshot's device state needs them, and the VMM refuses a
+/// restore whose device list differs. Beside [`VmDecl`] rather than in it,
+/// so a declaration's shape is the same for every snapshot.
+///
+/// A snapshot without this section (written before it existed, or below
+/// Lua) is restored with the devices the restoring VM has (a fixture's
+/// new VM: none), as before.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct VmDevices {
+    /// The machine's virtio-blk disks, in device order (the guest's vda,
+    /// vdb, ...).
+    #[serde(default)]
+    pub disks: Vec<DiskDecl>,
+    /// The machine's virtio-net NICs, in device order (the guest's eth0,
+    /// eth1, ...: by bridge name). Always empty for the local backend,
+    /// whose NICs are TAPs made after boot (and which refuses to snapshot a
+    /// sandbox that has one).
+    #[serde(default)]
+    pub nics: Vec<NicDecl>,
+}
+
+/// One disk of a snapshotted VM. Its contents are not in the snapshot: a
+/// restore uses the image at `image` as it is then.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DiskDecl {
+    /// `vm:attach_disk`'s id (the device's GET_ID string).
+    pub id: String,
+    /// Absolute path of the backing image.
+    pub image: PathBuf,
+    /// The disk's modelled size (`size` at attach). Disks are read-write
+    /// (the kvm backend gives no read-only disk today).
+    pub size_bytes: u64,
+    /// `disk:detach()` was called before the snapshot: the device is still
+    /// in the guest (no hot-unplug) and fails every request; restored so.
+    #[serde(default)]
+    pub detached: bool,
+}
+
+/// One NIC of a snapshotted VM: its port was on bridge `bridge`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NicDecl {
+    /// The bridge's name.
+    pub bridge: String,
+    /// The guest NIC's MAC ("02:..."): a restored NIC must keep it (the
+    /// guest's stack has it cached; the VMM refuses another).
+    pub mac: String,
+    /// The VM was still a member of the bridge at the snapshot (false:
+    /// `bridge:detach` after boot left the device without a network; it is
+    /// restored on a port of its own, link down).
+    #[serde(default = "yes")]
+    pub attached: bool,
+    /// The link was up (`nic:disconnect()` not in effect).
+    #[serde(default = "yes")]
+    pub connected: bool,
+    /// For a lab snapshot: the sub-lab path, below the snapshotted lab, of
+    /// the lab holding the bridge. `None` for a VM snapshot, or a bridge
+    /// outside the snapshotted lab.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bridge_lab: Option<Vec<String>>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl NicDecl {
+    /// The recorded MAC.
+    pub fn mac_addr(&self) -> Result<provium_netsetup::MacAddr, String> {
+        self.mac
+            .parse()
+            .map_err(|e| format!("the snapshot's NIC on bridge `{}`: {e}", self.bridge))
+    }
 }
 
 impl VmDecl {
@@ -152,21 +232,49 @@ impl VmDecl {
     /// Read the declaration from the snapshot at `path` (header, checksum
     /// and section verified).
     pub fn read(path: &Path) -> Result<VmDecl, String> {
-        let snap = provium_snapshot::Snapshot::open(
-            path,
-            &provium_snapshot::Expect::protocol(provium_protocol::PROTOCOL_VERSION),
-        )
-        .map_err(|e| crate::backend::local::snapshot::chain(&e))?;
-        let bytes = snap
-            .section(VM_DECL_SECTION)
-            .map_err(|e| crate::backend::local::snapshot::chain(&e))?;
-        serde_json::from_slice(&bytes).map_err(|e| {
-            format!(
-                "snapshot {}: the `{VM_DECL_SECTION}` section is invalid: {e}",
-                path.display()
-            )
-        })
+        decode_section(&open_snapshot(path)?, path, VM_DECL_SECTION)
     }
+}
+
+impl VmDevices {
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a device list always serializes")
+    }
+
+    /// The devices recorded in the snapshot at `path`, or `None` for a
+    /// snapshot without [`VM_DEVICES_SECTION`] (header and checksums
+    /// verified; an invalid section is an error).
+    pub fn read_if_present(path: &Path) -> Result<Option<VmDevices>, String> {
+        let snap = open_snapshot(path)?;
+        if !snap.has_section(VM_DEVICES_SECTION) {
+            return Ok(None);
+        }
+        decode_section(&snap, path, VM_DEVICES_SECTION).map(Some)
+    }
+}
+
+fn open_snapshot(path: &Path) -> Result<provium_snapshot::Snapshot, String> {
+    provium_snapshot::Snapshot::open(
+        path,
+        &provium_snapshot::Expect::protocol(provium_protocol::PROTOCOL_VERSION),
+    )
+    .map_err(|e| crate::backend::local::snapshot::chain(&e))
+}
+
+fn decode_section<T: serde::de::DeserializeOwned>(
+    snap: &provium_snapshot::Snapshot,
+    path: &Path,
+    section: &str,
+) -> Result<T, String> {
+    let bytes = snap
+        .section(section)
+        .map_err(|e| crate::backend::local::snapshot::chain(&e))?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        format!(
+            "snapshot {}: the `{section}` section is invalid: {e}",
+            path.display()
+        )
+    })
 }
 
 /// The refusal for a snapshot (or restore) with live streams, in the
@@ -201,6 +309,71 @@ mod tests {
         assert_eq!(
             m,
             "vm:snapshot() refused — file `tests/x.test.lua` has live streams:\n  - tail_file(\"/var/log/messages\") at tests/x.test.lua:42\nClose the streams before snapshotting (or remove the snapshot)."
+        );
+    }
+
+    #[test]
+    fn device_records_read_with_defaults_for_missing_fields() {
+        let d: VmDevices = serde_json::from_str("{}").unwrap();
+        assert_eq!(d, VmDevices::default());
+        let n: NicDecl =
+            serde_json::from_str(r#"{"bridge":"lan","mac":"02:00:00:00:00:01"}"#).unwrap();
+        assert!(n.attached && n.connected && n.bridge_lab.is_none(), "{n:?}");
+    }
+
+    #[test]
+    fn a_device_record_round_trips_through_a_snapshot() {
+        let d = VmDevices {
+            disks: vec![DiskDecl {
+                id: "vda".into(),
+                image: "/srv/a.img".into(),
+                size_bytes: 1 << 20,
+                detached: true,
+            }],
+            nics: vec![NicDecl {
+                bridge: "lan".into(),
+                mac: "02:aa:bb:cc:dd:ee".into(),
+                attached: true,
+                connected: false,
+                bridge_lab: Some(vec!["site".into()]),
+            }],
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, sections: &[(&str, Vec<u8>)]| {
+            let shape = provium_snapshot::Shape {
+                backend: "kvm".into(),
+                memory_bytes: 1 << 20,
+                vcpus: 1,
+            };
+            let mut b =
+                provium_snapshot::SnapshotBuilder::new(provium_protocol::PROTOCOL_VERSION, shape);
+            for (n, data) in sections {
+                b.add_section(n, data).unwrap();
+            }
+            let p = dir.path().join(name);
+            b.write_file(&p).unwrap();
+            p
+        };
+        let with = write("with.snap", &[(VM_DEVICES_SECTION, d.to_json())]);
+        assert_eq!(VmDevices::read_if_present(&with), Ok(Some(d.clone())));
+        let without = write("without.snap", &[(VM_DECL_SECTION, b"{}".to_vec())]);
+        assert_eq!(VmDevices::read_if_present(&without), Ok(None));
+        let bad = write("bad.snap", &[(VM_DEVICES_SECTION, b"[1]".to_vec())]);
+        let e = VmDevices::read_if_present(&bad).unwrap_err();
+        assert!(e.contains("the `vm-devices` section is invalid"), "{e}");
+        let n = &d.nics[0];
+        assert_eq!(
+            n.mac_addr().unwrap(),
+            provium_netsetup::MacAddr([0x02, 0xaa, 0xbb, 0xcc, 0xdd, 0xee])
+        );
+        let bad = NicDecl {
+            mac: "nope".into(),
+            ..n.clone()
+        };
+        let e = bad.mac_addr().unwrap_err();
+        assert!(
+            e.starts_with("the snapshot's NIC on bridge `lan`: `nope` is not a MAC address"),
+            "{e}"
         );
     }
 

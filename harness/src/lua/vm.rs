@@ -10,8 +10,10 @@ use provium_protocol::event::{Event, VmShutdown, VmSpawned};
 
 use super::bridge::{Bridge, WeakBridge};
 use super::clock::ClockUd;
-use super::disk::{AttachOpts, Disk, DiskList};
+use super::disk::{AttachOpts, Disk, DiskList, DiskPlan};
 use super::guest::{add_guest_methods, GuestTarget, Ops};
+use super::nic::{MachineNic, VmmNics};
+use super::snapshot::{VmDecl, VmDevices};
 use super::stream::{ByteSource, Stream};
 use super::worker::WorkerUd;
 use super::{err, guest::client_err};
@@ -195,6 +197,42 @@ pub struct VmInner {
     bridges: Mutex<Vec<WeakBridge>>,
     /// Disks in attach order (the guest's vda, vdb, … on kvm).
     disks: DiskList,
+    /// The kvm machine's disks and NICs, in device order, set when a boot
+    /// or restore builds it: what a snapshot records (see [`VmDevices`]).
+    machine_disks: Mutex<Vec<Disk>>,
+    machine_nics: Mutex<Vec<MachineNic>>,
+    /// Switches of NICs restored without a network (their ports need them).
+    lone_switches: Mutex<Vec<provium_netsetup::Switch>>,
+    /// The bridges this VM was on when it last shut down: a restore from a
+    /// snapshot with NICs on them joins them again.
+    left_bridges: Mutex<Vec<WeakBridge>>,
+}
+
+/// Why `vm:restore` failed.
+#[derive(Debug)]
+pub enum RestoreError {
+    /// The snapshot's machine had other devices than this VM would have
+    /// (disks, NICs): a configuration mismatch, not a bad file.
+    Mismatch(String),
+    /// Anything else: a bad or foreign file, a wrong state, the agent.
+    Failed(mlua::Error),
+}
+
+impl RestoreError {
+    pub fn into_lua(self) -> mlua::Error {
+        match self {
+            RestoreError::Mismatch(m) => err(m),
+            RestoreError::Failed(e) => e,
+        }
+    }
+
+    /// The message (for the fixture cache's verdicts).
+    pub fn message(&self) -> String {
+        match self {
+            RestoreError::Mismatch(m) => m.clone(),
+            RestoreError::Failed(e) => super::error_message(e),
+        }
+    }
 }
 
 /// A VM handle; clones share the VM.
@@ -259,6 +297,10 @@ impl Vm {
             in_flight: AtomicUsize::new(0),
             bridges: Mutex::new(Vec::new()),
             disks: Arc::new(Mutex::new(Vec::new())),
+            machine_disks: Mutex::new(Vec::new()),
+            machine_nics: Mutex::new(Vec::new()),
+            lone_switches: Mutex::new(Vec::new()),
+            left_bridges: Mutex::new(Vec::new()),
         }));
         let live: Arc<dyn LiveResource> = vm.0.clone();
         env.track(Arc::downgrade(&live));
@@ -419,6 +461,21 @@ impl Vm {
     /// `vm:snapshot(path)`: write a snapshot of this booted VM to `path`;
     /// refuses while streams are live. Returns the size in bytes.
     pub fn snapshot_to(&self, path: &std::path::Path) -> mlua::Result<u64> {
+        self.snapshot_in(path, &|_| None)
+    }
+
+    /// [`Vm::snapshot_to`] for a lab snapshot: `bridge_lab` gives a
+    /// bridge's sub-lab path in the snapshotted lab (recorded per NIC).
+    pub fn snapshot_in(
+        &self,
+        path: &std::path::Path,
+        bridge_lab: &dyn Fn(&Bridge) -> Option<Vec<String>>,
+    ) -> mlua::Result<u64> {
+        // Read from the bridges before the state lock (a bridge may read
+        // this VM's phase).
+        let machine_nics = self.0.machine_nics.lock().unwrap().clone();
+        let nics = super::nic::nic_decls(self, &machine_nics, bridge_lab);
+        let disks = super::disk::disk_decls(&self.0.machine_disks.lock().unwrap());
         let st = self.0.state.lock().unwrap();
         if !matches!(st.phase, Phase::Booted | Phase::Paused) {
             return Err(self.wrong_state("snapshot", st.phase, "booted"));
@@ -433,17 +490,21 @@ impl Vm {
         }
         let machine = self.machine()?;
         let shape = Machine::snapshot_shape(self.0.env.backend, &self.restore_spec());
-        let decl = super::snapshot::VmDecl {
+        let decl = VmDecl {
             name: self.0.name.clone(),
             profile: self.0.profile.clone(),
             memory_bytes: self.0.sizing.memory_bytes,
             cpus: self.0.sizing.cpus,
         };
+        let devices = VmDevices { disks, nics };
         machine
             .snapshot_to(
                 path,
                 shape,
-                &[(super::snapshot::VM_DECL_SECTION, decl.to_json())],
+                &[
+                    (super::snapshot::VM_DECL_SECTION, decl.to_json()),
+                    (super::snapshot::VM_DEVICES_SECTION, devices.to_json()),
+                ],
             )
             .map_err(|e| err(format!("vm:snapshot: vm `{}`: {e}", self.0.name)))
     }
@@ -451,72 +512,215 @@ impl Vm {
     /// `vm:restore(path)`: from created or shutdown to booted, running the
     /// snapshot's state in a fresh machine.
     pub fn restore_from(&self, path: &std::path::Path) -> mlua::Result<()> {
-        // kvm: the snapshot's virtio-net devices need their ports again, on
-        // the bridges this VM is attached to now (as at boot, before the
-        // state lock; dropped, so detached, if the restore is refused).
-        let nics = if self.0.env.backend == crate::runner::BackendKind::Kvm
-            && matches!(self.phase(), Phase::Created | Phase::Shutdown)
-        {
-            super::nic::vmm_ports(self)?
+        self.restore_checked(path).map_err(RestoreError::into_lua)
+    }
+
+    /// [`Vm::restore_from`], telling a device mismatch from other failures.
+    ///
+    /// # Devices (kvm)
+    /// The snapshot's machine state includes its virtio devices, so the
+    /// restored machine must have the same ones. When the snapshot records
+    /// them ([`VmDevices`]):
+    /// - disks: this VM's attached (not detached) disks if it has any (as
+    ///   many as the snapshot's, in order: e.g. a copy of the image), else
+    ///   new disks with the snapshot's ids and images (a VM shut down has
+    ///   only detached disks, so it gets them again; `vm:disk(id)` then
+    ///   returns the new disk). Images are used as they are now.
+    /// - NICs: each on a bridge of the recorded name, with the recorded MAC:
+    ///   one this VM is attached to, else one it left when it shut down
+    ///   (it joins again, with the recorded link state). A bridge it is on
+    ///   that the snapshot's VM was not, or a recorded bridge it has no way
+    ///   to, is a mismatch. A NIC that had been detached from its bridge
+    ///   comes back on a port of its own, link down.
+    ///
+    /// A snapshot without that record (older, or written below Lua) gets
+    /// this VM's disks and bridges as they are.
+    pub fn restore_checked(&self, path: &std::path::Path) -> Result<(), RestoreError> {
+        use RestoreError::{Failed, Mismatch};
+        let phase = self.phase();
+        if !matches!(phase, Phase::Created | Phase::Shutdown) {
+            return Err(Failed(self.wrong_state(
+                "restore",
+                phase,
+                "created or shutdown (call vm:shutdown() first)",
+            )));
+        }
+        let kvm = self.0.env.backend == crate::runner::BackendKind::Kvm;
+        let name = self.0.name.clone();
+        let devices = if kvm {
+            VmDevices::read_if_present(path)
+                .map_err(|e| Failed(err(format!("vm:restore: vm `{name}`: {e}"))))?
         } else {
-            Vec::new()
+            None
         };
+        let (want_disks, want_nics) =
+            devices.map_or((None, None), |d| (Some(d.disks), Some(d.nics)));
+        // kvm: the snapshot's virtio-net devices need their ports again (as
+        // at boot, before the state lock; dropped, so detached, if the
+        // restore is refused).
+        let nics = match (&want_nics, kvm) {
+            (_, false) => VmmNics::default(),
+            (Some(want), true) => {
+                let left: Vec<Bridge> = self
+                    .0
+                    .left_bridges
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter_map(WeakBridge::upgrade)
+                    .collect();
+                super::nic::restore_ports(self, want, &left).map_err(|e| {
+                    Mismatch(format!(
+                        "vm:restore: vm `{name}`: the snapshot's NICs do not fit this VM (a configuration \
+                         mismatch): {e}"
+                    ))
+                })?
+            }
+            (None, true) => super::nic::vmm_ports(self).map_err(Failed)?,
+        };
+        let VmmNics {
+            configs,
+            record,
+            lone,
+            added,
+        } = nics;
+        let mut built = false;
+        let r = self.restore_machine(
+            path,
+            want_disks.as_deref(),
+            (configs, record, lone),
+            &mut built,
+        );
+        // Memberships for a machine never built are undone; a machine that
+        // was built and then lost its agent is dead with its NICs, as after
+        // a failed boot.
+        if r.is_err() && !built {
+            for b in &added {
+                b.vm_gone(self);
+            }
+        }
+        let has_nics = r?;
+        self.0.left_bridges.lock().unwrap().clear();
+        // The restored NICs' members are realised (as after a boot).
+        if has_nics {
+            super::nic::realise_all(self).map_err(Failed)?;
+        }
+        Ok(())
+    }
+
+    /// The part of a restore under the state lock: the disks, the machine
+    /// (`built` once it exists), the agent. Returns whether the machine has
+    /// NICs.
+    fn restore_machine(
+        &self,
+        path: &std::path::Path,
+        want_disks: Option<&[super::snapshot::DiskDecl]>,
+        (nics, record, lone): (
+            Vec<provium_vmm::vmm_config::NetConfig>,
+            Vec<MachineNic>,
+            Vec<provium_netsetup::Switch>,
+        ),
+        built: &mut bool,
+    ) -> Result<bool, RestoreError> {
+        use RestoreError::{Failed, Mismatch};
         let has_nics = !nics.is_empty();
         let mut st = self.0.state.lock().unwrap();
         if !matches!(st.phase, Phase::Created | Phase::Shutdown) {
-            return Err(self.wrong_state(
+            return Err(Failed(self.wrong_state(
                 "restore",
                 st.phase,
                 "created or shutdown (call vm:shutdown() first)",
-            ));
+            )));
         }
         let live = self.live_streams();
         if !live.is_empty() {
-            return Err(err(super::snapshot::live_streams_refusal(
+            return Err(Failed(err(super::snapshot::live_streams_refusal(
                 "vm:restore()",
                 &self.0.env.rel_path,
                 &live,
-            )));
+            ))));
         }
         let env = &self.0.env;
+        let kvm = env.backend == crate::runner::BackendKind::Kvm;
         // A pinned rng_seed (vm:boot opts given before the restore) keeps
         // the restored rng's stream deterministic; without one it is reseeded.
         let spec = BootSpec {
-            rng_seed: st
-                .pending
-                .rng_seed
-                .filter(|_| matches!(env.backend, crate::runner::BackendKind::Kvm)),
+            rng_seed: st.pending.rng_seed.filter(|_| kvm),
             ..self.restore_spec()
         };
-        // The restored VM has this VM's disks (their devices are in the
-        // snapshot; the images are not: they are used as they are now).
-        let drives = {
+        // The restored VM's disks (their devices are in the snapshot; the
+        // images are not: they are used as they are now).
+        let name = &self.0.name;
+        let (drives, new_disks) = {
             let disks = self.0.disks.lock().unwrap();
-            super::disk::boot_drives(&self.0.name, &disks)
-                .map_err(|e| err(format!("vm:restore: {e}")))?
+            let failed = |e: String| Failed(err(format!("vm:restore: {e}")));
+            match want_disks.filter(|_| kvm) {
+                Some(want) => {
+                    let live: Vec<Disk> =
+                        disks.iter().filter(|d| !d.is_detached()).cloned().collect();
+                    let ids: Vec<String> = live.iter().map(|d| d.id().to_string()).collect();
+                    let plan = super::disk::plan_disks(name, want, &ids).map_err(|e| {
+                        Mismatch(format!(
+                            "vm:restore: the snapshot's disks do not fit this VM (a configuration \
+                             mismatch): {e}"
+                        ))
+                    })?;
+                    match plan {
+                        DiskPlan::Attached => (
+                            super::disk::drives_of(name, live).map_err(failed)?,
+                            Vec::new(),
+                        ),
+                        DiskPlan::FromSnapshot => {
+                            let new = want
+                                .iter()
+                                .map(|d| Disk::from_decl(env.clone(), name, d, &self.0.disks))
+                                .collect::<Result<Vec<_>, _>>()
+                                .map_err(|e| Mismatch(format!("vm:restore: vm `{name}`: {e}")))?;
+                            (
+                                super::disk::drives_of(name, new.clone()).map_err(failed)?,
+                                new,
+                            )
+                        }
+                    }
+                }
+                None => (
+                    super::disk::boot_drives(name, &disks).map_err(failed)?,
+                    Vec::new(),
+                ),
+            }
         };
         let machine = Arc::new(
             Machine::restore_with_devices(env.backend, &spec, path, &drives.drives, nics).map_err(
                 |e| {
-                    err(format!(
-                        "vm:restore: vm `{}` from {}: {e}",
-                        self.0.name,
+                    Failed(err(format!(
+                        "vm:restore: vm `{name}` from {}: {e}",
                         path.display()
-                    ))
+                    )))
                 },
             )?,
         );
+        *built = true;
+        if !new_disks.is_empty() {
+            // The snapshot's disks replace the detached ones of those ids.
+            let mut disks = self.0.disks.lock().unwrap();
+            disks.retain(|d| !new_disks.iter().any(|n| n.id() == d.id()));
+            let old = std::mem::take(&mut *disks);
+            disks.extend(new_disks);
+            disks.extend(old);
+        }
         drives.given_to_guest();
+        *self.0.machine_disks.lock().unwrap() = drives.disks().to_vec();
+        *self.0.machine_nics.lock().unwrap() = record;
+        *self.0.lone_switches.lock().unwrap() = lone;
         *self.0.machine.lock().unwrap() = Some(machine.clone());
         let client = match machine.connect() {
             Ok(c) => c,
             Err(e) => {
                 machine.kill();
                 st.phase = Phase::Dead;
-                return Err(err(format!(
-                    "vm:restore: vm `{}`: the agent did not answer: {e}",
-                    self.0.name
-                )));
+                return Err(Failed(err(format!(
+                    "vm:restore: vm `{name}`: the agent did not answer: {e}"
+                ))));
             }
         };
         st.client = Some(client);
@@ -529,12 +733,7 @@ impl Vm {
             memory_bytes: self.0.sizing.memory_bytes,
             cid: machine.cid(),
         }));
-        // The restored NICs' members are realised (as after a boot).
-        drop(st);
-        if has_nics {
-            super::nic::realise_all(self)?;
-        }
-        Ok(())
+        Ok(has_nics)
     }
 
     pub fn boot(&self, opts: Option<Table>) -> mlua::Result<Vm> {
@@ -549,8 +748,13 @@ impl Vm {
         {
             super::nic::vmm_ports(self)?
         } else {
-            Vec::new()
+            VmmNics::default()
         };
+        let VmmNics {
+            configs: nics,
+            record: nic_record,
+            ..
+        } = nics;
         let mut st = self.0.state.lock().unwrap();
         if st.phase != Phase::Created {
             return Err(self.wrong_state(
@@ -584,6 +788,8 @@ impl Vm {
                 .map_err(boot_err)?,
         );
         drives.given_to_guest();
+        *self.0.machine_disks.lock().unwrap() = drives.disks().to_vec();
+        *self.0.machine_nics.lock().unwrap() = nic_record;
         *self.0.machine.lock().unwrap() = Some(machine.clone());
         let client = match machine.connect() {
             Ok(c) => c,
@@ -642,9 +848,15 @@ impl Vm {
             }));
         }
         // Leave every bridge (never while holding the state lock: a bridge
-        // may read this VM's phase).
+        // may read this VM's phase), remembering them for a later
+        // `vm:restore` of a snapshot whose NICs were on them.
         drop(st);
+        let on: Vec<WeakBridge> = self.bridges().iter().map(Bridge::downgrade).collect();
+        if !on.is_empty() {
+            *self.0.left_bridges.lock().unwrap() = on;
+        }
         super::nic::vm_gone(self);
+        self.0.lone_switches.lock().unwrap().clear();
         // A disk does not outlive its VM's life: the guest is gone, and a
         // later sector op must say so rather than act on a dead VM's image.
         for d in self.0.disks.lock().unwrap().iter() {
@@ -896,5 +1108,146 @@ impl UserData for Vm {
                 .map(|o| Arc::ptr_eq(&o.0, &this.0))
                 .unwrap_or(false))
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::events::EventSender;
+    use crate::lua::snapshot::{DiskDecl, NicDecl, VM_DEVICES_SECTION};
+    use crate::runner::BackendKind;
+
+    fn kvm_env() -> Arc<FileEnv> {
+        Arc::new(FileEnv::new(
+            "t.test.lua".into(),
+            "/t.test.lua".into(),
+            Vec::new(),
+            Arc::new(Config::default()),
+            BackendKind::Kvm,
+            EventSender::disabled(),
+        ))
+    }
+
+    fn vm(env: &Arc<FileEnv>) -> Vm {
+        let sizing = VmSizing {
+            memory_bytes: 64 << 20,
+            cpus: 1,
+        };
+        Vm::create(env.clone(), "v".into(), "p".into(), sizing).unwrap()
+    }
+
+    fn nic(bridge: &str, mac: &str) -> NicDecl {
+        NicDecl {
+            bridge: bridge.into(),
+            mac: mac.into(),
+            attached: true,
+            connected: true,
+            bridge_lab: None,
+        }
+    }
+
+    /// A snapshot container holding only a `vm-decl` section (enough for
+    /// everything a restore checks before it builds a machine).
+    fn decl_only_snapshot(dir: &std::path::Path, devices: &VmDevices) -> std::path::PathBuf {
+        let path = dir.join("v.snap");
+        let shape = provium_snapshot::Shape {
+            backend: "kvm".into(),
+            memory_bytes: 64 << 20,
+            vcpus: 1,
+        };
+        let mut b =
+            provium_snapshot::SnapshotBuilder::new(provium_protocol::PROTOCOL_VERSION, shape);
+        b.add_section(VM_DEVICES_SECTION, &devices.to_json())
+            .unwrap();
+        b.write_file(&path).unwrap();
+        path
+    }
+
+    fn decl(disks: Vec<DiskDecl>, nics: Vec<NicDecl>) -> VmDevices {
+        VmDevices { disks, nics }
+    }
+
+    /// `vm:shutdown(); vm:restore(s)` on a bridged VM: the shutdown leaves
+    /// the bridge (its NIC goes), and the restore's ports put the VM back
+    /// on it with the snapshot's MAC.
+    #[test]
+    fn a_vm_shut_down_gets_its_nics_back_on_the_same_bridges() {
+        let env = kvm_env();
+        let lan = Bridge::create(&env, "lan");
+        let v = vm(&env);
+        let mac = crate::lua::bridge::nic_mac("v", "lan", &[]);
+        lan.restore_member(&v, mac, None).unwrap();
+        v.shutdown().unwrap();
+        assert!(!lan.is_member("v"), "a shut-down VM is off its bridges");
+        let left: Vec<Bridge> =
+            v.0.left_bridges
+                .lock()
+                .unwrap()
+                .iter()
+                .filter_map(WeakBridge::upgrade)
+                .collect();
+        assert_eq!(left.len(), 1);
+        let nics =
+            super::super::nic::restore_ports(&v, &[nic("lan", &mac.to_string())], &left).unwrap();
+        assert_eq!(nics.configs.len(), 1);
+        assert_eq!(nics.configs[0].mac, mac);
+        assert!(lan.has_vm(&v), "back on lan");
+        assert_eq!(nics.added.len(), 1);
+        nics.undo(&v);
+        assert!(!lan.is_member("v"), "undone");
+        // A snapshot naming a bridge it was never on is a mismatch.
+        let e = super::super::nic::restore_ports(&v, &[nic("wan", &mac.to_string())], &left)
+            .err()
+            .unwrap();
+        assert!(e.contains("NIC on bridge `wan`"), "{e}");
+        assert!(!lan.is_member("v"));
+    }
+
+    /// A device mismatch is told apart from a bad file, before any machine
+    /// is built: NICs on a bridge the VM has no way to, or a disk whose
+    /// image is gone.
+    #[test]
+    fn a_device_mismatch_is_not_a_failed_restore() {
+        let d = tempfile::tempdir().unwrap();
+        let env = kvm_env();
+        let v = vm(&env);
+        let snap = decl_only_snapshot(
+            d.path(),
+            &decl(vec![], vec![nic("lan", "02:00:00:00:00:01")]),
+        );
+        match v.restore_checked(&snap) {
+            Err(RestoreError::Mismatch(m)) => assert!(
+                m.starts_with("vm:restore: vm `v`: the snapshot's NICs do not fit this VM (a configuration mismatch): the snapshot's VM had a NIC on bridge `lan`"),
+                "{m}"
+            ),
+            Err(RestoreError::Failed(e)) => panic!("not a mismatch: {e}"),
+            Ok(()) => panic!("restored without its NIC"),
+        }
+        let gone = DiskDecl {
+            id: "vda".into(),
+            image: "/nonexistent/vda.img".into(),
+            size_bytes: 512,
+            detached: false,
+        };
+        let snap = decl_only_snapshot(d.path(), &decl(vec![gone], vec![]));
+        match v.restore_checked(&snap) {
+            Err(RestoreError::Mismatch(m)) => {
+                assert!(
+                    m.contains("disk `vda`") && m.contains("/nonexistent/vda.img"),
+                    "{m}"
+                )
+            }
+            Err(RestoreError::Failed(e)) => panic!("not a mismatch: {e}"),
+            Ok(()) => panic!("restored without its disk"),
+        }
+        assert_eq!(v.phase(), Phase::Created, "nothing happened to the VM");
+        // A truncated file is a failure, not a mismatch.
+        std::fs::write(&snap, b"PRVMSNAP").unwrap();
+        assert!(matches!(
+            v.restore_checked(&snap),
+            Err(RestoreError::Failed(_))
+        ));
     }
 }
