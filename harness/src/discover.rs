@@ -16,6 +16,10 @@ pub struct TestFile {
     pub rel: String,
     pub fixture_refs: Vec<String>,
     pub declared_claim: Option<ResourceAmount>,
+    /// How many VMs the file's source creates at most at once, as far as a
+    /// static scan can tell ([`vm_estimate`]); what the dispatcher's
+    /// emulated-VM slots count (`SchedulerOptions::emulated_vm_slots`).
+    pub vm_estimate: u32,
 }
 
 /// Walk `paths` (files or directories) for `*.test.lua`, sorted, deduplicated.
@@ -84,6 +88,7 @@ fn describe(path: &Path, base: &Path, roots: &[PathBuf]) -> Result<TestFile, Str
     Ok(TestFile {
         fixture_refs: fixture_refs(&source),
         declared_claim: declared_claim(&source),
+        vm_estimate: vm_estimate(&source),
         abs,
         rel,
     })
@@ -103,6 +108,27 @@ pub fn fixture_refs(source: &str) -> Vec<String> {
     v.sort();
     v.dedup();
     v
+}
+
+/// The VMs a file creates, counted from its source: every
+/// `provium:vm(` / `provium.vm(` and `vm_fixture(` call site, and a lab
+/// fixture as one VM (its size is not known before it is built). Comment
+/// lines do not count. A file that creates VMs in a loop is undercounted,
+/// one whose call sites run one after another is overcounted; either way
+/// the dispatcher only uses the count to keep emulated VMs (kvm_pvm) from
+/// sharing a host core, and a file with more VMs than slots still runs,
+/// alone.
+pub fn vm_estimate(source: &str) -> u32 {
+    static RE: OnceLock<Regex> = OnceLock::new();
+    let re = RE.get_or_init(|| {
+        Regex::new(r#"provium\s*[:.]\s*vm\s*\(|\b(?:vm|lab)_fixture\s*\("#).unwrap()
+    });
+    let n = source
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("--"))
+        .map(|l| re.find_iter(l).count())
+        .sum::<usize>();
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// A file-scope `provium:claim({memory = ..., cpus = ...})` with literal values.
@@ -135,6 +161,15 @@ pub fn declared_claim(source: &str) -> Option<ResourceAmount> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vm_estimate_counts_vm_and_fixture_call_sites_not_comments() {
+        let src = "local a = provium:vm(\"a\", \"linux\")\nlocal b = provium.vm('b')\n\
+                   -- provium:vm(\"commented\")\nlocal c = provium:vm_fixture(\"base\")\n\
+                   local lab = provium:lab_fixture(\"pair\")\nlocal vms = 'vm(' -- not a call site\n";
+        assert_eq!(vm_estimate(src), 4);
+        assert_eq!(vm_estimate("test('x', function(t) t:assert(true) end)"), 0);
+    }
 
     #[test]
     fn static_scans() {

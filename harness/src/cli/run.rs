@@ -134,6 +134,15 @@ fn pool_from(args: &RunArgs) -> Result<ResourceAmount, String> {
     })
 }
 
+/// One VM per host core where the kvm backend's guest kernels are emulated
+/// (kvm_pvm): an emulated VM keeps a core busy, and two sharing one each
+/// run at half speed (docs/harness.md, "The pool").
+fn emulated_vm_slots(backend: BackendKind) -> Option<u32> {
+    (backend == BackendKind::Kvm && crate::backend::kvm::host_is_kvm_pvm()).then(|| {
+        std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(1))
+    })
+}
+
 fn host_memory_bytes() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
         .ok()
@@ -354,6 +363,7 @@ fn run_once(
                 .with_run_seed(run_seed),
             ),
             claim: f.declared_claim,
+            vms: f.vm_estimate,
         })
         .collect();
     let progress =
@@ -362,6 +372,7 @@ fn run_once(
         pool,
         fail_fast: args.fail_fast,
         file_timeout: timeout,
+        emulated_vm_slots: emulated_vm_slots(backend),
     };
     let outcomes = run_jobs(
         jobs,

@@ -2,6 +2,13 @@
 //! vCPUs. Each file reserves the runner overhead plus its declared claim;
 //! a file that does not fit waits (`file_blocked`), and `pool_state` is
 //! emitted once a second.
+//!
+//! Where guest kernel code is emulated (kvm_pvm, DESIGN.md "This machine's
+//! KVM") a VM needs a host core to itself: two emulated VMs on one core
+//! each run at half speed, and a booting kernel that slow misses every
+//! timeout. There the dispatcher also counts VMs against
+//! `emulated_vm_slots` (one per host core), and a file that would exceed
+//! them waits with `file_blocked` reason `emulated_vm_slots`.
 
 use std::collections::VecDeque;
 use std::sync::mpsc;
@@ -27,6 +34,10 @@ pub const RUNNER_OVERHEAD: ResourceAmount = ResourceAmount {
 
 /// Some-pressure (avg10, percent) above which new dispatches pause.
 pub const PSI_THRESHOLD: f64 = 10.0;
+
+/// The `file_blocked` reason for a file that waits for a host core for each
+/// of its VMs (emulated kvm only).
+pub const EMULATED_VM_SLOTS_REASON: &str = "emulated_vm_slots";
 
 /// Where pressure readings come from: the kernel's PSI files, or a test's.
 pub trait Pressure: Send {
@@ -82,11 +93,16 @@ pub struct SchedulerOptions {
     pub pool: ResourceAmount,
     pub fail_fast: bool,
     pub file_timeout: Option<Duration>,
+    /// Host cores for emulated VMs: `Some(n)` where each running VM needs a
+    /// core to itself (the kvm backend on kvm_pvm), `None` elsewhere.
+    pub emulated_vm_slots: Option<u32>,
 }
 
 pub struct Job {
     pub env: Arc<FileEnv>,
     pub claim: Option<ResourceAmount>,
+    /// The VMs the file creates (`discover::vm_estimate`).
+    pub vms: u32,
 }
 
 fn add(a: ResourceAmount, b: ResourceAmount) -> ResourceAmount {
@@ -119,8 +135,9 @@ pub fn run_jobs(
     mut on_done: impl FnMut(&FileOutcome),
 ) -> Vec<FileOutcome> {
     let mut queue: VecDeque<Job> = jobs.into();
-    let (tx, rx) = mpsc::channel::<(FileOutcome, ResourceAmount)>();
+    let (tx, rx) = mpsc::channel::<(FileOutcome, ResourceAmount, u32)>();
     let mut used = ResourceAmount::default();
+    let mut used_vm_slots = 0u32;
     let mut running = 0usize;
     let mut outcomes = Vec::new();
     let mut blocked_reported: Option<String> = None;
@@ -130,12 +147,21 @@ pub fn run_jobs(
         // Dispatch as many queued files as fit, in order.
         while let Some(job) = queue.front().filter(|_| !stop) {
             let want = add(RUNNER_OVERHEAD, job.claim.unwrap_or_default());
+            let want_vm_slots = opts.emulated_vm_slots.map_or(0, |slots| job.vms.min(slots));
             // A file bigger than the whole pool still runs, alone; pressure
             // pauses new dispatches only while something else is running
             // (load from outside Provium must not stall the run forever).
+            let slots_free = opts
+                .emulated_vm_slots
+                .is_none_or(|slots| used_vm_slots + want_vm_slots <= slots);
             let reason = if !(fits(used, want, opts.pool) || running == 0) {
                 Some("pool_full")
-            } else if running > 0 && pressure.high() {
+            } else if !slots_free && running > 0 {
+                Some(EMULATED_VM_SLOTS_REASON)
+            } else if running > 0 && opts.emulated_vm_slots.is_none() && pressure.high() {
+                // (With emulated VMs the slots are the CPU gate: each running
+                // VM keeps its core 100 % busy by design, so CPU pressure is
+                // always high and would serialise every file.)
                 Some("psi_pressure")
             } else {
                 None
@@ -154,6 +180,7 @@ pub fn run_jobs(
             }
             let job = queue.pop_front().unwrap();
             used = add(used, want);
+            used_vm_slots += want_vm_slots;
             running += 1;
             events.emit(Event::FileDispatched(FileDispatched {
                 path: job.env.rel_path.clone(),
@@ -163,7 +190,7 @@ pub fn run_jobs(
             let (tx, filter, timeout) = (tx.clone(), filter.clone(), opts.file_timeout);
             std::thread::spawn(move || {
                 let outcome = run_file(job.env, filter, timeout);
-                let _ = tx.send((outcome, want));
+                let _ = tx.send((outcome, want, want_vm_slots));
             });
         }
         if running == 0 && (queue.is_empty() || stop) {
@@ -177,8 +204,9 @@ pub fn run_jobs(
             last_pool_state = Instant::now();
         }
         match rx.recv_timeout(Duration::from_millis(250)) {
-            Ok((outcome, reservation)) => {
+            Ok((outcome, reservation, vm_slots)) => {
                 used = sub(used, reservation);
+                used_vm_slots -= vm_slots;
                 running -= 1;
                 events.emit(Event::FileCompleted(FileCompleted {
                     path: outcome.path.clone(),
@@ -233,6 +261,7 @@ mod tests {
                 Job {
                     env: Arc::new(env),
                     claim,
+                    vms: 1,
                 }
             })
             .collect()
@@ -253,6 +282,16 @@ mod tests {
         pool: ResourceAmount,
         high: bool,
     ) -> Vec<String> {
+        run_with_slots(n, claim, pool, high, None)
+    }
+
+    fn run_with_slots(
+        n: usize,
+        claim: Option<ResourceAmount>,
+        pool: ResourceAmount,
+        high: bool,
+        emulated_vm_slots: Option<u32>,
+    ) -> Vec<String> {
         let dir = tempfile::tempdir().unwrap();
         let bus = EventBus::start(None, false, None, true).unwrap();
         let events = bus.sender();
@@ -260,6 +299,7 @@ mod tests {
             pool,
             fail_fast: false,
             file_timeout: None,
+            emulated_vm_slots,
         };
         let out = run_jobs(
             jobs(dir.path(), n, claim, &events),
@@ -285,6 +325,29 @@ mod tests {
         std::fs::write(dir.path().join("cpu"), text).unwrap();
         assert!(PsiMonitor::new(dir.path()).high());
         assert!(!PsiMonitor::new(dir.path().join("absent")).high());
+    }
+
+    #[test]
+    fn emulated_vms_get_a_host_core_each() {
+        let pool = ResourceAmount {
+            memory_bytes: 64 << 30,
+            cpus: 64,
+        };
+        // Three one-VM files, two cores: the third waits for a slot, and
+        // says so; the roomy pool never blocks anything.
+        let reasons = run_with_slots(3, None, pool, false, Some(2));
+        assert!(
+            !reasons.is_empty() && reasons.iter().all(|r| r == EMULATED_VM_SLOTS_REASON),
+            "{reasons:?}"
+        );
+        // Without slots (hardware KVM, local) all three go at once.
+        assert!(run_with_slots(3, None, pool, false, None).is_empty());
+        // One slot: every file waits for the one before it, but all run.
+        let reasons = run_with_slots(3, None, pool, false, Some(1));
+        assert!(!reasons.is_empty(), "{reasons:?}");
+        // CPU pressure (which emulated VMs cause themselves) does not
+        // serialise files that have a slot each.
+        assert!(run_with_slots(2, None, pool, true, Some(2)).is_empty());
     }
 
     #[test]
