@@ -335,10 +335,12 @@ impl Lab {
     }
 
     /// kvm: makes `vm` (created or shut down) a member of the bridges its
-    /// snapshot's NICs were on (see [`Lab::bridge_for_restore`]; a NIC's
-    /// recorded sub-lab path is taken below this lab), with the recorded
-    /// MACs and link states, unless it is on a bridge of that name already.
-    /// `vm.restore_checked` then builds the NICs on them.
+    /// snapshot's NICs were on, with the recorded MACs and link states.
+    /// For each recorded NIC, in this order: a bridge of that name the VM
+    /// is on, or one it left when it last shut down (`lab:restore` shuts a
+    /// running VM down first), is kept (`vm.restore_checked` puts the NIC
+    /// there); else [`Lab::bridge_for_restore`] finds or makes one, from
+    /// the NIC's recorded sub-lab path below this lab.
     fn join_recorded_bridges(
         &self,
         vm: &Vm,
@@ -353,12 +355,15 @@ impl Lab {
                 vm.name()
             ))
         };
+        let left = vm.left_bridges();
         for n in devices.nics.iter().filter(|n| n.attached) {
-            if vm
+            // On one of that name, or left one at its shutdown (a running
+            // VM that `lab:restore` shut down): `restore_checked` uses it.
+            let on = vm
                 .bridges()
                 .iter()
-                .any(|b| b.name() == n.bridge && b.has_vm(vm))
-            {
+                .any(|b| b.name() == n.bridge && b.has_vm(vm));
+            if on || left.iter().any(|b| b.name() == n.bridge && !b.is_closed()) {
                 continue;
             }
             let lab = match &n.bridge_lab {
@@ -1239,6 +1244,32 @@ mod tests {
             ),
             _ => panic!("a mismatch expected"),
         }
+    }
+
+    /// `site:restore(s)` of a VM on a bridge outside `site`: `lab:restore`
+    /// shuts it down, and it goes back to the bridge it left rather than
+    /// to a new one of that name in `site`.
+    #[test]
+    fn a_vm_restored_by_its_lab_keeps_the_bridges_it_left() {
+        let root = Lab::root(kvm_env());
+        let lan = Bridge::create(&root.0.env, "lan");
+        root.0
+            .state
+            .lock()
+            .unwrap()
+            .bridges
+            .insert("lan".into(), lan.clone());
+        let site = root.sub_lab_at(&["site".into()]).unwrap();
+        let v = vm(&site, "v");
+        let mac = crate::lua::bridge::nic_mac("v", "lan", &[]);
+        lan.restore_member(&v, mac, None).unwrap();
+        v.shutdown().unwrap();
+        let devices = decl(vec![nic("lan", &mac.to_string(), None)]);
+        site.join_recorded_bridges(&v, &devices).unwrap();
+        assert!(bridge_names(&site).is_empty(), "no second `lan`");
+        let ports = crate::lua::nic::restore_ports(&v, &devices.nics, &v.left_bridges()).unwrap();
+        assert_eq!(ports.configs.len(), 1);
+        assert!(lan.has_vm(&v), "back on the bridge it left");
     }
 
     /// `lab:snapshot()` records each bridge's sub-lab path.

@@ -345,6 +345,13 @@ impl Vm {
         bs.iter().filter_map(WeakBridge::upgrade).collect()
     }
 
+    /// The live bridges this VM was on when it last shut down (until a
+    /// restore puts it back).
+    pub fn left_bridges(&self) -> Vec<Bridge> {
+        let bs = self.0.left_bridges.lock().unwrap().clone();
+        bs.iter().filter_map(WeakBridge::upgrade).collect()
+    }
+
     /// The machine, while booted (for creating NICs).
     pub fn running_machine(&self) -> Option<Arc<Machine>> {
         if self.phase() != Phase::Booted {
@@ -561,15 +568,7 @@ impl Vm {
         let nics = match (&want_nics, kvm) {
             (_, false) => VmmNics::default(),
             (Some(want), true) => {
-                let left: Vec<Bridge> = self
-                    .0
-                    .left_bridges
-                    .lock()
-                    .unwrap()
-                    .iter()
-                    .filter_map(WeakBridge::upgrade)
-                    .collect();
-                super::nic::restore_ports(self, want, &left).map_err(|e| {
+                super::nic::restore_ports(self, want, &self.left_bridges()).map_err(|e| {
                     Mismatch(format!(
                         "vm:restore: vm `{name}`: the snapshot's NICs do not fit this VM (a configuration \
                          mismatch): {e}"
