@@ -836,7 +836,7 @@ mod tests {
         let env = env();
         let (d, f, list) = disk(env.clone(), 7);
         d.detach();
-        let recorded = disk_decls(&[d.clone()]);
+        let recorded = disk_decls(std::slice::from_ref(&d));
         assert_eq!(
             recorded,
             [DiskDecl {

@@ -399,10 +399,7 @@ pub fn nic_decls(
                 mac: n.mac.to_string(),
                 attached,
                 connected: attached && bridge.as_ref().is_some_and(|b| b.is_connected(vm.name())),
-                bridge_lab: bridge
-                    .as_ref()
-                    .filter(|_| attached)
-                    .and_then(|b| bridge_lab(b)),
+                bridge_lab: bridge.as_ref().filter(|_| attached).and_then(bridge_lab),
             }
         })
         .collect()
