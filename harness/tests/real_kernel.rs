@@ -175,23 +175,7 @@ fn the_linux_suite_passes_in_real_guests() {
     let Some(guest) = guest(test) else {
         return;
     };
-    ensure_agent();
-    let scratch = tempfile::tempdir().unwrap();
-    let suite = repo_root().join(LINUX_SUITE);
-    let config = config(scratch.path(), &guest, &suite);
-    let events = scratch.path().join("events.bin");
-    let (code, out) = provium(
-        &config,
-        &suite,
-        &["--save-events", events.to_str().unwrap()],
-    );
-    report(LINUX_SUITE, &guest, code, &out);
-    assert_eq!(
-        code,
-        Some(0),
-        "the linux suite failed on the kvm backend (output above)"
-    );
-    let events = read_events(&events);
+    let events = run_suite(&guest, LINUX_SUITE);
     let passed = events
         .iter()
         .filter(|e| matches!(&e.event, Event::TestPassed(_)))
@@ -213,23 +197,7 @@ fn a_linux_fixture_is_booted_once_and_restored() {
     let Some(guest) = guest(test) else {
         return;
     };
-    ensure_agent();
-    let scratch = tempfile::tempdir().unwrap();
-    let suite = repo_root().join(RESTORE_SUITE);
-    let config = config(scratch.path(), &guest, &suite);
-    let events = scratch.path().join("events.bin");
-    let (code, out) = provium(
-        &config,
-        &suite,
-        &["--save-events", events.to_str().unwrap()],
-    );
-    report(RESTORE_SUITE, &guest, code, &out);
-    assert_eq!(
-        code,
-        Some(0),
-        "the restore suite failed on the kvm backend (output above)"
-    );
-    let events = read_events(&events);
+    let events = run_suite(&guest, RESTORE_SUITE);
     // Booted once, into the empty cache; the file's VM came from it.
     let builds: Vec<&str> = events
         .iter()
@@ -246,16 +214,30 @@ fn a_linux_fixture_is_booted_once_and_restored() {
     );
 }
 
-fn report(suite: &str, guest: &Guest, code: Option<i32>, out: &str) {
+/// Runs `suite` (relative to the repository) with a fresh fixture cache,
+/// prints its output, asserts it passed, and returns its events.
+fn run_suite(guest: &Guest, suite: &str) -> Vec<EventFrame> {
+    ensure_agent();
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = repo_root().join(suite);
+    let config = config(scratch.path(), guest, &dir);
+    let events = scratch.path().join("events.bin");
+    let (code, out) = provium(&config, &dir, &["--save-events", events.to_str().unwrap()]);
+    let kernel = if guest.users {
+        "the user's kernel"
+    } else {
+        "the probe kernel"
+    };
     eprintln!(
-        "== {suite} on the kvm backend ({}; kvm_pvm: {}): exit {code:?}\n{out}",
-        if guest.users {
-            "the user's kernel"
-        } else {
-            "the probe kernel"
-        },
+        "== {suite} on the kvm backend ({kernel}; kvm_pvm: {}): exit {code:?}\n{out}",
         host_is_kvm_pvm(),
     );
+    assert_eq!(
+        code,
+        Some(0),
+        "{suite} failed on the kvm backend (output above)"
+    );
+    read_events(&events)
 }
 
 #[test]

@@ -983,8 +983,28 @@ impl UserData for Lab {
                 .collect::<Vec<_>>())
         });
         m.add_method("boot", |_, this, ()| {
-            for vm in this.vms() {
-                vm.boot(None)?;
+            // All at once: a boot is mostly waiting for the guest's kernel
+            // and agent, and where kernels are emulated (kvm_pvm) each VM
+            // has a host core of its own (the dispatcher's slots), so a
+            // serial loop would take the sum of the boots instead of the
+            // longest. The first error (in name order) is the one raised.
+            let vms = this.vms();
+            let results: Vec<mlua::Result<Vm>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = vms
+                    .iter()
+                    .map(|vm| scope.spawn(move || vm.boot(None)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(mlua::Error::runtime("provium:boot(): a VM's boot panicked"))
+                        })
+                    })
+                    .collect()
+            });
+            for r in results {
+                r?;
             }
             Ok(this.clone())
         });

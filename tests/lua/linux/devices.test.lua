@@ -18,8 +18,7 @@ local a = provium:vm("a", "linux")
 local b = provium:vm("b", "linux")
 local disk = a:attach_disk({id = "data", image = img})
 lan:attach({a, b})
-a:boot()
-b:boot()
+provium:boot() -- both at once
 
 -- Reads a block of /dev/vda at `mib` MiB through the agent (guest user
 -- space: open(2)/read(2) on the block device). Each call uses a fresh MiB so
