@@ -117,7 +117,9 @@ fn guest(test: &str) -> Option<Guest> {
 fn config(dir: &Path, guest: &Guest, root: &Path) -> PathBuf {
     // A profile written for hardware KVM: on kvm_pvm the backend adds the
     // command-line words that KVM needs itself.
-    let cmdline = std::env::var("PROVIUM_TEST_CMDLINE").unwrap_or_else(|_| "quiet".into());
+    // No `quiet` by default: the console lines a failed boot's error quotes
+    // are how an emulated boot that stalls is diagnosed.
+    let cmdline = std::env::var("PROVIUM_TEST_CMDLINE").unwrap_or_else(|_| "console=ttyS0".into());
     let path = dir.join("provium.toml");
     std::fs::write(
         &path,
