@@ -11,14 +11,13 @@
 //!   tests. Missing, the test fails saying how to build them, unless
 //!   `PROVIUM_SKIP_REAL_GUEST=1` (then it skips, printing why).
 //!
-//! `tests/lua/linux/` is the suite; each file boots its own VMs (seven boots
-//! in all). On this project's machines (kvm_pvm) guest kernel code is
-//! emulated: the suite takes minutes, and the dispatcher runs one VM per
-//! host core. `tests/lua/linux-restore/` boots the `base` fixture once into
-//! a fresh fixture cache and restores it: on kvm_pvm a restored Linux guest
-//! whose user space ran does not answer yet (docs/vmm.md, "Not done yet"),
-//! so there it runs only with `PROVIUM_TEST_RESTORE=1` and otherwise skips
-//! saying so; everywhere else it must pass.
+//! `tests/lua/linux/` is the suite, run with a fresh fixture cache: the
+//! first file that asks for the `base` fixture boots it once and snapshots
+//! it into the cache, and every other file restores it, so fixture restore
+//! is proven for real; `devices.test.lua` boots its own two VMs (disks and
+//! NICs exist only from boot). On this project's machines (kvm_pvm) guest
+//! kernel code is emulated: the suite takes minutes, and the dispatcher runs
+//! one VM per host core.
 //!
 //! On hardware KVM with a user's kernel, the local-backend suites under
 //! tests/lua (guest, network, snapshots, disks) must pass on kvm too; they
@@ -40,9 +39,14 @@ use provium_protocol::frame::{read_message, DEFAULT_MAX_FRAME_BYTES};
 /// are cheap (hardware KVM with a user's kernel).
 const HARDWARE_SUITES: &[&str] = &["guest", "network", "snapshots", "disks"];
 
-/// The tier's own suite, and its fixture-restore suite.
+/// The tier's own suite, and the files in it that restore the base fixture.
 const LINUX_SUITE: &str = "tests/lua/linux";
-const RESTORE_SUITE: &str = "tests/lua/linux-restore";
+const FIXTURE_FILES: &[&str] = &[
+    "files.test.lua",
+    "machine.test.lua",
+    "reset.test.lua",
+    "run.test.lua",
+];
 
 struct Guest {
     kernel: PathBuf,
@@ -149,11 +153,6 @@ fn read_events(path: &Path) -> Vec<EventFrame> {
 /// `provium --vmm kvm -v --config CONFIG DIR [extra]`: exit code and output.
 fn provium(config: &Path, dir: &Path, extra: &[&str]) -> (Option<i32>, String) {
     let o = Command::new(env!("CARGO_BIN_EXE_provium"))
-        // The suite skips what kvm_pvm cannot do yet, saying so.
-        .env(
-            "PROVIUM_TIER_KVM_PVM",
-            if host_is_kvm_pvm() { "1" } else { "0" },
-        )
         // Per-file budget: a file that builds the base fixture boots a whole
         // emulated kernel first (minutes on kvm_pvm), past the 300 s default.
         .args(["--vmm", "kvm", "-v", "--timeout", "2400s", "--config"])
@@ -178,29 +177,8 @@ fn the_linux_suite_passes_in_real_guests() {
         return;
     };
     let events = run_suite(&guest, LINUX_SUITE);
-    let passed = events
-        .iter()
-        .filter(|e| matches!(&e.event, Event::TestPassed(_)))
-        .count();
-    assert!(passed >= 20, "only {passed} tests passed");
-}
-
-#[test]
-fn a_linux_fixture_is_booted_once_and_restored() {
-    let test = "a_linux_fixture_is_booted_once_and_restored";
-    if host_is_kvm_pvm() && !env_is_1("PROVIUM_TEST_RESTORE") {
-        eprintln!(
-            "SKIP {test}: on kvm_pvm a restored Linux guest whose user space ran does not answer \
-             (its kernel spins in the emulator; docs/vmm.md, \"Not done yet\"); \
-             PROVIUM_TEST_RESTORE=1 runs it anyway"
-        );
-        return;
-    }
-    let Some(guest) = guest(test) else {
-        return;
-    };
-    let events = run_suite(&guest, RESTORE_SUITE);
-    // Booted once, into the empty cache; the file's VM came from it.
+    // The fixture was booted once, into the empty cache, and every file
+    // that asks for it got a VM restored from the cache entry.
     let builds: Vec<&str> = events
         .iter()
         .filter_map(|e| match &e.event {
@@ -209,11 +187,18 @@ fn a_linux_fixture_is_booted_once_and_restored() {
         })
         .collect();
     assert_eq!(builds, ["base"], "one build of the base fixture");
-    assert!(
-        events.iter().any(|e| matches!(&e.event,
-            Event::VmSpawned(v) if v.file == "restore.test.lua" && v.vm_name == "base")),
-        "restore.test.lua got no VM restored from the base fixture"
-    );
+    for file in FIXTURE_FILES {
+        assert!(
+            events.iter().any(|e| matches!(&e.event,
+                Event::VmSpawned(v) if v.file == *file && v.vm_name == "base")),
+            "{file} got no VM restored from the base fixture"
+        );
+    }
+    let passed = events
+        .iter()
+        .filter(|e| matches!(&e.event, Event::TestPassed(_)))
+        .count();
+    assert!(passed >= 20, "only {passed} tests passed");
 }
 
 /// Runs `suite` (relative to the repository) with a fresh fixture cache,

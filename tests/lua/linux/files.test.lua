@@ -1,7 +1,7 @@
 -- Files, handles, tails, raw syscalls, ioctl, workers and batches inside a
--- Linux guest booted by this file. None of these forks in the
+-- Linux guest restored from the base fixture. None of these forks in the
 -- guest except the worker's run.
-local vm = provium:vm("files", "linux"):boot()
+local vm = provium:vm_fixture("base")
 
 test("write, read, stat, mkdir, remove", function(t)
   vm:mkdir("/tmp/d/e", {parents = true, perm = tonumber("750", 8)})

@@ -1,8 +1,8 @@
 -- The guest as a machine: its serial console, its clock, and the VM
 -- lifecycle (snapshot/restore with the agent reconnecting over vsock,
 -- reset with a new Hello, the power button ending in a graceful power-off),
--- on a Linux guest booted by this file.
-local vm = provium:vm("machine", "linux"):boot()
+-- on a Linux guest restored from the base fixture.
+local vm = provium:vm_fixture("base")
 
 test("console: what the guest writes is read back; what we write the guest reads", function(t)
   local stream = vm:console():read()
@@ -28,14 +28,7 @@ test("clock: set and advance are what date sees", function(t)
   t:assert(math.abs(c:get() - seen) < 240)
 end)
 
--- Restoring a Linux guest whose user space ran is not yet working on
--- kvm_pvm (docs/vmm.md, "Not done yet"): the restored guest's kernel spins
--- and the agent never answers. real_kernel.rs sets PROVIUM_TIER_KVM_PVM=1
--- there; on hardware KVM this test runs.
 test("snapshot then restore: the agent answers again, with the snapshot's files", function(t)
-  if os.getenv("PROVIUM_TIER_KVM_PVM") == "1" then
-    t:skip("kvm_pvm: a restored Linux guest with user space does not answer yet (docs/vmm.md)")
-  end
   vm:write_file("/tmp/before", "in the snapshot")
   local s = vm:snapshot()
   vm:write_file("/tmp/after", "not in the snapshot")

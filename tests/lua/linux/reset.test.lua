@@ -1,8 +1,8 @@
--- vm:reset() on a Linux guest booted by this file: the guest
+-- vm:reset() on a Linux guest restored from the base fixture: the guest
 -- reboots through the boot path (a whole kernel boot, slow where the guest
 -- kernel is emulated), its tmpfs state is gone, and a new Hello comes from
 -- the restarted agent.
-local vm = provium:vm("resetter", "linux"):boot()
+local vm = provium:vm_fixture("base")
 
 test("reset: a new boot, a new agent, tmpfs state gone", function(t)
   vm:write_file("/tmp/before-reset", "x")

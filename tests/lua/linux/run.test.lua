@@ -1,18 +1,19 @@
 -- vm:run in every form, streams, signals and timeouts, inside a Linux guest
--- booted by this file. Every run is a fork+exec in the guest,
+-- restored from the base fixture. Every run is a fork+exec in the guest,
 -- which costs seconds when the guest kernel is emulated (kvm_pvm), so each
 -- test makes few of them.
-local vm = provium:vm("runner", "linux"):boot()
+local vm = provium:vm_fixture("base")
 
-test("the guest answers: its kernel, its hostname, a shell", function(t)
+test("the fixture's guest answers: its marker, its kernel, its hostname", function(t)
   t:assert_eq(vm:state(), "booted")
+  t:assert_eq(vm:read_file("/etc/provium-fixture"), "base\n")
   t:assert_eq(vm:read_file("/proc/sys/kernel/ostype"), "Linux\n")
   local r = vm:run("echo $((6 * 7)) $(cat /proc/sys/kernel/hostname) $$")
   t:assert_eq(r.status, "exited")
   t:assert_eq(r.exit_code, 0)
   local answer, host, pid = r.stdout:match("^(%d+) (%S+) (%d+)\n$")
   t:assert_eq(answer, "42")
-  t:assert_eq(host, "runner")
+  t:assert_eq(host, "base")
   t:assert(tonumber(pid) > 1, "the shell is not PID 1: " .. r.stdout)
 end)
 

@@ -1,6 +1,6 @@
--- The fixture of the real-guest tier's restore files (tests/README.md, tier 6): a Linux
+-- The one boot of the real-guest tier (tests/README.md, tier 6): a Linux
 -- guest with the agent injected, booted once and snapshotted into the
--- fixture cache; restore.test.lua restores it (vm_fixture with
+-- fixture cache; every other file of this suite restores it (vm_fixture with
 -- the name "base"). The marker proves a restore runs the
 -- snapshot's guest, not a fresh boot.
 local vm = provium:vm("base", "linux"):boot()
