@@ -13,8 +13,8 @@
 #   /init: mounts proc, sys and dev (unless already mounted), then idles.
 #     It is PID 1 when nothing else is: the kvm backend injects the agent as
 #     rdinit=/sbin/provium-agent, which forks the agent and execs this /init.
-#     On SIGINT (the power button: the agent turned the kernel's Ctrl-Alt-Del
-#     reboot off before exec'ing it) it powers off gracefully: SIGTERM to every
+#     It turns the kernel's Ctrl-Alt-Del reboot off, so the power button
+#     arrives as SIGINT, on which it powers off gracefully: SIGTERM to every
 #     process, up to 5 s, SIGKILL, sync, power off;
 #   /etc/passwd, /etc/group, /etc/hosts; empty /proc /sys /dev /tmp /root /mnt.
 #
@@ -126,6 +126,9 @@ mountpoint -q /proc || mount -t proc proc /proc
 mountpoint -q /sys || mount -t sysfs sysfs /sys
 mountpoint -q /dev || mount -t devtmpfs devtmpfs /dev
 mountpoint -q /tmp || mount -t tmpfs tmpfs /tmp
+# Ctrl-Alt-Del (the power button) is signalled to init as SIGINT instead of
+# rebooting at once (the kernel's default, ctrl-alt-del = 1).
+echo 0 >/proc/sys/kernel/ctrl-alt-del
 
 # The power button arrives as SIGINT (Ctrl-Alt-Del with the kernel's reboot
 # turned off): stop everything gracefully, then power off.
