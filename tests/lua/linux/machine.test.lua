@@ -43,7 +43,8 @@ test("snapshot then restore: the agent answers again, with the snapshot's files"
 end)
 
 test("power button: init stops processes with SIGTERM, then the guest powers off", function(t)
-  local p = vm:run_async("trap 'echo got-term >/dev/console; exit 0' TERM; while :; do sleep 1; done")
+  -- One fork only (sleep); `wait` returns when the trapped SIGTERM arrives.
+  local p = vm:run_async("trap 'echo got-term >/dev/console; exit 0' TERM; sleep 600 & wait")
   vm:power_button()
   t:assert_eq(vm:state(), "shutdown")
   local log = vm:console():read_log()
