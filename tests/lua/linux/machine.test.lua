@@ -50,5 +50,7 @@ test("power button: init stops processes with SIGTERM, then the guest powers off
   local log = vm:console():read_log()
   t:assert_contains(log, "init: power button: stopping processes")
   t:assert_contains(log, "got-term")
-  t:assert_contains(log, "reboot: Power down")
+  -- Without ACPI the kernel turns busybox's power-off into a halt.
+  t:assert(log:find("reboot: System halted", 1, true) or log:find("reboot: Power down", 1, true),
+    "no power-off line on the console")
 end)

@@ -51,6 +51,10 @@ pub const ERROR_CONSOLE_LINES: usize = 20;
 /// What Linux prints in `kernel_power_off()` before it cuts the power, or,
 /// with no ACPI (no `pm_power_off`), halts for good.
 pub const KERNEL_POWER_DOWN: &str = "reboot: Power down";
+/// What Linux prints in `kernel_halt()`. `reboot(LINUX_REBOOT_CMD_POWER_OFF)`
+/// becomes a halt when the kernel has no `pm_power_off` (no ACPI: every
+/// guest of this VMM), so a power-off that `poweroff -f` asked for ends here.
+pub const KERNEL_HALTED: &str = "reboot: System halted";
 /// How long `power_button` waits for the guest to power off.
 pub const DEFAULT_POWER_OFF_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -380,8 +384,11 @@ impl KvmMachine {
                 _ => {}
             }
             // A kernel without ACPI has no way to cut the power: after
-            // "reboot: Power down" it halts. That line is its power-off.
-            if self.boot_log().contains(KERNEL_POWER_DOWN) {
+            // "reboot: Power down" (or "reboot: System halted", when the
+            // power-off request became a halt) it halts. That line is its
+            // power-off.
+            let log = self.boot_log();
+            if log.contains(KERNEL_POWER_DOWN) || log.contains(KERNEL_HALTED) {
                 return self.vm.shutdown().map_err(|e| config::chain(&e));
             }
             if self.vm.boot_count() != boots {
