@@ -327,16 +327,17 @@ impl Machine {
                         spec.profile_name
                     )
                 })?;
-                // The snapshot carries RAM and device state; the config only
-                // has to have the same shape and devices (no agent injection:
-                // the initrd is never read again).
+                // The snapshot carries RAM and device state; the config has
+                // the same shape and devices, and the boot a later
+                // `vm:reset()` makes: so the agent is injected as at boot
+                // (without it, a reset restored VM booted no agent).
                 let opts = KvmBootOpts {
                     memory_bytes: spec.memory_bytes,
                     cpus: spec.cpus,
                     kernel_cmdline: None,
                     rng_seed: spec.rng_seed,
                     files: Vec::new(),
-                    inject_agent: false,
+                    inject_agent: profile.inject_agent,
                     nics,
                     drives: drives.to_vec(),
                     boot_timer: None,
