@@ -7,14 +7,13 @@
 //! their chunk runs, so each test counts exactly which fixtures were built.
 mod common;
 
-use common::ensure_agent;
+use common::{ensure_agent, read_events};
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use provium_protocol::frame::{read_message, DEFAULT_MAX_FRAME_BYTES};
-use provium_protocol::{Event, EventFrame};
+use provium_protocol::Event;
 
 const LOG_LINE: &str = r#"do local f = assert(io.open(os.getenv("PROVIUM_TEST_BUILD_LOG"), "a")); f:write(NAME .. "\n"); f:close() end"#;
 
@@ -154,16 +153,6 @@ end)
         v.sort();
         v
     }
-}
-
-fn read_events(path: &Path) -> Vec<EventFrame> {
-    let bytes = std::fs::read(path).unwrap();
-    let mut r = &bytes[..];
-    let mut out = Vec::new();
-    while let Some(f) = read_message::<EventFrame, _>(&mut r, DEFAULT_MAX_FRAME_BYTES).unwrap() {
-        out.push(f);
-    }
-    out
 }
 
 const ALL: [&str; 4] = ["base", "cluster", "derived", "other"];

@@ -26,14 +26,13 @@
 
 mod common;
 
-use common::{ensure_agent, env_is_1, repo_root};
+use common::{ensure_agent, env_is_1, read_events, repo_root};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use provium::backend::kvm::host_is_kvm_pvm;
 use provium_protocol::event::{Event, EventFrame};
-use provium_protocol::frame::{read_message, DEFAULT_MAX_FRAME_BYTES};
 
 /// The local-backend suites that also run on the kvm backend where boots
 /// are cheap (hardware KVM with a user's kernel).
@@ -138,16 +137,6 @@ fn config(dir: &Path, guest: &Guest, root: &Path) -> PathBuf {
     )
     .unwrap();
     path
-}
-
-fn read_events(path: &Path) -> Vec<EventFrame> {
-    let bytes = std::fs::read(path).unwrap();
-    let mut r = &bytes[..];
-    let mut out = Vec::new();
-    while let Some(f) = read_message::<EventFrame, _>(&mut r, DEFAULT_MAX_FRAME_BYTES).unwrap() {
-        out.push(f);
-    }
-    out
 }
 
 /// `provium --vmm kvm -v --config CONFIG DIR [extra]`: exit code and output.

@@ -103,3 +103,15 @@ pub fn probe_initrd(dir: &Path) -> PathBuf {
     std::fs::write(&path, w.finish()).unwrap();
     path
 }
+
+/// The event frames a `provium --save-events PATH` run wrote.
+pub fn read_events(path: &Path) -> Vec<provium_protocol::EventFrame> {
+    use provium_protocol::frame::{read_message, DEFAULT_MAX_FRAME_BYTES};
+    let bytes = std::fs::read(path).unwrap();
+    let mut r = &bytes[..];
+    let mut out = Vec::new();
+    while let Some(f) = read_message(&mut r, DEFAULT_MAX_FRAME_BYTES).unwrap() {
+        out.push(f);
+    }
+    out
+}
