@@ -191,7 +191,10 @@ fn the_linux_suite_passes_in_real_guests() {
         .count();
     let declared = declared_tests(&repo_root().join(LINUX_SUITE));
     assert!(declared > 0, "no test( declarations found in {LINUX_SUITE}");
-    assert_eq!(passed, declared, "tests passed vs tests declared in {LINUX_SUITE}");
+    assert_eq!(
+        passed, declared,
+        "tests passed vs tests declared in {LINUX_SUITE}"
+    );
 }
 
 /// How many top-level `test("...", ...)` declarations the suite's test
