@@ -62,22 +62,47 @@ trap 'rm -rf "$work"' EXIT
 # 1. The tiny guest: VMM set-up and the VMM's own floor.
 [[ $ONLY == 1 ]] || bench boot-tiny boot --tiny-guest -n "$RUNS" --warmup 5
 
-# 2. The probe kernel (scripts/build-probe-kernel.sh), up to "Run /init".
+# 2. The probe kernel (scripts/build-probe-kernel.sh). With the guest initrd
+# (scripts/build-guest-initrd.sh: busybox, /init idling) the agent is
+# injected and the boot is timed up to its Hello (--until ready), and a Linux
+# vm_fixture is restored on kvm (2b); without it, a one-line /init, up to
+# "Run /init". On kvm_pvm the backend adds its own command-line words.
 KERNEL=${PROVIUM_PROBE_KERNEL:-$ROOT/target/probe-kernel/bzImage}
+GUEST_INITRD=${PROVIUM_GUEST_INITRD:-$ROOT/target/guest-initrd/initrd.cpio}
 CMDLINE="console=ttyS0 noxsave nokaslr tsc=reliable clearcpuid=308,141,151,145,158,288,298,306,291,296,156,293"
 if [[ -f "$KERNEL" ]]; then
     mkdir -p "$work/probe/root/dev"
-    printf '#!/bin/sh\necho provium bench init\n' >"$work/probe/root/init"
-    chmod 755 "$work/probe/root/init"
-    mknod "$work/probe/root/dev/console" c 5 1
-    (cd "$work/probe/root" && find . | cpio -o -H newc --quiet) >"$work/probe/initrd.cpio"
+    if [[ -f "$GUEST_INITRD" ]]; then
+        cp "$GUEST_INITRD" "$work/probe/initrd.cpio"
+        UNTIL=(--until ready --timeout 1500 --ready-timeout 900)
+    else
+        printf '#!/bin/sh\necho provium bench init\n' >"$work/probe/root/init"
+        chmod 755 "$work/probe/root/init"
+        mknod "$work/probe/root/dev/console" c 5 1
+        (cd "$work/probe/root" && find . | cpio -o -H newc --quiet) >"$work/probe/initrd.cpio"
+        UNTIL=(--timeout 1500)
+    fi
     cat >"$work/probe/provium.toml" <<EOF
+[provium]
+roots = ["$ROOT/tests/lua/linux"]
+cache_dir = "$work/probe/cache"
+
 [profiles.probe]
 kernel = "$(readlink -f "$KERNEL")"
 initrd = "$work/probe/initrd.cpio"
-cmdline = "$CMDLINE"
+cmdline = "console=ttyS0"
+
+[profiles.linux]
+kernel = "$(readlink -f "$KERNEL")"
+initrd = "$work/probe/initrd.cpio"
+cmdline = "console=ttyS0"
 EOF
-    [[ $ONLY == 1 ]] || (cd "$work/probe" && bench boot-probe boot probe -n "$PROBE_RUNS" --warmup 0)
+    [[ $ONLY == 1 ]] || (cd "$work/probe" && bench boot-probe boot probe -n "$PROBE_RUNS" --warmup 0 "${UNTIL[@]}")
+    # 2b. Restore of the real-guest tier's base fixture (a Linux guest with
+    # the agent, booted once into the cache) on kvm, to the agent's answer.
+    if [[ $ONLY != 1 && -f "$GUEST_INITRD" ]]; then
+        (cd "$work/probe" && bench restore-linux restore base --vmm kvm -n "${LINUX_RESTORE_RUNS:-3}" --warmup 1)
+    fi
 else
     echo "== probe kernel $KERNEL missing: run scripts/build-probe-kernel.sh (skipping its boot bench)"
 fi

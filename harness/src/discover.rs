@@ -85,10 +85,16 @@ fn describe(path: &Path, base: &Path, roots: &[PathBuf]) -> Result<TestFile, Str
         .to_string_lossy()
         .into_owned();
     let source = std::fs::read_to_string(&abs).unwrap_or_default();
+    let fixture_roots = if roots.is_empty() {
+        std::slice::from_ref(&base_abs)
+    } else {
+        roots
+    };
     Ok(TestFile {
         fixture_refs: fixture_refs(&source),
         declared_claim: declared_claim(&source),
-        vm_estimate: vm_estimate(&source),
+        vm_estimate: vm_estimate(&source)
+            .saturating_add(lab_fixture_extra_vms(&source, fixture_roots)),
         abs,
         rel,
     })
@@ -112,7 +118,7 @@ pub fn fixture_refs(source: &str) -> Vec<String> {
 
 /// The VMs a file creates, counted from its source: every
 /// `provium:vm(` / `provium.vm(` and `vm_fixture(` call site, and a lab
-/// fixture as one VM (its size is not known before it is built). Comment
+/// fixture as one VM ([`lab_fixture_extra_vms`] adds the rest). Comment
 /// lines do not count. A file that creates VMs in a loop is undercounted,
 /// one whose call sites run one after another is overcounted; either way
 /// the dispatcher only uses the count to keep emulated VMs (kvm_pvm) from
@@ -129,6 +135,28 @@ pub fn vm_estimate(source: &str) -> u32 {
         .map(|l| re.find_iter(l).count())
         .sum::<usize>();
     u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// The VMs a file's lab fixtures add beyond the one [`vm_estimate`] counts
+/// per `lab_fixture(` call site: each fixture's own estimate, less one,
+/// from its source in `roots` (a fixture that cannot be found adds
+/// nothing; the run reports it). A fixture's own lab fixtures count one
+/// each: the estimate reads one level deep.
+pub fn lab_fixture_extra_vms(source: &str, roots: &[PathBuf]) -> u32 {
+    static RE: OnceLock<Regex> = OnceLock::new();
+    let re = RE.get_or_init(|| Regex::new(r#"\blab_fixture\s*\(\s*["']([^"']+)["']"#).unwrap());
+    source
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("--"))
+        .flat_map(|l| {
+            re.captures_iter(l)
+                .map(|c| c[1].to_string())
+                .collect::<Vec<_>>()
+        })
+        .filter_map(|name| crate::fixture::key::resolve_fixture(roots, &name).ok())
+        .filter_map(|path| std::fs::read_to_string(path).ok())
+        .map(|fixture| vm_estimate(&fixture).saturating_sub(1))
+        .fold(0u32, u32::saturating_add)
 }
 
 /// A file-scope `provium:claim({memory = ..., cpus = ...})` with literal values.
@@ -169,6 +197,26 @@ mod tests {
                    local lab = provium:lab_fixture(\"pair\")\nlocal vms = 'vm(' -- not a call site\n";
         assert_eq!(vm_estimate(src), 4);
         assert_eq!(vm_estimate("test('x', function(t) t:assert(true) end)"), 0);
+    }
+
+    #[test]
+    fn a_lab_fixture_counts_the_vms_its_builder_creates() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(
+            d.path().join("pair.fixture.lua"),
+            "local a = provium:vm(\"a\", \"linux\")\nlocal b = provium:vm(\"b\", \"linux\")\nreturn provium:snapshot()\n",
+        )
+        .unwrap();
+        std::fs::write(
+            d.path().join("uses.test.lua"),
+            "local pair = provium:lab_fixture(\"pair\")\n-- provium:lab_fixture(\"pair\")\nlocal gone = provium:lab_fixture(\"missing\")\n",
+        )
+        .unwrap();
+        let roots = [std::fs::canonicalize(d.path()).unwrap()];
+        let files = discover(&[d.path().to_path_buf()], &roots).unwrap();
+        // Two call sites (one per lab fixture), plus the pair's second VM;
+        // the commented call and the missing fixture add nothing more.
+        assert_eq!(files[0].vm_estimate, 3);
     }
 
     #[test]

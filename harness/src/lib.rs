@@ -11,6 +11,7 @@ pub mod config;
 pub mod discover;
 pub mod events;
 pub mod fixture;
+pub mod host_memory;
 pub mod lua;
 pub mod machine;
 pub mod report;

@@ -149,6 +149,20 @@ impl Machine {
         }
     }
 
+    /// What this machine holds of the host's memory now, as (resident,
+    /// proportional) bytes: a local sandbox's processes, or a kvm VM's
+    /// guest RAM mappings (the VMM runs in this process, whose own heap is
+    /// not the VM's).
+    pub fn resident_memory(&self) -> (u64, u64) {
+        match self {
+            Machine::Local(s) => {
+                let pids = s.lock().unwrap_or_else(|e| e.into_inner()).host_pids();
+                crate::host_memory::memory_of(&pids)
+            }
+            Machine::Kvm(k) => crate::host_memory::mapping_memory(&k.vm().ram_host_ranges()),
+        }
+    }
+
     /// Stop it now (watchdog, failed boot); safe to call more than once.
     pub fn kill(&self) {
         match self {

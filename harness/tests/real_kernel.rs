@@ -38,8 +38,11 @@ use provium_protocol::event::{Event, EventFrame};
 /// are cheap (hardware KVM with a user's kernel).
 const HARDWARE_SUITES: &[&str] = &["guest", "network", "snapshots", "disks"];
 
-/// The tier's own suite, and the files in it that restore the base fixture.
+/// The tier's own suite, the files in it that restore the base fixture
+/// (`vm_fixture`), and the file that restores the lab fixture `pair`
+/// (`lab_fixture`: VMs `a` and `b` on a bridge).
 const LINUX_SUITE: &str = "tests/lua/linux";
+const LAB_FIXTURE_FILE: &str = "devices.test.lua";
 const FIXTURE_FILES: &[&str] = &[
     "files.test.lua",
     "machine.test.lua",
@@ -166,16 +169,24 @@ fn the_linux_suite_passes_in_real_guests() {
         return;
     };
     let events = run_suite(&guest, LINUX_SUITE);
-    // The fixture was booted once, into the empty cache, and every file
-    // that asks for it got a VM restored from the cache entry.
-    let builds: Vec<&str> = events
+    // Each fixture was booted once, into the empty cache, and every file
+    // that asks for one got VMs restored from its cache entry.
+    let mut builds: Vec<&str> = events
         .iter()
         .filter_map(|e| match &e.event {
             Event::FixtureBuildStarted(b) => Some(b.path.as_str()),
             _ => None,
         })
         .collect();
-    assert_eq!(builds, ["base"], "one build of the base fixture");
+    builds.sort_unstable();
+    assert_eq!(builds, ["base", "pair"], "one build of each fixture");
+    for vm in ["a", "b"] {
+        assert!(
+            events.iter().any(|e| matches!(&e.event,
+                Event::VmSpawned(v) if v.file == LAB_FIXTURE_FILE && v.vm_name == vm)),
+            "{LAB_FIXTURE_FILE} got no VM `{vm}` restored from the lab fixture"
+        );
+    }
     for file in FIXTURE_FILES {
         assert!(
             events.iter().any(|e| matches!(&e.event,

@@ -29,6 +29,7 @@ use crate::backend::kvm::config::{self as kvm_config, locate_guest_agent, KvmBoo
 use crate::backend::kvm::KvmMachine;
 use crate::client::AgentOps;
 use crate::config::Profile;
+use crate::host_memory::mapping_memory;
 use crate::machine::{BootSpec, Machine};
 use crate::runner::BackendKind;
 
@@ -1130,29 +1131,6 @@ fn bench_boot(args: &RunArgs, b: &BootArgs) -> Result<Report, String> {
 // ---------------------------------------------------------------------------
 // restore
 
-/// Resident and proportional memory of a set of processes, from /proc.
-pub fn memory_of(pids: &[i32]) -> (u64, u64) {
-    let kib = |text: &str, key: &str| -> u64 {
-        text.lines()
-            .find(|l| l.starts_with(key))
-            .and_then(|l| l[key.len()..].split_whitespace().next())
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-            * 1024
-    };
-    let mut rss = 0;
-    let mut pss = 0;
-    for pid in pids {
-        if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
-            rss += kib(&s, "VmRSS:");
-        }
-        if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")) {
-            pss += kib(&s, "Pss:");
-        }
-    }
-    (rss, pss)
-}
-
 fn local_backend(
     choice: VmmChoice,
     config: &crate::config::Config,
@@ -1160,53 +1138,11 @@ fn local_backend(
 ) -> Result<(), String> {
     match choose_backend(choice, config) {
         BackendKind::Local => Ok(()),
-        BackendKind::Kvm => Err(if what == "restore" {
-            "bench restore: a Lua vm_fixture on the kvm backend needs its agent to answer in a Linux \
-             guest (this bench measures restore to the agent's answer, and does not boot one on kvm \
-             yet); run with --vmm local, or `bench restore --tiny-guest` for restores on the VMM"
-                .to_string()
-        } else {
-            format!(
-                "bench {what}: runs on the local backend only for now (on kvm it would time the agent \
-                 inside a Linux guest, which this bench does not boot yet); run with --vmm local"
-            )
-        }),
+        BackendKind::Kvm => Err(format!(
+            "bench {what}: runs on the local backend only for now (on kvm it would time the agent \
+             inside a Linux guest, which this bench does not boot yet); run with --vmm local"
+        )),
     }
-}
-
-/// Resident (Rss) and proportional (Pss) bytes of the mappings of this
-/// process that start inside `ranges` (a VM's guest RAM), from
-/// /proc/self/smaps.
-pub fn mapping_memory(ranges: &[(u64, u64)]) -> (u64, u64) {
-    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
-        return (0, 0);
-    };
-    let (mut rss, mut pss) = (0, 0);
-    let mut inside = false;
-    for line in smaps.lines() {
-        let head = line.split_whitespace().next().unwrap_or("");
-        if let Some((a, _)) = head.split_once('-') {
-            if let Ok(start) = u64::from_str_radix(a, 16) {
-                inside = ranges.iter().any(|&(s, l)| start >= s && start < s + l);
-                continue;
-            }
-        }
-        if !inside {
-            continue;
-        }
-        let kib = |key: &str| {
-            line.strip_prefix(key)
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse::<u64>().ok())
-                .map(|k| k * 1024)
-        };
-        if let Some(b) = kib("Rss:") {
-            rss += b;
-        } else if let Some(b) = kib("Pss:") {
-            pss += b;
-        }
-    }
-    (rss, pss)
 }
 
 /// The tiny-guest fixture: the tiny guest booted to READY on `mem_mib` of
@@ -1460,7 +1396,7 @@ fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
         ..r.clone()
     };
     let config = Arc::new(load_config(&args.config)?);
-    local_backend(r.vmm, &config, "restore")?;
+    let backend = choose_backend(r.vmm, &config);
     let roots = if config.roots.is_empty() {
         vec![PathBuf::from(".")]
     } else {
@@ -1471,7 +1407,7 @@ fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
         PathBuf::from("provium-bench"),
         roots.clone(),
         config.clone(),
-        BackendKind::Local,
+        backend,
         crate::events::EventSender::disabled(),
     ));
     let file = fixture::key::resolve_fixture(&roots, &fixture_name)?;
@@ -1497,6 +1433,18 @@ fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
         )
     })?;
     let decl = crate::lua::snapshot::VmDecl::read(&entry)?;
+    // The bench restores bare machines: a kvm snapshot whose machine had
+    // disks or NICs needs them again, which only the Lua layer recreates.
+    if let Some(d) = crate::lua::snapshot::VmDevices::read_if_present(&entry)? {
+        if !d.disks.is_empty() || !d.nics.is_empty() {
+            return Err(format!(
+                "bench restore: fixture `{fixture_name}`'s VM had {} disk(s) and {} NIC(s), which \
+                 this bench does not recreate; bench a fixture whose VM has none",
+                d.disks.len(),
+                d.nics.len()
+            ));
+        }
+    }
     let runs = r.common.runs.unwrap_or(10).max(1);
     let warmup = r.common.warmup.unwrap_or(1);
     let parallel = r.parallel.max(1);
@@ -1509,7 +1457,7 @@ fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
         memory_bytes: decl.memory_bytes,
         cpus: decl.cpus,
         kernel_cmdline: None,
-        rng_seed: None,
+        rng_seed: decl.rng_seed,
         initial_time: None,
     };
     let mut next = 0usize;
@@ -1524,7 +1472,7 @@ fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
                 let spec = spec_for(first + i);
                 s.spawn(move || {
                     let t0 = Instant::now();
-                    let r = Machine::restore(BackendKind::Local, &spec, entry);
+                    let r = Machine::restore(backend, &spec, entry);
                     let machine_t = t0.elapsed();
                     let r = r.and_then(|m| {
                         let c = m.connect();
@@ -1540,11 +1488,7 @@ fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
                     // Every restore of the batch is alive here: measure then.
                     barrier.wait();
                     let out = r.map(|(m, answer)| {
-                        let Machine::Local(sb) = &m else {
-                            unreachable!("restores run on the local backend only")
-                        };
-                        let pids = sb.lock().unwrap_or_else(|e| e.into_inner()).host_pids();
-                        let (rss, pss) = memory_of(&pids);
+                        let (rss, pss) = m.resident_memory();
                         (m, answer, rss, pss)
                     });
                     barrier.wait();
@@ -1576,9 +1520,15 @@ fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
         "harness",
         Unit::Ns,
     );
+    let kvm = backend == BackendKind::Kvm;
     let mut machine = Phase::new(
         "restore_machine",
-        "read and verify the snapshot, start the sandbox, put its files back (no agent round trip)",
+        if kvm {
+            "open and verify the snapshot, map its memory image, rebuild KVM state and devices, \
+             start the vCPUs (no agent round trip)"
+        } else {
+            "read and verify the snapshot, start the sandbox, put its files back (no agent round trip)"
+        },
         "harness",
         Unit::Ns,
     );
@@ -1588,20 +1538,31 @@ fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
         "vmm",
         Unit::Ns,
     );
-    first_insn.unavailable = Some(
+    first_insn.unavailable = Some(if kvm {
+        "not timed for a Linux fixture; `bench restore --tiny-guest` measures it on the VMM".into()
+    } else {
         "the local backend runs no guest CPU (a sandbox's snapshot is its files); \
          `bench restore --tiny-guest` measures it on the VMM"
-            .into(),
-    );
+            .into()
+    });
     let mut rss = Phase::new(
         "rss_per_vm",
-        "resident memory (VmRSS) summed over the restored sandbox's processes, all of a batch alive",
+        if kvm {
+            "resident guest RAM (smaps Rss of the VM's RAM mappings), all of a batch alive"
+        } else {
+            "resident memory (VmRSS) summed over the restored sandbox's processes, all of a batch alive"
+        },
         "harness",
         Unit::Bytes,
     );
     let mut pss = Phase::new(
         "pss_per_vm",
-        "proportional memory (Pss, shared pages split between sharers) of the same processes",
+        if kvm {
+            "proportional guest RAM (smaps Pss: page-cache pages of the memory image shared by the \
+             batch's restores are split)"
+        } else {
+            "proportional memory (Pss, shared pages split between sharers) of the same processes"
+        },
         "harness",
         Unit::Bytes,
     );
@@ -1618,7 +1579,8 @@ fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
         warmup,
         host: host_info(r.common.pin),
         guest: json!({
-            "backend": "local",
+            "backend": backend.as_str(),
+            "emulated_kernel_code": kvm && crate::backend::kvm::host_is_kvm_pvm(),
             "fixture": fixture_name,
             "entry": entry.display().to_string(),
             "entry_bytes": entry_bytes,

@@ -143,6 +143,13 @@ pub struct VmDecl {
     pub profile: String,
     pub memory_bytes: u64,
     pub cpus: u32,
+    /// The VM's pinned `rng_seed` (`vm:boot` opts), if any. A restore into
+    /// a VM without a seed of its own (a fixture's new VM) pins this one,
+    /// so every restore of a seeded snapshot reads the same virtio-rng
+    /// stream from the same point: the device's saved state is a stream
+    /// position, which only means something under the same seed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rng_seed: Option<u64>,
 }
 
 /// The section of a VM snapshot that records its machine's devices.
@@ -233,6 +240,16 @@ impl VmDecl {
     /// and section verified).
     pub fn read(path: &Path) -> Result<VmDecl, String> {
         decode_section(&open_snapshot(path)?, path, VM_DECL_SECTION)
+    }
+
+    /// [`VmDecl::read`], or `None` for a snapshot without
+    /// [`VM_DECL_SECTION`] (one written below Lua).
+    pub fn read_if_present(path: &Path) -> Result<Option<VmDecl>, String> {
+        let snap = open_snapshot(path)?;
+        if !snap.has_section(VM_DECL_SECTION) {
+            return Ok(None);
+        }
+        decode_section(&snap, path, VM_DECL_SECTION).map(Some)
     }
 }
 

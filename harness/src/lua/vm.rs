@@ -502,6 +502,7 @@ impl Vm {
             profile: self.0.profile.clone(),
             memory_bytes: self.0.sizing.memory_bytes,
             cpus: self.0.sizing.cpus,
+            rng_seed: st.pending.rng_seed,
         };
         let devices = VmDevices { disks, nics };
         machine
@@ -542,6 +543,22 @@ impl Vm {
     ///
     /// A snapshot without that record (older, or written below Lua) gets
     /// this VM's disks and bridges as they are.
+    /// A VM without an `rng_seed` of its own takes the one the snapshot's
+    /// VM was booted with ([`VmDecl::rng_seed`]), so a seeded fixture's
+    /// stream continues deterministically in every VM restored from it. A
+    /// snapshot without a declaration (written below Lua) pins nothing.
+    fn adopt_recorded_rng_seed(&self, path: &std::path::Path) -> Result<(), RestoreError> {
+        let mut st = self.0.state.lock().unwrap();
+        if st.pending.rng_seed.is_some() {
+            return Ok(());
+        }
+        let decl = VmDecl::read_if_present(path).map_err(|e| {
+            RestoreError::Failed(err(format!("vm:restore: vm `{}`: {e}", self.0.name)))
+        })?;
+        st.pending.rng_seed = decl.and_then(|d| d.rng_seed);
+        Ok(())
+    }
+
     pub fn restore_checked(&self, path: &std::path::Path) -> Result<(), RestoreError> {
         use RestoreError::{Failed, Mismatch};
         let phase = self.phase();
@@ -562,6 +579,9 @@ impl Vm {
         };
         let (want_disks, want_nics) =
             devices.map_or((None, None), |d| (Some(d.disks), Some(d.nics)));
+        if kvm {
+            self.adopt_recorded_rng_seed(path)?;
+        }
         // kvm: the snapshot's virtio-net devices need their ports again (as
         // at boot, before the state lock; dropped, so detached, if the
         // restore is refused).

@@ -1,24 +1,11 @@
 -- virtio-blk faults and virtio-net through the switch, seen from inside two
--- Linux guests. Disks and NICs are announced on the kernel command line at
--- boot (no hotplug without ACPI): `a` has a disk and a NIC, `b` a NIC, both
--- on bridge `lan`.
+-- Linux guests restored from the lab fixture `pair` (pair.fixture.lua): `a`
+-- has a disk and a NIC, `b` a NIC, both on bridge `lan`.
 local IMAGE_BYTES = 16 << 20
 
-local function image(fill)
-  local path = os.tmpname()
-  local f = assert(io.open(path, "wb"))
-  f:write(string.rep(fill, IMAGE_BYTES))
-  f:close()
-  return path
-end
-
-local img = image("d")
-local lan = provium:bridge("lan")
-local a = provium:vm("a", "linux")
-local b = provium:vm("b", "linux")
-local disk = a:attach_disk({id = "data", image = img})
-lan:attach({a, b})
-provium:boot() -- both at once
+local pair = provium:lab_fixture("pair")
+local a, b, lan = pair.a, pair.b, pair.lan
+local disk = a:disk("data")
 
 -- Reads a block of /dev/vda at `mib` MiB through the agent (guest user
 -- space: open(2)/read(2) on the block device). Each call uses a fresh MiB so
@@ -75,5 +62,14 @@ test("two guests ping over the switch; a partition drops it; unpartition heals",
   r = ping(b, "10.0.0.1")
   t:assert(r:ok(), "b -> a after unpartition: " .. r.stdout .. r.stderr)
   dev:close()
-  os.remove(img)
+end)
+
+test("the restored lab is the fixture's: its members, the disk's image", function(t)
+  t:assert_eq(table.concat(pair:vm_names(), ","), "a,b")
+  t:assert_eq(table.concat(pair:bridge_names(), ","), "lan")
+  t:assert_eq(disk:size(), IMAGE_BYTES)
+  -- The image outlives the fixture's build: every restore reads it.
+  local f = assert(io.open(disk:image(), "rb"))
+  t:assert_eq(f:read(4), "dddd")
+  f:close()
 end)

@@ -630,6 +630,7 @@ mod tests {
             profile: "tiny".into(),
             memory_bytes: 32 << 20,
             cpus: 1,
+            rng_seed: Some(7),
         };
         let extra = [(crate::lua::snapshot::VM_DECL_SECTION, decl.to_json())];
         let bytes = a.snapshot_to(&path, &extra).unwrap();
@@ -637,7 +638,10 @@ mod tests {
         a.kill();
         // The harness reads its own section back, as fixtures do.
         let back = crate::lua::snapshot::VmDecl::read(&path).unwrap();
-        assert_eq!((back.name.as_str(), back.memory_bytes), ("a", 32 << 20));
+        assert_eq!(
+            back, decl,
+            "the declaration reads back whole, rng_seed included"
+        );
 
         let spec = BootSpec {
             vm_name: "b".into(),
