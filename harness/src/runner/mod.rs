@@ -3,6 +3,7 @@
 
 pub mod file;
 pub mod filter;
+pub mod interrupt;
 pub mod outcome;
 pub mod scheduler;
 
@@ -64,6 +65,8 @@ type ScopeItems = Vec<(CloseKind, Arc<dyn Closeable>)>;
 pub enum CancelReason {
     TestTimeout(Duration),
     FileTimeout(Duration),
+    /// The run got SIGINT or SIGTERM (the signal number).
+    Interrupted(i32),
 }
 
 impl CancelReason {
@@ -76,6 +79,10 @@ impl CancelReason {
             CancelReason::FileTimeout(d) => {
                 format!("file timed out after {:.3}s (--timeout)", d.as_secs_f64())
             }
+            CancelReason::Interrupted(sig) => format!(
+                "the run was interrupted by {}; the file's lab was torn down",
+                interrupt::signal_name(*sig)
+            ),
         }
     }
 }

@@ -144,6 +144,11 @@ pub fn run_jobs(
     let mut last_pool_state = Instant::now() - Duration::from_secs(1);
     let mut stop = false;
     loop {
+        // SIGINT/SIGTERM: no new files; the running ones stop (their
+        // watchdogs cancel them) and report.
+        if super::interrupt::received().is_some() {
+            stop = true;
+        }
         // Dispatch as many queued files as fit, in order.
         while let Some(job) = queue.front().filter(|_| !stop) {
             let want = add(RUNNER_OVERHEAD, job.claim.unwrap_or_default());
