@@ -229,6 +229,7 @@ pub fn run(args: &RunArgs) -> Result<i32, String> {
         run_builds(&config, None)?;
     }
     super::fixture::evict_at_startup(&config);
+    crate::lua::snapshot::remove_stale_temps(&std::env::temp_dir());
     if backend == BackendKind::Kvm && !args.no_ksm {
         preflight::tune_ksm();
     }
