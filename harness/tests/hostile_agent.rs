@@ -132,6 +132,8 @@ fn vm_hwm_kib(pid: u32) -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
+// The child is reaped by wait4 (for its rusage), not `Child::wait`.
+#[allow(clippy::zombie_processes)]
 fn run_provium(dir: &Path, extra: &[&str]) -> Run {
     let mut child = Command::new(env!("CARGO_BIN_EXE_provium"))
         .args([
