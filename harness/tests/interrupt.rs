@@ -244,3 +244,49 @@ fn sigterm_reports_plain_so_far_and_exits_143() {
         "{ctx}"
     );
 }
+
+#[test]
+fn sigint_mid_fixture_build_tears_its_vm_down_and_installs_nothing() {
+    // The fixture build's VM belongs to a build-time environment, not the
+    // file's: the interrupt tears down every VM of the run.
+    let vm = format!("intr-fx-{}", tag());
+    let dir = project(&vm);
+    std::fs::write(
+        dir.path().join("provium.toml"),
+        "[provium]\nroots = [\"tests\"]\ncache_dir = \"cache\"\n\n[profiles.linux]\ncmdline = \"quiet\"\nguest_os = \"linux\"\n",
+    )
+    .unwrap();
+    let tests = dir.path().join("tests");
+    std::fs::create_dir_all(tests.join("fixtures")).unwrap();
+    std::fs::write(
+        tests.join("fixtures/slow.fixture.lua"),
+        format!(
+            "local vm = provium:vm(\"{vm}\", \"linux\"):boot()\nvm:run(\"sleep 300\")\nreturn vm:snapshot()\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        tests.join("b_sleeper.test.lua"),
+        "test(\"uses the fixture\", function(t) provium:vm_fixture(\"fixtures/slow\") end)\ntest(\"never runs\", function(t) error(\"ran after the interrupt\") end)\n",
+    )
+    .unwrap();
+    let s = interrupt(dir.path(), &vm, libc::SIGINT, &["--json"]);
+    let ctx = format!(
+        "exit {}\nstdout:\n{}\nstderr:\n{}",
+        s.code, s.stdout, s.stderr
+    );
+    assert_eq!(s.code, 130, "{ctx}");
+    assert!(!s.stdout.contains("never runs"), "{ctx}");
+    for l in s.stdout.lines() {
+        serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+    }
+    let entries: Vec<String> = std::fs::read_dir(dir.path().join("cache"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| !n.ends_with(".lock"))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(entries, Vec::<String>::new(), "{ctx}");
+}
