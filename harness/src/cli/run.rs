@@ -221,6 +221,7 @@ pub fn run(args: &RunArgs) -> Result<i32, String> {
     let pool = pool_from(args)?;
     let timeout = file_timeout(args)?;
     let backend = choose_backend(args.vmm, &config);
+    crate::runner::interrupt::install();
     if !args.no_preflight {
         preflight::check(backend, args.coverage)?;
     }
@@ -228,6 +229,7 @@ pub fn run(args: &RunArgs) -> Result<i32, String> {
         run_builds(&config, None)?;
     }
     super::fixture::evict_at_startup(&config);
+    crate::lua::snapshot::remove_stale_temps(&std::env::temp_dir());
     if backend == BackendKind::Kvm && !args.no_ksm {
         preflight::tune_ksm();
     }
@@ -267,8 +269,14 @@ pub fn run(args: &RunArgs) -> Result<i32, String> {
             &paths,
             socket.as_ref(),
         );
+        if let Some(sig) = crate::runner::interrupt::received() {
+            return Ok(crate::runner::interrupt::exit_code(sig));
+        }
         eprintln!("provium: watching for changes (Ctrl-C to stop)");
         loop {
+            if let Some(sig) = crate::runner::interrupt::received() {
+                return Ok(crate::runner::interrupt::exit_code(sig));
+            }
             std::thread::sleep(Duration::from_millis(500));
             let now = newest_mtime(&paths);
             if now != last {
@@ -422,6 +430,15 @@ fn run_once(
     };
     if args.coverage {
         code = code.max(run_coverage(save_to.as_deref(), coverage_tmp.is_some()));
+    }
+    if let Some(sig) = crate::runner::interrupt::received() {
+        eprintln!(
+            "provium: interrupted by {}: {} of {} files reported, the rest not run",
+            crate::runner::interrupt::signal_name(sig),
+            outcomes.len(),
+            files.len()
+        );
+        code = crate::runner::interrupt::exit_code(sig);
     }
     Ok(code)
 }

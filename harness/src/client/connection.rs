@@ -20,6 +20,12 @@
 //! - Per (stream, channel) the host holds at most [`STREAM_WINDOW_BYTES`]
 //!   unacknowledged bytes; an agent that sends more breaks the connection.
 //!   Streams nobody registered are ignored (no memory is kept for them).
+//! - Whatever the agent sends, the host's memory for the connection stays
+//!   bounded: a frame is at most `max_frame_bytes` and its buffer grows only
+//!   as its bytes arrive (a length field of 2^32-1 allocates nothing); an
+//!   agent that stops mid-frame for [`ClientOptions::frame_stall_timeout`]
+//!   breaks the connection; an answer to a request never sent, a second
+//!   answer and a second end of a stream are protocol violations.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
@@ -30,7 +36,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use provium_protocol::frame::{read_frame, write_frame, DEFAULT_MAX_FRAME_BYTES};
+use provium_protocol::frame::{write_frame, DEFAULT_MAX_FRAME_BYTES};
 use provium_protocol::handshake::{Hello, HelloOk};
 use provium_protocol::op::{Op, OpKind, StreamId, WorkerId};
 use provium_protocol::result::{OpResult, OpValue};
@@ -52,7 +58,19 @@ pub struct ClientOptions {
     pub handshake_timeout: Duration,
     /// Largest frame accepted or sent. Default: the protocol's 16 MiB.
     pub max_frame_bytes: usize,
+    /// How long the agent may stop sending in the middle of a frame before
+    /// the connection is broken (between frames it may be silent for as
+    /// long as it likes). Needs a transport whose reads time out
+    /// ([`TransportParts::read_poll`]). Default: 10 s.
+    pub frame_stall_timeout: Duration,
+    /// Most output (stdout and stderr together) a call that collects it
+    /// (`exec`) keeps; more fails the call with
+    /// [`ClientError::OutputTooLarge`]. Default: [`MAX_COLLECTED_OUTPUT_BYTES`].
+    pub max_collected_output_bytes: u64,
 }
+
+/// Default of [`ClientOptions::max_collected_output_bytes`]: 64 MiB.
+pub const MAX_COLLECTED_OUTPUT_BYTES: u64 = 64 << 20;
 
 impl Default for ClientOptions {
     fn default() -> Self {
@@ -60,9 +78,23 @@ impl Default for ClientOptions {
             op_timeout: Duration::from_secs(60),
             handshake_timeout: Duration::from_secs(10),
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            frame_stall_timeout: Duration::from_secs(10),
+            max_collected_output_bytes: MAX_COLLECTED_OUTPUT_BYTES,
         }
     }
 }
+
+/// How often the reader wakes from a blocked read to check for a stalled
+/// frame or a lost connection (the read timeout of Unix sockets).
+pub const READ_POLL: Duration = Duration::from_millis(250);
+
+/// How many answered request ids are remembered to recognise a second
+/// answer to one of them (older duplicates are indistinguishable from late
+/// answers to abandoned calls and are dropped).
+const RECENT_ANSWERS: usize = 1024;
+
+/// Body bytes the reader allocates ahead of what has arrived.
+const READ_CHUNK: usize = 64 * 1024;
 
 /// A byte stream to an agent, split into an independently usable read half,
 /// write half and a way to shut both down (which must make a blocked read
@@ -78,11 +110,17 @@ pub struct TransportParts {
     pub writer: Box<dyn Write + Send>,
     /// Shuts the transport down both ways; called once, on loss or drop.
     pub shutdown: Box<dyn Fn() + Send + Sync>,
+    /// Whether `reader`'s reads time out (`WouldBlock`/`TimedOut`) every so
+    /// often, letting the reader notice a frame that stalled. Without it a
+    /// stalled frame is only ended by the op timeout or the VM's teardown.
+    pub read_poll: bool,
 }
 
 impl Transport for UnixStream {
     fn split(self) -> io::Result<TransportParts> {
         let reader = self.try_clone()?;
+        // Receive timeouts only affect reads, which only the reader does.
+        reader.set_read_timeout(Some(READ_POLL))?;
         let closer = self.try_clone()?;
         Ok(TransportParts {
             reader: Box::new(reader),
@@ -91,6 +129,7 @@ impl Transport for UnixStream {
                 // Ignored: ENOTCONN when the peer already went away.
                 let _ = closer.shutdown(std::net::Shutdown::Both);
             }),
+            read_poll: true,
         })
     }
 }
@@ -152,6 +191,8 @@ pub(crate) struct State {
     ack_backlog: HashMap<(StreamId, Channel), u64>,
     handshake: Option<Handshake>,
     hello: Option<Result<HelloOk, provium_protocol::HelloErr>>,
+    /// The last [`RECENT_ANSWERS`] request ids answered, oldest first.
+    answered: VecDeque<u64>,
 }
 
 pub(crate) struct Shared {
@@ -161,6 +202,9 @@ pub(crate) struct Shared {
     shutdown: Box<dyn Fn() + Send + Sync>,
     next_id: AtomicU64,
     max_frame_bytes: usize,
+    frame_stall_timeout: Duration,
+    read_poll: bool,
+    max_collected_output_bytes: u64,
 }
 
 /// Closes the transport when the last [`AgentClient`] clone goes away, which
@@ -231,6 +275,9 @@ impl AgentClient {
             shutdown: parts.shutdown,
             next_id: AtomicU64::new(1),
             max_frame_bytes: opts.max_frame_bytes,
+            frame_stall_timeout: opts.frame_stall_timeout,
+            read_poll: parts.read_poll,
+            max_collected_output_bytes: opts.max_collected_output_bytes,
         });
         let guard = Arc::new(Guard {
             shared: Arc::clone(&shared),
@@ -277,6 +324,12 @@ impl AgentClient {
     /// The agent's HelloOk: its version, guest OS and features.
     pub fn agent_info(&self) -> &HelloOk {
         &self.hello
+    }
+
+    /// The most output a collecting call keeps
+    /// ([`ClientOptions::max_collected_output_bytes`]).
+    pub fn max_collected_output_bytes(&self) -> u64 {
+        self.shared.max_collected_output_bytes
     }
 
     /// The op timeout this handle applies.
@@ -482,7 +535,25 @@ impl AgentClient {
             match res {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return Err(e),
-                Err(e) => return Err(self.wait_error(e, "stdin write", started, deadline)),
+                Err(e) => {
+                    let unacked = self
+                        .shared
+                        .lock()
+                        .stdin_unacked
+                        .get(&process)
+                        .copied()
+                        .unwrap_or(0);
+                    let cause = self.wait_error(e, "stdin write", started, deadline);
+                    // The window is full: the agent has not acknowledged
+                    // what it was sent (its process is not reading, or the
+                    // agent does not ack).
+                    return Err(ClientError::StdinUnacknowledged {
+                        process,
+                        unacked,
+                        window: STREAM_WINDOW_BYTES,
+                        cause: Box::new(cause),
+                    });
+                }
             }
             let frame = HostFrame::StdinData(StdinData {
                 process,
@@ -707,24 +778,120 @@ impl Shared {
         }
     }
 
+    /// Read one frame's body: `None` at a clean end of stream. The length
+    /// field is checked against the frame limit before anything is
+    /// allocated, and the body grows as its bytes arrive.
+    fn read_body(&self, reader: &mut Box<dyn Read + Send>) -> Result<Option<Vec<u8>>, ReadFailure> {
+        let mut len_buf = [0u8; 4];
+        let mut got = 0;
+        let mut progress = Instant::now();
+        while got < len_buf.len() {
+            match self.read_some(reader, &mut len_buf[got..], got > 0, &mut progress)? {
+                0 if got == 0 => return Ok(None),
+                0 => {
+                    return Err(ReadFailure::Protocol(ProtocolError::Truncated {
+                        expected: len_buf.len(),
+                        got,
+                    }))
+                }
+                n => got += n,
+            }
+        }
+        let len = u32::from_be_bytes(len_buf) as usize;
+        if len > self.max_frame_bytes {
+            return Err(ReadFailure::Protocol(ProtocolError::FrameTooLarge {
+                len: len as u64,
+                max: self.max_frame_bytes,
+            }));
+        }
+        let mut body = Vec::with_capacity(len.min(READ_CHUNK));
+        while body.len() < len {
+            let filled = body.len();
+            let want = (len - filled).min(READ_CHUNK);
+            body.resize(filled + want, 0);
+            let n = self.read_some(reader, &mut body[filled..], true, &mut progress);
+            let n = match n {
+                Ok(n) => n,
+                Err(ReadFailure::Stalled { .. }) => {
+                    return Err(ReadFailure::Stalled {
+                        got: filled + 4,
+                        len: len + 4,
+                    })
+                }
+                Err(e) => return Err(e),
+            };
+            body.truncate(filled + n);
+            if n == 0 {
+                return Err(ReadFailure::Protocol(ProtocolError::Truncated {
+                    expected: len,
+                    got: filled,
+                }));
+            }
+        }
+        Ok(Some(body))
+    }
+
+    /// One read; a read timeout is retried, unless the connection was lost
+    /// meanwhile or, `mid_frame`, nothing arrived for the stall timeout.
+    fn read_some(
+        &self,
+        reader: &mut Box<dyn Read + Send>,
+        buf: &mut [u8],
+        mid_frame: bool,
+        progress: &mut Instant,
+    ) -> Result<usize, ReadFailure> {
+        loop {
+            match reader.read(buf) {
+                Ok(n) => {
+                    *progress = Instant::now();
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e)
+                    if self.read_poll
+                        && matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                        ) =>
+                {
+                    if self.lock().lost.is_some() {
+                        return Err(ReadFailure::Lost);
+                    }
+                    if mid_frame && progress.elapsed() >= self.frame_stall_timeout {
+                        return Err(ReadFailure::Stalled { got: 0, len: 0 });
+                    }
+                }
+                Err(e) => return Err(ReadFailure::Protocol(ProtocolError::Io(e))),
+            }
+        }
+    }
+
     fn read_loop(&self, reader: &mut Box<dyn Read + Send>) {
         loop {
-            let body = match read_frame(reader, self.max_frame_bytes) {
+            let body = match self.read_body(reader) {
                 Ok(Some(body)) => body,
                 Ok(None) => {
                     self.mark_lost(Lost::Closed("the agent hung up (end of stream)".into()));
                     return;
                 }
-                Err(ProtocolError::Io(e)) => {
+                Err(ReadFailure::Lost) => return,
+                Err(ReadFailure::Protocol(ProtocolError::Io(e))) => {
                     self.mark_lost(Lost::Closed(format!("reading from the agent failed: {e}")));
                     return;
                 }
-                Err(e @ ProtocolError::Truncated { .. }) => {
+                Err(ReadFailure::Protocol(e @ ProtocolError::Truncated { .. })) => {
                     self.mark_lost(Lost::Closed(format!("the agent hung up mid-frame: {e}")));
                     return;
                 }
-                Err(e) => {
+                Err(ReadFailure::Protocol(e)) => {
                     self.mark_lost(Lost::Broken(e.to_string()));
+                    return;
+                }
+                Err(ReadFailure::Stalled { got, len }) => {
+                    self.mark_lost(Lost::Broken(format!(
+                        "the agent stopped sending in the middle of a frame: {got} of its {len} bytes arrived, then nothing for {} ms",
+                        millis(self.frame_stall_timeout)
+                    )));
                     return;
                 }
             };
@@ -742,7 +909,8 @@ impl Shared {
                 if st.lost.is_some() {
                     return;
                 }
-                dispatch(&mut st, frame)
+                let sent_below = self.next_id.load(Ordering::Relaxed);
+                dispatch(&mut st, frame, sent_below)
             };
             match verdict {
                 Ok(()) => self.cond.notify_all(),
@@ -755,9 +923,30 @@ impl Shared {
     }
 }
 
+/// Why reading a frame stopped.
+enum ReadFailure {
+    /// The connection was lost meanwhile (closed by the host).
+    Lost,
+    Protocol(ProtocolError),
+    /// `got` of the frame's `len` bytes (length field included) arrived,
+    /// then nothing for the stall timeout.
+    Stalled {
+        got: usize,
+        len: usize,
+    },
+}
+
+/// Remember that request `id` was answered.
+fn note_answered(st: &mut State, id: u64) {
+    if st.answered.len() == RECENT_ANSWERS {
+        st.answered.pop_front();
+    }
+    st.answered.push_back(id);
+}
+
 /// File one frame into the state. An `Err` is a protocol violation that
-/// breaks the connection.
-fn dispatch(st: &mut State, frame: AgentFrame) -> Result<(), String> {
+/// breaks the connection. Request ids below `sent_below` may have been sent.
+fn dispatch(st: &mut State, frame: AgentFrame, sent_below: u64) -> Result<(), String> {
     let in_handshake = matches!(st.handshake, Some(Handshake::Waiting));
     match frame {
         AgentFrame::HelloOk(ok) if in_handshake => {
@@ -781,13 +970,28 @@ fn dispatch(st: &mut State, frame: AgentFrame) -> Result<(), String> {
             match st.pending.get(&resp.id) {
                 Some(Slot::Waiting) => {
                     st.pending.insert(resp.id, Slot::Done(resp.result));
+                    note_answered(st, resp.id);
                 }
                 Some(Slot::Detached) => {
                     st.pending.remove(&resp.id);
+                    note_answered(st, resp.id);
                 }
-                // An answer nobody waits for any more (the call timed out) or
-                // that was already given: dropped, it costs nothing.
-                Some(Slot::Done(_)) | None => {}
+                Some(Slot::Done(_)) => {
+                    return Err(format!("the agent answered request {} twice", resp.id))
+                }
+                None if resp.id >= sent_below || resp.id == 0 => {
+                    return Err(format!(
+                        "the agent answered request {}, which the host never sent (the last id sent is {})",
+                        resp.id,
+                        sent_below.saturating_sub(1)
+                    ))
+                }
+                None if st.answered.contains(&resp.id) => {
+                    return Err(format!("the agent answered request {} twice", resp.id))
+                }
+                // A late answer to a call that gave up (timed out): dropped,
+                // it costs nothing.
+                None => {}
             }
             Ok(())
         }
@@ -825,6 +1029,12 @@ fn dispatch(st: &mut State, frame: AgentFrame) -> Result<(), String> {
         AgentFrame::StreamEnd(end) => {
             let key = (end.stream, end.channel);
             if let Some(buf) = st.streams.get_mut(&key) {
+                if buf.end.is_some() {
+                    return Err(format!(
+                        "the agent ended stream {} ({}) twice",
+                        end.stream, end.channel
+                    ));
+                }
                 if buf.discard {
                     st.streams.remove(&key);
                     st.ack_backlog.remove(&key);
@@ -1239,13 +1449,171 @@ mod tests {
         let err = proc
             .stdin_write(&vec![0u8; STREAM_WINDOW_BYTES as usize + 1])
             .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("the agent did not acknowledge the stdin of process {} ({STREAM_WINDOW_BYTES} bytes unacknowledged, the window is {STREAM_WINDOW_BYTES})", req.id)
+        );
+        let ClientError::StdinUnacknowledged { cause, .. } = &err else {
+            panic!("{err:?}")
+        };
         assert!(
-            err.to_string()
+            cause
+                .to_string()
                 .starts_with("agent did not answer `stdin write` within 300 ms"),
-            "{err}"
+            "{cause}"
         );
         drop(proc);
         drop(client);
         drain.join().unwrap();
+    }
+
+    /// Start a ping and return the error the agent's `misbehave` causes.
+    fn ping_broken_by(misbehave: impl FnOnce(&mut FakeAgent, u64)) -> String {
+        let opts = ClientOptions {
+            frame_stall_timeout: Duration::from_millis(300),
+            ..ClientOptions::default()
+        };
+        let (client, mut fake) = connect_fake(opts);
+        let c = client.clone();
+        let t = thread::spawn(move || c.ping());
+        let req = fake.recv_request();
+        misbehave(&mut fake, req.id);
+        let err = t.join().unwrap().unwrap_err();
+        assert!(client.is_lost(), "{err}");
+        // The connection stays unusable, with the same reason.
+        assert_eq!(client.ping().unwrap_err().to_string(), err.to_string());
+        err.to_string()
+    }
+
+    #[test]
+    fn an_answer_to_an_id_never_sent_breaks_the_connection() {
+        let msg = ping_broken_by(|fake, id| fake.answer(id + 7, OpValue::Unit));
+        assert_eq!(
+            msg,
+            "agent connection broken: the agent answered request 8, which the host never sent (the last id sent is 1)"
+        );
+    }
+
+    #[test]
+    fn a_second_answer_breaks_the_connection() {
+        let (client, mut fake) = connect_fake(ClientOptions::default());
+        let c = client.clone();
+        let t = thread::spawn(move || c.ping());
+        let req = fake.recv_request();
+        fake.answer(req.id, OpValue::Unit);
+        t.join().unwrap().unwrap();
+        // The first answer was taken; the second is still recognised.
+        fake.answer(req.id, OpValue::Unit);
+        let c = client.clone();
+        let t = thread::spawn(move || c.ping());
+        let _ = fake.try_recv(Duration::from_secs(5));
+        let err = t.join().unwrap().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "agent connection broken: the agent answered request 1 twice"
+        );
+    }
+
+    #[test]
+    fn a_late_answer_to_an_abandoned_call_is_not_a_duplicate() {
+        let (client, mut fake) = connect_fake(ClientOptions::default());
+        let short = client.with_timeout(Duration::from_millis(100));
+        let t = thread::spawn(move || short.ping());
+        let req = fake.recv_request();
+        t.join().unwrap().unwrap_err();
+        fake.answer(req.id, OpValue::Unit);
+        let c = client.clone();
+        let t = thread::spawn(move || c.ping());
+        let next = fake.recv_request();
+        fake.answer(next.id, OpValue::Unit);
+        t.join().unwrap().unwrap();
+        assert!(!client.is_lost());
+    }
+
+    #[test]
+    fn a_second_end_of_a_stream_breaks_the_connection() {
+        let (client, mut fake) = connect_fake(ClientOptions::default());
+        let t = thread::spawn(move || client.exec(exec_spec("true")));
+        let req = fake.recv_request();
+        for _ in 0..2 {
+            fake.send(AgentFrame::StreamEnd(StreamEnd {
+                stream: req.id,
+                channel: Channel::Stdout,
+                reason: StreamEndReason::Eof,
+                message: None,
+            }));
+        }
+        let err = t.join().unwrap().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "agent connection broken: the agent ended stream {} (stdout) twice",
+                req.id
+            )
+        );
+    }
+
+    #[test]
+    fn a_frame_that_stalls_mid_body_breaks_the_connection() {
+        let msg = ping_broken_by(|fake, _| {
+            fake.stream.write_all(&1000u32.to_be_bytes()).unwrap();
+            fake.stream.write_all(&[0x82; 10]).unwrap();
+        });
+        assert_eq!(
+            msg,
+            "agent connection broken: the agent stopped sending in the middle of a frame: 14 of its 1004 bytes arrived, then nothing for 300 ms"
+        );
+    }
+
+    #[test]
+    fn silence_between_frames_is_not_a_stall() {
+        let opts = ClientOptions {
+            frame_stall_timeout: Duration::from_millis(50),
+            ..ClientOptions::default()
+        };
+        let (client, mut fake) = connect_fake(opts);
+        let c = client.clone();
+        let t = thread::spawn(move || c.ping());
+        let req = fake.recv_request();
+        // Several read polls of silence, then the answer.
+        thread::sleep(READ_POLL * 3);
+        fake.answer(req.id, OpValue::Unit);
+        t.join().unwrap().unwrap();
+    }
+
+    #[test]
+    fn a_length_field_of_2_pow_32_minus_1_is_refused_before_allocating() {
+        let msg = ping_broken_by(|fake, _| {
+            fake.stream.write_all(&u32::MAX.to_be_bytes()).unwrap();
+        });
+        assert_eq!(
+            msg,
+            "agent connection broken: frame of 4294967295 bytes exceeds the maximum of 16777216 bytes"
+        );
+    }
+
+    #[test]
+    fn exec_output_beyond_the_cap_fails_the_call() {
+        let opts = ClientOptions {
+            max_collected_output_bytes: 100_000,
+            ..ClientOptions::default()
+        };
+        let (client, mut fake) = connect_fake(opts);
+        let c = client.clone();
+        let t = thread::spawn(move || c.exec(exec_spec("yes")));
+        let req = fake.recv_request();
+        for _ in 0..2 {
+            fake.send(AgentFrame::StreamChunk(StreamChunk {
+                stream: req.id,
+                channel: Channel::Stdout,
+                data: vec![b'y'; 60_000],
+            }));
+        }
+        let err = t.join().unwrap().unwrap_err();
+        assert!(
+            matches!(err, ClientError::OutputTooLarge { limit: 100_000, .. }),
+            "{err}"
+        );
+        assert!(!client.is_lost(), "the connection survives the cap");
     }
 }

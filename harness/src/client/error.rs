@@ -65,6 +65,18 @@ pub enum ClientError {
         #[source]
         source: ProtocolError,
     },
+    /// A collecting call (`exec`) got more output than the client keeps.
+    #[error("the agent sent more than {limit} bytes of output for `{op}`; a call that collects output keeps at most that much (stream a larger output with a spawned process's stdout instead)")]
+    OutputTooLarge { op: OpKind, limit: u64 },
+    /// A stdin write found the window full and the agent never made room.
+    #[error("the agent did not acknowledge the stdin of process {process} ({unacked} bytes unacknowledged, the window is {window})")]
+    StdinUnacknowledged {
+        process: u64,
+        unacked: u64,
+        window: u64,
+        #[source]
+        cause: Box<ClientError>,
+    },
     /// A stream ended because the agent could not read its source.
     #[error("stream {stream} ({channel}) failed in the agent: {message}")]
     StreamFailed {
@@ -90,10 +102,11 @@ impl ClientError {
 
     /// Whether the connection is gone (closed or broken) rather than one call failing.
     pub fn is_connection_lost(&self) -> bool {
-        matches!(
-            self,
-            ClientError::ConnectionClosed { .. } | ClientError::ConnectionBroken { .. }
-        )
+        match self {
+            ClientError::ConnectionClosed { .. } | ClientError::ConnectionBroken { .. } => true,
+            ClientError::StdinUnacknowledged { cause, .. } => cause.is_connection_lost(),
+            _ => false,
+        }
     }
 }
 

@@ -82,8 +82,10 @@ pub trait AgentOps {
         unit(OpKind::Ping, self.call(Op::Ping)?)
     }
 
-    /// Run a command to completion, collecting all of its output (no cap).
-    /// The call waits the spec's `timeout_ms` plus the op timeout.
+    /// Run a command to completion, collecting all of its output, at most
+    /// [`AgentClient::max_collected_output_bytes`] of it (more fails the
+    /// call with [`ClientError::OutputTooLarge`]). The call waits the spec's
+    /// `timeout_ms` plus the op timeout.
     fn exec(&self, spec: ExecSpec) -> Result<RunOutput, ClientError> {
         let client = self.client();
         let started = std::time::Instant::now();
@@ -116,6 +118,15 @@ pub trait AgentOps {
                 for chunk in &t.data {
                     out[i].extend_from_slice(chunk);
                 }
+            }
+            let limit = client.max_collected_output_bytes();
+            if (out[0].len() + out[1].len()) as u64 > limit {
+                client.abandon(id);
+                client.discard_streams(id, &channels);
+                return Err(ClientError::OutputTooLarge {
+                    op: OpKind::Exec,
+                    limit,
+                });
             }
             let Some(answer) = answer else {
                 for (i, t) in taken.iter().enumerate() {

@@ -30,6 +30,44 @@ pub fn temp_path(suffix: &str) -> PathBuf {
     ))
 }
 
+/// Remove the temporary snapshots (`provium-<pid>-…`, and their writers'
+/// `.provium-<pid>-….tmp-…` siblings) in `dir` whose process is gone: a
+/// SIGKILLed run cannot delete them at scope end, the next run does.
+/// Returns how many it removed. Best effort: what cannot be removed stays.
+pub fn remove_stale_temps(dir: &Path) -> usize {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for ent in rd.flatten() {
+        let name = ent.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name
+            .strip_prefix("provium-")
+            .or_else(|| name.strip_prefix(".provium-"))
+        else {
+            continue;
+        };
+        let Some(pid) = rest
+            .split_once('-')
+            .and_then(|(p, _)| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let path = ent.path();
+        let r = match ent.file_type() {
+            Ok(t) if t.is_dir() => std::fs::remove_dir_all(&path),
+            _ => std::fs::remove_file(&path),
+        };
+        if r.is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
 /// `vm:snapshot()`'s result.
 #[derive(Clone, Debug)]
 pub struct SnapshotUd {
@@ -392,6 +430,38 @@ mod tests {
             e.starts_with("the snapshot's NIC on bridge `lan`: `nope` is not a MAC address"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn stale_temporary_snapshots_of_dead_runs_are_removed() {
+        let d = tempfile::tempdir().unwrap();
+        // pid_max is at most 2^22: this pid is never alive.
+        let dead = 999_999_999u32;
+        let me = std::process::id();
+        for name in [
+            format!("provium-{dead}-ab12.snap"),
+            format!(".provium-{dead}-ab12.snap.tmp-{dead}-5"),
+        ] {
+            std::fs::write(d.path().join(name), b"partial").unwrap();
+        }
+        std::fs::create_dir(d.path().join(format!("provium-{dead}-cd34.lab"))).unwrap();
+        let keep = [
+            format!("provium-{me}-ef56.snap"),
+            format!("provium-coverage-{dead}.msgpack"),
+            "unrelated".to_string(),
+        ];
+        for name in &keep {
+            std::fs::write(d.path().join(name), b"x").unwrap();
+        }
+        assert_eq!(remove_stale_temps(d.path()), 3);
+        let mut left: Vec<String> = std::fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        let mut want = keep.to_vec();
+        want.sort();
+        assert_eq!(left, want);
     }
 
     #[test]

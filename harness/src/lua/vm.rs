@@ -397,6 +397,14 @@ impl Vm {
         self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
         r.map_err(|e| {
             if let Some(reason) = self.0.env.cancel_reason() {
+                if let ClientError::StdinUnacknowledged { .. } = e {
+                    // What the call was stuck on, besides why it was stopped.
+                    return err(format!(
+                        "{method}: {} (vm `{}`: {e})",
+                        reason.message(),
+                        self.0.name
+                    ));
+                }
                 return err(format!("{method}: {}", reason.message()));
             }
             if e.is_connection_lost() {
@@ -404,6 +412,10 @@ impl Vm {
                 if st.phase == Phase::Booted {
                     st.phase = Phase::Dead;
                 }
+            }
+            if blames_the_agent(&e) {
+                // Name the VM whose agent misbehaved: a file may have many.
+                return err(format!("{method}: vm `{}`: {}", self.0.name, chain(&e)));
             }
             client_err(method, e)
         })
@@ -1128,6 +1140,32 @@ impl UserData for Vm {
                 .unwrap_or(false))
         });
     }
+}
+
+/// Errors about the agent or its connection rather than an op the agent
+/// ran and reported failed.
+fn blames_the_agent(e: &ClientError) -> bool {
+    matches!(
+        e,
+        ClientError::ConnectionClosed { .. }
+            | ClientError::ConnectionBroken { .. }
+            | ClientError::Timeout { .. }
+            | ClientError::OutputTooLarge { .. }
+            | ClientError::StdinUnacknowledged { .. }
+            | ClientError::UnexpectedValue { .. }
+    )
+}
+
+/// An error and its causes, `: `-joined.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use provium_protocol::event::{Event, TestFailed, TestPassed, TestSkipped, TestSt
 
 use super::filter::TestFilter;
 use super::outcome::{FileOutcome, TestOutcome, TestStatus};
-use super::{CancelReason, FileEnv};
+use super::{interrupt, CancelReason, FileEnv};
 use crate::lua::{self, duration, meta::table_to_meta};
 
 /// Bytes of each VM's console log attached to a failed test.
@@ -41,11 +41,15 @@ impl Watchdog {
         let thread = std::thread::Builder::new()
             .name("provium-watchdog".into())
             .spawn(move || {
+                let mut interrupted = false;
                 while !s.load(Ordering::SeqCst) {
                     let now = Instant::now();
                     let fired = {
                         let mut dl = d.lock().unwrap();
-                        if let Some((at, dur)) = dl.file.filter(|(at, _)| *at <= now) {
+                        if let Some(sig) = interrupt::received().filter(|_| !interrupted) {
+                            interrupted = true;
+                            Some(CancelReason::Interrupted(sig))
+                        } else if let Some((at, dur)) = dl.file.filter(|(at, _)| *at <= now) {
                             let _ = at;
                             dl.file = None;
                             Some(CancelReason::FileTimeout(dur))
@@ -227,12 +231,14 @@ fn run_file_inner(
         .unwrap_or_default();
 
     for entry in entries {
-        if env
-            .cancel_reason()
-            .is_some_and(|r| matches!(r, CancelReason::FileTimeout(_)))
-        {
-            outcome.timed_out = true;
-            break;
+        match env.cancel_reason() {
+            Some(CancelReason::FileTimeout(_)) => {
+                outcome.timed_out = true;
+                break;
+            }
+            // The run is stopping: the rest of the file does not run.
+            Some(CancelReason::Interrupted(_)) => break,
+            _ => {}
         }
         let meta = table_to_meta(&entry.meta_table);
         let skip = todo.clone().or_else(|| filter.skip_reason(&meta));
@@ -292,13 +298,24 @@ fn run_file_inner(
         match env.clear_cancel() {
             Some(reason @ CancelReason::TestTimeout(_)) => {
                 status = TestStatus::Failed;
-                message = Some(reason.message());
+                // A call that names the reason and what it was stuck on
+                // (`guard_op`) is the better message.
+                let why = reason.message();
+                message = Some(match message {
+                    Some(m) if m.contains(&why) => m,
+                    _ => why,
+                });
             }
             Some(reason @ CancelReason::FileTimeout(_)) => {
                 status = TestStatus::Failed;
                 message = Some(reason.message());
                 outcome.timed_out = true;
                 // Keep the flag set so nothing else runs.
+                env.cancel(reason);
+            }
+            Some(reason @ CancelReason::Interrupted(_)) => {
+                status = TestStatus::Failed;
+                message = Some(reason.message());
                 env.cancel(reason);
             }
             None => {}

@@ -3,6 +3,7 @@
 
 pub mod file;
 pub mod filter;
+pub mod interrupt;
 pub mod outcome;
 pub mod scheduler;
 
@@ -38,6 +39,24 @@ pub trait LiveResource: Send + Sync {
     fn console_excerpt(&self) -> Option<String>;
 }
 
+/// Every resource any [`FileEnv`] tracks, fixture builds' included (their
+/// build-time environments have no watchdog of their own), for
+/// [`tear_down_everything`].
+static ALL_LIVE: Mutex<Vec<Weak<dyn LiveResource>>> = Mutex::new(Vec::new());
+
+/// Tear down every live resource of the run (the run was interrupted).
+pub fn tear_down_everything() {
+    let live: Vec<Arc<dyn LiveResource>> = ALL_LIVE
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .filter_map(Weak::upgrade)
+        .collect();
+    for r in live {
+        r.teardown();
+    }
+}
+
 /// Auto-close order within a scope: streams first, VMs last, so nothing is
 /// closed while something that depends on it is still open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -64,6 +83,8 @@ type ScopeItems = Vec<(CloseKind, Arc<dyn Closeable>)>;
 pub enum CancelReason {
     TestTimeout(Duration),
     FileTimeout(Duration),
+    /// The run got SIGINT or SIGTERM (the signal number).
+    Interrupted(i32),
 }
 
 impl CancelReason {
@@ -76,6 +97,10 @@ impl CancelReason {
             CancelReason::FileTimeout(d) => {
                 format!("file timed out after {:.3}s (--timeout)", d.as_secs_f64())
             }
+            CancelReason::Interrupted(sig) => format!(
+                "the run was interrupted by {}; the file's lab was torn down",
+                interrupt::signal_name(*sig)
+            ),
         }
     }
 }
@@ -162,6 +187,11 @@ impl FileEnv {
 
     /// Register a resource for watchdog teardown and console excerpts.
     pub fn track(&self, r: Weak<dyn LiveResource>) {
+        {
+            let mut all = ALL_LIVE.lock().unwrap_or_else(|p| p.into_inner());
+            all.retain(|w| w.strong_count() > 0);
+            all.push(r.clone());
+        }
         let mut live = self.live.lock().unwrap();
         live.retain(|w| w.strong_count() > 0);
         live.push(r);

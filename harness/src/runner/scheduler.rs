@@ -143,7 +143,16 @@ pub fn run_jobs(
     let mut blocked_reported: Option<String> = None;
     let mut last_pool_state = Instant::now() - Duration::from_secs(1);
     let mut stop = false;
+    let mut stop_interrupted = false;
     loop {
+        // SIGINT/SIGTERM: no new files; the running ones stop (their
+        // watchdogs cancel them) and report.
+        if super::interrupt::received().is_some() && !stop_interrupted {
+            stop = true;
+            stop_interrupted = true;
+            // Fixture builds' VMs too, which no file's watchdog tracks.
+            super::tear_down_everything();
+        }
         // Dispatch as many queued files as fit, in order.
         while let Some(job) = queue.front().filter(|_| !stop) {
             let want = add(RUNNER_OVERHEAD, job.claim.unwrap_or_default());

@@ -273,6 +273,13 @@ impl KvmMachine {
                     let opts = ClientOptions {
                         handshake_timeout: left
                             .clamp(Duration::from_secs(1), Duration::from_secs(10)),
+                        // A guest's frame arrives as vsock packets, at the
+                        // pace of its kernel (emulated on kvm_pvm) and not
+                        // at all while it is paused: give a frame that long
+                        // before calling it stalled.
+                        frame_stall_timeout: agent_timeout()
+                            .unwrap_or(DEFAULT_AGENT_TIMEOUT)
+                            .max(Duration::from_secs(120)),
                         ..ClientOptions::default()
                     };
                     match AgentClient::handshake(stream, opts) {
