@@ -13,5 +13,6 @@ pub mod events;
 pub mod fixture;
 pub mod lua;
 pub mod machine;
+pub mod partition;
 pub mod report;
 pub mod runner;

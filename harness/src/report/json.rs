@@ -1,10 +1,13 @@
-//! `--json`: one object per file, line-delimited, exactly the reference's schema.
+//! `--json`: one object per file, line-delimited: the reference's schema,
+//! plus `"run"` ([`RunIdentity`]: run id, suite id, suite size, partition),
+//! which `provium report merge` reads.
 
 use serde_json::json;
 
+use super::RunIdentity;
 use crate::runner::outcome::FileOutcome;
 
-pub fn render_file(f: &FileOutcome) -> String {
+pub fn render_file(f: &FileOutcome, run: &RunIdentity) -> String {
     let tests: Vec<_> = f
         .tests
         .iter()
@@ -17,6 +20,12 @@ pub fn render_file(f: &FileOutcome) -> String {
         "passed": f.passed(),
         "chunk_error": chunk_error,
         "tests": tests,
+        "run": {
+            "id": run.run_id,
+            "suite": run.suite_id,
+            "suite_files": run.suite_files,
+            "partition": run.partition,
+        },
     });
     let mut line = obj.to_string();
     line.push('\n');
