@@ -198,10 +198,24 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum FixtureOp {
     List,
-    Build { path: String },
+    /// Build a fixture unless it is cached; `--all` builds every fixture
+    /// under the roots (a CI "build fixtures" job, docs/ci.md).
+    Build {
+        #[arg(required_unless_present = "all")]
+        path: Option<String>,
+        #[arg(long, conflicts_with = "path")]
+        all: bool,
+    },
+    /// Evict the fixture's entries (`.snap` and `.lab`) and build it again.
     Rebuild { path: String },
     Clean,
     Stale,
+    /// Write the cache entries the suite's fixtures need, with their keys
+    /// and checksums, into DIR (for a CI cache or artifact step).
+    Export { dir: PathBuf },
+    /// Verify and install the entries of an export; refused ones are named
+    /// and left for a local rebuild.
+    Import { dir: PathBuf },
 }
 
 /// Parse and run; returns the process exit code.
