@@ -18,12 +18,19 @@ fn mib(bytes: u64) -> String {
     format!("{:.2}MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
+/// The test roots, canonical as a run sees them: keys fold in the paths of
+/// host-file dependencies, so `provium fixture build` must resolve them as
+/// the run does or it builds under a key no run looks up.
 fn roots(config: &Config) -> Vec<PathBuf> {
-    if config.roots.is_empty() {
+    let roots = if config.roots.is_empty() {
         vec![PathBuf::from(".")]
     } else {
         config.roots.clone()
-    }
+    };
+    roots
+        .into_iter()
+        .map(|r| std::fs::canonicalize(&r).unwrap_or(r))
+        .collect()
 }
 
 /// A FileEnv for building outside a test run.
@@ -61,7 +68,9 @@ pub fn evict_at_startup(config: &Config) {
 }
 
 fn shown(config: &Config, p: &Path) -> String {
-    p.strip_prefix(&config.base_dir)
+    let base = std::fs::canonicalize(&config.base_dir).unwrap_or_else(|_| config.base_dir.clone());
+    p.strip_prefix(&base)
+        .or_else(|_| p.strip_prefix(&config.base_dir))
         .unwrap_or(p)
         .display()
         .to_string()
