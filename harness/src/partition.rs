@@ -62,7 +62,11 @@ pub enum PartitionError {
     #[error(
         "shard {index} of {total} in `{spec}`: I must be at most N (write count:I/N with 1 <= I <= N)"
     )]
-    IndexPastTotal { spec: String, index: u32, total: u32 },
+    IndexPastTotal {
+        spec: String,
+        index: u32,
+        total: u32,
+    },
 }
 
 impl FromStr for Partition {
@@ -170,7 +174,9 @@ mod tests {
 
     #[test]
     fn shards_are_disjoint_and_cover_for_both_kinds() {
-        let files: Vec<String> = (0..23).map(|i| format!("d{}/f{i}.test.lua", i % 4)).collect();
+        let files: Vec<String> = (0..23)
+            .map(|i| format!("d{}/f{i}.test.lua", i % 4))
+            .collect();
         for kind in ["count", "hash"] {
             for n in 1..=5u32 {
                 let mut seen = vec![0u32; files.len()];

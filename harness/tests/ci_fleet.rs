@@ -98,11 +98,16 @@ fn shards_of_both_kinds_are_disjoint_and_cover_the_suite() {
         for n in 1..=5 {
             let mut seen: Vec<String> = Vec::new();
             for i in 1..=n {
-                let shard = listed_files(&p.run(&["list", "--partition", &format!("{kind}:{i}/{n}")]));
+                let shard =
+                    listed_files(&p.run(&["list", "--partition", &format!("{kind}:{i}/{n}")]));
                 seen.extend(shard);
             }
             let unique: BTreeSet<&String> = seen.iter().collect();
-            assert_eq!(unique.len(), seen.len(), "{kind} N={n}: a file in two shards: {seen:?}");
+            assert_eq!(
+                unique.len(),
+                seen.len(),
+                "{kind} N={n}: a file in two shards: {seen:?}"
+            );
             assert_eq!(
                 unique.into_iter().cloned().collect::<BTreeSet<_>>(),
                 all.iter().cloned().collect::<BTreeSet<_>>(),
@@ -155,8 +160,14 @@ fn a_bad_partition_exits_2_naming_the_problem_and_the_form() {
     let p = Project::new(&[("a.test.lua", "test('a', function() end)\n")]);
     for (spec, problem) in [
         ("0/3", "`0/3` has no kind"),
-        ("count:0/3", "shard 0 in `count:0/3`: shards are numbered from 1"),
-        ("count:4/3", "shard 4 of 3 in `count:4/3`: I must be at most N"),
+        (
+            "count:0/3",
+            "shard 0 in `count:0/3`: shards are numbered from 1",
+        ),
+        (
+            "count:4/3",
+            "shard 4 of 3 in `count:4/3`: I must be at most N",
+        ),
         ("count:x/y", "`x/y` is not I/N with whole numbers"),
         ("slice:1/2", "unknown partition kind `slice`"),
     ] {
@@ -165,7 +176,10 @@ fn a_bad_partition_exits_2_naming_the_problem_and_the_form() {
             assert_eq!(code(&o), 2, "{spec}: {o:?}");
             let e = stderr(&o);
             assert!(e.contains(problem), "{spec}: {e}");
-            assert!(e.contains("count:I/N") || e.contains("count:1/3"), "{spec}: {e}");
+            assert!(
+                e.contains("count:I/N") || e.contains("count:1/3"),
+                "{spec}: {e}"
+            );
         }
     }
 }
@@ -183,7 +197,11 @@ fn mixed_suite() -> Project {
 
 /// The summary line without its run time.
 fn summary(out: &str) -> String {
-    let line = out.lines().rev().find(|l| l.contains(" file(s); ")).unwrap_or("");
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.contains(" file(s); "))
+        .unwrap_or("");
     line.rsplit_once("; ").map_or(line, |(a, _)| a).to_string()
 }
 
@@ -243,7 +261,10 @@ fn a_merge_of_three_shards_equals_one_unsharded_run() {
         let m = p.run(&args);
         assert_eq!(code(&m), 1, "{m:?}");
         assert_eq!(summary(&stdout(&m)), summary(&stdout(&whole)));
-        assert_eq!(summary(&stdout(&m)), "5 file(s); 6 passed, 2 failed, 1 skipped");
+        assert_eq!(
+            summary(&stdout(&m)),
+            "5 file(s); 6 passed, 2 failed, 1 skipped"
+        );
         let got = junit_without_times(&merged_junit);
         if exact {
             assert_eq!(got, want_suites);
@@ -255,22 +276,56 @@ fn a_merge_of_three_shards_equals_one_unsharded_run() {
     // A missing shard is named; a shard of another suite is refused.
     let m = p.run(&["report", "merge", &events[0], &events[2]]);
     assert_eq!(code(&m), 2, "{m:?}");
-    assert!(stderr(&m).contains("shard count:2/3 of suite"), "{}", stderr(&m));
+    assert!(
+        stderr(&m).contains("shard count:2/3 of suite"),
+        "{}",
+        stderr(&m)
+    );
     p.write("tests/extra.test.lua", "test('x', function() end)\n");
     let other = p.path().join("other.events");
-    p.run(&["--partition", "count:2/3", "--save-events", other.to_str().unwrap()]);
-    let m = p.run(&["report", "merge", &events[0], other.to_str().unwrap(), &events[2]]);
+    p.run(&[
+        "--partition",
+        "count:2/3",
+        "--save-events",
+        other.to_str().unwrap(),
+    ]);
+    let m = p.run(&[
+        "report",
+        "merge",
+        &events[0],
+        other.to_str().unwrap(),
+        &events[2],
+    ]);
     assert_eq!(code(&m), 2, "{m:?}");
     assert!(stderr(&m).contains("is from suite"), "{}", stderr(&m));
     // A clean suite merges to exit 0.
-    let clean = Project::new(&[("a.test.lua", "test('a', function() end)\n"), ("b.test.lua", "test('b', function() end)\n")]);
+    let clean = Project::new(&[
+        ("a.test.lua", "test('a', function() end)\n"),
+        ("b.test.lua", "test('b', function() end)\n"),
+    ]);
     let mut inputs = Vec::new();
     for i in 1..=2 {
         let ev = clean.path().join(format!("s{i}.events"));
-        assert_eq!(code(&clean.run(&["--partition", &format!("hash:{i}/2"), "--save-events", ev.to_str().unwrap()])), 0);
+        assert_eq!(
+            code(&clean.run(&[
+                "--partition",
+                &format!("hash:{i}/2"),
+                "--save-events",
+                ev.to_str().unwrap()
+            ])),
+            0
+        );
         inputs.push(ev);
     }
-    let m = clean.run(&["report", "merge", inputs[0].to_str().unwrap(), inputs[1].to_str().unwrap()]);
+    let m = clean.run(&[
+        "report",
+        "merge",
+        inputs[0].to_str().unwrap(),
+        inputs[1].to_str().unwrap(),
+    ]);
     assert_eq!(code(&m), 0, "{m:?}");
-    assert_eq!(summary(&stdout(&m)), "2 file(s); 2 passed, 0 failed, 0 skipped");
+    assert_eq!(
+        summary(&stdout(&m)),
+        "2 file(s); 2 passed, 0 failed, 0 skipped"
+    );
 }

@@ -656,7 +656,10 @@ fn repl_and_console_run_the_profiles_build_first() {
             e.contains("profile `linux`: build command failed"),
             "{args:?}: {e}"
         );
-        assert!(p.path().join("built").exists(), "{args:?}: the build did not run");
+        assert!(
+            p.path().join("built").exists(),
+            "{args:?}: the build did not run"
+        );
     }
 }
 

@@ -509,8 +509,10 @@ fn builds_and_hits(events: &std::path::Path) -> (Vec<String>, Vec<String>) {
 
 /// `fixture export`'s manifest, as JSON.
 fn manifest(p: &Project, dir: &str) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(p.path(dir).join("provium-fixtures.json")).unwrap())
-        .unwrap()
+    serde_json::from_str(
+        &std::fs::read_to_string(p.path(dir).join("provium-fixtures.json")).unwrap(),
+    )
+    .unwrap()
 }
 
 fn entry_of<'a>(m: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
@@ -546,10 +548,20 @@ fn build_all_export_then_import_into_an_empty_cache_restores_without_a_build() {
     let o = p.run(&["--save-events", ev.to_str().unwrap(), "uses.test.lua"]);
     assert!(o.status.success(), "{}", Project::text(&o));
     let (built, hits) = builds_and_hits(&ev);
-    assert_eq!(built, Vec::<String>::new(), "nothing builds after an import: {}", Project::text(&o));
+    assert_eq!(
+        built,
+        Vec::<String>::new(),
+        "nothing builds after an import: {}",
+        Project::text(&o)
+    );
     assert_eq!(
         hits,
-        ["fixtures/base", "fixtures/cluster", "fixtures/derived", "fixtures/other"]
+        [
+            "fixtures/base",
+            "fixtures/cluster",
+            "fixtures/derived",
+            "fixtures/other"
+        ]
     );
     assert_eq!(p.take_builds(), Vec::<String>::new());
 }
@@ -562,7 +574,11 @@ fn a_corrupt_or_stale_imported_entry_is_refused_by_name_and_rebuilt() {
     assert!(p.run(&["fixture", "export", "exported"]).status.success());
     let m = manifest(&p, "exported");
     // Corrupt base's snapshot (same size, one byte flipped) ...
-    let base = p.path("exported").join(entry_of(&m, "fixtures/base")["files"][0]["path"].as_str().unwrap());
+    let base = p.path("exported").join(
+        entry_of(&m, "fixtures/base")["files"][0]["path"]
+            .as_str()
+            .unwrap(),
+    );
     let mut bytes = std::fs::read(&base).unwrap();
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0xff;
@@ -578,8 +594,13 @@ fn a_corrupt_or_stale_imported_entry_is_refused_by_name_and_rebuilt() {
         err.contains("refused `fixtures/base`: corrupt: ") && err.contains("but the manifest says"),
         "{err}"
     );
-    assert!(err.contains("refused `fixtures/other`: stale: exported with key "), "{err}");
-    assert!(String::from_utf8_lossy(&o.stdout).ends_with("2 imported, 0 already cached, 2 refused\n"));
+    assert!(
+        err.contains("refused `fixtures/other`: stale: exported with key "),
+        "{err}"
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stdout).ends_with("2 imported, 0 already cached, 2 refused\n")
+    );
     let ev = p.path("events.bin");
     let o = p.run(&["--save-events", ev.to_str().unwrap(), "uses.test.lua"]);
     assert!(o.status.success(), "{}", Project::text(&o));
@@ -591,10 +612,19 @@ fn a_corrupt_or_stale_imported_entry_is_refused_by_name_and_rebuilt() {
 #[test]
 fn fixture_rebuild_evicts_both_the_snap_and_the_lab_entry() {
     let p = Project::new();
-    assert!(p.run(&["fixture", "build", "fixtures/other"]).status.success());
+    assert!(p
+        .run(&["fixture", "build", "fixtures/other"])
+        .status
+        .success());
     p.take_builds();
-    assert!(p.run(&["fixture", "export", "keys"]).status.code() == Some(1), "others are not built");
-    let key = entry_of(&manifest(&p, "keys"), "fixtures/other")["key"].as_str().unwrap().to_string();
+    assert!(
+        p.run(&["fixture", "export", "keys"]).status.code() == Some(1),
+        "others are not built"
+    );
+    let key = entry_of(&manifest(&p, "keys"), "fixtures/other")["key"]
+        .as_str()
+        .unwrap()
+        .to_string();
     // A lab layout of the same key, as a fixture that changed kind leaves.
     let lab = p.path("cache").join(format!("{key}.lab"));
     std::fs::create_dir_all(&lab).unwrap();

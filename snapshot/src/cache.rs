@@ -825,7 +825,10 @@ mod tests {
         c.evict_lru(0).unwrap();
         assert!(!stale.exists());
         assert!(!stale_here.exists());
-        assert!(other_host.exists(), "another host's temporary is not ours to judge");
+        assert!(
+            other_host.exists(),
+            "another host's temporary is not ours to judge"
+        );
         assert!(live.exists());
         c.clean().unwrap();
         assert!(!c.dir().exists());

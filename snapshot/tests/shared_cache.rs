@@ -76,7 +76,10 @@ fn writer() {
     // Both hold "the" lock at once: neither waits for the other.
     fs::write(dir.join(format!("{role}.locked")), b"").unwrap();
     let other = if role == "flock" { "fcntl" } else { "flock" };
-    wait_for(&dir.join(format!("{other}.locked")), "the other writer's lock");
+    wait_for(
+        &dir.join(format!("{other}.locked")),
+        "the other writer's lock",
+    );
     let src = dir.join(format!("src-{role}"));
     fs::create_dir_all(&src).unwrap();
     let snap = src.join("one.snap");
@@ -117,9 +120,7 @@ fn two_hosts_with_different_locks_never_tear_an_entry() {
     let mut seen = std::collections::BTreeSet::new();
     let mut reads = 0;
     loop {
-        let running = children
-            .iter_mut()
-            .any(|c| c.try_wait().unwrap().is_none());
+        let running = children.iter_mut().any(|c| c.try_wait().unwrap().is_none());
         if let Ok(bytes) = fs::read(&vm) {
             let w = whole(&bytes).unwrap_or_else(|| panic!("torn vm entry: {} bytes", bytes.len()));
             seen.insert(w);
@@ -134,7 +135,11 @@ fn two_hosts_with_different_locks_never_tear_an_entry() {
                 fs::read(base.join("a.snap")),
             ) {
                 let w = whole(&snap).expect("torn lab snapshot");
-                assert_eq!(index, format!("{{\"writer\": {w}}}"), "a lab entry mixing two writers");
+                assert_eq!(
+                    index,
+                    format!("{{\"writer\": {w}}}"),
+                    "a lab entry mixing two writers"
+                );
             }
         }
         if !running {
@@ -148,12 +153,18 @@ fn two_hosts_with_different_locks_never_tear_an_entry() {
     assert!(d.path().join("flock.locked").exists() && d.path().join("fcntl.locked").exists());
     let last = whole(&fs::read(&vm).unwrap()).expect("a whole final entry");
     assert!(last == a || last == b);
-    assert!(reads > 0 && seen.iter().all(|w| *w == a || *w == b), "{seen:?}");
+    assert!(
+        reads > 0 && seen.iter().all(|w| *w == a || *w == b),
+        "{seen:?}"
+    );
     let leftovers: Vec<String> = fs::read_dir(cache.dir())
         .unwrap()
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| n.contains(".tmp-"))
         .collect();
-    assert!(leftovers.is_empty(), "temporaries left behind: {leftovers:?}");
+    assert!(
+        leftovers.is_empty(),
+        "temporaries left behind: {leftovers:?}"
+    );
 }

@@ -133,8 +133,16 @@ pub fn run(args: &RunArgs, op: FixtureOp) -> Result<i32, String> {
                      (run `provium fixture build --all` first)"
                 );
             }
-            println!("{} fixture(s) exported to {}", exported.len(), dir.display());
-            Ok(if missing.is_empty() { EXIT_OK } else { EXIT_FAILED })
+            println!(
+                "{} fixture(s) exported to {}",
+                exported.len(),
+                dir.display()
+            );
+            Ok(if missing.is_empty() {
+                EXIT_OK
+            } else {
+                EXIT_FAILED
+            })
         }
         FixtureOp::Import { dir } => {
             let env = cli_env(args, config);

@@ -207,15 +207,21 @@ pub enum FixtureOp {
         all: bool,
     },
     /// Evict the fixture's entries (`.snap` and `.lab`) and build it again.
-    Rebuild { path: String },
+    Rebuild {
+        path: String,
+    },
     Clean,
     Stale,
     /// Write the cache entries the suite's fixtures need, with their keys
     /// and checksums, into DIR (for a CI cache or artifact step).
-    Export { dir: PathBuf },
+    Export {
+        dir: PathBuf,
+    },
     /// Verify and install the entries of an export; refused ones are named
     /// and left for a local rebuild.
-    Import { dir: PathBuf },
+    Import {
+        dir: PathBuf,
+    },
 }
 
 /// Parse and run; returns the process exit code.

@@ -280,11 +280,13 @@ fn shard_from_events(path: &Path, bytes: &[u8]) -> Result<Shard, String> {
                     match c.status {
                         FileStatus::TimedOut => o.timed_out = true,
                         FileStatus::Crashed => {
-                            o.crashed = Some("the file's runner crashed (see the shard's output)".into())
+                            o.crashed =
+                                Some("the file's runner crashed (see the shard's output)".into())
                         }
                         FileStatus::Failed if o.count(TestStatus::Failed) == 0 => {
-                            o.chunk_error =
-                                Some("the file failed outside its tests (see the shard's output)".into())
+                            o.chunk_error = Some(
+                                "the file failed outside its tests (see the shard's output)".into(),
+                            )
                         }
                         FileStatus::Failed | FileStatus::Passed => {}
                     }
@@ -320,7 +322,11 @@ fn shard_from_json(path: &Path, bytes: &[u8]) -> Result<Shard, String> {
         .map_err(|_| format!("report merge: `{}` is not UTF-8 JSON", path.display()))?;
     let mut run: Option<RunIdentity> = None;
     let mut files = Vec::new();
-    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+    for (n, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
         let bad = |what: &str| {
             format!(
                 "report merge: `{}` line {}: {what} (give a shard's --json output)",
@@ -344,9 +350,9 @@ fn shard_from_json(path: &Path, bytes: &[u8]) -> Result<Shard, String> {
         match &run {
             Some(prev) if *prev != this => {
                 return Err(bad(&format!(
-                    "run {} differs from the earlier lines' run {}; one input is one shard's output",
-                    this.run_id, prev.run_id
-                )))
+                "run {} differs from the earlier lines' run {}; one input is one shard's output",
+                this.run_id, prev.run_id
+            )))
             }
             Some(_) => {}
             None => run = Some(this),
@@ -427,17 +433,26 @@ mod tests {
             shard("a", "s1", Some("count:1/2"), &["x"]),
             shard("b", "s2", Some("count:2/2"), &["y"]),
         ]);
-        assert!(e.starts_with("`b` is from suite s2 (3 files) but `a` is from suite s1"), "{e}");
+        assert!(
+            e.starts_with("`b` is from suite s2 (3 files) but `a` is from suite s1"),
+            "{e}"
+        );
         let e = err(vec![
             shard("a", "s", Some("count:1/2"), &["x"]),
             shard("b", "s", Some("hash:2/2"), &["y"]),
         ]);
-        assert!(e.contains("`b` is shard hash:2/2 but `a` is shard count:1/2"), "{e}");
+        assert!(
+            e.contains("`b` is shard hash:2/2 but `a` is shard count:1/2"),
+            "{e}"
+        );
         let e = err(vec![
             shard("a", "s", Some("count:1/2"), &["x"]),
             shard("b", "s", Some("count:1/2"), &["y"]),
         ]);
-        assert!(e.starts_with("shard count:1/2 is given twice: `a` (run run-a) and `b`"), "{e}");
+        assert!(
+            e.starts_with("shard count:1/2 is given twice: `a` (run run-a) and `b`"),
+            "{e}"
+        );
         let e = err(vec![
             shard("a", "s", Some("hash:1/3"), &["x"]),
             shard("c", "s", Some("hash:3/3"), &["z"]),
