@@ -139,7 +139,8 @@ fn json_objects_follow_the_schema() {
         let keys: BTreeSet<&str> = o.as_object().unwrap().keys().map(String::as_str).collect();
         assert_eq!(
             keys,
-            BTreeSet::from(["path", "timeout", "passed", "chunk_error", "tests"])
+            BTreeSet::from(["path", "timeout", "passed", "chunk_error", "tests"]),
+            "an unsharded run keeps the reference's schema exactly"
         );
         for t in o["tests"].as_array().unwrap() {
             let keys: BTreeSet<&str> = t.as_object().unwrap().keys().map(String::as_str).collect();

@@ -4,7 +4,7 @@
 //! Each input is what one shard saved: its event stream (`--save-events`,
 //! msgpack frames) or its `--json` lines; the format is told from the first
 //! byte (`{` is JSON). Every input names its run (`run_started`, or the
-//! `"run"` object of each JSON line): a run id, the suite id (a hash of the
+//! `"run"` object each JSON line of a `--partition` run carries): a run id, the suite id (a hash of the
 //! suite's files before partitioning) and the partition. The merge refuses
 //! inputs of different suites, of different partition schemes, a shard
 //! given twice, and a missing shard, naming it. It then prints the plain
