@@ -533,15 +533,20 @@ fn replace_by_sibling_rename(new: &Path, dst: &Path) -> io::Result<()> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    let r = match fs::rename(new, dst) {
-        // Another writer (on another host: this path is taken where the
-        // filesystem lacks renameat2, e.g. NFS) installed the same key
-        // between our two renames. Its entry is as good as ours: keep it.
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTEMPTY) | Some(libc::EEXIST)) => Ok(()),
-        r => r,
-    };
+    let r = move_in_or_keep_peer(new, dst);
     let _ = fs::remove_dir_all(&old);
     r
+}
+
+/// Rename the directory `new` to `dst`. If another writer (on another host:
+/// the sibling-rename path is taken where the filesystem lacks renameat2,
+/// e.g. NFS) installed the same key in the meantime, `dst` is a non-empty
+/// directory and the rename fails; its entry is as good as ours, so keep it.
+fn move_in_or_keep_peer(new: &Path, dst: &Path) -> io::Result<()> {
+    match fs::rename(new, dst) {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTEMPTY) | Some(libc::EEXIST)) => Ok(()),
+        r => r,
+    }
 }
 
 /// Set `path`'s atime (None: now), leaving mtime alone.
@@ -833,6 +838,28 @@ mod tests {
         c.clean().unwrap();
         assert!(!c.dir().exists());
         c.clean().unwrap();
+    }
+
+    #[test]
+    fn losing_the_sibling_rename_race_keeps_the_peers_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ours, dst) = (dir.path().join("ours"), dir.path().join("k.lab"));
+        for (d, who) in [(&ours, "ours"), (&dst, "peer")] {
+            fs::create_dir(d).unwrap();
+            fs::write(d.join(LAB_INDEX_FILE), who).unwrap();
+        }
+        move_in_or_keep_peer(&ours, &dst).unwrap();
+        assert_eq!(
+            fs::read_to_string(dst.join(LAB_INDEX_FILE)).unwrap(),
+            "peer"
+        );
+        // With no peer, ours moves in.
+        fs::remove_dir_all(&dst).unwrap();
+        move_in_or_keep_peer(&ours, &dst).unwrap();
+        assert_eq!(
+            fs::read_to_string(dst.join(LAB_INDEX_FILE)).unwrap(),
+            "ours"
+        );
     }
 
     #[test]
