@@ -14,5 +14,6 @@ pub mod fixture;
 pub mod host_memory;
 pub mod lua;
 pub mod machine;
+pub mod partition;
 pub mod report;
 pub mod runner;

@@ -139,7 +139,8 @@ fn json_objects_follow_the_schema() {
         let keys: BTreeSet<&str> = o.as_object().unwrap().keys().map(String::as_str).collect();
         assert_eq!(
             keys,
-            BTreeSet::from(["path", "timeout", "passed", "chunk_error", "tests"])
+            BTreeSet::from(["path", "timeout", "passed", "chunk_error", "tests"]),
+            "an unsharded run keeps the reference's schema exactly"
         );
         for t in o["tests"].as_array().unwrap() {
             let keys: BTreeSet<&str> = t.as_object().unwrap().keys().map(String::as_str).collect();
@@ -583,7 +584,11 @@ fn list_and_lsp_setup() {
         .current_dir(p.path())
         .output()
         .unwrap();
-    assert_eq!(stdout(&o), "a.test.lua\nsub/b.test.lua\n");
+    // Tests, under their file, as the reference's `provium list # tests`.
+    assert_eq!(
+        stdout(&o),
+        "a.test.lua\n    one\n    two\nsub/b.test.lua\n    one\n    two\n"
+    );
     let o = Command::new(env!("CARGO_BIN_EXE_provium"))
         .args(["list", "--fixtures"])
         .current_dir(p.path())
@@ -633,6 +638,44 @@ fn a_failing_build_command_aborts_with_exit_two() {
         .trim()
         .ends_with("/out"));
     assert_eq!(code(&p.run(&["--no-build"])), 0);
+}
+
+#[test]
+fn repl_and_console_run_the_profiles_build_first() {
+    let p = Project::new(&[("a.test.lua", PASSING)]);
+    std::fs::write(
+        p.path().join("provium.toml"),
+        "[provium]\nroots = [\"tests\"]\n[profiles.linux]\ncmdline = \"q\"\nbuild = \"echo $PPID >> built; exit 3\"\nbuild_out = \"out\"\n",
+    )
+    .unwrap();
+    for args in [&["repl", "linux"][..], &["console", "linux"][..]] {
+        let _ = std::fs::remove_file(p.path().join("built"));
+        let o = p.run(args);
+        assert_eq!(code(&o), 2, "{args:?}: {o:?}");
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            e.contains("profile `linux`: build command failed"),
+            "{args:?}: {e}"
+        );
+        assert!(
+            p.path().join("built").exists(),
+            "{args:?}: the build did not run"
+        );
+    }
+}
+
+#[test]
+fn rerun_failed_without_recorded_state_prints_the_notice_and_runs_nothing() {
+    let p = Project::new(&[("a.test.lua", PASSING)]);
+    let o = p.run(&["--rerun-failed"]);
+    assert_eq!(code(&o), 0, "{o:?}");
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("provium: --rerun-failed: no failed files recorded (no state at ")
+            && e.contains("rerun.json); nothing to run"),
+        "{e}"
+    );
+    assert_eq!(stdout(&o), "", "nothing ran, so no report");
 }
 
 #[test]

@@ -491,3 +491,147 @@ fn a_killed_builders_lock_is_recovered() {
     // The dead holder's flock is gone with it: b builds and passes.
     assert_eq!(p.run_tests("b.test.lua"), ["slow"]);
 }
+
+/// The fixtures a run built (from its events) and the ones it restored.
+fn builds_and_hits(events: &std::path::Path) -> (Vec<String>, Vec<String>) {
+    let (mut built, mut hits) = (Vec::new(), Vec::new());
+    for e in read_events(events) {
+        match e.event {
+            Event::FixtureBuildStarted(b) => built.push(b.path),
+            Event::FixtureCacheHit(h) => hits.push(h.path),
+            _ => {}
+        }
+    }
+    built.sort();
+    hits.sort();
+    (built, hits)
+}
+
+/// `fixture export`'s manifest, as JSON.
+fn manifest(p: &Project, dir: &str) -> serde_json::Value {
+    serde_json::from_str(
+        &std::fs::read_to_string(p.path(dir).join("provium-fixtures.json")).unwrap(),
+    )
+    .unwrap()
+}
+
+fn entry_of<'a>(m: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    m["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == name)
+        .unwrap_or_else(|| panic!("{name} not in {m}"))
+}
+
+#[test]
+fn build_all_export_then_import_into_an_empty_cache_restores_without_a_build() {
+    let p = Project::new();
+    let o = p.run(&["fixture", "build", "--all"]);
+    assert!(o.status.success(), "{}", Project::text(&o));
+    assert_eq!(p.take_builds(), ALL);
+    let o = p.run(&["fixture", "export", "exported"]);
+    assert!(o.status.success(), "{}", Project::text(&o));
+    let m = manifest(&p, "exported");
+    assert_eq!(m["entries"].as_array().unwrap().len(), 4, "{m}");
+    assert_eq!(entry_of(&m, "fixtures/cluster")["kind"], "lab");
+    assert_eq!(p.run(&["fixture", "clean"]).status.code(), Some(0));
+
+    let o = p.run(&["fixture", "import", "exported"]);
+    assert!(o.status.success(), "{}", Project::text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).ends_with("4 imported, 0 already cached, 0 refused\n"),
+        "{}",
+        Project::text(&o)
+    );
+    let ev = p.path("events.bin");
+    let o = p.run(&["--save-events", ev.to_str().unwrap(), "uses.test.lua"]);
+    assert!(o.status.success(), "{}", Project::text(&o));
+    let (built, hits) = builds_and_hits(&ev);
+    assert_eq!(
+        built,
+        Vec::<String>::new(),
+        "nothing builds after an import: {}",
+        Project::text(&o)
+    );
+    assert_eq!(
+        hits,
+        [
+            "fixtures/base",
+            "fixtures/cluster",
+            "fixtures/derived",
+            "fixtures/other"
+        ]
+    );
+    assert_eq!(p.take_builds(), Vec::<String>::new());
+}
+
+#[test]
+fn a_corrupt_or_stale_imported_entry_is_refused_by_name_and_rebuilt() {
+    let p = Project::new();
+    assert!(p.run(&["fixture", "build", "--all"]).status.success());
+    p.take_builds();
+    assert!(p.run(&["fixture", "export", "exported"]).status.success());
+    let m = manifest(&p, "exported");
+    // Corrupt base's snapshot (same size, one byte flipped) ...
+    let base = p.path("exported").join(
+        entry_of(&m, "fixtures/base")["files"][0]["path"]
+            .as_str()
+            .unwrap(),
+    );
+    let mut bytes = std::fs::read(&base).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&base, bytes).unwrap();
+    // ... and make other's export stale: its depends_on_file input changed.
+    p.edit("data/dep.txt", "dep v2");
+    assert!(p.run(&["fixture", "clean"]).status.success());
+
+    let o = p.run(&["fixture", "import", "exported"]);
+    assert!(o.status.success(), "{}", Project::text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("refused `fixtures/base`: corrupt: ") && err.contains("but the manifest says"),
+        "{err}"
+    );
+    assert!(
+        err.contains("refused `fixtures/other`: stale: exported with key "),
+        "{err}"
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stdout).ends_with("2 imported, 0 already cached, 2 refused\n")
+    );
+    let ev = p.path("events.bin");
+    let o = p.run(&["--save-events", ev.to_str().unwrap(), "uses.test.lua"]);
+    assert!(o.status.success(), "{}", Project::text(&o));
+    let (built, _) = builds_and_hits(&ev);
+    assert_eq!(built, ["fixtures/base", "fixtures/other"]);
+    assert_eq!(p.take_builds(), ["base", "other"]);
+}
+
+#[test]
+fn fixture_rebuild_evicts_both_the_snap_and_the_lab_entry() {
+    let p = Project::new();
+    assert!(p
+        .run(&["fixture", "build", "fixtures/other"])
+        .status
+        .success());
+    p.take_builds();
+    assert!(
+        p.run(&["fixture", "export", "keys"]).status.code() == Some(1),
+        "others are not built"
+    );
+    let key = entry_of(&manifest(&p, "keys"), "fixtures/other")["key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // A lab layout of the same key, as a fixture that changed kind leaves.
+    let lab = p.path("cache").join(format!("{key}.lab"));
+    std::fs::create_dir_all(&lab).unwrap();
+    std::fs::write(lab.join("lab.json"), "{}").unwrap();
+    let o = p.run(&["fixture", "rebuild", "fixtures/other"]);
+    assert!(o.status.success(), "{}", Project::text(&o));
+    assert!(!lab.exists(), "the .lab entry is evicted");
+    assert!(p.path("cache").join(format!("{key}.snap")).is_file());
+    assert_eq!(p.take_builds(), ["other"]);
+}

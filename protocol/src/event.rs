@@ -172,6 +172,19 @@ events! {
     FixtureCacheHit => "fixture_cache_hit" {
         path: String,
     }
+    /// Once per run, before `file_discovered`: what `provium report merge`
+    /// needs to tell shards apart and to check that they belong together.
+    RunStarted => "run_started" {
+        /// Unique per invocation (host, pid and start time, hashed).
+        run_id: String,
+        /// A hash of every file the suite discovered before partitioning:
+        /// shards of one suite share it.
+        suite_id: String,
+        /// How many files the suite discovered before partitioning.
+        suite_files: u32,
+        /// `count:I/N` or `hash:I/N` for a sharded run, else none.
+        partition: Option<String>,
+    }
 }
 
 const FRAME_FIELDS: &[&str] = &["ts", "kind", "payload"];

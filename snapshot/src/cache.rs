@@ -394,22 +394,31 @@ impl FixtureCache {
         Ok(evicted)
     }
 
-    /// Temporary names are `.<name>.tmp-<pid>-<nanos>`: remove those whose
-    /// writer is gone. Best effort.
+    /// Temporary names record their writer's pid and host
+    /// (`.<name>.tmp-<pid>-<random>@<host>`): remove those of this host whose
+    /// writer is gone. Another host's are left alone (its pids mean nothing
+    /// here, and deleting a live writer's temporary would fail its install)
+    /// unless a day old. Best effort.
     fn remove_stale_temps(&self) {
         let Ok(rd) = fs::read_dir(&self.dir) else {
             return;
         };
+        let here = crate::format::host_name();
         for ent in rd.flatten() {
             let name = ent.file_name().to_string_lossy().into_owned();
-            let Some(rest) = name.strip_prefix('.').and_then(|n| n.split_once(".tmp-")) else {
+            let Some((pid, host)) = crate::format::temp_owner(&name) else {
                 continue;
             };
-            let pid = rest.1.split('-').next().and_then(|p| p.parse::<u32>().ok());
-            if let Some(pid) = pid {
-                if !Path::new(&format!("/proc/{pid}")).exists() {
-                    let _ = remove_entry(&ent.path());
-                }
+            let gone = match host {
+                Some(h) if h != here => fs::symlink_metadata(ent.path())
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age > Duration::from_secs(24 * 3600)),
+                _ => !Path::new(&format!("/proc/{pid}")).exists(),
+            };
+            if gone {
+                let _ = remove_entry(&ent.path());
             }
         }
     }
@@ -524,9 +533,20 @@ fn replace_by_sibling_rename(new: &Path, dst: &Path) -> io::Result<()> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    fs::rename(new, dst)?;
+    let r = move_in_or_keep_peer(new, dst);
     let _ = fs::remove_dir_all(&old);
-    Ok(())
+    r
+}
+
+/// Rename the directory `new` to `dst`. If another writer (on another host:
+/// the sibling-rename path is taken where the filesystem lacks renameat2,
+/// e.g. NFS) installed the same key in the meantime, `dst` is a non-empty
+/// directory and the rename fails; its entry is as good as ours, so keep it.
+fn move_in_or_keep_peer(new: &Path, dst: &Path) -> io::Result<()> {
+    match fs::rename(new, dst) {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTEMPTY) | Some(libc::EEXIST)) => Ok(()),
+        r => r,
+    }
 }
 
 /// Set `path`'s atime (None: now), leaving mtime alone.
@@ -795,12 +815,51 @@ mod tests {
             .dir()
             .join(format!(".y.snap.tmp-{}-1", std::process::id()));
         fs::write(&live, b"half").unwrap();
+        let here = crate::format::host_name();
+        let stale_here = c.dir().join(format!(".z.snap.tmp-999999999-ab@{here}"));
+        fs::write(&stale_here, b"half").unwrap();
+        // Another host's writer: pid 999999999 means nothing here, so it stays.
+        let other_host = c.dir().join(".w.snap.tmp-999999999-ab@other-host.example");
+        fs::write(&other_host, b"half").unwrap();
+        let fresh = crate::format::temp_sibling(&c.dir().join("k.snap"));
+        let fresh_name = fresh.file_name().unwrap().to_str().unwrap().to_string();
+        assert_eq!(
+            crate::format::temp_owner(&fresh_name),
+            Some((std::process::id(), Some(here.as_str())))
+        );
         c.evict_lru(0).unwrap();
         assert!(!stale.exists());
+        assert!(!stale_here.exists());
+        assert!(
+            other_host.exists(),
+            "another host's temporary is not ours to judge"
+        );
         assert!(live.exists());
         c.clean().unwrap();
         assert!(!c.dir().exists());
         c.clean().unwrap();
+    }
+
+    #[test]
+    fn losing_the_sibling_rename_race_keeps_the_peers_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ours, dst) = (dir.path().join("ours"), dir.path().join("k.lab"));
+        for (d, who) in [(&ours, "ours"), (&dst, "peer")] {
+            fs::create_dir(d).unwrap();
+            fs::write(d.join(LAB_INDEX_FILE), who).unwrap();
+        }
+        move_in_or_keep_peer(&ours, &dst).unwrap();
+        assert_eq!(
+            fs::read_to_string(dst.join(LAB_INDEX_FILE)).unwrap(),
+            "peer"
+        );
+        // With no peer, ours moves in.
+        fs::remove_dir_all(&dst).unwrap();
+        move_in_or_keep_peer(&ours, &dst).unwrap();
+        assert_eq!(
+            fs::read_to_string(dst.join(LAB_INDEX_FILE)).unwrap(),
+            "ours"
+        );
     }
 
     #[test]

@@ -500,17 +500,62 @@ impl SnapshotBuilder {
     }
 }
 
-/// `<dir>/.<name>.tmp-<pid>-<nanos>`, beside `path`.
+/// `<dir>/.<name>.tmp-<pid>-<random>@<host>`, beside `path`: unique across
+/// the processes of every machine sharing the directory (a cache on NFS),
+/// and saying whose it is, so only its own host judges whether its writer
+/// is gone ([`temp_owner`]).
 pub(crate) fn temp_sibling(path: &Path) -> PathBuf {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "snapshot".into());
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    path.with_file_name(format!(".{name}.tmp-{}-{nanos}", std::process::id()))
+    let mut b = [0u8; 8];
+    let random = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
+        .map(|()| u64::from_le_bytes(b))
+        .unwrap_or_else(|_| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        });
+    path.with_file_name(format!(
+        ".{name}.tmp-{}-{random:016x}@{}",
+        std::process::id(),
+        host_name()
+    ))
+}
+
+/// This machine's host name, reduced to `[A-Za-z0-9.-]` (others become `_`).
+pub(crate) fn host_name() -> String {
+    let raw = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let h: String = raw
+        .trim()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if h.is_empty() {
+        "localhost".into()
+    } else {
+        h
+    }
+}
+
+/// The writer of a temporary name from [`temp_sibling`]: (pid, host); the
+/// host is `None` for names written before hosts were recorded.
+pub(crate) fn temp_owner(file_name: &str) -> Option<(u32, Option<&str>)> {
+    let rest = file_name.strip_prefix('.')?.split_once(".tmp-")?.1;
+    let (rest, host) = match rest.split_once('@') {
+        Some((r, h)) => (r, Some(h)),
+        None => (rest, None),
+    };
+    let pid = rest.split('-').next()?.parse().ok()?;
+    Some((pid, host))
 }
 
 fn put_str(t: &mut Vec<u8>, s: &str) {

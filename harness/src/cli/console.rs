@@ -124,6 +124,10 @@ pub fn run(args: &RunArgs, profile_name: &str, opts: &ConsoleOpts) -> Result<i32
             }
         )
     })?;
+    // As `provium` does: the profile's build runs before it boots.
+    if !args.no_build {
+        super::run::run_builds(&config, Some(profile_name))?;
+    }
     kvm_usable().map_err(|e| {
         format!(
             "console: {e} (the console boots the profile on the microVMM, which needs /dev/kvm)"

@@ -1,4 +1,5 @@
-//! `provium fixture list|build|rebuild|clean|stale`: the fixture cache.
+//! `provium fixture list|build|rebuild|clean|stale|export|import`: the
+//! fixture cache.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -6,23 +7,30 @@ use std::sync::Arc;
 use provium_snapshot::{EntryKind, FixtureCache};
 
 use super::run::{choose_backend, load_config};
-use super::{FixtureOp, RunArgs, EXIT_OK};
+use super::{FixtureOp, RunArgs, EXIT_FAILED, EXIT_OK};
 use crate::backend::local::snapshot::chain;
 use crate::config::Config;
 use crate::events::EventSender;
-use crate::fixture;
+use crate::fixture::{self, transfer};
 use crate::runner::FileEnv;
 
 fn mib(bytes: u64) -> String {
     format!("{:.2}MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
+/// The test roots, canonical as a run sees them: keys fold in the paths of
+/// host-file dependencies, so `provium fixture build` must resolve them as
+/// the run does or it builds under a key no run looks up.
 fn roots(config: &Config) -> Vec<PathBuf> {
-    if config.roots.is_empty() {
+    let roots = if config.roots.is_empty() {
         vec![PathBuf::from(".")]
     } else {
         config.roots.clone()
-    }
+    };
+    roots
+        .into_iter()
+        .map(|r| std::fs::canonicalize(&r).unwrap_or(r))
+        .collect()
 }
 
 /// A FileEnv for building outside a test run.
@@ -60,7 +68,9 @@ pub fn evict_at_startup(config: &Config) {
 }
 
 fn shown(config: &Config, p: &Path) -> String {
-    p.strip_prefix(&config.base_dir)
+    let base = std::fs::canonicalize(&config.base_dir).unwrap_or_else(|_| config.base_dir.clone());
+    p.strip_prefix(&base)
+        .or_else(|_| p.strip_prefix(&config.base_dir))
         .unwrap_or(p)
         .display()
         .to_string()
@@ -92,13 +102,66 @@ pub fn run(args: &RunArgs, op: FixtureOp) -> Result<i32, String> {
             println!("removed {}", dir.display());
             Ok(EXIT_OK)
         }
-        FixtureOp::Build { path } => {
+        FixtureOp::Build { path, all } => {
             let env = cli_env(args, config);
-            if fixture::build_for_cli(&env, &path, false)? {
-                println!("built: {path}");
+            let names: Vec<String> = if all {
+                fixture::all_fixtures(&env.roots)
+                    .into_iter()
+                    .map(|(n, _)| n)
+                    .collect()
             } else {
-                println!("already built: {path}");
+                path.into_iter().collect()
+            };
+            for path in names {
+                if fixture::build_for_cli(&env, &path, false)? {
+                    println!("built: {path}");
+                } else {
+                    println!("already built: {path}");
+                }
             }
+            Ok(EXIT_OK)
+        }
+        FixtureOp::Export { dir } => {
+            let env = cli_env(args, config);
+            let (exported, missing) = transfer::export(&env, &dir)?;
+            for n in &exported {
+                println!("exported: {n}");
+            }
+            for n in &missing {
+                eprintln!(
+                    "provium: fixture export: `{n}` is not cached, so it was not exported \
+                     (run `provium fixture build --all` first)"
+                );
+            }
+            println!(
+                "{} fixture(s) exported to {}",
+                exported.len(),
+                dir.display()
+            );
+            Ok(if missing.is_empty() {
+                EXIT_OK
+            } else {
+                EXIT_FAILED
+            })
+        }
+        FixtureOp::Import { dir } => {
+            let env = cli_env(args, config);
+            let report = transfer::import(&env, &dir)?;
+            for n in &report.installed {
+                println!("imported: {n}");
+            }
+            for n in &report.already_cached {
+                println!("already cached: {n}");
+            }
+            for (n, why) in &report.refused {
+                eprintln!("provium: fixture import: refused `{n}`: {why}");
+            }
+            println!(
+                "{} imported, {} already cached, {} refused",
+                report.installed.len(),
+                report.already_cached.len(),
+                report.refused.len()
+            );
             Ok(EXIT_OK)
         }
         FixtureOp::Rebuild { path } => {

@@ -1,12 +1,52 @@
-//! `provium list [--fixtures]`: what would run, without running it.
+//! `provium list [--fixtures] [--partition KIND:I/N]`: what would run,
+//! without running it. Tests print under their file, indented, as
+//! cargo-nextest lists tests under their binary:
+//!
+//! ```text
+//! net/partition.test.lua
+//!     split-brain
+//!     heals
+//! ```
+//!
+//! Nothing is run, so test names come from a static scan of the source
+//! ([`test_names`]): `test("name", …)` calls with a literal name. A test
+//! whose name is computed (`test("case " .. i, …)`) is not listed.
 
 use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use regex::Regex;
 
 use super::run::load_config;
 use super::EXIT_OK;
 use crate::discover::discover;
+use crate::partition::Partition;
 
-pub fn run(config: &std::path::Path, paths: &[PathBuf], fixtures: bool) -> Result<i32, String> {
+/// The literal names of the `test(...)` calls in `source`, in order;
+/// comment lines are ignored.
+pub fn test_names(source: &str) -> Vec<String> {
+    static RE: OnceLock<Regex> = OnceLock::new();
+    let re = RE.get_or_init(|| {
+        Regex::new(r#"(?:^|[^\w.:])test\s*\(\s*(?:"((?:[^"\\]|\\.)*)"|'((?:[^'\\]|\\.)*)')\s*[,)]"#)
+            .expect("a valid regex")
+    });
+    source
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("--"))
+        .flat_map(|l| {
+            re.captures_iter(l)
+                .filter_map(|c| c.get(1).or(c.get(2)).map(|m| m.as_str().to_string()))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+pub fn run(
+    config: &std::path::Path,
+    paths: &[PathBuf],
+    fixtures: bool,
+    partition: Option<Partition>,
+) -> Result<i32, String> {
     let config = load_config(config)?;
     let paths: Vec<PathBuf> = if !paths.is_empty() {
         paths.to_vec()
@@ -26,8 +66,17 @@ pub fn run(config: &std::path::Path, paths: &[PathBuf], fixtures: bool) -> Resul
         }
         return Ok(EXIT_OK);
     }
-    for f in discover(&paths, &config.roots)? {
+    let files = discover(&paths, &config.roots)?;
+    let files = match partition {
+        Some(p) => p.select(files, |f| f.rel.as_str()),
+        None => files,
+    };
+    for f in files {
         println!("{}", f.rel);
+        let source = std::fs::read_to_string(&f.abs).unwrap_or_default();
+        for name in test_names(&source) {
+            println!("    {name}");
+        }
     }
     Ok(EXIT_OK)
 }
@@ -42,5 +91,20 @@ fn collect_fixtures(root: &std::path::Path, dir: &std::path::Path, out: &mut Vec
                 out.push(name.to_string());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literal_test_names_in_order_not_comments_or_computed_ones() {
+        let src = "test(\"one\", function(t) end)\n\
+                   test('two', {tags = {'x'}}, function(t) end)\n\
+                   -- test(\"commented\", function() end)\n\
+                   for i = 1, 3 do test(\"case \" .. i, function() end) end\n\
+                   t:test(\"method\")\n  test ( \"spaced\" , f)\n";
+        assert_eq!(test_names(src), ["one", "two", "spaced"]);
     }
 }

@@ -9,6 +9,7 @@ pub mod lsp_setup;
 pub mod preflight;
 pub mod prepare;
 pub mod repl;
+pub mod report;
 pub mod run;
 
 use std::path::PathBuf;
@@ -70,6 +71,11 @@ pub struct RunArgs {
     /// Run only the files that failed in the last run.
     #[arg(long)]
     pub rerun_failed: bool,
+    /// Run one shard of the suite: `count:I/N` (files dealt round-robin in
+    /// discovery order) or `hash:I/N` (by a stable hash of each file's
+    /// root-relative path); I counts from 1. docs/ci.md.
+    #[arg(long, value_name = "KIND:I/N")]
+    pub partition: Option<crate::partition::Partition>,
     /// Run only files modified after this reference file.
     #[arg(long, value_name = "PATH")]
     pub since: Option<PathBuf>,
@@ -167,6 +173,14 @@ pub enum Command {
         paths: Vec<PathBuf>,
         #[arg(long)]
         fixtures: bool,
+        /// Only this shard's files (as `provium --partition`).
+        #[arg(long, value_name = "KIND:I/N")]
+        partition: Option<crate::partition::Partition>,
+    },
+    /// Reports across runs: `report merge` combines a sharded run's shards.
+    Report {
+        #[command(subcommand)]
+        op: report::ReportOp,
     },
     /// Boot, restore and agent round-trip timing (docs/benchmarking.md).
     Bench {
@@ -184,10 +198,30 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum FixtureOp {
     List,
-    Build { path: String },
-    Rebuild { path: String },
+    /// Build a fixture unless it is cached; `--all` builds every fixture
+    /// under the roots (a CI "build fixtures" job, docs/ci.md).
+    Build {
+        #[arg(required_unless_present = "all")]
+        path: Option<String>,
+        #[arg(long, conflicts_with = "path")]
+        all: bool,
+    },
+    /// Evict the fixture's entries (`.snap` and `.lab`) and build it again.
+    Rebuild {
+        path: String,
+    },
     Clean,
     Stale,
+    /// Write the cache entries the suite's fixtures need, with their keys
+    /// and checksums, into DIR (for a CI cache or artifact step).
+    Export {
+        dir: PathBuf,
+    },
+    /// Verify and install the entries of an export; refused ones are named
+    /// and left for a local rebuild.
+    Import {
+        dir: PathBuf,
+    },
 }
 
 /// Parse and run; returns the process exit code.
@@ -229,7 +263,12 @@ pub fn main() -> i32 {
             },
         ),
         Some(Command::Fixture { op }) => fixture::run(&cli.run, op),
-        Some(Command::List { paths, fixtures }) => list::run(&cli.run.config, &paths, fixtures),
+        Some(Command::List {
+            paths,
+            fixtures,
+            partition,
+        }) => list::run(&cli.run.config, &paths, fixtures, partition),
+        Some(Command::Report { op }) => report::run(op),
         Some(Command::LspSetup { dir, force }) => lsp_setup::run(dir, force),
         Some(Command::Bench { op }) => bench::run(&cli.run, op),
     };

@@ -24,6 +24,12 @@ pub fn run(
         (Some(_), None) => String::new(),
         (None, None) => return Err("repl: give a profile (none in provium.toml)".into()),
     };
+    // As `provium` does: build before anything boots. A fixture may boot
+    // any profile, so with --fixture every profile's build runs.
+    if !args.no_build {
+        let only = fixture.is_none().then_some(profile.as_str());
+        super::run::run_builds(&config, only)?;
+    }
     let backend = choose_backend(args.vmm, &config);
     let env = Arc::new(FileEnv::new(
         "repl".into(),

@@ -5,14 +5,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use provium_protocol::event::{Event, FileDiscovered, ResourceAmount};
+use provium_protocol::event::{Event, FileDiscovered, ResourceAmount, RunStarted};
 
 use super::{preflight, RunArgs, VmmChoice, EXIT_FAILED, EXIT_INTERNAL, EXIT_OK};
 use crate::config::{parse_size, Config};
 use crate::discover::{discover, TestFile};
 use crate::events::{EventBus, EventSocket};
 use crate::lua::duration::parse_duration_str;
-use crate::report::{self, progress::Progress, Verbosity};
+use crate::report::{self, new_run_id, progress::Progress, suite_id, RunIdentity, Verbosity};
 use crate::runner::filter::{parse_key_values, TestFilter};
 use crate::runner::scheduler::{run_jobs, Job, PsiMonitor, SchedulerOptions};
 use crate::runner::{BackendKind, FileEnv};
@@ -215,8 +215,21 @@ fn select(files: Vec<TestFile>, args: &RunArgs) -> Result<Vec<TestFile>, String>
     Ok(files)
 }
 
+/// The notice `--rerun-failed` prints when no earlier run recorded a
+/// failure: running the whole suite instead is almost never what was meant.
+pub fn no_rerun_state_notice(path: &Path) -> String {
+    format!(
+        "provium: --rerun-failed: no failed files recorded (no state at {}); nothing to run",
+        path.display()
+    )
+}
+
 pub fn run(args: &RunArgs) -> Result<i32, String> {
     let config = Arc::new(load_config(&args.config)?);
+    if args.rerun_failed && !args.watch && read_rerun_state().is_none() {
+        eprintln!("{}", no_rerun_state_notice(&rerun_state_path()));
+        return Ok(EXIT_OK);
+    }
     let filter = Arc::new(build_filter(args)?);
     let pool = pool_from(args)?;
     let timeout = file_timeout(args)?;
@@ -321,6 +334,16 @@ fn run_once(
     let started = Instant::now();
     let run_seed = run_seed(args.seed, std::env::var("PROVIUM_SEED").ok().as_deref())?;
     let files = select(discover(paths, &config.roots)?, args)?;
+    let run = RunIdentity {
+        run_id: new_run_id(),
+        suite_id: suite_id(files.iter().map(|f| f.rel.as_str())),
+        suite_files: u32::try_from(files.len()).unwrap_or(u32::MAX),
+        partition: args.partition.map(|p| p.to_string()),
+    };
+    let files = match args.partition {
+        Some(p) => p.select(files, |f| f.rel.as_str()),
+        None => files,
+    };
     let coverage_tmp = (args.coverage && args.save_events.is_none()).then(|| {
         std::env::temp_dir().join(format!("provium-coverage-{}.msgpack", std::process::id()))
     });
@@ -328,6 +351,12 @@ fn run_once(
     let bus = EventBus::start(save_to.as_deref(), args.events_stdout, socket, false)
         .map_err(|e| e.to_string())?;
     let events = bus.sender();
+    events.emit(Event::RunStarted(RunStarted {
+        run_id: run.run_id.clone(),
+        suite_id: run.suite_id.clone(),
+        suite_files: run.suite_files,
+        partition: run.partition.clone(),
+    }));
     for f in &files {
         events.emit(Event::FileDiscovered(FileDiscovered {
             path: f.rel.clone(),
@@ -392,7 +421,7 @@ fn run_once(
         |o| {
             progress.borrow().clear();
             let text = if args.json {
-                report::json::render_file(o)
+                report::json::render_file(o, &run)
             } else {
                 report::plain::render_file(o, verbosity)
             };

@@ -437,6 +437,12 @@ pub fn events() -> Vec<(String, EventFrame)> {
         Event::FixtureCacheHit(FixtureCacheHit {
             path: "base".into(),
         }),
+        Event::RunStarted(RunStarted {
+            run_id: "5f3c2a1b".into(),
+            suite_id: "9e8d7c6b".into(),
+            suite_files: 3,
+            partition: Some("count:1/3".into()),
+        }),
     ];
     events
         .into_iter()
