@@ -32,6 +32,7 @@
 pub mod clock;
 pub mod impair;
 pub mod mac;
+pub mod offload;
 pub mod pcap;
 mod port;
 pub mod switch;
