@@ -1410,6 +1410,16 @@ impl Port {
         }
     }
 
+    /// What this port takes whole ([`Port::set_offloads`]).
+    pub fn offloads(&self) -> Offloads {
+        self.inner
+            .lock()
+            .ports
+            .get(&self.id)
+            .map(|p| p.offloads)
+            .unwrap_or_default()
+    }
+
     /// The next frame for the guest, without waiting. A port with offloads
     /// set reads with [`Port::try_recv_offload`] instead, or loses headers.
     pub fn try_recv(&self) -> Option<Vec<u8>> {
