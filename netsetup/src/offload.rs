@@ -491,13 +491,10 @@ fn segment_gso(meta: &OffloadMeta, frame: &[u8], out: &mut Segments) {
     } else {
         u32::from_be_bytes([frame[l4 + 4], frame[l4 + 5], frame[l4 + 6], frame[l4 + 7]])
     };
-    let chunks: Box<dyn Iterator<Item = &[u8]>> = if payload.is_empty() {
-        Box::new(std::iter::once(payload))
-    } else {
-        Box::new(payload.chunks(mss))
-    };
+    // An empty payload still makes one packet (a bare ACK with the flags).
     let n = payload.len().div_ceil(mss).max(1);
-    for (i, chunk) in chunks.enumerate() {
+    for i in 0..n {
+        let chunk = &payload[(i * mss).min(payload.len())..((i + 1) * mss).min(payload.len())];
         let start = out.push(&[headers, chunk]);
         let f = &mut out.buf[start..];
         let seg_len = f.len();

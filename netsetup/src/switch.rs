@@ -262,16 +262,37 @@ impl Ord for Delayed {
     }
 }
 
+/// Receive queues woken after a send without allocating: a unicast or a
+/// flood to a few ports.
+const WAKE_INLINE: usize = 8;
+
 /// Work to do after the lock is released.
 #[derive(Default)]
 struct After {
-    wake: Vec<Arc<RxQueue>>,
+    /// Queues to wake, each once; the first [`WAKE_INLINE`] need no heap.
+    wake_inline: [Option<Arc<RxQueue>>; WAKE_INLINE],
+    wake_more: Vec<Arc<RxQueue>>,
     link: Vec<(LinkWatcher, bool)>,
 }
 
 impl After {
+    fn wake_once(&mut self, q: &Arc<RxQueue>) {
+        let queued = |x: &Arc<RxQueue>| Arc::ptr_eq(x, q);
+        if self.wake_inline.iter().flatten().any(queued) || self.wake_more.iter().any(queued) {
+            return;
+        }
+        match self.wake_inline.iter_mut().find(|s| s.is_none()) {
+            Some(slot) => *slot = Some(Arc::clone(q)),
+            None => self.wake_more.push(Arc::clone(q)),
+        }
+    }
+
+    fn has_work(&self) -> bool {
+        self.wake_inline[0].is_some() || !self.link.is_empty()
+    }
+
     fn run(self) {
-        for q in self.wake {
+        for q in self.wake_inline.into_iter().flatten().chain(self.wake_more) {
             q.wake();
         }
         for (w, up) in self.link {
@@ -932,7 +953,7 @@ impl Inner {
             let now = self.clock.now();
             let mut after = After::default();
             st.release_due(self, now, &mut after);
-            if !after.wake.is_empty() || !after.link.is_empty() {
+            if after.has_work() {
                 drop(st);
                 after.run();
                 st = self.lock();
@@ -1320,9 +1341,7 @@ impl State {
             slot.counters.rx_packets += 1;
             slot.counters.rx_bytes += len;
             self.stats.delivered += 1;
-            if !after.wake.iter().any(|q| Arc::ptr_eq(q, &slot.rx)) {
-                after.wake.push(Arc::clone(&slot.rx));
-            }
+            after.wake_once(&slot.rx);
         } else {
             slot.counters.rx_dropped += 1;
             self.stats.dropped_rx_queue_full += 1;
