@@ -162,7 +162,8 @@ pub enum Work {
 /// A validated header together with the facts segmentation needs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OffloadMeta {
-    /// The header as received (re-sent as is to a port that takes it).
+    /// The header passed on to a port that takes the offload: as received,
+    /// less DATA_VALID; all zero for a frame that needs no work.
     pub hdr: VnetHdr,
     /// What it asks for.
     pub work: Work,
@@ -263,8 +264,18 @@ impl OffloadMeta {
             GSO_UDP_L4 => Work::Udp,
             _ => return Err(OffloadError::BadGsoType(hdr.gso_type)),
         };
+        // What is passed on: only the flag that asks for work (a sender's
+        // DATA_VALID vouches for nothing), and nothing at all for a frame
+        // that needs none.
+        let passed = match work {
+            Work::None => VnetHdr::default(),
+            _ => VnetHdr {
+                flags: hdr.flags & F_NEEDS_CSUM,
+                ..hdr
+            },
+        };
         let mut meta = OffloadMeta {
-            hdr,
+            hdr: passed,
             work,
             ..OffloadMeta::NONE
         };
