@@ -146,7 +146,8 @@ fn run(data: &[u8]) {
                 5 => {
                     let at = usize::from(input.u16().unwrap_or(0));
                     let b = input.u8().unwrap_or(0);
-                    if let Some(x) = f.get_mut(at % f.len().max(1)) {
+                    let len = f.len().max(1);
+                    if let Some(x) = f.get_mut(at % len) {
                         *x = b;
                     }
                 }
