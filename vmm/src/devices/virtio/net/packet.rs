@@ -348,11 +348,10 @@ impl NetQueues {
                 let buf = &mut self.tx_bufs[n];
                 ok[n] = false;
                 let read = read_tx_chain(&self.mem, chain, buf).and_then(|()| {
-                    if buf.len() < hdr_bytes {
-                        Err(TxChainError::TooShort(buf.len()))
-                    } else {
-                        Ok(())
-                    }
+                    let len = buf.len();
+                    (len >= hdr_bytes)
+                        .then_some(())
+                        .ok_or(TxChainError::TooShort(len))
                 });
                 match read {
                     Err(_) => NetMetrics::bump(&self.metrics.tx_bad_chains),
