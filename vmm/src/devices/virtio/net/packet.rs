@@ -338,6 +338,7 @@ impl NetQueues {
         let hdr_bytes = self.hdr_bytes;
         let mut hdrs = [VnetHdr::default(); TX_BATCH];
         let mut ok = [false; TX_BATCH];
+        let mut heads = [0u16; TX_BATCH];
         loop {
             let mut n = 0;
             while n < TX_BATCH {
@@ -370,9 +371,7 @@ impl NetQueues {
                         }
                     }
                 }
-                // add_used only fails for a head out of range, which a popped
-                // chain cannot have.
-                used |= self.txq.add_used(&self.mem, head, 0).is_ok();
+                heads[n] = head;
                 n += 1;
             }
             if n == 0 {
@@ -392,6 +391,11 @@ impl NetQueues {
             self.metrics
                 .tx_dropped
                 .fetch_add((tried - sent) as u64, Ordering::Relaxed);
+            // Returned after they are forwarded and counted. add_used only
+            // fails for a head out of range, which a popped chain cannot have.
+            for &head in &heads[..n] {
+                used |= self.txq.add_used(&self.mem, head, 0).is_ok();
+            }
             if n < TX_BATCH {
                 break;
             }
