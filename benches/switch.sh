@@ -7,9 +7,11 @@
 # Installs iperf3 and ethtool from Debian's packages when they are missing
 # (bench tools, never installed by CI), builds the release agent, and runs
 # harness/benches/switch.rs. Prints the machine, then `switch: ...` lines:
-# TCP throughput per run and path (iperf3), RTT p50/p99 per path (ping), and
-# the ratios ours / bridge, for the kernel bridge with its default offloads
-# and with TSO/GSO/GRO off (MTU-sized frames, as our TAPs carry). SWITCH_BENCH_SECONDS (default 5),
+# per run and path, TCP throughput with one stream and four, and 64-byte UDP
+# packets per second (iperf3); RTT p50/p99 per path (ping); and the ratios
+# ours / bridge (offloads on both sides: our TAPs carry TSO super-frames) and
+# ours_no_offload / bridge_no_offload (TSO/GSO/GRO off in the sandboxes, so
+# MTU-sized frames on both). SWITCH_BENCH_SECONDS (default 5),
 # SWITCH_BENCH_REPS (default 3) and SWITCH_BENCH_PINGS (default 1000) set the
 # sizes. Results are recorded in docs/networking.md ("Numbers").
 set -euo pipefail

@@ -4,17 +4,22 @@
 //!   bash benches/switch.sh      (root; installs iperf3 with apt-get if missing)
 //!   cargo bench -p provium --bench switch
 //!
-//! Each of two sandboxes gets three NICs: `eth0`, a TAP on our switch
+//! Each of two sandboxes gets four NICs: `eth0`, a TAP on our switch
 //! (exactly as the local backend wires a bridge member: `open_tap_in_netns` +
-//! `TapPort`); `eth1`, one end of a veth pair whose host end is a port of a
-//! Linux bridge; and `eth2`, the same on a second bridge with TSO, GSO and GRO
-//! off (ethtool), which carries MTU-sized frames as the TAPs do. Same
-//! namespaces, same processes, same tools; only the path between them
-//! differs, and the paths are measured in turn, rep by rep, so that other
-//! load on the machine falls on all of them alike.
+//! `TapPort`, so with the vnet header and TSO/checksum offloads on);
+//! `eth3`, the same on a second switch with TSO, GSO and GRO turned off
+//! inside the sandbox (ethtool), so it carries MTU-sized frames; `eth1`, one
+//! end of a veth pair whose host end is a port of a Linux bridge; and `eth2`,
+//! the same on a second bridge with TSO, GSO and GRO off. Same namespaces,
+//! same processes, same tools; only the path between them differs, and the
+//! paths are measured in turn, rep by rep, so that other load on the machine
+//! falls on all of them alike.
 //!
 //! - TCP throughput: `iperf3 -c` for SWITCH_BENCH_SECONDS (default 5) per run,
-//!   SWITCH_BENCH_REPS (default 3) runs per path, median.
+//!   one stream and four (`-P 4`), SWITCH_BENCH_REPS (default 3) runs per
+//!   path, median.
+//! - Small packets: `iperf3 -u -l 64 -b 0` (64-byte UDP payloads, as fast as
+//!   the sender goes): packets per second received.
 //! - Round-trip time: `ping` every 5 ms, SWITCH_BENCH_PINGS (default 1000)
 //!   echoes per path; p50 and p99 of the per-echo times.
 //!
@@ -158,10 +163,10 @@ fn run_ok(c: &AgentClient, script: &str) -> String {
 /// One iperf3 TCP run from `c` to `addr`: received bits per second. The
 /// server takes a moment to finish the previous test after its client has
 /// exited, and refuses a new one meanwhile ("busy"): that is retried.
-fn iperf(c: &AgentClient, addr: &str, seconds: usize) -> f64 {
+fn iperf(c: &AgentClient, addr: &str, seconds: usize, streams: usize) -> f64 {
     for _ in 0..50 {
         let r = c
-            .run(&format!("iperf3 -J -c {addr} -t {seconds}"))
+            .run(&format!("iperf3 -J -c {addr} -t {seconds} -P {streams}"))
             .unwrap_or_else(|e| fail(&format!("iperf3 -c {addr}: {e}")));
         let out = r.stdout_str();
         let v: serde_json::Value = serde_json::from_str(&out)
@@ -174,6 +179,35 @@ fn iperf(c: &AgentClient, addr: &str, seconds: usize) -> f64 {
             return bps;
         }
         fail(&format!("no end.sum_received.bits_per_second in: {out}"));
+    }
+    fail(&format!("the iperf3 server at {addr} stayed busy"))
+}
+
+/// One iperf3 UDP run of 64-byte datagrams, unlimited rate: datagrams
+/// received per second.
+fn udp_pps(c: &AgentClient, addr: &str, seconds: usize) -> f64 {
+    for _ in 0..50 {
+        let r = c
+            .run(&format!("iperf3 -J -u -l 64 -b 0 -c {addr} -t {seconds}"))
+            .unwrap_or_else(|e| fail(&format!("iperf3 -u -c {addr}: {e}")));
+        let out = r.stdout_str();
+        let v: serde_json::Value = serde_json::from_str(&out)
+            .unwrap_or_else(|e| fail(&format!("iperf3 -J output is not JSON ({e}): {out}")));
+        if v["error"].as_str().is_some_and(|e| e.contains("busy")) {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            continue;
+        }
+        let sum = &v["end"]["sum"];
+        if let (Some(p), Some(l), Some(s)) = (
+            sum["packets"].as_f64(),
+            sum["lost_packets"].as_f64(),
+            sum["seconds"].as_f64(),
+        ) {
+            return (p - l).max(0.0) / s.max(1e-9);
+        }
+        fail(&format!(
+            "no end.sum packets/lost_packets/seconds in: {out}"
+        ));
     }
     fail(&format!("the iperf3 server at {addr} stayed busy"))
 }
@@ -245,21 +279,26 @@ fn main() {
         }
     }
 
-    // Our path: eth0, a TAP on the userspace switch, as bridge:attach does.
+    // Our paths: eth0, a TAP on the userspace switch, as bridge:attach does
+    // (vnet header, offloads on); eth3, the same on a second switch with
+    // TSO/GSO/GRO off inside the sandbox.
     let sw = Switch::new("bench", SwitchConfig::default());
+    let sw_plain = Switch::new("bench-plain", SwitchConfig::default());
     let mut ports = Vec::new();
-    for (name, sandbox, c, n, addr) in [
-        ("a", &sa, &ca, 1, "10.0.0.1"),
-        ("b", &sb, &cb, 2, "10.0.0.2"),
-    ] {
-        let mac = MacAddr::local(n);
-        let fd = open_tap_in_netns(sandbox.init_pid(), "eth0", mac)
-            .unwrap_or_else(|e| fail(&format!("tap in sandbox {name}: {e}")));
-        ports.push(
-            TapPort::attach(&sw, name, mac, fd)
-                .unwrap_or_else(|e| fail(&format!("attach {name}: {e}"))),
-        );
-        run_ok(c, &format!("ip addr add {addr}/24 dev eth0"));
+    for (sw, ifname, net, offloads) in [(&sw, "eth0", 0, true), (&sw_plain, "eth3", 3, false)] {
+        for (name, sandbox, c, n) in [("a", &sa, &ca, 1u32), ("b", &sb, &cb, 2)] {
+            let mac = MacAddr::local(n + 16 * net);
+            let fd = open_tap_in_netns(sandbox.init_pid(), ifname, mac)
+                .unwrap_or_else(|e| fail(&format!("tap {ifname} in sandbox {name}: {e}")));
+            ports.push(
+                TapPort::attach(sw, name, mac, fd)
+                    .unwrap_or_else(|e| fail(&format!("attach {name}: {e}"))),
+            );
+            run_ok(c, &format!("ip addr add 10.0.{net}.{n}/24 dev {ifname}"));
+            if !offloads {
+                run_ok(c, &format!("ethtool -K {ifname} tso off gso off gro off"));
+            }
+        }
     }
     // The peers: eth1, a veth pair into a Linux bridge with the default
     // offloads (TSO/GSO: the TCP stack hands 64 KiB segments through); eth2,
@@ -280,9 +319,10 @@ fn main() {
         })
         .collect();
     let nf = common::first_line("/proc/sys/net/bridge/bridge-nf-call-iptables");
+    let tap_off = run_ok(&ca, "ethtool -k eth0 | grep -E '^(tcp-segmentation-offload|tx-checksumming|generic-receive-offload):' | tr '\\n' ' '");
     println!(
-        "switch: kernel bridges {} (offloads on) and {} (tso/gso/gro off), bridge-nf-call-iptables={nf}; ours: one TAP per sandbox, MTU 1500, no offloads",
-        kernels[0].bridge, kernels[1].bridge
+        "switch: kernel bridges {} (offloads on) and {} (tso/gso/gro off), bridge-nf-call-iptables={nf}; ours: one TAP per sandbox, MTU 1500, eth0 offloads: {}; eth3 tso/gso/gro off",
+        kernels[0].bridge, kernels[1].bridge, tap_off.trim()
     );
 
     // One iperf3 server in b serves every path.
@@ -290,6 +330,7 @@ fn main() {
     let paths = [
         ("ours", "10.0.0.2"),
         ("bridge", "10.0.1.2"),
+        ("ours_no_offload", "10.0.3.2"),
         ("bridge_no_offload", "10.0.2.2"),
     ];
     for (_, addr) in paths {
@@ -310,19 +351,28 @@ fn main() {
         }
     }
 
-    let mut bps: [Vec<f64>; 3] = Default::default();
+    // Per path: TCP 1 stream, TCP 4 streams (bits/s), UDP 64 B (packets/s).
+    let mut tcp1: [Vec<f64>; 4] = Default::default();
+    let mut tcp4: [Vec<f64>; 4] = Default::default();
+    let mut udp: [Vec<f64>; 4] = Default::default();
     for rep in 0..reps {
         for (i, (name, addr)) in paths.iter().enumerate() {
-            let b = iperf(&ca, addr, seconds);
+            let b = iperf(&ca, addr, seconds, 1);
+            let b4 = iperf(&ca, addr, seconds, 4);
+            let pps = udp_pps(&ca, addr, seconds);
             println!(
-                "switch: tcp path={name} run={} seconds={seconds} gbit_per_s={:.3}",
+                "switch: run={} path={name} seconds={seconds} tcp_gbit_per_s={:.3} tcp4_gbit_per_s={:.3} udp64_kpps={:.1}",
                 rep + 1,
-                b / 1e9
+                b / 1e9,
+                b4 / 1e9,
+                pps / 1e3
             );
-            bps[i].push(b);
+            tcp1[i].push(b);
+            tcp4[i].push(b4);
+            udp[i].push(pps);
         }
     }
-    let mut p50 = [0.0; 3];
+    let mut p50 = [0.0; 4];
     for (i, (name, addr)) in paths.iter().enumerate() {
         let v = rtts_us(&ca, addr, pings);
         let (q50, q99) = (
@@ -335,25 +385,28 @@ fn main() {
         );
         p50[i] = q50;
     }
-    let tcp = bps.map(median);
-    println!(
-        "switch: tcp median gbit_per_s ours={:.3} bridge={:.3} bridge_no_offload={:.3}",
-        tcp[0] / 1e9,
-        tcp[1] / 1e9,
-        tcp[2] / 1e9
-    );
-    println!(
-        "switch: tcp ratio ours/bridge={:.2} ours/bridge_no_offload={:.2}",
-        tcp[0] / tcp[1],
-        tcp[0] / tcp[2]
-    );
-    println!(
-        "switch: rtt p50 ratio ours/bridge={:.2} added_us={:.0}; ours/bridge_no_offload={:.2} added_us={:.0}",
-        p50[0] / p50[1],
-        p50[0] - p50[1],
-        p50[0] / p50[2],
-        p50[0] - p50[2]
-    );
+    let (t1, t4, u) = (tcp1.map(median), tcp4.map(median), udp.map(median));
+    for (i, (name, _)) in paths.iter().enumerate() {
+        println!(
+            "switch: median path={name} tcp_gbit_per_s={:.3} tcp4_gbit_per_s={:.3} udp64_kpps={:.1} rtt_p50_us={:.0}",
+            t1[i] / 1e9,
+            t4[i] / 1e9,
+            u[i] / 1e3,
+            p50[i]
+        );
+    }
+    // ours / bridge (offloads on both), ours_no_offload / bridge_no_offload.
+    for (ours, kernel) in [(0, 1), (2, 3)] {
+        println!(
+            "switch: ratio {}/{} tcp={:.2} tcp4={:.2} udp64_pps={:.2} rtt_p50_added_us={:.0}",
+            paths[ours].0,
+            paths[kernel].0,
+            t1[ours] / t1[kernel],
+            t4[ours] / t4[kernel],
+            u[ours] / u[kernel],
+            p50[ours] - p50[kernel]
+        );
+    }
     println!(
         "switch: loadavg at the end \"{}\"",
         common::first_line("/proc/loadavg")
@@ -362,6 +415,7 @@ fn main() {
     drop(kernels);
     drop(ports);
     drop(sw);
+    drop(sw_plain);
     drop((ca, cb));
     let _ = sa.shutdown();
     let _ = sb.shutdown();

@@ -32,6 +32,7 @@
 pub mod clock;
 pub mod impair;
 pub mod mac;
+pub mod offload;
 pub mod pcap;
 mod port;
 pub mod switch;
@@ -41,6 +42,7 @@ pub mod uplink;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use impair::Impairment;
 pub use mac::{MacAddr, MAX_FRAME_BYTES};
+pub use offload::{OffloadError, Offloads, VnetHdr};
 pub use pcap::{Capture, CaptureScope};
 pub use port::{LinkWatcher, RxWaker};
 pub use switch::{

@@ -10,6 +10,11 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::offload::VnetHdr;
+
+/// Spare frame buffers a queue keeps for reuse ([`RxQueue::recycle`]).
+const POOL_BUFFERS: usize = 256;
+
 /// A callback run (outside the switch lock) after a frame is queued for a
 /// port: the VMM writes its RX eventfd here. It must not block.
 pub type RxWaker = Arc<dyn Fn() + Send + Sync>;
@@ -21,7 +26,9 @@ pub type LinkWatcher = Arc<dyn Fn(bool) + Send + Sync>;
 
 #[derive(Debug, Default)]
 struct Inner {
-    frames: VecDeque<Vec<u8>>,
+    frames: VecDeque<(VnetHdr, Vec<u8>)>,
+    /// Emptied buffers handed back by the consumer, reused by the next push.
+    pool: Vec<Vec<u8>>,
     bytes: usize,
     closed: bool,
 }
@@ -50,8 +57,9 @@ impl RxQueue {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues `frame`; false (frame not queued) when full or closed.
-    pub(crate) fn push(&self, frame: Vec<u8>) -> bool {
+    /// Queues a copy of `frame` with its offload header, in a pooled buffer
+    /// when one is spare; false (frame not queued) when full or closed.
+    pub(crate) fn push(&self, hdr: VnetHdr, frame: &[u8]) -> bool {
         let mut q = self.lock();
         if q.closed
             || q.frames.len() >= self.max_frames
@@ -59,27 +67,38 @@ impl RxQueue {
         {
             return false;
         }
+        let mut buf = q.pool.pop().unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(frame);
         q.bytes += frame.len();
-        q.frames.push_back(frame);
+        q.frames.push_back((hdr, buf));
         drop(q);
         self.ready.notify_one();
         true
     }
 
-    pub(crate) fn try_pop(&self) -> Option<Vec<u8>> {
+    /// Takes back a buffer the consumer is done with, for the next push.
+    pub(crate) fn recycle(&self, buf: Vec<u8>) {
+        let mut q = self.lock();
+        if q.pool.len() < POOL_BUFFERS && buf.capacity() > 0 {
+            q.pool.push(buf);
+        }
+    }
+
+    pub(crate) fn try_pop(&self) -> Option<(VnetHdr, Vec<u8>)> {
         let mut q = self.lock();
         let f = q.frames.pop_front()?;
-        q.bytes -= f.len();
+        q.bytes -= f.1.len();
         Some(f)
     }
 
     /// Waits for a frame until `deadline` (forever with `None`); `None` on
     /// timeout or once closed and empty.
-    pub(crate) fn pop_until(&self, deadline: Option<Instant>) -> Option<Vec<u8>> {
+    pub(crate) fn pop_until(&self, deadline: Option<Instant>) -> Option<(VnetHdr, Vec<u8>)> {
         let mut q = self.lock();
         loop {
             if let Some(f) = q.frames.pop_front() {
-                q.bytes -= f.len();
+                q.bytes -= f.1.len();
                 return Some(f);
             }
             if q.closed {
@@ -101,7 +120,7 @@ impl RxQueue {
         }
     }
 
-    pub(crate) fn pop_timeout(&self, timeout: Duration) -> Option<Vec<u8>> {
+    pub(crate) fn pop_timeout(&self, timeout: Duration) -> Option<(VnetHdr, Vec<u8>)> {
         self.pop_until(Some(Instant::now() + timeout))
     }
 
@@ -144,13 +163,14 @@ mod tests {
     #[test]
     fn bounded_by_frames_and_bytes() {
         let q = RxQueue::new(3, 100);
-        assert!(q.push(vec![0; 10]));
-        assert!(q.push(vec![0; 10]));
-        assert!(q.push(vec![0; 10]));
-        assert!(!q.push(vec![0; 10]), "frame bound");
-        assert_eq!(q.try_pop().map(|f| f.len()), Some(10));
-        assert!(!q.push(vec![0; 81]), "byte bound: 20 + 81 > 100");
-        assert!(q.push(vec![0; 80]));
+        let h = VnetHdr::default();
+        assert!(q.push(h, &[0; 10]));
+        assert!(q.push(h, &[0; 10]));
+        assert!(q.push(h, &[0; 10]));
+        assert!(!q.push(h, &[0; 10]), "frame bound");
+        assert_eq!(q.try_pop().map(|f| f.1.len()), Some(10));
+        assert!(!q.push(h, &[0; 81]), "byte bound: 20 + 81 > 100");
+        assert!(q.push(h, &[0; 80]));
         assert_eq!(q.len(), 3);
         assert_eq!(q.clear(), 3);
         assert_eq!(q.try_pop(), None);
@@ -163,8 +183,25 @@ mod tests {
         let t = std::thread::spawn(move || q2.pop_until(None));
         q.close();
         assert_eq!(t.join().unwrap(), None);
-        assert!(!q.push(vec![1]));
+        assert!(!q.push(VnetHdr::default(), &[1]));
         assert_eq!(q.pop_timeout(Duration::from_millis(1)), None);
+    }
+
+    #[test]
+    fn recycled_buffers_are_reused() {
+        let q = RxQueue::new(4, 1 << 20);
+        assert!(q.push(VnetHdr::default(), &[7; 1500]));
+        let (_, f) = q.try_pop().unwrap();
+        let ptr = f.as_ptr();
+        q.recycle(f);
+        assert!(q.push(VnetHdr::default(), &[8; 60]));
+        let (_, g) = q.try_pop().unwrap();
+        assert_eq!(
+            g.as_ptr(),
+            ptr,
+            "the recycled buffer carried the next frame"
+        );
+        assert_eq!(g, vec![8; 60]);
     }
 
     #[test]

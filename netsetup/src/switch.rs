@@ -43,6 +43,7 @@ use crate::impair::{
     bridge_seed, check_drop_pct, DropRng, Effective, ImpairError, Impairment, TokenBucket,
 };
 use crate::mac::{dst_mac, src_mac, MacAddr, ETH_HEADER_BYTES, MAX_FRAME_BYTES};
+use crate::offload::{segment, OffloadError, OffloadMeta, Offloads, Segments, VnetHdr};
 use crate::pcap::{Capture, CaptureScope, CaptureShared};
 use crate::port::{LinkWatcher, RxQueue, RxWaker};
 
@@ -95,6 +96,9 @@ pub enum SendError {
     /// Multicast or all-zero source MAC.
     #[error("frame has invalid source mac {0}")]
     BadSource(MacAddr),
+    /// The frame's virtio-net offload header is invalid.
+    #[error("frame's offload header was refused")]
+    BadOffload(#[source] OffloadError),
 }
 
 /// Limits and the run seed. Every bound exists because guests are untrusted.
@@ -158,8 +162,13 @@ pub struct PortCounters {
     pub rx_dropped: u64,
     /// Frames from the guest refused: link down, malformed or oversized.
     pub tx_dropped: u64,
-    /// Malformed frames from the guest (runt, oversized, bad source MAC).
+    /// Malformed frames from the guest (runt, oversized, bad source MAC,
+    /// bad offload header).
     pub errors: u64,
+    /// Frames from the guest refused for their offload header (bogus
+    /// gso_type, gso_size 0, hdr_len or checksum offsets outside the
+    /// frame, headers that do not match the GSO type); also in `errors`.
+    pub offload_errors: u64,
 }
 
 /// Switch-wide counters; each frame offered to a destination ends in exactly
@@ -192,6 +201,13 @@ pub struct SwitchStats {
     pub dropped_hairpin: u64,
     /// Learned MAC entries evicted by the per-port bound.
     pub mac_evictions: u64,
+    /// Offloaded frames (GSO or checksum-pending) finished in software for
+    /// a destination or capture that could not take them as they were.
+    pub segmented: u64,
+    /// Wire packets those frames became.
+    pub segments: u64,
+    /// Offloaded frames handed to a destination whole (both ends offload).
+    pub offloaded: u64,
 }
 
 type PortId = u64;
@@ -206,6 +222,8 @@ struct PortSlot {
     link_watcher: Option<LinkWatcher>,
     /// MACs learned on this port, oldest first.
     learned: VecDeque<MacAddr>,
+    /// What this port takes without software segmentation.
+    offloads: Offloads,
 }
 
 struct MacEntry {
@@ -244,22 +262,51 @@ impl Ord for Delayed {
     }
 }
 
+/// Receive queues woken after a send without allocating: a unicast or a
+/// flood to a few ports.
+const WAKE_INLINE: usize = 8;
+
 /// Work to do after the lock is released.
 #[derive(Default)]
 struct After {
-    wake: Vec<Arc<RxQueue>>,
+    /// Queues to wake, each once; the first [`WAKE_INLINE`] need no heap.
+    wake_inline: [Option<Arc<RxQueue>>; WAKE_INLINE],
+    wake_more: Vec<Arc<RxQueue>>,
     link: Vec<(LinkWatcher, bool)>,
 }
 
 impl After {
+    fn wake_once(&mut self, q: &Arc<RxQueue>) {
+        let queued = |x: &Arc<RxQueue>| Arc::ptr_eq(x, q);
+        if self.wake_inline.iter().flatten().any(queued) || self.wake_more.iter().any(queued) {
+            return;
+        }
+        match self.wake_inline.iter_mut().find(|s| s.is_none()) {
+            Some(slot) => *slot = Some(Arc::clone(q)),
+            None => self.wake_more.push(Arc::clone(q)),
+        }
+    }
+
+    fn has_work(&self) -> bool {
+        self.wake_inline[0].is_some() || !self.link.is_empty()
+    }
+
     fn run(self) {
-        for q in self.wake {
+        for q in self.wake_inline.into_iter().flatten().chain(self.wake_more) {
             q.wake();
         }
         for (w, up) in self.link {
             w(up);
         }
     }
+}
+
+/// The frame being forwarded and, once cut, its wire packets.
+struct Packet<'a> {
+    meta: &'a OffloadMeta,
+    frame: &'a [u8],
+    wire: &'a mut Segments,
+    cut: bool,
 }
 
 struct State {
@@ -282,6 +329,8 @@ struct State {
     captures: Vec<Arc<CaptureShared>>,
     stats: SwitchStats,
     closed: bool,
+    /// The wire packets of the frame being forwarded, reused frame to frame.
+    wire: Segments,
 }
 
 pub(crate) struct Inner {
@@ -349,6 +398,7 @@ impl Switch {
                 captures: Vec::new(),
                 stats: SwitchStats::default(),
                 closed: false,
+                wire: Segments::new(),
             }),
             timer_cv: Condvar::new(),
         });
@@ -411,6 +461,7 @@ impl Switch {
                 rx: Arc::clone(&rx),
                 link_watcher: None,
                 learned: VecDeque::new(),
+                offloads: Offloads::default(),
             },
         );
         st.by_name.insert(name.to_owned(), id);
@@ -653,7 +704,14 @@ impl Switch {
             st.recompute();
             while let Some(Reverse(d)) = st.delay.pop() {
                 st.delay_bytes -= d.frame.len();
-                st.deliver(&self.inner, d.to, d.frame, now, &mut after);
+                st.deliver(
+                    &self.inner,
+                    d.to,
+                    VnetHdr::default(),
+                    &d.frame,
+                    now,
+                    &mut after,
+                );
             }
         }
         after.run();
@@ -857,12 +915,33 @@ impl Inner {
         cap
     }
 
-    fn send(&self, id: PortId, frame: &[u8]) -> Result<(), SendError> {
+    fn send(&self, id: PortId, hdr: VnetHdr, frame: &[u8]) -> Result<(), SendError> {
         let now = self.clock.now();
         let mut after = After::default();
-        let r = self.lock().forward(self, id, frame, now, &mut after);
+        let r = self.lock().forward(self, id, hdr, frame, now, &mut after);
         after.run();
         r
+    }
+
+    /// Forwards a batch under one lock, waking each destination once.
+    fn send_batch<'a>(
+        &self,
+        id: PortId,
+        frames: impl IntoIterator<Item = (VnetHdr, &'a [u8])>,
+    ) -> usize {
+        let now = self.clock.now();
+        let mut after = After::default();
+        let mut ok = 0;
+        {
+            let mut st = self.lock();
+            for (hdr, frame) in frames {
+                if st.forward(self, id, hdr, frame, now, &mut after).is_ok() {
+                    ok += 1;
+                }
+            }
+        }
+        after.run();
+        ok
     }
 
     fn timer_loop(&self) {
@@ -874,7 +953,7 @@ impl Inner {
             let now = self.clock.now();
             let mut after = After::default();
             st.release_due(self, now, &mut after);
-            if !after.wake.is_empty() || !after.link.is_empty() {
+            if after.has_work() {
                 drop(st);
                 after.run();
                 st = self.lock();
@@ -914,6 +993,7 @@ impl State {
         &mut self,
         inner: &Inner,
         from: PortId,
+        hdr: VnetHdr,
         frame: &[u8],
         now: Duration,
         after: &mut After,
@@ -939,18 +1019,30 @@ impl State {
                 _ => None,
             }
         };
+        let err = err.or_else(|| match OffloadMeta::parse(hdr, frame) {
+            Ok(_) => None,
+            Err(e) => {
+                slot.counters.offload_errors += 1;
+                Some(SendError::BadOffload(e))
+            }
+        });
         if let Some(e) = err {
             slot.counters.tx_dropped += 1;
             slot.counters.errors += 1;
             self.stats.dropped_invalid += 1;
             return Err(e);
         }
+        let meta = OffloadMeta::parse(hdr, frame).unwrap_or(OffloadMeta::NONE);
         let (Some(src), Some(dst)) = (src_mac(frame), dst_mac(frame)) else {
             return Err(SendError::Runt(frame.len()));
         };
         slot.counters.tx_packets += 1;
         slot.counters.tx_bytes += frame.len() as u64;
         self.stats.frames_in += 1;
+        // The wire packets, cut at most once per frame and only when some
+        // capture or destination needs them.
+        let mut wire = std::mem::take(&mut self.wire);
+        let mut cut = false;
         if !self.captures.is_empty() {
             let ts = inner.clock.unix_origin() + now;
             let name = &slot.name;
@@ -959,8 +1051,19 @@ impl State {
                     CaptureScope::Bridge => true,
                     CaptureScope::Port(p) => p == name,
                 };
-                if hit {
+                if !hit {
+                    continue;
+                }
+                if !meta.needs_work() {
                     c.record(ts, frame);
+                    continue;
+                }
+                if !cut {
+                    segment(&meta, frame, &mut wire);
+                    cut = true;
+                }
+                for seg in wire.iter() {
+                    c.record(ts, seg);
                 }
             }
         }
@@ -976,18 +1079,35 @@ impl State {
                 _ => None,
             }
         };
+        let mut pkt = Packet {
+            meta: &meta,
+            frame,
+            wire: &mut wire,
+            cut,
+        };
         match target {
             Some(to) if to == from => self.stats.dropped_hairpin += 1,
-            Some(to) => self.egress(inner, from, to, frame, now, after),
+            Some(to) => self.egress(inner, from, to, &mut pkt, now, after),
             None => {
                 self.stats.flooded += 1;
-                let targets: Vec<PortId> =
-                    self.ports.keys().copied().filter(|k| *k != from).collect();
-                for to in targets {
-                    self.egress(inner, from, to, frame, now, after);
+                // The other ports in id order, without collecting them.
+                let mut prev = 0;
+                while let Some(to) = self
+                    .ports
+                    .range(prev + 1..)
+                    .map(|(k, _)| *k)
+                    .find(|k| *k != from)
+                {
+                    self.egress(inner, from, to, &mut pkt, now, after);
+                    prev = to;
                 }
             }
         }
+        if pkt.cut && meta.needs_work() {
+            self.stats.segmented += 1;
+            self.stats.segments += pkt.wire.len() as u64;
+        }
+        self.wire = wire;
         Ok(())
     }
 
@@ -1037,7 +1157,7 @@ impl State {
         inner: &Inner,
         from: PortId,
         to: PortId,
-        frame: &[u8],
+        pkt: &mut Packet<'_>,
         now: Duration,
         after: &mut After,
     ) {
@@ -1059,86 +1179,144 @@ impl State {
             }
             return;
         }
-        if self.any_impairment {
-            let generation = self.generation;
-            let needs = self
-                .runtime
-                .get(&(from, to))
-                .is_none_or(|r| r.generation != generation);
-            if needs {
-                let key = (f.name.clone(), t.name.clone());
-                let eff = Effective::combine(&self.bridge_imp, self.pair_imp.get(&key));
-                let burst = |bps: u64| {
-                    inner
-                        .config
-                        .bandwidth_burst_bits
-                        .unwrap_or_else(|| TokenBucket::default_burst_bits(bps))
-                };
-                let rt = self
-                    .runtime
-                    .entry((from, to))
-                    .or_insert_with(|| PairRuntime {
-                        generation,
-                        eff,
-                        bucket: None,
-                        rng: DropRng::for_pair(inner.seed, &key.0, &key.1),
-                    });
-                rt.generation = generation;
-                rt.eff = eff;
-                rt.bucket = match (eff.bandwidth_bps, rt.bucket.take()) {
-                    (None, _) => None,
-                    (Some(bps), Some(mut b)) => {
-                        b.set_rate(bps, burst(bps));
-                        Some(b)
-                    }
-                    (Some(bps), None) => Some(TokenBucket::new(bps, burst(bps), now)),
-                };
+        let t_offloads = t.offloads;
+        let t_captured = self
+            .captures
+            .iter()
+            .any(|c| matches!(c.scope(), CaptureScope::Port(p) if *p == t.name));
+        let impaired = self.any_impairment && self.refresh_pair(inner, from, to, now);
+        let meta = pkt.meta;
+        if !meta.needs_work() {
+            if impaired {
+                self.impair(inner, from, to, pkt.frame, now, after);
+            } else {
+                self.deliver(inner, to, meta.hdr, pkt.frame, now, after);
             }
-            let Some(rt) = self.runtime.get_mut(&(from, to)) else {
-                return;
-            };
-            if !rt.eff.is_clear() {
-                if rt.rng.drop_frame(&rt.eff) {
-                    self.stats.dropped_impairment += 1;
-                    return;
-                }
-                let depart = match &mut rt.bucket {
-                    Some(b) => b.schedule(now, frame.len()),
-                    None => now,
-                };
-                let release = depart + rt.eff.latency;
-                if release > now {
-                    if self.delay_bytes.saturating_add(frame.len()) > inner.config.delay_queue_bytes
-                    {
-                        self.stats.dropped_delay_queue_full += 1;
-                        return;
-                    }
-                    self.delay_bytes += frame.len();
-                    self.seq += 1;
-                    self.stats.delayed += 1;
-                    let was_first = self.delay.peek().is_none_or(|d| release < d.0.release);
-                    self.delay.push(Reverse(Delayed {
-                        release,
-                        seq: self.seq,
-                        to,
-                        frame: frame.to_vec(),
-                    }));
-                    if was_first {
-                        inner.timer_cv.notify_all();
-                    }
-                    return;
-                }
+            return;
+        }
+        // An offloaded frame goes whole only where nothing needs to see its
+        // wire packets: the port takes the offload, the pair is unimpaired
+        // (drops and bandwidth act per wire packet) and no capture of the
+        // port is open (captures show wire packets).
+        let whole = !impaired && t_offloads.accepts(meta.work) && !t_captured;
+        if whole {
+            self.stats.offloaded += 1;
+            self.deliver(inner, to, meta.hdr, pkt.frame, now, after);
+            return;
+        }
+        if !pkt.cut {
+            segment(meta, pkt.frame, pkt.wire);
+            pkt.cut = true;
+        }
+        for seg in pkt.wire.iter() {
+            if impaired {
+                self.impair(inner, from, to, seg, now, after);
+            } else {
+                self.deliver(inner, to, VnetHdr::default(), seg, now, after);
             }
         }
-        self.deliver(inner, to, frame.to_vec(), now, after);
     }
 
-    /// Queues `frame` for `to`, timestamped `at` in captures.
+    /// Brings the pair's runtime (drop stream, token bucket) up to date with
+    /// the declared impairments; true when the pair is impaired.
+    fn refresh_pair(&mut self, inner: &Inner, from: PortId, to: PortId, now: Duration) -> bool {
+        let generation = self.generation;
+        let needs = self
+            .runtime
+            .get(&(from, to))
+            .is_none_or(|r| r.generation != generation);
+        if needs {
+            let (Some(f), Some(t)) = (self.ports.get(&from), self.ports.get(&to)) else {
+                return false;
+            };
+            let key = (f.name.clone(), t.name.clone());
+            let eff = Effective::combine(&self.bridge_imp, self.pair_imp.get(&key));
+            let burst = |bps: u64| {
+                inner
+                    .config
+                    .bandwidth_burst_bits
+                    .unwrap_or_else(|| TokenBucket::default_burst_bits(bps))
+            };
+            let rt = self
+                .runtime
+                .entry((from, to))
+                .or_insert_with(|| PairRuntime {
+                    generation,
+                    eff,
+                    bucket: None,
+                    rng: DropRng::for_pair(inner.seed, &key.0, &key.1),
+                });
+            rt.generation = generation;
+            rt.eff = eff;
+            rt.bucket = match (eff.bandwidth_bps, rt.bucket.take()) {
+                (None, _) => None,
+                (Some(bps), Some(mut b)) => {
+                    b.set_rate(bps, burst(bps));
+                    Some(b)
+                }
+                (Some(bps), None) => Some(TokenBucket::new(bps, burst(bps), now)),
+            };
+        }
+        self.runtime
+            .get(&(from, to))
+            .is_some_and(|rt| !rt.eff.is_clear())
+    }
+
+    /// One wire packet over an impaired pair: the seeded drop draw, the
+    /// token bucket (charged the packet's bytes, headers included), then the
+    /// latency.
+    fn impair(
+        &mut self,
+        inner: &Inner,
+        from: PortId,
+        to: PortId,
+        frame: &[u8],
+        now: Duration,
+        after: &mut After,
+    ) {
+        let Some(rt) = self.runtime.get_mut(&(from, to)) else {
+            return;
+        };
+        if rt.rng.drop_frame(&rt.eff) {
+            self.stats.dropped_impairment += 1;
+            return;
+        }
+        let depart = match &mut rt.bucket {
+            Some(b) => b.schedule(now, frame.len()),
+            None => now,
+        };
+        let release = depart + rt.eff.latency;
+        if release <= now {
+            self.deliver(inner, to, VnetHdr::default(), frame, now, after);
+            return;
+        }
+        if self.delay_bytes.saturating_add(frame.len()) > inner.config.delay_queue_bytes {
+            self.stats.dropped_delay_queue_full += 1;
+            return;
+        }
+        self.delay_bytes += frame.len();
+        self.seq += 1;
+        self.stats.delayed += 1;
+        let was_first = self.delay.peek().is_none_or(|d| release < d.0.release);
+        self.delay.push(Reverse(Delayed {
+            release,
+            seq: self.seq,
+            to,
+            frame: frame.to_vec(),
+        }));
+        if was_first {
+            inner.timer_cv.notify_all();
+        }
+    }
+
+    /// Queues a copy of `frame` (with `hdr`, the offload it still carries)
+    /// for `to`, timestamped `at` in captures.
     fn deliver(
         &mut self,
         inner: &Inner,
         to: PortId,
-        frame: Vec<u8>,
+        hdr: VnetHdr,
+        frame: &[u8],
         at: Duration,
         after: &mut After,
     ) {
@@ -1154,18 +1332,16 @@ impl State {
             let ts = inner.clock.unix_origin() + at;
             for c in &self.captures {
                 if matches!(c.scope(), CaptureScope::Port(p) if *p == slot.name) {
-                    c.record(ts, &frame);
+                    c.record(ts, frame);
                 }
             }
         }
         let len = frame.len() as u64;
-        if slot.rx.push(frame) {
+        if slot.rx.push(hdr, frame) {
             slot.counters.rx_packets += 1;
             slot.counters.rx_bytes += len;
             self.stats.delivered += 1;
-            if !after.wake.iter().any(|q| Arc::ptr_eq(q, &slot.rx)) {
-                after.wake.push(Arc::clone(&slot.rx));
-            }
+            after.wake_once(&slot.rx);
         } else {
             slot.counters.rx_dropped += 1;
             self.stats.dropped_rx_queue_full += 1;
@@ -1179,7 +1355,7 @@ impl State {
                 break;
             };
             self.delay_bytes -= d.frame.len();
-            self.deliver(inner, d.to, d.frame, d.release, after);
+            self.deliver(inner, d.to, VnetHdr::default(), &d.frame, d.release, after);
             n += 1;
         }
         n
@@ -1226,23 +1402,80 @@ impl Port {
     /// untrusted: malformed or oversized frames are refused and counted, and
     /// nothing the guest sends allocates beyond the switch's bounds.
     pub fn send(&self, frame: &[u8]) -> Result<(), SendError> {
-        self.inner.send(self.id, frame)
+        self.inner.send(self.id, VnetHdr::default(), frame)
     }
 
-    /// The next frame for the guest, without waiting.
+    /// Hands over a frame with its virtio-net offload header (a guest NIC
+    /// with CSUM/HOST_TSO negotiated, a TAP with `IFF_VNET_HDR`). The header
+    /// is untrusted: an invalid one refuses the frame
+    /// ([`SendError::BadOffload`], counted in `offload_errors`).
+    pub fn send_offload(&self, hdr: VnetHdr, frame: &[u8]) -> Result<(), SendError> {
+        self.inner.send(self.id, hdr, frame)
+    }
+
+    /// Hands over several frames under one switch lock; each destination is
+    /// woken once for the batch. Returns how many were accepted (refusals
+    /// are counted as for [`Port::send`]).
+    pub fn send_batch<'a>(&self, frames: impl IntoIterator<Item = (VnetHdr, &'a [u8])>) -> usize {
+        self.inner.send_batch(self.id, frames)
+    }
+
+    /// Declares what this port takes whole (a guest's negotiated features,
+    /// a TAP's offloads). Frames it cannot take reach it as wire packets,
+    /// checksums filled. Ports start with none.
+    pub fn set_offloads(&self, offloads: Offloads) {
+        if let Some(slot) = self.inner.lock().ports.get_mut(&self.id) {
+            slot.offloads = offloads;
+        }
+    }
+
+    /// What this port takes whole ([`Port::set_offloads`]).
+    pub fn offloads(&self) -> Offloads {
+        self.inner
+            .lock()
+            .ports
+            .get(&self.id)
+            .map(|p| p.offloads)
+            .unwrap_or_default()
+    }
+
+    /// The next frame for the guest, without waiting. A port with offloads
+    /// set reads with [`Port::try_recv_offload`] instead, or loses headers.
     pub fn try_recv(&self) -> Option<Vec<u8>> {
+        self.rx.try_pop().map(|f| f.1)
+    }
+
+    /// The next frame with the offload header it still carries (all zero
+    /// unless [`Port::set_offloads`] allowed it), without waiting.
+    pub fn try_recv_offload(&self) -> Option<(VnetHdr, Vec<u8>)> {
         self.rx.try_pop()
     }
 
     /// The next frame for the guest, waiting up to `timeout`.
     pub fn recv_timeout(&self, timeout: Duration) -> Option<Vec<u8>> {
+        self.rx.pop_timeout(timeout).map(|f| f.1)
+    }
+
+    /// [`Port::recv_timeout`] with the offload header.
+    pub fn recv_offload_timeout(&self, timeout: Duration) -> Option<(VnetHdr, Vec<u8>)> {
         self.rx.pop_timeout(timeout)
     }
 
     /// The next frame, waiting as long as it takes; `None` once the port is
     /// detached (or the switch dropped) and its queue drained.
     pub fn recv(&self) -> Option<Vec<u8>> {
+        self.rx.pop_until(None).map(|f| f.1)
+    }
+
+    /// [`Port::recv`] with the offload header.
+    pub fn recv_offload(&self) -> Option<(VnetHdr, Vec<u8>)> {
         self.rx.pop_until(None)
+    }
+
+    /// Gives a received frame's buffer back for reuse, so that steady-state
+    /// forwarding allocates nothing.
+    pub fn recycle(&self, buf: Vec<u8>) {
+        self.rx.recycle(buf);
     }
 
     /// Frames waiting for the guest.

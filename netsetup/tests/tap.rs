@@ -8,7 +8,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use common::{in_fresh_netns, sh};
-use provium_netsetup::{tap, MacAddr, Switch, SwitchConfig, Tap, TapPort};
+use provium_netsetup::{
+    offload, tap, MacAddr, Offloads, Switch, SwitchConfig, Tap, TapPort, VnetHdr,
+};
 
 const ETHERTYPE: [u8; 2] = [0x88, 0xb5];
 
@@ -171,4 +173,145 @@ fn tap_frames_flow_both_ways_and_carrier_follows_link() {
 #[test]
 fn tap_open_needs_a_valid_name() {
     assert!(Tap::open("this-name-is-too-long").is_err());
+}
+
+/// A TCP super-frame (10000 payload bytes, MSS 1448) with its virtio-net
+/// header, from `src`.
+fn gso_frame(src: MacAddr, seq: u32) -> (VnetHdr, Vec<u8>) {
+    let body: Vec<u8> = (0..10_000).map(|i| (i % 251) as u8).collect();
+    let mut f = Vec::new();
+    etherparse::PacketBuilder::ethernet2(src.0, MacAddr::BROADCAST.0)
+        .ipv4([10, 9, 0, 1], [10, 9, 0, 2], 64)
+        .tcp(40000, 5201, seq, 64240)
+        .ack(1)
+        .write(&mut f, &body)
+        .unwrap();
+    let hdr = VnetHdr {
+        flags: offload::F_NEEDS_CSUM,
+        gso_type: offload::GSO_TCPV4,
+        hdr_len: 54,
+        gso_size: 1448,
+        csum_start: 34,
+        csum_offset: 16,
+    };
+    (hdr, f)
+}
+
+fn tcp_seq(f: &[u8]) -> Option<u32> {
+    let p = etherparse::SlicedPacket::from_ethernet(f).ok()?;
+    match p.transport? {
+        etherparse::TransportSlice::Tcp(t) => Some(t.sequence_number()),
+        _ => None,
+    }
+}
+
+/// Checks a wire packet's IPv4 and TCP checksums with etherparse.
+fn assert_valid_wire(f: &[u8]) {
+    let p = etherparse::SlicedPacket::from_ethernet(f).expect("parses");
+    let Some(etherparse::NetSlice::Ipv4(ip)) = p.net else {
+        panic!("not ipv4")
+    };
+    let ip = ip.header().to_header();
+    assert_eq!(ip.header_checksum, ip.calc_header_checksum());
+    let Some(etherparse::TransportSlice::Tcp(t)) = p.transport else {
+        panic!("not tcp")
+    };
+    let h = t.to_header();
+    assert_eq!(h.checksum, h.calc_checksum_ipv4(&ip, t.payload()).unwrap());
+    assert!(t.payload().len() <= 1448);
+}
+
+#[test]
+fn tap_gso_frames_cross_whole_and_are_segmented_for_plain_ports() {
+    in_fresh_netns("tap_gso_frames", || {
+        let t = Tap::open("ptap1").expect("open tap");
+        tap::set_link_up("ptap1").expect("link up");
+        let pkt = packet_socket("ptap1");
+        let sw = Switch::new("lan", SwitchConfig::default());
+        let vm = sw.attach("vm", MacAddr::local(1)).unwrap();
+        vm.set_offloads(Offloads::ALL);
+        let plain = sw.attach("plain", MacAddr::local(3)).unwrap();
+        let sbx = TapPort::attach(&sw, "sbx", MacAddr::local(2), t.into_fd()).unwrap();
+        let off = sbx.port().offloads();
+        assert!(off.csum && off.tso4 && off.tso6, "tap offloads on: {off:?}");
+        let deadline = || Instant::now() + Duration::from_secs(20);
+
+        // vm -> TAP: the kernel receives the 10054-byte super-frame as one.
+        let (hdr, f) = gso_frame(MacAddr::local(1), 7_000);
+        vm.send_offload(hdr, &f).unwrap();
+        let mut buf = vec![0u8; 70_000];
+        let d = deadline();
+        let mut whole = None;
+        while Instant::now() < d && whole.is_none() {
+            // SAFETY: recv into our buffer.
+            let n = unsafe { libc::recv(pkt.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if let Ok(n) = usize::try_from(n) {
+                if tcp_seq(&buf[..n]) == Some(7_000) {
+                    whole = Some(n);
+                }
+            }
+        }
+        assert_eq!(
+            whole,
+            Some(f.len()),
+            "one frame of the super-frame's length on the tap"
+        );
+        assert_eq!(buf[..f.len()], f[..]);
+        // The plain port got the same frame as seven valid wire packets.
+        // (The kernel's own traffic, IPv6 neighbour discovery, is skipped.)
+        let segs: Vec<Vec<u8>> = std::iter::from_fn(|| plain.try_recv())
+            .filter(|s| tcp_seq(s).is_some())
+            .collect();
+        assert_eq!(segs.len(), 7);
+        segs.iter().for_each(|s| assert_valid_wire(s));
+
+        // TAP -> switch: a super-frame the kernel sends out of the TAP (an
+        // AF_PACKET socket with PACKET_VNET_HDR) reaches vm whole and
+        // plain as wire packets.
+        const PACKET_VNET_HDR: libc::c_int = 15;
+        let on: libc::c_int = 1;
+        // SAFETY: setsockopt with an int.
+        let r = unsafe {
+            libc::setsockopt(
+                pkt.as_raw_fd(),
+                libc::SOL_PACKET,
+                PACKET_VNET_HDR,
+                (&raw const on).cast(),
+                4,
+            )
+        };
+        assert_eq!(r, 0, "PACKET_VNET_HDR: {}", std::io::Error::last_os_error());
+        let (hdr, f) = gso_frame(MacAddr::local(9), 9_000);
+        let mut out = hdr.to_bytes().to_vec();
+        out.extend_from_slice(&f);
+        psend(&pkt, &out);
+        let d = deadline();
+        let mut got_vm = None;
+        while Instant::now() < d && got_vm.is_none() {
+            if let Some((h, g)) = vm.recv_offload_timeout(Duration::from_millis(200)) {
+                if tcp_seq(&g) == Some(9_000) {
+                    got_vm = Some((h, g));
+                }
+            }
+        }
+        let (h, g) = got_vm.expect("the super-frame reached vm");
+        assert_eq!(
+            h.gso_type & 0x7f,
+            offload::GSO_TCPV4,
+            "still one GSO frame: {h:?}"
+        );
+        assert_eq!(g.len(), f.len());
+        let mut segs = Vec::new();
+        let d = deadline();
+        while Instant::now() < d && segs.len() < 7 {
+            if let Some(s) = plain.recv_timeout(Duration::from_millis(200)) {
+                if tcp_seq(&s).is_some_and(|q| q >= 9_000) {
+                    segs.push(s);
+                }
+            }
+        }
+        assert_eq!(segs.len(), 7);
+        segs.iter().for_each(|s| assert_valid_wire(s));
+        assert_eq!(sbx.port().counters().offload_errors, 0);
+    });
 }

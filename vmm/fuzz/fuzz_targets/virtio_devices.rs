@@ -25,13 +25,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
-use provium_netsetup::{MacAddr, Port, Switch, SwitchConfig};
+use provium_netsetup::{MacAddr, Offloads, Port, Switch, SwitchConfig, VnetHdr};
 use provium_vmm::devices::bus::BusDevice;
 use provium_vmm::devices::legacy::EventFdTrigger;
 use provium_vmm::devices::virtio::block::{Block, BlockConfig, BlockFaults, DiskImage};
 use provium_vmm::devices::virtio::mmio::{MmioInterrupt, MmioTransport};
 use provium_vmm::devices::virtio::net::defs::{HDR_LEGACY_BYTES, HDR_V1_BYTES};
-use provium_vmm::devices::virtio::net::packet::NetQueues;
+use provium_vmm::devices::virtio::net::packet::{NetFeatures, NetQueues};
 use provium_vmm::devices::virtio::net::{Net, NetMetrics};
 use provium_vmm::devices::virtio::rng::{Rng, RngConfig};
 use provium_vmm::devices::virtio::vsock::muxer::Muxer;
@@ -217,6 +217,7 @@ fn run(data: &[u8]) {
         // Dropping the transport stops the device's worker (joins it).
         drop(t);
         while fix.peer.try_recv().is_some() {}
+        fix.port.set_offloads(Offloads::default());
     });
 }
 
@@ -250,6 +251,32 @@ fn sync_drive(input: &mut Input<'_>, mem: &GuestMemoryMmap, which: u8, fix: &Fix
                 hdr,
                 Arc::new(NetMetrics::default()),
             );
+            // Offloads as negotiated by the input: TX headers read and
+            // validated, RX headers carrying GSO, mergeable RX buffers.
+            let f = input.u8().unwrap_or(0);
+            q.set_features(NetFeatures {
+                csum: f & 1 != 0,
+                host_tso4: f & 2 != 0,
+                host_tso6: f & 4 != 0,
+                mrg_rxbuf: f & 8 != 0,
+            });
+            let all = f & 16 != 0;
+            fix.port.set_offloads(if all {
+                Offloads::ALL
+            } else {
+                Offloads::default()
+            });
+            fix.peer.set_offloads(Offloads::ALL);
+            // The peer sends the guest a frame with an input-chosen header.
+            if f & 32 != 0 {
+                if let Some(h) = VnetHdr::from_bytes(input.bytes(10)) {
+                    let len = usize::from(input.u16().unwrap_or(0)) % 9000;
+                    let mut frame = GUEST_MAC.0.to_vec();
+                    frame.extend_from_slice(&PEER_MAC.0);
+                    frame.extend_from_slice(input.bytes(len));
+                    let _ = fix.peer.send_offload(h, &frame);
+                }
+            }
             for _ in 0..rounds {
                 q.run_once();
             }

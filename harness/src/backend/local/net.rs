@@ -51,7 +51,8 @@ pub enum NetError {
 
 /// Creates TAP `name` with `mac` inside the network namespace of the process
 /// `init_pid` (a sandbox's init), sets it up, and returns its fd (already
-/// `IFF_TAP | IFF_NO_PI`, non-blocking, close-on-exec).
+/// `IFF_TAP | IFF_NO_PI | IFF_VNET_HDR`, non-blocking, close-on-exec; the
+/// `TapPort` it is handed to turns on the TSO/checksum offloads).
 pub fn open_tap_in_netns(init_pid: i32, name: &str, mac: MacAddr) -> Result<OwnedFd, NetError> {
     let ns_path = format!("/proc/{init_pid}/ns/net");
     let ns = File::options()

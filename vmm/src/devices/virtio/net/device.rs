@@ -16,16 +16,20 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use provium_netsetup::{MacAddr, Port};
+use provium_netsetup::{MacAddr, Offloads, Port, VnetHdr};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
-use virtio_bindings::virtio_net::{VIRTIO_NET_F_MAC, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP};
+use virtio_bindings::virtio_net::{
+    VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6,
+    VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MRG_RXBUF,
+    VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
+};
 use virtio_queue::Queue;
 
 use super::defs::{
     CONFIG_BYTES, CONFIG_STATUS_OFFSET, HDR_LEGACY_BYTES, HDR_V1_BYTES, QUEUE_SIZE, RXQ, TXQ,
 };
-use super::packet::{NetMetrics, NetQueues};
+use super::packet::{NetFeatures, NetMetrics, NetQueues};
 use super::persist::NetState;
 use crate::devices::virtio::persist::{
     check_queue_count, decode_state, encode_state, ActiveArgs, DeviceSnapshot, QueueSnapshot,
@@ -167,6 +171,47 @@ impl Net {
         Some((q, w.interrupt))
     }
 
+    fn acked(&self, bit: u32) -> bool {
+        self.acked_features & (1u64 << bit) != 0
+    }
+
+    /// What the guest takes whole from the switch (GUEST_* features).
+    fn guest_offloads(&self) -> Offloads {
+        let csum = self.acked(VIRTIO_NET_F_GUEST_CSUM);
+        Offloads {
+            csum,
+            tso4: csum && self.acked(VIRTIO_NET_F_GUEST_TSO4),
+            tso6: csum && self.acked(VIRTIO_NET_F_GUEST_TSO6),
+            uso: false,
+        }
+    }
+
+    /// What the queues act on (HOST_* features and MRG_RXBUF).
+    fn net_features(&self) -> NetFeatures {
+        NetFeatures {
+            csum: self.acked(VIRTIO_NET_F_CSUM),
+            host_tso4: self.acked(VIRTIO_NET_F_HOST_TSO4),
+            host_tso6: self.acked(VIRTIO_NET_F_HOST_TSO6),
+            mrg_rxbuf: self.acked(VIRTIO_NET_F_MRG_RXBUF),
+        }
+    }
+
+    /// Queues for an activation with the negotiated features; tells the
+    /// switch port what the guest takes.
+    fn queues(&self, mem: GuestMemoryMmap, rxq: Queue, txq: Queue) -> NetQueues {
+        self.port.set_offloads(self.guest_offloads());
+        let mut q = NetQueues::new(
+            mem,
+            rxq,
+            txq,
+            self.port.clone(),
+            self.hdr_bytes(),
+            self.metrics.clone(),
+        );
+        q.set_features(self.net_features());
+        q
+    }
+
     fn hdr_bytes(&self) -> usize {
         if self.acked_features & (1u64 << VIRTIO_F_VERSION_1) != 0 {
             HDR_V1_BYTES
@@ -234,7 +279,20 @@ impl VirtioDevice for Net {
     }
 
     fn avail_features(&self) -> u64 {
-        (1u64 << VIRTIO_F_VERSION_1) | (1u64 << VIRTIO_NET_F_MAC) | (1u64 << VIRTIO_NET_F_STATUS)
+        [
+            VIRTIO_F_VERSION_1,
+            VIRTIO_NET_F_MAC,
+            VIRTIO_NET_F_STATUS,
+            VIRTIO_NET_F_CSUM,
+            VIRTIO_NET_F_GUEST_CSUM,
+            VIRTIO_NET_F_HOST_TSO4,
+            VIRTIO_NET_F_HOST_TSO6,
+            VIRTIO_NET_F_GUEST_TSO4,
+            VIRTIO_NET_F_GUEST_TSO6,
+            VIRTIO_NET_F_MRG_RXBUF,
+        ]
+        .iter()
+        .fold(0, |f, b| f | (1u64 << b))
     }
 
     fn set_acked_features(&mut self, features: u64) {
@@ -259,14 +317,7 @@ impl VirtioDevice for Net {
         self.stop_worker();
         let txq = queues.remove(TXQ);
         let rxq = queues.remove(RXQ);
-        let q = NetQueues::new(
-            mem,
-            rxq,
-            txq,
-            self.port.clone(),
-            self.hdr_bytes(),
-            self.metrics.clone(),
-        );
+        let q = self.queues(mem, rxq, txq);
         self.start_worker(q, interrupt)
     }
 
@@ -278,6 +329,7 @@ impl VirtioDevice for Net {
     fn reset(&mut self) {
         self.stop_worker();
         self.acked_features = 0;
+        self.port.set_offloads(Offloads::default());
     }
 
     fn save(&mut self) -> DeviceSnapshot {
@@ -287,6 +339,7 @@ impl VirtioDevice for Net {
                 state: encode_state(&NetState {
                     mac: self.mac.0,
                     pending_rx: None,
+                    pending_rx_hdr: [0; 10],
                 }),
             };
         };
@@ -294,7 +347,11 @@ impl VirtioDevice for Net {
             queues: vec![QueueSnapshot::of(q.rxq()), QueueSnapshot::of(q.txq())],
             state: encode_state(&NetState {
                 mac: self.mac.0,
-                pending_rx: q.pending_rx().map(<[u8]>::to_vec),
+                pending_rx: q.pending_rx().map(|(_, f)| f.to_vec()),
+                pending_rx_hdr: q
+                    .pending_rx()
+                    .map(|(h, _)| h.to_bytes())
+                    .unwrap_or_default(),
             }),
         };
         self.parked = Some((q, interrupt));
@@ -322,15 +379,9 @@ impl VirtioDevice for Net {
         check_queue_count("virtio-net", &a.queues, 2)?;
         let txq = a.queues.remove(TXQ);
         let rxq = a.queues.remove(RXQ);
-        let mut q = NetQueues::new(
-            a.mem,
-            rxq,
-            txq,
-            self.port.clone(),
-            self.hdr_bytes(),
-            self.metrics.clone(),
-        );
-        q.set_pending_rx(state.pending_rx);
+        let mut q = self.queues(a.mem, rxq, txq);
+        let hdr = VnetHdr::from_bytes(&state.pending_rx_hdr).unwrap_or_default();
+        q.set_pending_rx(state.pending_rx.map(|f| (hdr, f)));
         self.stop_worker();
         self.start_worker(q, a.interrupt)
             .map_err(VirtioPersistError::Activate)
@@ -372,9 +423,25 @@ mod tests {
         let mut dev = Net::new(GUEST, port);
         assert_eq!(dev.device_type(), 1);
         assert_eq!(dev.queue_max_sizes(), &[256, 256]);
-        assert_eq!(dev.avail_features(), (1 << 32) | (1 << 5) | (1 << 16));
+        // VERSION_1, MAC, STATUS, CSUM, GUEST_CSUM, GUEST_TSO4/6,
+        // HOST_TSO4/6, MRG_RXBUF (virtio 1.2, 5.1.3).
+        let bits = [32, 5, 16, 0, 1, 7, 8, 11, 12, 15];
+        assert_eq!(
+            dev.avail_features(),
+            bits.iter().fold(0, |f, b| f | (1u64 << b))
+        );
         dev.set_acked_features(u64::MAX);
         assert_eq!(dev.acked_features, dev.avail_features());
+        assert_eq!(
+            dev.guest_offloads(),
+            Offloads {
+                uso: false,
+                ..Offloads::ALL
+            }
+        );
+        // GUEST_TSO4 without GUEST_CSUM is no offload at all.
+        dev.set_acked_features((1 << 32) | (1 << 7));
+        assert_eq!(dev.guest_offloads(), Offloads::default());
         let mut cfg = [0xffu8; 12];
         dev.read_config(0, &mut cfg);
         assert_eq!(cfg, [0x02, 0x11, 0x22, 0x33, 0x44, 0x55, 1, 0, 0, 0, 0, 0]);
@@ -469,6 +536,10 @@ mod tests {
             irq.clone(),
         )
         .expect("activate");
+        assert!(
+            dev.port.offloads().tso4 && dev.port.offloads().tso6,
+            "the port takes what the guest negotiated"
+        );
         let w = VRING_DESC_F_WRITE as u16;
         rx.add_desc_chains(
             &[RawDescriptor::from(SplitDescriptor::new(
@@ -514,6 +585,11 @@ mod tests {
         assert_eq!(m, [1, 0, 0, 1, 0, 0]);
         dev.reset();
         assert!(dev.worker.is_none());
+        assert_eq!(
+            dev.port.offloads(),
+            Offloads::default(),
+            "reset drops offloads"
+        );
     }
 
     fn frame_to_guest(tag: u8) -> Vec<u8> {

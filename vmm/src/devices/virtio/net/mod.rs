@@ -3,12 +3,17 @@
 //! (`provium_netsetup::Port`).
 //!
 //! Features offered: VERSION_1, MAC (the bridge's deterministic MAC for this
-//! VM, in config space) and STATUS (link status in config space). No offloads:
-//! without CSUM/GSO the guest computes checksums and never hands us segments
-//! larger than a frame, so the header the guest prepends is read and ignored
-//! and the header we prepend says "nothing to do". No MRG_RXBUF: each RX chain
-//! holds one whole frame (Linux posts 1518-byte buffers plus the header).
-//!
+//! VM, in config space), STATUS (link status in config space), and the
+//! offloads: CSUM and HOST_TSO4/6 (the guest hands over checksum-pending
+//! frames and 64 KiB TCP super-frames with a virtio-net header, which goes to
+//! the switch with the frame: `Port::send_offload` validates it, an invalid
+//! one drops the frame and counts it on the port), GUEST_CSUM and GUEST_TSO4/6
+//! (the port is told, `Port::set_offloads`, so the switch hands the guest
+//! super-frames whole and segments only for ports that cannot take them) and
+//! MRG_RXBUF (a frame spans as many RX chains as it needs). A guest that
+//! negotiates none of them gets the old behaviour: headers read and ignored,
+//! "nothing to do" written, one chain per frame.
+
 //! Link status follows the switch port: `Switch::disconnect` (`nic:disconnect()`)
 //! runs the port's link watcher, which clears VIRTIO_NET_S_LINK_UP and raises a
 //! configuration-change interrupt; the guest driver re-reads the status and

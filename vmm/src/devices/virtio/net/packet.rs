@@ -10,16 +10,29 @@
 //! guest claims) and checked for direction and room before a byte is written.
 //! A bad chain is still returned to the guest (used length 0) so the ring keeps
 //! moving, and counted. Nothing here panics on guest input.
+//!
+//! With offloads negotiated ([`NetFeatures`]), the TX header is handed to the
+//! switch with the frame (`Port::send_offload`, which validates it: a bogus
+//! one drops the frame and is counted on the port), a GSO type the guest did
+//! not negotiate is refused here, and the RX header carries what the switch
+//! left to do (checksum, GSO) for a guest that negotiated it. With
+//! MRG_RXBUF a frame spreads over as many RX chains as it needs and
+//! `num_buffers` says how many; the chains are taken only once there are
+//! enough, otherwise the frame waits and the ring is rewound.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use provium_netsetup::Port;
+use provium_netsetup::offload::{GSO_ECN, GSO_NONE, GSO_TCPV4, GSO_TCPV6, VNET_HDR_BYTES};
+use provium_netsetup::{Port, VnetHdr};
 use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 
 use super::defs::{HDR_V1_BYTES, MAX_TX_CHAIN_BYTES, QUEUE_SIZE};
 use crate::vstate::memory::GuestMemoryMmap;
+
+/// TX chains read per batch handed to the switch under one lock.
+pub const TX_BATCH: usize = 16;
 
 /// Most descriptors one RX chain may have: a queue's worth. Linux uses one
 /// or two per RX buffer.
@@ -45,6 +58,10 @@ pub struct NetMetrics {
     /// RX chains that were not usable (read-only buffer, outside memory, too
     /// many descriptors).
     pub rx_bad_chains: AtomicU64,
+    /// TX frames whose virtio-net header asked for an offload the guest did
+    /// not negotiate (also in `tx_dropped`; invalid headers are counted by
+    /// the switch port's `offload_errors`).
+    pub tx_bad_offload: AtomicU64,
 }
 
 impl NetMetrics {
@@ -131,6 +148,69 @@ pub fn read_tx_chain(
     Ok(())
 }
 
+/// Appends the chain's buffers to `bufs`; returns the room they hold.
+/// Direction and count ([`MAX_CHAIN_DESCRIPTORS`] per chain) are checked.
+fn list_rx_chain(
+    chain: DescriptorChain<&GuestMemoryMmap>,
+    bufs: &mut Vec<(GuestAddress, u32)>,
+) -> Result<u64, RxChainError> {
+    let first = bufs.len();
+    let mut room: u64 = 0;
+    for desc in chain {
+        if !desc.is_write_only() {
+            return Err(RxChainError::ReadOnly);
+        }
+        if bufs.len() - first == MAX_CHAIN_DESCRIPTORS {
+            return Err(RxChainError::TooManyDescriptors);
+        }
+        bufs.push((desc.addr(), desc.len()));
+        room += u64::from(desc.len());
+    }
+    Ok(room)
+}
+
+/// Writes `hdr` then `frame` across `bufs` in order, at most `need` bytes;
+/// returns the bytes written into each buffer's chain via `per_buf`.
+fn write_bufs(
+    mem: &GuestMemoryMmap,
+    bufs: &[(GuestAddress, u32)],
+    hdr: &[u8],
+    frame: &[u8],
+    mut per_buf: impl FnMut(usize, usize),
+) -> Result<(), RxChainError> {
+    let need = hdr.len() + frame.len();
+    let mut written: usize = 0;
+    for (i, &(addr, len)) in bufs.iter().enumerate() {
+        let n = usize::try_from(len)
+            .unwrap_or(usize::MAX)
+            .min(need - written);
+        // The bytes [written, written + n) of header-then-frame.
+        let mut at = addr;
+        let mut pos = written;
+        while pos < written + n {
+            let (src, off) = if pos < hdr.len() {
+                (hdr, pos)
+            } else {
+                (frame, pos - hdr.len())
+            };
+            let take = (src.len() - off).min(written + n - pos);
+            mem.write_slice(&src[off..off + take], at)
+                .map_err(|_| RxChainError::Memory(at.0))?;
+            pos += take;
+            at = GuestAddress(
+                at.0.checked_add(take as u64)
+                    .ok_or(RxChainError::Memory(at.0))?,
+            );
+        }
+        written += n;
+        per_buf(i, n);
+        if written == need {
+            break;
+        }
+    }
+    Ok(())
+}
+
 /// Writes `hdr` then `frame` across the chain's buffers; returns the bytes
 /// written (the used length). Direction and room are checked for the whole
 /// chain before anything is written; a buffer outside guest memory ends the
@@ -142,59 +222,57 @@ pub fn write_rx_chain(
     frame: &[u8],
 ) -> Result<u32, RxChainError> {
     let mut bufs: Vec<(GuestAddress, u32)> = Vec::new();
-    let mut room: u64 = 0;
-    for desc in chain {
-        if !desc.is_write_only() {
-            return Err(RxChainError::ReadOnly);
-        }
-        if bufs.len() == MAX_CHAIN_DESCRIPTORS {
-            return Err(RxChainError::TooManyDescriptors);
-        }
-        bufs.push((desc.addr(), desc.len()));
-        room += u64::from(desc.len());
-    }
+    let room = list_rx_chain(chain, &mut bufs)?;
     let need = hdr.len() + frame.len();
     if room < need as u64 {
         return Err(RxChainError::TooSmall { room, need });
     }
-    let mut src = hdr.iter().chain(frame.iter()).copied();
-    let mut chunk = [0u8; 4096];
-    let mut written: usize = 0;
-    for (addr, len) in bufs {
-        let mut left = usize::try_from(len)
-            .unwrap_or(usize::MAX)
-            .min(need - written);
-        let mut at = addr;
-        while left > 0 {
-            let n = left.min(chunk.len());
-            for b in &mut chunk[..n] {
-                *b = src.next().unwrap_or(0);
-            }
-            mem.write_slice(&chunk[..n], at)
-                .map_err(|_| RxChainError::Memory(at.0))?;
-            written += n;
-            left -= n;
-            at = GuestAddress(
-                at.0.checked_add(n as u64)
-                    .ok_or(RxChainError::Memory(at.0))?,
-            );
-        }
-        if written == need {
-            break;
-        }
-    }
+    let mut written = 0usize;
+    write_bufs(mem, &bufs, hdr, frame, |_, n| written += n)?;
     // `need` is at most a header plus MAX_FRAME_BYTES.
     Ok(u32::try_from(written).expect("a frame and header fit in u32"))
 }
 
-/// The header put before every received frame: no checksum or GSO work,
-/// `num_buffers` 1 (only present in the VERSION_1 layout).
-pub fn rx_header(hdr_bytes: usize) -> [u8; HDR_V1_BYTES] {
+/// The header put before every received frame: the offload work the switch
+/// left (none unless the guest negotiated it), `num_buffers` 1 (only
+/// present in the VERSION_1 layout; MRG_RXBUF sets the real count).
+pub fn rx_header(hdr_bytes: usize, vnet: &VnetHdr) -> [u8; HDR_V1_BYTES] {
     let mut h = [0u8; HDR_V1_BYTES];
+    h[..VNET_HDR_BYTES].copy_from_slice(&vnet.to_bytes());
     if hdr_bytes == HDR_V1_BYTES {
         h[10] = 1;
     }
     h
+}
+
+/// The offload features the driver negotiated that the queues act on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetFeatures {
+    /// CSUM: TX headers may ask for a checksum; read them.
+    pub csum: bool,
+    /// HOST_TSO4: TX may be TCPv4 super-frames.
+    pub host_tso4: bool,
+    /// HOST_TSO6: TX may be TCPv6 super-frames.
+    pub host_tso6: bool,
+    /// MRG_RXBUF: one frame may span several RX chains.
+    pub mrg_rxbuf: bool,
+}
+
+impl NetFeatures {
+    fn tx_headers(&self) -> bool {
+        self.csum || self.host_tso4 || self.host_tso6
+    }
+
+    /// Whether the guest negotiated the GSO type in `hdr`.
+    fn allows(&self, hdr: &VnetHdr) -> bool {
+        match hdr.gso_type & !GSO_ECN {
+            GSO_NONE => true,
+            GSO_TCPV4 => self.host_tso4,
+            GSO_TCPV6 => self.host_tso6,
+            // Anything else is refused by the switch, and counted there.
+            _ => true,
+        }
+    }
 }
 
 /// An activated device's queues and the port they exchange frames with.
@@ -207,9 +285,15 @@ pub struct NetQueues {
     hdr_bytes: usize,
     /// A frame taken from the port while no RX chain was available: at most
     /// one, so the device holds at most one frame of its own.
-    pending_rx: Option<Vec<u8>>,
-    /// Reused for every TX chain (at most MAX_TX_CHAIN_BYTES).
-    tx_buf: Vec<u8>,
+    pending_rx: Option<(VnetHdr, Vec<u8>)>,
+    /// Reused TX buffers, one per frame of a batch (each at most
+    /// MAX_TX_CHAIN_BYTES).
+    tx_bufs: Vec<Vec<u8>>,
+    features: NetFeatures,
+    /// Reused by MRG_RXBUF: the buffers of the chains one frame takes, and
+    /// each chain's (head, first buffer, used length).
+    mrg_bufs: Vec<(GuestAddress, u32)>,
+    mrg_heads: Vec<(u16, usize, u32)>,
     metrics: Arc<NetMetrics>,
 }
 
@@ -230,32 +314,91 @@ impl NetQueues {
             port,
             hdr_bytes,
             pending_rx: None,
-            tx_buf: Vec::new(),
+            tx_bufs: Vec::new(),
+            features: NetFeatures::default(),
+            mrg_bufs: Vec::new(),
+            mrg_heads: Vec::new(),
             metrics,
         }
+    }
+
+    /// Acts on the negotiated offloads from now on.
+    pub fn set_features(&mut self, features: NetFeatures) {
+        self.features = features;
     }
 
     /// Sends every available TX chain's frame; true when any chain was
     /// returned to the guest.
     pub fn process_tx(&mut self) -> bool {
         let mut used = false;
-        while let Some(chain) = self.txq.pop_descriptor_chain(&self.mem) {
-            let head = chain.head_index();
-            let frame = read_tx_chain(&self.mem, chain, &mut self.tx_buf).and_then(|()| {
-                self.tx_buf
-                    .get(self.hdr_bytes..)
-                    .ok_or(TxChainError::TooShort(self.tx_buf.len()))
-            });
-            match frame {
-                Ok(f) => match self.port.send(f) {
-                    Ok(()) => NetMetrics::bump(&self.metrics.tx_frames),
-                    Err(_) => NetMetrics::bump(&self.metrics.tx_dropped),
-                },
-                Err(_) => NetMetrics::bump(&self.metrics.tx_bad_chains),
+        if self.tx_bufs.len() < TX_BATCH {
+            self.tx_bufs.resize_with(TX_BATCH, Vec::new);
+        }
+        let features = self.features;
+        let hdr_bytes = self.hdr_bytes;
+        let mut hdrs = [VnetHdr::default(); TX_BATCH];
+        let mut ok = [false; TX_BATCH];
+        let mut heads = [0u16; TX_BATCH];
+        loop {
+            let mut n = 0;
+            while n < TX_BATCH {
+                let Some(chain) = self.txq.pop_descriptor_chain(&self.mem) else {
+                    break;
+                };
+                let head = chain.head_index();
+                let buf = &mut self.tx_bufs[n];
+                ok[n] = false;
+                let read = read_tx_chain(&self.mem, chain, buf).and_then(|()| {
+                    let len = buf.len();
+                    (len >= hdr_bytes)
+                        .then_some(())
+                        .ok_or(TxChainError::TooShort(len))
+                });
+                match read {
+                    Err(_) => NetMetrics::bump(&self.metrics.tx_bad_chains),
+                    Ok(()) => {
+                        let hdr = if features.tx_headers() {
+                            VnetHdr::from_bytes(buf).unwrap_or_default()
+                        } else {
+                            VnetHdr::default()
+                        };
+                        if features.allows(&hdr) {
+                            hdrs[n] = hdr;
+                            ok[n] = true;
+                        } else {
+                            NetMetrics::bump(&self.metrics.tx_bad_offload);
+                            NetMetrics::bump(&self.metrics.tx_dropped);
+                        }
+                    }
+                }
+                heads[n] = head;
+                n += 1;
             }
-            // add_used only fails for a head out of range, which a popped
-            // chain cannot have.
-            used |= self.txq.add_used(&self.mem, head, 0).is_ok();
+            if n == 0 {
+                break;
+            }
+            // One switch lock and one wake-up per destination for the batch.
+            let tried = ok[..n].iter().filter(|o| **o).count();
+            let bufs = &self.tx_bufs;
+            let sent = self.port.send_batch(
+                (0..n)
+                    .filter(|&i| ok[i])
+                    .map(|i| (hdrs[i], &bufs[i][hdr_bytes..])),
+            );
+            self.metrics
+                .tx_frames
+                .fetch_add(sent as u64, Ordering::Relaxed);
+            self.metrics
+                .tx_dropped
+                .fetch_add((tried - sent) as u64, Ordering::Relaxed);
+            // Returned after they are forwarded and counted. add_used only
+            // fails for a head out of range, which a popped chain cannot have.
+            for &head in &heads[..n] {
+                used |= self.txq.add_used(&self.mem, head, 0).is_ok();
+            }
+            if n < TX_BATCH {
+                break;
+            }
         }
         used
     }
@@ -264,29 +407,107 @@ impl NetQueues {
     /// when any chain was returned to the guest.
     pub fn process_rx(&mut self) -> bool {
         let mut used = false;
-        let hdr = rx_header(self.hdr_bytes);
-        while let Some(frame) = self.pending_rx.take().or_else(|| self.port.try_recv()) {
-            let Some(chain) = self.rxq.pop_descriptor_chain(&self.mem) else {
-                self.pending_rx = Some(frame);
-                break;
+        while let Some((vnet, frame)) = self
+            .pending_rx
+            .take()
+            .or_else(|| self.port.try_recv_offload())
+        {
+            let hdr = rx_header(self.hdr_bytes, &vnet);
+            let hdr = &hdr[..self.hdr_bytes];
+            let done = if self.features.mrg_rxbuf && self.hdr_bytes == HDR_V1_BYTES {
+                self.deliver_mergeable(hdr, &frame)
+            } else {
+                self.deliver_one(hdr, &frame)
             };
-            let head = chain.head_index();
-            let len = match write_rx_chain(&self.mem, chain, &hdr[..self.hdr_bytes], &frame) {
-                Ok(n) => {
-                    NetMetrics::bump(&self.metrics.rx_frames);
-                    n
+            match done {
+                Some(u) => used |= u,
+                None => {
+                    self.pending_rx = Some((vnet, frame));
+                    break;
                 }
-                Err(e) => {
-                    if !matches!(e, RxChainError::TooSmall { .. }) {
-                        NetMetrics::bump(&self.metrics.rx_bad_chains);
-                    }
-                    NetMetrics::bump(&self.metrics.rx_dropped);
-                    0
-                }
-            };
-            used |= self.rxq.add_used(&self.mem, head, len).is_ok();
+            }
+            self.port.recycle(frame);
         }
         used
+    }
+
+    /// One frame into one chain; `None` when no chain is available.
+    fn deliver_one(&mut self, hdr: &[u8], frame: &[u8]) -> Option<bool> {
+        let chain = self.rxq.pop_descriptor_chain(&self.mem)?;
+        let head = chain.head_index();
+        let len = match write_rx_chain(&self.mem, chain, hdr, frame) {
+            Ok(n) => {
+                NetMetrics::bump(&self.metrics.rx_frames);
+                n
+            }
+            Err(e) => {
+                if !matches!(e, RxChainError::TooSmall { .. }) {
+                    NetMetrics::bump(&self.metrics.rx_bad_chains);
+                }
+                NetMetrics::bump(&self.metrics.rx_dropped);
+                0
+            }
+        };
+        Some(self.rxq.add_used(&self.mem, head, len).is_ok())
+    }
+
+    /// One frame over as many chains as it needs (MRG_RXBUF); `None` (ring
+    /// rewound, nothing written as used) when the available chains do not
+    /// hold it yet. A bad chain drops the frame; every chain taken for it is
+    /// returned with length 0.
+    fn deliver_mergeable(&mut self, hdr: &[u8], frame: &[u8]) -> Option<bool> {
+        let start = self.rxq.next_avail();
+        let need = (hdr.len() + frame.len()) as u64;
+        self.mrg_bufs.clear();
+        self.mrg_heads.clear();
+        let mut room: u64 = 0;
+        let mut bad = false;
+        while room < need {
+            let Some(chain) = self.rxq.pop_descriptor_chain(&self.mem) else {
+                self.rxq.set_next_avail(start);
+                return None;
+            };
+            let head = chain.head_index();
+            let first = self.mrg_bufs.len();
+            self.mrg_heads.push((head, first, 0));
+            // A whole ring of chains too small for the frame: it never fits.
+            if self.mrg_heads.len() >= usize::from(self.rxq.size()) && room < need {
+                bad = true;
+            }
+            match list_rx_chain(chain, &mut self.mrg_bufs) {
+                Ok(r) => room += r,
+                Err(_) => bad = true,
+            }
+            if bad {
+                break;
+            }
+        }
+        let mut hdr12 = [0u8; HDR_V1_BYTES];
+        hdr12.copy_from_slice(hdr);
+        let count = u16::try_from(self.mrg_heads.len()).unwrap_or(u16::MAX);
+        hdr12[10..12].copy_from_slice(&count.to_le_bytes());
+        if !bad {
+            let heads = &mut self.mrg_heads;
+            let r = write_bufs(&self.mem, &self.mrg_bufs, &hdr12, frame, |i, n| {
+                // The chain owning buffer i is the last whose first <= i.
+                if let Some(h) = heads.iter_mut().rev().find(|h| h.1 <= i) {
+                    h.2 += n as u32;
+                }
+            });
+            bad = r.is_err();
+        }
+        if bad {
+            NetMetrics::bump(&self.metrics.rx_bad_chains);
+            NetMetrics::bump(&self.metrics.rx_dropped);
+        } else {
+            NetMetrics::bump(&self.metrics.rx_frames);
+        }
+        let mut used = false;
+        for &(head, _, len) in &self.mrg_heads {
+            let len = if bad { 0 } else { len };
+            used |= self.rxq.add_used(&self.mem, head, len).is_ok();
+        }
+        Some(used)
     }
 
     /// One round: TX first (the guest's frames may be for itself), then RX.
@@ -303,13 +524,14 @@ impl NetQueues {
         self.pending_rx.is_some()
     }
 
-    /// The frame waiting for an RX chain (snapshots).
-    pub fn pending_rx(&self) -> Option<&[u8]> {
-        self.pending_rx.as_deref()
+    /// The frame waiting for an RX chain, with its offload header
+    /// (snapshots).
+    pub fn pending_rx(&self) -> Option<(&VnetHdr, &[u8])> {
+        self.pending_rx.as_ref().map(|(h, f)| (h, &f[..]))
     }
 
     /// Puts back a frame from a snapshot (validated by the caller).
-    pub fn set_pending_rx(&mut self, frame: Option<Vec<u8>>) {
+    pub fn set_pending_rx(&mut self, frame: Option<(VnetHdr, Vec<u8>)>) {
         self.pending_rx = frame;
     }
 
@@ -330,6 +552,7 @@ mod tests {
     use crate::devices::virtio::net::defs::{HDR_LEGACY_BYTES, MAX_FRAME_BYTES};
     use crate::devices::virtio::test_utils::guest_memory;
     use provium_netsetup::{MacAddr, Switch, SwitchConfig};
+    use std::sync::atomic::Ordering;
     use std::time::Duration;
     use virtio_bindings::virtio_ring::{
         VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
@@ -560,7 +783,11 @@ mod tests {
             (1, 2, 5),
             "loop+runt dropped by the switch"
         );
-        assert!(r.q.tx_buf.capacity() <= MAX_TX_CHAIN_BYTES + 16);
+        assert!(r
+            .q
+            .tx_bufs
+            .iter()
+            .all(|b| b.capacity() <= MAX_TX_CHAIN_BYTES + 16));
     }
 
     #[test]
@@ -614,5 +841,204 @@ mod tests {
         assert_eq!(got, big);
         let [.., rx, rx_dropped, rx_bad] = r.metrics.snapshot();
         assert_eq!((rx, rx_dropped, rx_bad), (2, 4, 3));
+    }
+
+    /// A TCPv4 super-frame of `payload` bytes from GUEST to PEER (headers as
+    /// the switch checks them; checksums are the switch's to fill).
+    fn tso4(payload: usize) -> Vec<u8> {
+        let mut f = Vec::new();
+        f.extend_from_slice(&PEER.0);
+        f.extend_from_slice(&GUEST.0);
+        f.extend_from_slice(&[0x08, 0x00]);
+        let total = u16::try_from(20 + 20 + payload).expect("fits");
+        f.extend_from_slice(&[
+            0x45, 0, 0, 0, 0, 1, 0, 0, 64, 6, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+        ]);
+        f[16..18].copy_from_slice(&total.to_be_bytes());
+        f.extend_from_slice(&[
+            0x9c, 0x40, 0x14, 0x51, 0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x10, 0xff, 0xff,
+        ]);
+        f.extend_from_slice(&[0, 0, 0, 0]);
+        f.extend((0..payload).map(|i| (i % 251) as u8));
+        f
+    }
+
+    const TSO4_HDR: VnetHdr = VnetHdr {
+        flags: provium_netsetup::offload::F_NEEDS_CSUM,
+        gso_type: GSO_TCPV4,
+        hdr_len: 54,
+        gso_size: 1448,
+        csum_start: 34,
+        csum_offset: 16,
+    };
+
+    #[test]
+    fn tx_offload_headers_go_to_the_switch_and_bad_ones_are_counted() {
+        let mem = guest_memory();
+        let mut r = rig(&mem, HDR_V1_BYTES);
+        r.q.set_features(NetFeatures {
+            csum: true,
+            host_tso4: true,
+            host_tso6: false,
+            mrg_rxbuf: false,
+        });
+        r.peer.set_offloads(provium_netsetup::Offloads::ALL);
+        let f = tso4(10_000);
+        let mut hdr_bytes = TSO4_HDR.to_bytes().to_vec();
+        hdr_bytes.extend_from_slice(&[0, 0]);
+        let put = |gpa: u64, h: &[u8]| {
+            let mut b = h.to_vec();
+            b.extend_from_slice(&f);
+            mem.write_slice(&b, GuestAddress(gpa)).expect("write");
+            b.len() as u32
+        };
+        let n = put(0x10_0000, &hdr_bytes);
+        // gso_size 0: refused by the switch.
+        let mut zero = hdr_bytes.clone();
+        zero[4..6].fill(0);
+        put(0x12_0000, &zero);
+        // TCPv6 GSO was not negotiated: refused here.
+        let mut v6 = hdr_bytes.clone();
+        v6[1] = GSO_TCPV6;
+        put(0x14_0000, &v6);
+        r.tx.add_desc_chains(
+            &[
+                d(0x10_0000, n, 0, 0),
+                d(0x12_0000, n, 0, 0),
+                d(0x14_0000, n, 0, 0),
+            ],
+            0,
+        )
+        .expect("chains");
+        r.q.run_once();
+        assert_eq!(used_idx(r.mem, &r.tx), 3);
+        let got = r.peer.recv_offload_timeout(Duration::from_secs(5));
+        assert_eq!(
+            got,
+            Some((TSO4_HDR, f.clone())),
+            "one super-frame, header kept"
+        );
+        assert_eq!(r.peer.try_recv(), None);
+        let [tx, dropped, bad, ..] = r.metrics.snapshot();
+        assert_eq!((tx, dropped, bad), (1, 2, 0));
+        assert_eq!(r.metrics.tx_bad_offload.load(Ordering::Relaxed), 1);
+        assert_eq!(r.q.port.counters().offload_errors, 1);
+    }
+
+    #[test]
+    fn tx_headers_are_ignored_without_offload_features() {
+        let mem = guest_memory();
+        let mut r = rig(&mem, HDR_V1_BYTES);
+        // A header asking for GSO from a guest that negotiated nothing: the
+        // header is not read, the frame goes as it is.
+        let f = frame(PEER, GUEST, 100, 5);
+        let mut b = vec![1, GSO_TCPV4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        b.extend_from_slice(&f);
+        mem.write_slice(&b, GuestAddress(0x10_0000)).expect("write");
+        r.tx.add_desc_chains(&[d(0x10_0000, b.len() as u32, 0, 0)], 0)
+            .expect("chain");
+        r.q.run_once();
+        assert_eq!(r.peer.recv_timeout(Duration::from_secs(5)), Some(f));
+    }
+
+    #[test]
+    fn mergeable_rx_spreads_a_super_frame_once_the_chains_hold_it() {
+        let mem = guest_memory();
+        let mut r = rig(&mem, HDR_V1_BYTES);
+        r.q.set_features(NetFeatures {
+            mrg_rxbuf: true,
+            ..NetFeatures::default()
+        });
+        r.q.port.set_offloads(provium_netsetup::Offloads::ALL);
+        let mut f = tso4(10_000);
+        // From PEER to GUEST this time.
+        f[..6].copy_from_slice(&GUEST.0);
+        f[6..12].copy_from_slice(&PEER.0);
+        r.peer.send_offload(TSO4_HDR, &f).expect("send");
+        // Two 4 KiB buffers do not hold 12 + 10054 bytes: nothing is used.
+        r.rx.add_desc_chains(&[d(0x20_0000, 4096, W, 0), d(0x21_0000, 4096, W, 0)], 0)
+            .expect("chains");
+        assert!(!r.q.run_once());
+        assert_eq!(used_idx(r.mem, &r.rx), 0);
+        assert!(r.q.has_pending_rx());
+        r.rx.add_desc_chains(&[d(0x22_0000, 4096, W, 0), d(0x23_0000, 4096, W, 0)], 2)
+            .expect("chains");
+        assert!(r.q.run_once());
+        assert_eq!(
+            used_idx(r.mem, &r.rx),
+            3,
+            "three buffers taken, the fourth left"
+        );
+        assert_eq!(used(r.mem, &r.rx, 0), (0, 4096));
+        assert_eq!(used(r.mem, &r.rx, 1), (1, 4096));
+        assert_eq!(used(r.mem, &r.rx, 2), (2, (12 + f.len() - 8192) as u32));
+        let mut got = vec![0u8; 12 + f.len()];
+        for (i, gpa) in [0x20_0000u64, 0x21_0000, 0x22_0000].iter().enumerate() {
+            let end = ((i + 1) * 4096).min(got.len());
+            mem.read_slice(&mut got[i * 4096..end], GuestAddress(*gpa))
+                .expect("read");
+        }
+        let mut want = TSO4_HDR.to_bytes().to_vec();
+        want.extend_from_slice(&3u16.to_le_bytes());
+        assert_eq!(
+            &got[..12],
+            &want[..],
+            "the offload header and num_buffers 3"
+        );
+        assert_eq!(&got[12..], &f[..]);
+        assert_eq!(r.metrics.snapshot()[3], 1);
+    }
+
+    #[test]
+    fn a_frame_no_ring_of_mergeable_buffers_can_hold_is_dropped() {
+        let mem = guest_memory();
+        let mut r = rig(&mem, HDR_V1_BYTES);
+        r.q.set_features(NetFeatures {
+            mrg_rxbuf: true,
+            ..NetFeatures::default()
+        });
+        r.peer.send(&frame(GUEST, PEER, 1514, 1)).expect("send");
+        r.peer.send(&frame(GUEST, PEER, 60, 2)).expect("send");
+        // Sixteen 64-byte buffers (the whole ring) hold 1024 bytes.
+        let chains: Vec<RawDescriptor> = (0..16)
+            .map(|i| d(0x20_0000 + 0x100 * i, 64, W, 0))
+            .collect();
+        r.rx.add_desc_chains(&chains, 0).expect("chains");
+        r.q.run_once();
+        assert_eq!(used_idx(r.mem, &r.rx), 16, "every buffer returned");
+        assert_eq!(used(r.mem, &r.rx, 0).1, 0);
+        let [.., rx, rx_dropped, rx_bad] = r.metrics.snapshot();
+        assert_eq!((rx, rx_dropped, rx_bad), (0, 1, 1));
+        assert!(r.q.has_pending_rx(), "the next frame waits for buffers");
+    }
+
+    #[test]
+    fn a_tx_batch_wakes_the_receiver_once() {
+        let mem = guest_memory();
+        let mut r = rig(&mem, HDR_V1_BYTES);
+        let wakes = Arc::new(AtomicU64::new(0));
+        let w = wakes.clone();
+        r.peer.set_rx_waker(Some(Arc::new(move || {
+            w.fetch_add(1, Ordering::SeqCst);
+        })));
+        // Eight: the mock queue's used ring overlaps its avail ring past that.
+        let frames: Vec<Vec<u8>> = (0..8u8).map(|i| frame(PEER, GUEST, 100, i)).collect();
+        let descs: Vec<RawDescriptor> = frames
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let gpa = 0x10_0000 + 0x1000 * i as u64;
+                d(gpa, put_tx(&mem, gpa, f), 0, 0)
+            })
+            .collect();
+        r.tx.add_desc_chains(&descs, 0).expect("chains");
+        r.q.run_once();
+        assert_eq!(used_idx(r.mem, &r.tx), 8);
+        let got: Vec<u8> = std::iter::from_fn(|| r.peer.try_recv())
+            .map(|f| f[20])
+            .collect();
+        assert_eq!(got, (0..8).collect::<Vec<u8>>(), "every frame, in order");
+        assert_eq!(wakes.load(Ordering::SeqCst), 1, "8 frames, one wake-up");
+        assert_eq!(r.metrics.snapshot()[0], 8);
     }
 }

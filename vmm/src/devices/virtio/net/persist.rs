@@ -10,6 +10,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use provium_netsetup::offload::OffloadMeta;
+use provium_netsetup::VnetHdr;
+
 use super::defs::MAX_FRAME_BYTES;
 use crate::devices::virtio::persist::VirtioPersistError;
 
@@ -22,6 +25,10 @@ pub struct NetState {
     /// Stored as msgpack `bin`, not an array of integers.
     #[serde(with = "serde_bytes")]
     pub pending_rx: Option<Vec<u8>>,
+    /// The virtio-net header of the pending frame (offloads the switch left
+    /// to the guest); all zero without offloads. Absent in older files.
+    #[serde(default)]
+    pub pending_rx_hdr: [u8; 10],
 }
 
 impl NetState {
@@ -44,6 +51,10 @@ impl NetState {
                     f.len()
                 )));
             }
+            let hdr = VnetHdr::from_bytes(&self.pending_rx_hdr).unwrap_or_default();
+            if let Err(e) = OffloadMeta::parse(hdr, f) {
+                return Err(bad(format!("the pending frame's offload header: {e}")));
+            }
         }
         Ok(())
     }
@@ -59,9 +70,10 @@ mod tests {
         let s = NetState {
             mac: [2, 1, 2, 3, 4, 5],
             pending_rx: Some(vec![0xab; 60]),
+            pending_rx_hdr: [0; 10],
         };
         let bytes = encode_state(&s);
-        assert!(bytes.len() < 60 + 16, "the frame is stored as bytes");
+        assert!(bytes.len() < 60 + 30, "the frame is stored as bytes");
         let back: NetState = decode_state("virtio-net", &bytes).expect("decodes");
         assert_eq!(back, s);
         back.validate([2, 1, 2, 3, 4, 5]).expect("valid");
@@ -73,5 +85,25 @@ mod tests {
         };
         let back: NetState = decode_state("virtio-net", &encode_state(&huge)).expect("decodes");
         assert!(back.validate(huge.mac).is_err());
+        // A file's offload header is as untrusted as a guest's.
+        let bogus = NetState {
+            pending_rx_hdr: [0, 0x42, 0, 0, 0, 0, 0, 0, 0, 0],
+            ..s.clone()
+        };
+        let e = bogus.validate(bogus.mac).unwrap_err().to_string();
+        assert!(e.contains("offload header"), "{e}");
+        // A state written before the field existed still decodes.
+        #[derive(serde::Serialize)]
+        struct Old {
+            mac: [u8; 6],
+            #[serde(with = "serde_bytes")]
+            pending_rx: Option<Vec<u8>>,
+        }
+        let old = encode_state(&Old {
+            mac: s.mac,
+            pending_rx: s.pending_rx.clone(),
+        });
+        let back: NetState = decode_state("virtio-net", &old).expect("old state decodes");
+        assert_eq!(back, s);
     }
 }
