@@ -59,6 +59,10 @@ struct BridgeInner {
     env: Arc<FileEnv>,
     switch: Switch,
     state: Mutex<BridgeState>,
+    /// Open `bridge:capture()` streams. They block snapshots of every VM on
+    /// this bridge, as a `nic:capture()` stream blocks its VM's. A lock of
+    /// its own: a VM reads it while holding its state lock.
+    captures: Mutex<Vec<Stream>>,
 }
 
 #[derive(Default)]
@@ -66,6 +70,11 @@ struct BridgeState {
     members: BTreeMap<String, Member>,
     uplink: Option<UplinkLink>,
     closed: bool,
+    /// `bridge:route` targets (bridge names, first-call order, no repeats):
+    /// graph state only, as the reference's v1.
+    routes: Vec<String>,
+    /// The one-shot "routes are not realised" warning was printed.
+    route_warned: bool,
 }
 
 struct Member {
@@ -252,6 +261,7 @@ impl Bridge {
             env: env.clone(),
             switch,
             state: Mutex::new(BridgeState::default()),
+            captures: Mutex::new(Vec::new()),
         }));
         env.register_closeable(CloseKind::Bridge, Arc::new(b.clone()));
         b
@@ -746,14 +756,27 @@ impl Bridge {
             |s| format!("{}:{}", s.file, s.line),
         );
         let cap = self.0.switch.capture(&label);
-        Ok(Stream::open(
+        let s = Stream::open(
             lua,
             self.0.env.clone(),
             Box::new(CaptureSource::new(cap)),
             "capture",
             format!("bridge {}", self.0.name),
             None,
-        ))
+        );
+        let mut caps = self.0.captures.lock().unwrap();
+        caps.retain(Stream::is_open);
+        caps.push(s.clone());
+        Ok(s)
+    }
+
+    /// This bridge's open `bridge:capture()` streams, as
+    /// [`Vm::live_streams`] names them (they count as live streams of every
+    /// VM on the bridge).
+    pub fn live_capture_streams(&self) -> Vec<Stream> {
+        let mut caps = self.0.captures.lock().unwrap();
+        caps.retain(Stream::is_open);
+        caps.clone()
     }
 }
 
@@ -934,14 +957,10 @@ impl UserData for Bridge {
         m.add_method("isolated", |_, this, ()| Ok(this.0.switch.isolated()));
 
         // ---- L3 routing (preview) ----
-        m.add_method("route", |_, this, _: Value| -> mlua::Result<()> {
-            Err(err(format!(
-                "bridge:route: L3 routing is a preview and not implemented: nothing was recorded on bridge `{}` \
-                 and no traffic is routed between bridges; attach a router VM to both bridges instead",
-                this.0.name
-            )))
+        m.add_method("route", |_, this, v: Value| this.route(&v));
+        m.add_method("routes", |_, this, ()| {
+            Ok(this.0.state.lock().unwrap().routes.clone())
         });
-        m.add_method("routes", |lua, _, ()| lua.create_table());
 
         // ---- uplink ----
         m.add_method("enable_uplink", |_, this, opts: Option<Table>| {
@@ -995,6 +1014,50 @@ impl UserData for Bridge {
 }
 
 impl Bridge {
+    /// `bridge:route(other_or_list)`: records the intent (a bridge, its
+    /// name, or an array of either) and, at the first call on this bridge,
+    /// warns on stderr that no traffic is routed (the reference's v1).
+    fn route(&self, v: &Value) -> mlua::Result<()> {
+        let one = |v: &Value| -> mlua::Result<String> {
+            match v {
+                Value::String(s) => Ok(s.to_str()?.to_string()),
+                Value::UserData(ud) => ud.borrow::<Bridge>().map(|b| b.0.name.clone()).map_err(|_| {
+                    err("bridge:route: expected a Bridge, a bridge name or an array of them, got another userdata")
+                }),
+                other => Err(err(format!(
+                    "bridge:route: expected a Bridge, a bridge name or an array of them, got {}",
+                    other.type_name()
+                ))),
+            }
+        };
+        let targets = match v {
+            Value::Table(t) => t
+                .sequence_values::<Value>()
+                .map(|x| x.and_then(|x| one(&x)))
+                .collect::<mlua::Result<Vec<_>>>()?,
+            v => vec![one(v)?],
+        };
+        if let Some(t) = targets.iter().find(|t| **t == self.0.name) {
+            return Err(err(format!(
+                "bridge:route: bridge `{t}` cannot route to itself; route to another bridge"
+            )));
+        }
+        let mut st = self.0.state.lock().unwrap();
+        for t in targets {
+            if !st.routes.contains(&t) {
+                st.routes.push(t);
+            }
+        }
+        if !std::mem::replace(&mut st.route_warned, true) {
+            eprintln!(
+                "provium: warning: {}: bridge:route on `{}` records the route only; L3 routing is a \
+                 preview and no traffic flows between bridges yet (attach a router VM to both bridges)",
+                self.0.env.rel_path, self.0.name
+            );
+        }
+        Ok(())
+    }
+
     fn latency(&self, v: &Value, directional_only: bool) -> mlua::Result<()> {
         let sw = &self.0.switch;
         match v {

@@ -245,7 +245,8 @@ impl Lab {
 
     /// `vm_fixture(path)` / `lab_fixture(path)`, either call form.
     fn fixture_call(&self, lua: &Lua, which: &str, args: MultiValue) -> mlua::Result<Value> {
-        let name = match args.into_iter().next() {
+        let mut args = args.into_iter();
+        let name = match args.next() {
             Some(Value::String(s)) => s.to_str()?.to_string(),
             other => {
                 return Err(err(format!(
@@ -255,9 +256,10 @@ impl Lab {
             }
         };
         if which == "vm_fixture" {
-            Ok(Value::UserData(
-                lua.create_userdata(self.vm_fixture(&name)?)?,
-            ))
+            let vm_name = fixture_vm_name_opt(args.next())?;
+            Ok(Value::UserData(lua.create_userdata(
+                self.vm_fixture(&name, vm_name.as_deref())?,
+            )?))
         } else {
             Ok(Value::UserData(
                 lua.create_userdata(self.lab_fixture(&name)?)?,
@@ -270,13 +272,25 @@ impl Lab {
     /// devices: its disks (the recorded images, as they are now) and its
     /// NICs, on bridges of the recorded names found or made by
     /// [`Lab::bridge_for_restore`] from this lab.
-    fn vm_fixture(&self, name: &str) -> mlua::Result<Vm> {
+    ///
+    /// Each call restores a fresh VM. It is named `vm_name` when given
+    /// (`vm_fixture(path, {name = ...})`; a taken name is an error), else
+    /// the fixture VM's recorded name, or when that is taken in this scope
+    /// (an earlier call, even of a VM since shut down), the first free of
+    /// `<name>-2`, `<name>-3`, ...
+    fn vm_fixture(&self, name: &str, vm_name: Option<&str>) -> mlua::Result<Vm> {
         use crate::fixture::RestoreFailure;
         let env = self.0.env.clone();
         let mut restore = |path: &std::path::Path| -> Result<Vm, RestoreFailure> {
-            let decl = super::snapshot::VmDecl::read(path).map_err(RestoreFailure::Corrupt)?;
+            let mut decl = super::snapshot::VmDecl::read(path).map_err(RestoreFailure::Corrupt)?;
             let other = |e: mlua::Error| RestoreFailure::Other(super::error_message(&e));
-            self.check_new_name("vm", &decl.name).map_err(other)?;
+            decl.name = match vm_name {
+                Some(n) => {
+                    self.check_new_name("vm", n).map_err(other)?;
+                    n.to_string()
+                }
+                None => self.free_fixture_vm_name(&decl.name).map_err(other)?,
+            };
             let sizing = VmSizing {
                 memory_bytes: decl.memory_bytes,
                 cpus: decl.cpus,
@@ -563,6 +577,19 @@ impl Lab {
 
     /// A name may be taken once per lab, never reserved, and (in a test
     /// scope) not shadow a name of the file root.
+    /// `base` when it is free in this scope, else the first free
+    /// `<base>-N` (N from 2); the error for `base` when none is.
+    fn free_fixture_vm_name(&self, base: &str) -> mlua::Result<String> {
+        let first = match self.check_new_name("vm", base) {
+            Ok(()) => return Ok(base.to_string()),
+            Err(e) => e,
+        };
+        (2..=MAX_FIXTURE_COPIES)
+            .map(|n| format!("{base}-{n}"))
+            .find(|n| self.check_new_name("vm", n).is_ok())
+            .ok_or(first)
+    }
+
     fn check_new_name(&self, kind: &str, name: &str) -> mlua::Result<()> {
         if name.is_empty() {
             return Err(err(format!("{kind} name must not be empty")));
@@ -809,6 +836,43 @@ impl Lab {
 
 /// A failed fixture restore's verdict: a device mismatch keeps the entry
 /// (rebuilding it would not help), anything else evicts and rebuilds it.
+/// How many VMs one scope can restore from one fixture under its recorded
+/// name before `vm_fixture` needs an explicit `{name = ...}`.
+const MAX_FIXTURE_COPIES: usize = 1000;
+
+/// `vm_fixture(path, opts?)`'s opts: only `name`, a string.
+fn fixture_vm_name_opt(opts: Option<Value>) -> mlua::Result<Option<String>> {
+    let t = match opts {
+        None | Some(Value::Nil) => return Ok(None),
+        Some(Value::Table(t)) => t,
+        Some(other) => {
+            return Err(err(format!(
+                "vm_fixture: opts must be a table like {{name = \"node2\"}}, got {}",
+                other.type_name()
+            )))
+        }
+    };
+    let mut name = None;
+    for pair in t.pairs::<Value, Value>() {
+        let (k, v) = pair?;
+        match (k.to_string()?.as_str(), v) {
+            ("name", Value::String(s)) => name = Some(s.to_str()?.to_string()),
+            ("name", other) => {
+                return Err(err(format!(
+                    "vm_fixture: `name` must be a string, got {}",
+                    other.type_name()
+                )))
+            }
+            (key, _) => {
+                return Err(err(format!(
+                    "vm_fixture: unknown option `{key}` (accepted: name)"
+                )))
+            }
+        }
+    }
+    Ok(name)
+}
+
 fn restore_failure(e: RestoreError) -> crate::fixture::RestoreFailure {
     use crate::fixture::RestoreFailure;
     match e {
