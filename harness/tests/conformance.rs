@@ -369,3 +369,46 @@ end)
     );
     assert_all_passed(code, &v, &err);
 }
+
+#[test]
+fn a_runner_panic_marks_the_rest_of_the_file_poisoned() {
+    let (code, v, err) = run_lua(
+        &[(
+            "poison.test.lua",
+            r#"
+test("before", function(t) end)
+test("crashes the runner", function(t)
+  local vm = provium:vm("p", "linux"):boot()
+  _provium_test_panic("injected runner panic")
+end)
+test("after", function(t) error("must not run") end)
+test("after too", function(t) error("must not run") end)
+"#,
+        )],
+        &["."],
+    );
+    assert_ne!(code, 0, "{v}\n{err}");
+    let tests = v["tests"].as_array().unwrap();
+    assert_eq!(tests.len(), 4, "{v}");
+    assert_eq!(tests[0]["status"], "passed", "{v}");
+    assert_eq!(tests[1]["status"], "failed", "{v}");
+    assert!(
+        tests[1]["message"]
+            .as_str()
+            .unwrap()
+            .contains("the runner panicked: injected runner panic"),
+        "{v}"
+    );
+    for t in &tests[2..] {
+        assert_eq!(t["status"], "failed", "{t}");
+        assert!(
+            t["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("failed-due-to-poisoned-state: not run"),
+            "{t}"
+        );
+    }
+    let chunk = v["files"][0]["chunk_error"].as_str().unwrap_or_default();
+    assert!(chunk.contains("injected runner panic"), "{v}");
+}
