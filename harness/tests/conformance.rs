@@ -412,3 +412,101 @@ test("after too", function(t) error("must not run") end)
     let chunk = v["files"][0]["chunk_error"].as_str().unwrap_or_default();
     assert!(chunk.contains("injected runner panic"), "{v}");
 }
+
+#[test]
+fn coverage_marks_its_own_temp_file_and_removes_both() {
+    ensure_agent();
+    let dir = tempfile::tempdir().unwrap();
+    let (bin, tmp) = (dir.path().join("bin"), dir.path().join("tmp"));
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(&tmp).unwrap();
+    let hook = bin.join("provium-coverage");
+    std::fs::write(
+        &hook,
+        "#!/bin/sh\n{ echo \"marker=$PROVIUM_COVERAGE_MARKER\"; echo \"tmp=$PROVIUM_COVERAGE_TMP\"; test -f \"$PROVIUM_COVERAGE_MARKER\" && echo present; } > \"$COV_LOG\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::write(
+        dir.path().join("a.test.lua"),
+        "test(\"a\", function(t) end)\n",
+    )
+    .unwrap();
+    let log = dir.path().join("cov.log");
+    let o = Command::new(env!("CARGO_BIN_EXE_provium"))
+        .args(["--vmm", "local", "--coverage", "a.test.lua"])
+        .current_dir(dir.path())
+        .env(
+            "PATH",
+            format!(
+                "{}:{}",
+                bin.display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        )
+        .env("TMPDIR", &tmp)
+        .env("COV_LOG", &log)
+        .env("PROVIUM_RERUN_STATE", dir.path().join("rerun.json"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let logged = std::fs::read_to_string(&log).unwrap();
+    let marker = logged
+        .lines()
+        .find_map(|l| l.strip_prefix("marker="))
+        .unwrap_or_default()
+        .to_string();
+    assert!(marker.ends_with(".msgpack.provium-marker"), "{logged}");
+    assert!(
+        logged.contains("\npresent\n"),
+        "the marker existed during the hook: {logged}"
+    );
+    assert!(!Path::new(&marker).exists(), "marker left behind");
+    let left: Vec<_> = std::fs::read_dir(&tmp)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(
+        !left
+            .iter()
+            .any(|p| p.to_string_lossy().contains("provium-coverage-")),
+        "{left:?}"
+    );
+}
+
+#[test]
+fn relative_profile_paths_that_the_reference_reads_elsewhere_are_warned_about() {
+    ensure_agent();
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite");
+    std::fs::create_dir_all(&suite).unwrap();
+    std::fs::write(
+        suite.join("provium.toml"),
+        "[profiles.linux]\ncmdline_file = \"boot/cmdline\"\nbuild = \"true\"\n",
+    )
+    .unwrap();
+    std::fs::write(suite.join("a.test.lua"), "test(\"a\", function(t) end)\n").unwrap();
+    // Only under the current directory, as the reference would read it.
+    std::fs::create_dir_all(dir.path().join("boot")).unwrap();
+    std::fs::write(dir.path().join("boot/cmdline"), "init=/x").unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_provium"))
+        .args([
+            "--vmm",
+            "local",
+            "--config",
+            "suite/provium.toml",
+            "suite/a.test.lua",
+        ])
+        .current_dir(dir.path())
+        .env("PROVIUM_RERUN_STATE", dir.path().join("rerun.json"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("provium: warning: profile `linux`: cmdline_file `boot/cmdline` is resolved against the directory of"),
+        "{err}"
+    );
+    assert!(err.contains("its build command runs in"), "{err}");
+}
