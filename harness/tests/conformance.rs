@@ -510,3 +510,80 @@ fn relative_profile_paths_that_the_reference_reads_elsewhere_are_warned_about() 
     );
     assert!(err.contains("its build command runs in"), "{err}");
 }
+
+#[test]
+fn lab_snapshot_returns_the_reference_value_and_restores_the_topology() {
+    let (code, v, err) = run_lua(
+        &[(
+            "topology.test.lua",
+            r#"
+local function pairs_of(b)
+  local out = {}
+  for _, p in ipairs(b:partitions()) do out[#out + 1] = p.from .. ">" .. p.to end
+  return table.concat(out, ",")
+end
+
+test("lab snapshot topology", function(t)
+  local lan = provium:bridge("lan")
+  local dc = provium:lab("dc1")
+  local core = dc:bridge("core")
+  local vm = provium:vm("solo", "linux"):boot()
+  vm:write_file("/srv/who", "solo")
+  lan:attach({"a", "b", "c"})
+  core:attach({"x", "y"})
+  lan:partition("a", "b")
+  core:partition("x", "y")
+  lan:isolate("c")
+  lan:add_latency(50)
+  lan:drop_rate(12.5)
+  core:bandwidth_limit(1000000)
+  lan:route(core)
+
+  -- The reference's return values: a path string for an explicit dir,
+  -- a LabSnapshot for a temp one.
+  local dir = os.tmpname()
+  os.remove(dir)
+  local ret = provium:snapshot(dir)
+  t:assert_eq(type(ret), "string")
+  t:assert_eq(ret, dir)
+  local ls = provium:snapshot()
+  t:assert_eq(type(ls), "userdata")
+  t:assert(ls:size() > 0)
+
+  -- Change every element, then restore.
+  lan:restore_all()
+  core:restore_all()
+  lan:unisolate("c")
+  lan:reset()
+  core:reset()
+  lan:route("wan")
+  lan:detach("b")
+  vm:write_file("/srv/who", "changed")
+  provium:restore(ret)
+  t:assert_eq(table.concat(lan:members(), ","), "a,b,c")
+  t:assert_eq(pairs_of(lan), "a>b,b>a")
+  t:assert_eq(pairs_of(core), "x>y,y>x")
+  t:assert_eq(table.concat(lan:isolated(), ","), "c")
+  t:assert_eq(lan:latency_ms(), 50)
+  t:assert_eq(lan:drop_rate_pct(), 12.5)
+  t:assert_eq(core:bandwidth_bps(), 1000000)
+  t:assert_eq(table.concat(lan:routes(), ","), "core")
+  t:assert_eq(vm:read_file("/srv/who"), "solo")
+
+  -- Into a lab that has none of it: bridges come back with their state.
+  local fresh = provium:lab("elsewhere")
+  fresh:restore(ls)
+  local flan = fresh:bridge("lan")
+  t:assert_eq(table.concat(flan:members(), ","), "a,b,c")
+  t:assert_eq(pairs_of(flan), "a>b,b>a")
+  t:assert_eq(flan:latency_ms(), 50)
+  t:assert_eq(pairs_of(fresh.dc1:bridge("core")), "x>y,y>x")
+  t:assert_eq(fresh:vm("solo"):read_file("/srv/who"), "solo")
+  os.execute("rm -rf '" .. dir .. "'")
+end)
+"#,
+        )],
+        &["."],
+    );
+    assert_all_passed(code, &v, &err);
+}

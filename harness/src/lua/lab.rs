@@ -216,6 +216,7 @@ impl Lab {
                 .map(|(p, _)| p.clone())
         };
         let mut index = LabIndex::new(&self.0.name);
+        index.bridges = bridges.iter().map(|(p, b)| b.record(p)).collect();
         for (path, vm) in vms {
             if !matches!(
                 vm.phase(),
@@ -471,6 +472,19 @@ impl Lab {
             )))
         })?;
         let kvm = self.0.env.backend == crate::runner::BackendKind::Kvm;
+        // The topology first, so restored VMs find their bridges.
+        for rec in &index.bridges {
+            let lab = self.sub_lab_at(&rec.lab_path).map_err(Failed)?;
+            let vm_names: Vec<String> = index.vms.iter().map(|v| v.name.clone()).collect();
+            Lab::bridge_for_restore(&lab, &rec.name)
+                .and_then(|b| b.apply_record(rec, &vm_names))
+                .map_err(|e| {
+                    RestoreError::Mismatch(format!(
+                        "lab:restore: bridge `{}`: {e} (a configuration mismatch)",
+                        rec.name
+                    ))
+                })?;
+        }
         for v in &index.vms {
             let lab = self.sub_lab_at(&v.lab_path).map_err(Failed)?;
             let existing = lab.0.state.lock().unwrap().vms.get(&v.name).cloned();
@@ -1101,22 +1115,24 @@ impl UserData for Lab {
                 this.barrier(name, count, timeout)
             },
         );
-        m.add_method("snapshot", |_, this, path: Option<String>| {
+        // The reference: `lab:snapshot(dir)` writes there and returns the
+        // dir as a string; `lab:snapshot()` a LabSnapshot in a temp dir
+        // (deleted with the scope).
+        m.add_method("snapshot", |lua, this, path: Option<String>| {
             use super::snapshot::{delete_at_scope_end, temp_path, LabSnapshotUd};
-            let (path, temp) = match path {
-                Some(p) => (std::path::PathBuf::from(p), false),
-                None => (temp_path(".lab"), true),
-            };
+            if let Some(p) = path {
+                this.snapshot_into(std::path::Path::new(&p))?;
+                return Ok(Value::String(lua.create_string(&p)?));
+            }
+            let path = temp_path(".lab");
             if let Err(e) = this.snapshot_into(&path) {
-                if temp {
-                    super::snapshot::remove_any(&path);
-                }
+                super::snapshot::remove_any(&path);
                 return Err(e);
             }
-            if temp {
-                delete_at_scope_end(&this.0.env, &path);
-            }
-            Ok(LabSnapshotUd { path })
+            delete_at_scope_end(&this.0.env, &path);
+            Ok(Value::UserData(
+                lua.create_userdata(LabSnapshotUd { path })?,
+            ))
         });
         m.add_method("restore", |_, this, v: Value| {
             let path = super::snapshot::snapshot_path_arg(&v, "lab:restore")?;
