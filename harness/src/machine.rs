@@ -195,6 +195,16 @@ impl Machine {
         }
     }
 
+    /// Local: puts back the interface configuration a restore captured, once
+    /// the restored sandbox's NICs are on its bridges again (kvm: the
+    /// guest's memory holds its own).
+    pub fn apply_restored_net(&self) -> Result<(), String> {
+        match self {
+            Machine::Local(s) => s.lock().unwrap().apply_restored_net(),
+            Machine::Kvm(_) => Ok(()),
+        }
+    }
+
     /// Presses the power button and waits for the guest to power off.
     pub fn power_button(&self) -> Result<(), String> {
         match self {
@@ -330,6 +340,7 @@ impl Machine {
                     machine.kill();
                     return Err(snapshot::chain(&e));
                 }
+                s.lock().unwrap().set_restored_net(state.net);
                 Ok(machine)
             }
             BackendKind::Kvm => {

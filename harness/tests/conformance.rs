@@ -587,3 +587,92 @@ end)
     );
     assert_all_passed(code, &v, &err);
 }
+
+const BRIDGED_PAIR: &str = r#"
+local function setup(lan)
+  local a = provium:vm("a", "linux")
+  local b = provium:vm("b", "linux")
+  lan:attach({a, b})
+  a:boot()
+  b:boot()
+  a:run("ip addr add 10.9.0.1/24 dev eth0"):assert_ok()
+  b:run("ip addr add 10.9.0.2/24 dev eth0 && ip route add 10.99.0.0/16 via 10.9.0.1"):assert_ok()
+  return a, b
+end
+local function check(t, a, b)
+  t:assert_contains(b:run("ip -o -4 addr show dev eth0").stdout, "10.9.0.2/24")
+  t:assert_contains(b:run("ip -4 route show").stdout, "10.99.0.0/16 via 10.9.0.1 dev eth0")
+  b:run("ping -c 1 -W 5 10.9.0.1"):assert_ok()
+  a:run("ping -c 1 -W 5 10.9.0.2"):assert_ok()
+end
+"#;
+
+#[test]
+fn a_bridged_local_sandbox_snapshots_and_restores_its_interfaces() {
+    let (code, v, err) = run_lua(
+        &[
+            (
+                "vm.test.lua",
+                &format!(
+                    "{BRIDGED_PAIR}\n{}",
+                    r#"
+test("vm snapshot and restore of a bridged sandbox", function(t)
+  local lan = provium:bridge("lan")
+  local a, b = setup(lan)
+  check(t, a, b)
+  local snap = b:snapshot()
+  b:write_file("/tmp/mark", "after")
+  b:shutdown()
+  b:restore(snap)
+  t:assert_eq(b:run("cat /tmp/mark 2>/dev/null || echo gone").stdout, "gone\n")
+  check(t, a, b)
+end)
+"#
+                ),
+            ),
+            (
+                "reset.test.lua",
+                &format!(
+                    "{BRIDGED_PAIR}\n{}",
+                    r#"
+provium.reset_between_tests = true
+local lan = provium:bridge("lan")
+local a, b = setup(lan)
+test("first test changes the network", function(t)
+  check(t, a, b)
+  b:run("ip addr flush dev eth0"):assert_ok()
+end)
+test("the next starts from the baseline", function(t)
+  check(t, a, b)
+end)
+"#
+                ),
+            ),
+            (
+                "fixtures/pair.fixture.lua",
+                &format!(
+                    "{BRIDGED_PAIR}\n{}",
+                    r#"
+setup(provium:bridge("lan"))
+return provium:snapshot()
+"#
+                ),
+            ),
+            (
+                "fixture.test.lua",
+                &format!(
+                    "{BRIDGED_PAIR}\n{}",
+                    r#"
+test("a lab fixture with a bridge", function(t)
+  local l = provium:lab_fixture("fixtures/pair")
+  check(t, l:vm("a"), l:vm("b"))
+  t:assert_eq(table.concat(l:bridge("lan"):members(), ","), "a,b")
+end)
+"#
+                ),
+            ),
+        ],
+        &["vm.test.lua", "reset.test.lua", "fixture.test.lua"],
+    );
+    assert_all_passed(code, &v, &err);
+}

@@ -417,6 +417,16 @@ impl Bridge {
 
     // ---- membership ----
 
+    /// Attaches `vm` (a local restore re-joining the bridges its sandbox
+    /// was on); a no-op when it is a member already.
+    pub fn attach_vm(&self, vm: &Vm) -> Result<(), String> {
+        if self.has_vm(vm) {
+            return Ok(());
+        }
+        self.attach_all(vec![(vm.name().to_string(), Some(vm.clone()))])
+            .map_err(|e| super::error_message(&e))
+    }
+
     /// Attaches every item, or none: all are validated and recorded first,
     /// then booted VMs are realised; any failure undoes the whole call.
     fn attach_all(&self, items: Vec<(String, Option<Vm>)>) -> mlua::Result<()> {

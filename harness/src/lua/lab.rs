@@ -519,6 +519,21 @@ impl Lab {
                 vm.shutdown().map_err(Failed)?;
             }
             let file = dir.join(&v.file);
+            if !kvm {
+                // Local: the sandbox joins the recorded bridges it was on
+                // (its NICs and their configuration come back with it).
+                for rec in index.bridges.iter().filter(|b| b.members.contains(&v.name)) {
+                    let lab = self.sub_lab_at(&rec.lab_path).map_err(Failed)?;
+                    Lab::bridge_for_restore(&lab, &rec.name)
+                        .and_then(|b| b.attach_vm(&vm))
+                        .map_err(|e| {
+                            RestoreError::Mismatch(format!(
+                                "lab:restore: vm `{}` on bridge `{}`: {e} (a configuration mismatch)",
+                                v.name, rec.name
+                            ))
+                        })?;
+                }
+            }
             if kvm {
                 let devices = super::snapshot::VmDevices::read_if_present(&file)
                     .map_err(|e| Failed(err(format!("lab:restore: vm `{}`: {e}", v.name))))?;

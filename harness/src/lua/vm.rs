@@ -603,6 +603,19 @@ impl Vm {
             lone,
             added,
         } = nics;
+        // Local: the sandbox comes back on the bridges it left when it was
+        // shut down (its NICs, and the interface configuration its
+        // snapshot holds, are put back once it runs).
+        if !kvm {
+            for b in self.left_bridges().into_iter().filter(|b| !b.is_closed()) {
+                b.attach_vm(self).map_err(|e| {
+                    Failed(err(format!(
+                        "vm:restore: vm `{name}`: cannot rejoin bridge `{}`: {e}",
+                        b.name()
+                    )))
+                })?;
+            }
+        }
         let mut built = false;
         let r = self.restore_machine(
             path,
@@ -620,9 +633,17 @@ impl Vm {
         }
         let has_nics = r?;
         self.0.left_bridges.lock().unwrap().clear();
-        // The restored NICs' members are realised (as after a boot).
-        if has_nics {
+        // The restored NICs' members are realised (as after a boot); a
+        // local sandbox's TAPs are made now, then its interface
+        // configuration goes back on them.
+        if has_nics || (!kvm && !self.bridges().is_empty()) {
             super::nic::realise_all(self).map_err(Failed)?;
+        }
+        if !kvm {
+            self.machine()
+                .map_err(Failed)?
+                .apply_restored_net()
+                .map_err(|e| Failed(err(format!("vm:restore: vm `{name}`: {e}"))))?;
         }
         Ok(())
     }
