@@ -57,7 +57,11 @@ pub fn build(
     let mut cmd = match command {
         Command::Shell { script } => {
             let mut c = process::Command::new("/bin/sh");
-            c.arg("-c").arg(script);
+            if env_clear {
+                c.arg("-c").arg(shell_env_clear_script(script, env));
+            } else {
+                c.arg("-c").arg(script);
+            }
             c
         }
         Command::Argv { program, args } => {
@@ -88,6 +92,27 @@ pub fn build(
     }
     cmd.process_group(0);
     Ok(cmd)
+}
+
+/// Variables a POSIX shell exports on its own at startup (dash and busybox
+/// ash add `PWD`; bash adds `PWD`, `SHLVL` and `_`).
+const SHELL_ADDED_VARS: &[&str] = &["PWD", "OLDPWD", "SHLVL", "_"];
+
+/// The shell form under `env_clear`: the guest must see only the supplied
+/// keys, so the variables the shell itself exported are unset first, on the
+/// script's own first line (error line numbers stay the script's). A key
+/// the caller supplied is kept. Bash re-creates `_` for every command it
+/// runs, so under a bash `/bin/sh` that one variable stays visible.
+fn shell_env_clear_script(script: &str, env: &BTreeMap<String, String>) -> String {
+    let added: Vec<&str> = SHELL_ADDED_VARS
+        .iter()
+        .copied()
+        .filter(|v| !env.contains_key(*v))
+        .collect();
+    if added.is_empty() {
+        return script.to_string();
+    }
+    format!("unset {}; {script}", added.join(" "))
 }
 
 /// Why a child did not start, naming what was run.
@@ -497,6 +522,36 @@ mod tests {
         let o = run_captured(&mut cmd, None);
         assert_eq!(o.exit, ExitInfo::exited(3));
         assert_eq!(o.captured, vec![b"out\n".to_vec(), b"err\n".to_vec()]);
+    }
+
+    #[test]
+    fn env_clear_shell_form_sees_only_the_supplied_keys() {
+        let env = BTreeMap::from([("FOO".to_string(), "bar".to_string())]);
+        let mut cmd = build(
+            &Command::Shell {
+                script: "/usr/bin/env".into(),
+            },
+            &env,
+            true,
+            Some("/tmp"),
+        )
+        .unwrap();
+        let o = run_captured(&mut cmd, None);
+        assert_eq!(o.exit, ExitInfo::exited(0));
+        assert_eq!(o.captured, vec![b"FOO=bar\n".to_vec(), Vec::new()]);
+        // A supplied PWD is the caller's, not unset.
+        let env = BTreeMap::from([("PWD".to_string(), "/tmp".to_string())]);
+        let mut cmd = build(
+            &Command::Shell {
+                script: "/usr/bin/env".into(),
+            },
+            &env,
+            true,
+            Some("/tmp"),
+        )
+        .unwrap();
+        let o = run_captured(&mut cmd, None);
+        assert_eq!(o.captured, vec![b"PWD=/tmp\n".to_vec(), Vec::new()]);
     }
 
     #[test]

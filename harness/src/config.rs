@@ -189,7 +189,86 @@ impl Config {
             path: path.into(),
             source,
         })?;
-        Self::parse(path, &text)
+        let mut cfg = Self::parse(path, &text)?;
+        cfg.apply_overlay_env(std::env::var_os("PROVIUM_OVERLAY").map(PathBuf::from));
+        if let Ok(cwd) = std::env::current_dir() {
+            for w in cfg.cwd_path_warnings(&cwd) {
+                eprintln!("provium: warning: {w}");
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// `PROVIUM_OVERLAY` (read once, by [`Config::load`]): the agent overlay
+    /// for every profile that does not set `agent_overlay_path` itself (the
+    /// reference's order: the field, then the variable).
+    pub fn apply_overlay_env(&mut self, overlay: Option<PathBuf>) {
+        let Some(o) = overlay.filter(|o| !o.as_os_str().is_empty()) else {
+            return;
+        };
+        for p in self.profiles.values_mut() {
+            if p.agent_overlay_path.is_none() {
+                p.agent_overlay_path = Some(o.clone());
+            }
+        }
+    }
+
+    /// Relative profile paths are resolved against the config file's
+    /// directory, not the current directory as the reference says (so a
+    /// suite runs the same from anywhere; docs/harness.md). Where the
+    /// difference picks another existing file — the relative path names a
+    /// file under `cwd` but not under the config's directory — the user
+    /// porting a suite is told, once per path.
+    pub fn cwd_path_warnings(&self, cwd: &Path) -> Vec<String> {
+        let mut out = Vec::new();
+        let Some(config) = &self.path else {
+            return out;
+        };
+        let base = &self.base_dir;
+        let same_dir = match (base.canonicalize(), cwd.canonicalize()) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        };
+        for (name, p) in &self.profiles {
+            if p.build.is_some() && !same_dir {
+                out.push(format!(
+                    "profile `{name}`: its build command runs in `{}`, the directory of `{}`, \
+                     not the current directory `{}` (the reference's); relative paths in it are \
+                     read from there",
+                    base.display(),
+                    config.display(),
+                    cwd.display()
+                ));
+            }
+            let fields = [
+                ("kernel", &p.kernel),
+                ("initrd", &p.initrd),
+                ("cmdline_file", &p.cmdline_file),
+                ("agent_overlay_path", &p.agent_overlay_path),
+            ];
+            for (field, path) in fields {
+                let Some(resolved) = path else { continue };
+                let Ok(rel) = resolved.strip_prefix(base) else {
+                    continue;
+                };
+                if rel.as_os_str().is_empty() {
+                    continue;
+                }
+                let from_cwd = cwd.join(rel);
+                if !resolved.exists() && from_cwd.exists() {
+                    out.push(format!(
+                        "profile `{name}`: {field} `{}` is resolved against the directory of `{}` \
+                         (`{}`, which does not exist), not the current directory (`{}`, which does); \
+                         write the path relative to provium.toml, or make it absolute",
+                        rel.display(),
+                        config.display(),
+                        resolved.display(),
+                        from_cwd.display()
+                    ));
+                }
+            }
+        }
+        out
     }
 
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
@@ -368,6 +447,48 @@ mod tests {
         assert_eq!(
             cfg.profiles["x"].kernel_cmdline(None).unwrap(),
             "init=/a loglevel=3 loglevel=7 console=ttyS0"
+        );
+    }
+
+    #[test]
+    fn cwd_relative_paths_that_differ_are_warned_about() {
+        let dir = tempfile::tempdir().unwrap();
+        let (conf, cwd) = (dir.path().join("suite"), dir.path().join("elsewhere"));
+        std::fs::create_dir_all(&conf).unwrap();
+        std::fs::create_dir_all(&cwd).unwrap();
+        std::fs::write(cwd.join("cl"), "init=/x").unwrap();
+        std::fs::write(conf.join("k"), "kernel").unwrap();
+        std::fs::write(cwd.join("k"), "kernel").unwrap();
+        let cfg = Config::parse(
+            &conf.join("provium.toml"),
+            "[profiles.x]\nkernel = \"k\"\ncmdline_file = \"cl\"\nbuild = \"true\"\n",
+        )
+        .unwrap();
+        let w = cfg.cwd_path_warnings(&cwd);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("build command runs in"), "{w:?}");
+        assert!(
+            w[1].contains("cmdline_file `cl` is resolved against the directory of"),
+            "{w:?}"
+        );
+        // Run from the config's own directory: nothing to say.
+        assert!(cfg.cwd_path_warnings(&conf).is_empty());
+    }
+
+    #[test]
+    fn provium_overlay_fills_only_profiles_without_the_field() {
+        let mut cfg = parse(
+            "[profiles.a]\ncmdline = \"q\"\nagent_overlay_path = \"/own.cpio\"\n[profiles.b]\ncmdline = \"q\"\n",
+        )
+        .unwrap();
+        cfg.apply_overlay_env(Some(PathBuf::from("/env.cpio")));
+        assert_eq!(
+            cfg.profiles["a"].agent_overlay_path.as_deref(),
+            Some(Path::new("/own.cpio"))
+        );
+        assert_eq!(
+            cfg.profiles["b"].agent_overlay_path.as_deref(),
+            Some(Path::new("/env.cpio"))
         );
     }
 

@@ -1,8 +1,15 @@
 //! The `provium` library: everything the `provium` binary is built from.
 //!
-//! - [`client`]: the typed agent client, spoken over any byte stream
-//!   (a Unix socket to a local sandbox today, vsock to a KVM guest next).
-//! - [`backend`]: the ways a test VM is created; today the `local` sandbox.
+//! - [`client`]: the typed agent client, spoken over any byte stream (a
+//!   Unix socket to a local sandbox, vsock to a kvm guest).
+//! - [`backend`]: the ways a test VM is created: the `local` sandbox
+//!   (namespaces over an overlay root, filesystem snapshots) and `kvm` (a
+//!   Linux guest on the in-process microVMM, with memory snapshots and
+//!   restores); [`machine`] puts both behind one type.
+//! - [`lua`]: the Lua API and test framework; [`runner`]: files, tests,
+//!   the pool and the scheduler; [`fixture`]: the fixture cache;
+//!   [`report`] and [`events`]: output and the event stream; [`cli`]: the
+//!   subcommands.
 
 pub mod backend;
 pub mod cli;

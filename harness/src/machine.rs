@@ -195,21 +195,43 @@ impl Machine {
     /// Warm reset; returns the agent connection of the new boot.
     pub fn reset(&self) -> Result<AgentClient, String> {
         match self {
-            Machine::Local(_) => Err(
-                "reset needs the kvm backend (the local sandbox has no kernel to reboot)".into(),
-            ),
+            Machine::Local(_) => Err(LOCAL_NO_RESET.into()),
             Machine::Kvm(k) => k.reset(),
+        }
+    }
+
+    /// Why this backend cannot reset at all (`None`: it can), so the caller
+    /// refuses before it changes anything (the VM stays as it was).
+    pub fn reset_refusal(&self) -> Option<&'static str> {
+        match self {
+            Machine::Local(_) => Some(LOCAL_NO_RESET),
+            Machine::Kvm(_) => None,
+        }
+    }
+
+    /// Local: puts back the interface configuration a restore captured, once
+    /// the restored sandbox's NICs are on its bridges again (kvm: the
+    /// guest's memory holds its own).
+    pub fn apply_restored_net(&self) -> Result<(), String> {
+        match self {
+            Machine::Local(s) => s.lock().unwrap().apply_restored_net(),
+            Machine::Kvm(_) => Ok(()),
         }
     }
 
     /// Presses the power button and waits for the guest to power off.
     pub fn power_button(&self) -> Result<(), String> {
         match self {
-            Machine::Local(_) => Err(
-                "power_button needs the kvm backend (the local sandbox has no i8042 to press)"
-                    .into(),
-            ),
+            Machine::Local(_) => Err(LOCAL_NO_POWER_BUTTON.into()),
             Machine::Kvm(k) => k.power_button(),
+        }
+    }
+
+    /// Why this backend has no power button (`None`: it has one).
+    pub fn power_button_refusal(&self) -> Option<&'static str> {
+        match self {
+            Machine::Local(_) => Some(LOCAL_NO_POWER_BUTTON),
+            Machine::Kvm(_) => None,
         }
     }
 
@@ -332,6 +354,7 @@ impl Machine {
                     machine.kill();
                     return Err(snapshot::chain(&e));
                 }
+                s.lock().unwrap().set_restored_net(state.net);
                 Ok(machine)
             }
             BackendKind::Kvm => {
@@ -377,6 +400,11 @@ impl Machine {
         }
     }
 }
+
+const LOCAL_NO_RESET: &str =
+    "reset needs the kvm backend (the local sandbox has no kernel to reboot)";
+const LOCAL_NO_POWER_BUTTON: &str =
+    "power_button needs the kvm backend (the local sandbox has no i8042 to press)";
 
 /// Signal every process in the sandbox. Enumerates twice so a process forked
 /// while the first pass ran is caught by the second.

@@ -115,7 +115,7 @@ fn plain_verbose_and_quiet_shapes() {
     assert!(!out.contains("PASS one"), "{out}");
     let v = stdout(&p.run(&["-v"]));
     assert!(
-        v.contains("    PASS one\n") && v.contains("    SKIP skipped (later)\n"),
+        v.contains("    PASS one\n") && v.contains("    SKIP skipped (skipped: later)\n"),
         "{v}"
     );
     let q = stdout(&p.run(&["-q"]));

@@ -27,7 +27,10 @@ fn framework_suite_passes() {
     let (code, out) = run_suite("tests/lua/provium.toml", "tests/lua/framework");
     assert_eq!(code, 0, "{out}");
     // The declarative skips really skipped; nothing silently vanished.
-    assert!(out.contains("SKIP declarative skip (not today)"), "{out}");
+    assert!(
+        out.contains("SKIP declarative skip (skipped: not today)"),
+        "{out}"
+    );
     assert!(out.contains(", 0 failed, 3 skipped;"), "{out}");
 }
 

@@ -11,6 +11,11 @@
 //!           "memory_bytes": 536870912, "cpus": 1, "file": "a.snap"}]}
 //! ```
 //!
+//! Format 2 adds `bridges`: each bridge of the lab and its sub-labs with its
+//! attachments, partitions, isolation, impairments and routes, so a
+//! restore reproduces the topology, not only the VMs. Format 1 indexes
+//! (no `bridges`) still read, as a lab without bridges.
+//!
 //! The index is read from disk and treated as untrusted: file names must be
 //! plain names inside the directory, and every file must exist.
 
@@ -21,7 +26,9 @@ use serde::{Deserialize, Serialize};
 /// The file name of the index inside a lab snapshot directory.
 pub const LAB_INDEX_FILE: &str = "lab.json";
 /// The index layout version.
-pub const LAB_INDEX_FORMAT: u32 = 1;
+pub const LAB_INDEX_FORMAT: u32 = 2;
+/// The oldest index layout this build still reads.
+pub const LAB_INDEX_OLDEST_FORMAT: u32 = 1;
 
 /// One VM of a lab snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,8 +49,54 @@ pub struct LabVm {
     pub file: String,
 }
 
+/// One axis set of impairments (`None`: not impaired on that axis).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LabImpairment {
+    /// One-way delay, nanoseconds.
+    pub latency_ns: Option<u64>,
+    /// Drop probability, percent (0..=100).
+    pub drop_pct: Option<f64>,
+    /// Rate cap, bits per second.
+    pub bandwidth_bps: Option<u64>,
+}
+
+/// A per-pair impairment: frames from `from` to `to`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LabPairImpairment {
+    /// Sending attachment.
+    pub from: String,
+    /// Receiving attachment.
+    pub to: String,
+    /// What is declared for that direction.
+    pub impairment: LabImpairment,
+}
+
+/// One bridge of a lab snapshot, as declared (graph state).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LabBridge {
+    /// Sub-lab names from the snapshotted lab down to the bridge's lab.
+    pub lab_path: Vec<String>,
+    /// The bridge's name.
+    pub name: String,
+    /// Attachment names (VMs or bare names), sorted.
+    pub members: Vec<String>,
+    /// Partitioned (from, to) pairs, sorted.
+    pub partitions: Vec<(String, String)>,
+    /// Isolated attachment names, sorted.
+    pub isolated: Vec<String>,
+    /// Whole-bridge impairments.
+    pub impairment: LabImpairment,
+    /// Per-pair impairments, sorted by (from, to).
+    pub pair_impairments: Vec<LabPairImpairment>,
+    /// `bridge:route` targets (graph state only).
+    pub routes: Vec<String>,
+}
+
 /// The whole index.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LabIndex {
     /// [`LAB_INDEX_FORMAT`].
@@ -52,6 +105,9 @@ pub struct LabIndex {
     pub lab: String,
     /// Every VM, in snapshot order.
     pub vms: Vec<LabVm>,
+    /// Every bridge (format 2; empty in a format 1 index).
+    #[serde(default)]
+    pub bridges: Vec<LabBridge>,
 }
 
 /// Why an index cannot be used.
@@ -93,6 +149,7 @@ impl LabIndex {
             format: LAB_INDEX_FORMAT,
             lab: lab.into(),
             vms: Vec::new(),
+            bridges: Vec::new(),
         }
     }
 
@@ -147,11 +204,25 @@ impl LabIndex {
             detail,
         };
         let index: LabIndex = serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
-        if index.format != LAB_INDEX_FORMAT {
+        if !(LAB_INDEX_OLDEST_FORMAT..=LAB_INDEX_FORMAT).contains(&index.format) {
             return Err(invalid(format!(
-                "format {} (this provium reads {LAB_INDEX_FORMAT})",
+                "format {} (this provium reads {LAB_INDEX_OLDEST_FORMAT} to {LAB_INDEX_FORMAT})",
                 index.format
             )));
+        }
+        let mut bridges = std::collections::BTreeSet::new();
+        for b in &index.bridges {
+            if !bridges.insert((b.lab_path.clone(), b.name.clone())) {
+                return Err(invalid(format!("bridge `{}` is listed twice", b.name)));
+            }
+            let bad_pct =
+                |i: &LabImpairment| i.drop_pct.is_some_and(|p| !(0.0..=100.0).contains(&p));
+            if bad_pct(&b.impairment) || b.pair_impairments.iter().any(|p| bad_pct(&p.impairment)) {
+                return Err(invalid(format!(
+                    "bridge `{}` has a drop rate outside 0..=100 percent",
+                    b.name
+                )));
+            }
         }
         let mut seen = std::collections::BTreeSet::new();
         for vm in &index.vms {
@@ -200,8 +271,77 @@ mod tests {
         let f2 = idx.file_name_for(&["dc1".into()], "a");
         assert_eq!(f2, "dc1.a.snap");
         std::fs::write(dir.path().join("a.snap"), b"x").unwrap();
+        idx.bridges.push(LabBridge {
+            lab_path: vec!["dc1".into()],
+            name: "lan".into(),
+            members: vec!["a".into(), "b".into()],
+            partitions: vec![("a".into(), "b".into())],
+            isolated: vec!["b".into()],
+            impairment: LabImpairment {
+                latency_ns: Some(5_000_000),
+                drop_pct: Some(12.5),
+                bandwidth_bps: None,
+            },
+            pair_impairments: vec![LabPairImpairment {
+                from: "a".into(),
+                to: "b".into(),
+                impairment: LabImpairment {
+                    bandwidth_bps: Some(1000),
+                    ..LabImpairment::default()
+                },
+            }],
+            routes: vec!["wan".into()],
+        });
         idx.write(dir.path()).unwrap();
         assert_eq!(LabIndex::read(dir.path()).unwrap(), idx);
+    }
+
+    #[test]
+    fn a_format_1_index_reads_as_a_lab_without_bridges() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.snap"), b"x").unwrap();
+        std::fs::write(
+            dir.path().join(LAB_INDEX_FILE),
+            br#"{"format": 1, "lab": "provium", "vms": [{"lab_path": [], "name": "a",
+                "profile": "p", "memory_bytes": 1, "cpus": 1, "file": "a.snap"}]}"#,
+        )
+        .unwrap();
+        let idx = LabIndex::read(dir.path()).unwrap();
+        assert_eq!(idx.vms.len(), 1);
+        assert!(idx.bridges.is_empty());
+    }
+
+    #[test]
+    fn bridge_records_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut idx = LabIndex::new("provium");
+        let b = LabBridge {
+            lab_path: vec![],
+            name: "lan".into(),
+            members: vec![],
+            partitions: vec![],
+            isolated: vec![],
+            impairment: LabImpairment {
+                drop_pct: Some(150.0),
+                ..LabImpairment::default()
+            },
+            pair_impairments: vec![],
+            routes: vec![],
+        };
+        idx.bridges.push(b.clone());
+        idx.write(dir.path()).unwrap();
+        let e = LabIndex::read(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("drop rate outside"), "{e}");
+        idx.bridges = vec![
+            LabBridge {
+                impairment: LabImpairment::default(),
+                ..b.clone()
+            };
+            2
+        ];
+        idx.write(dir.path()).unwrap();
+        let e = LabIndex::read(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("listed twice"), "{e}");
     }
 
     #[test]

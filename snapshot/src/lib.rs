@@ -33,5 +33,5 @@ pub use format::{
     SNAPSHOT_FORMAT_VERSION,
 };
 pub use image::{image_path, RestoreImage};
-pub use lab_index::{LabIndex, LabVm};
+pub use lab_index::{LabBridge, LabImpairment, LabIndex, LabPairImpairment, LabVm};
 pub use persist::Persist;

@@ -347,6 +347,16 @@ fn run_once(
     let coverage_tmp = (args.coverage && args.save_events.is_none()).then(|| {
         std::env::temp_dir().join(format!("provium-coverage-{}.msgpack", std::process::id()))
     });
+    if let Some(tmp) = &coverage_tmp {
+        // The sibling marker proves the temp file is ours (run_coverage).
+        let marker = coverage_marker(tmp);
+        std::fs::write(&marker, std::process::id().to_string()).map_err(|e| {
+            format!(
+                "--coverage: cannot write marker `{}`: {e}",
+                marker.display()
+            )
+        })?;
+    }
     let save_to = args.save_events.clone().or(coverage_tmp.clone());
     let bus = EventBus::start(save_to.as_deref(), args.events_stdout, socket, false)
         .map_err(|e| e.to_string())?;
@@ -480,7 +490,10 @@ fn run_coverage(events: Option<&Path>, temporary: bool) -> i32 {
     cmd.arg("--from")
         .arg(path)
         .env("PROVIUM_COVERAGE_TMP", path);
-    if !temporary {
+    let marker = coverage_marker(path);
+    if temporary {
+        cmd.env("PROVIUM_COVERAGE_MARKER", &marker);
+    } else {
         cmd.env("PROVIUM_COVERAGE_USER_FILE", path);
     }
     let code = match cmd.status() {
@@ -491,10 +504,20 @@ fn run_coverage(events: Option<&Path>, temporary: bool) -> i32 {
             EXIT_FAILED
         }
     };
-    if temporary {
+    // Delete the events only where the marker says this run made them.
+    if temporary && marker.is_file() {
         let _ = std::fs::remove_file(path);
+        let _ = std::fs::remove_file(&marker);
     }
     code
+}
+
+/// `--coverage`'s marker for its temp events file: a sibling
+/// `<file>.provium-marker` (the reference's `PROVIUM_COVERAGE_MARKER`).
+fn coverage_marker(events: &Path) -> PathBuf {
+    let mut name = events.as_os_str().to_owned();
+    name.push(".provium-marker");
+    PathBuf::from(name)
 }
 
 /// The run seed: `--seed`, else `PROVIUM_SEED` (read once, by the caller),

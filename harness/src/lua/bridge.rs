@@ -59,6 +59,10 @@ struct BridgeInner {
     env: Arc<FileEnv>,
     switch: Switch,
     state: Mutex<BridgeState>,
+    /// Open `bridge:capture()` streams. They block snapshots of every VM on
+    /// this bridge, as a `nic:capture()` stream blocks its VM's. A lock of
+    /// its own: a VM reads it while holding its state lock.
+    captures: Mutex<Vec<Stream>>,
 }
 
 #[derive(Default)]
@@ -66,6 +70,11 @@ struct BridgeState {
     members: BTreeMap<String, Member>,
     uplink: Option<UplinkLink>,
     closed: bool,
+    /// `bridge:route` targets (bridge names, first-call order, no repeats):
+    /// graph state only, as the reference's v1.
+    routes: Vec<String>,
+    /// The one-shot "routes are not realised" warning was printed.
+    route_warned: bool,
 }
 
 struct Member {
@@ -252,6 +261,7 @@ impl Bridge {
             env: env.clone(),
             switch,
             state: Mutex::new(BridgeState::default()),
+            captures: Mutex::new(Vec::new()),
         }));
         env.register_closeable(CloseKind::Bridge, Arc::new(b.clone()));
         b
@@ -293,7 +303,129 @@ impl Bridge {
         (self.0.switch.run_seed(), self.0.switch.seed())
     }
 
+    // ---- lab snapshots ----
+
+    /// This bridge as a lab snapshot records it (`lab_path`: where it sits
+    /// below the snapshotted lab): attachments, partitions, isolation,
+    /// impairments and routes.
+    pub fn record(&self, lab_path: &[String]) -> provium_snapshot::LabBridge {
+        use provium_snapshot::{LabImpairment, LabPairImpairment};
+        let sw = &self.0.switch;
+        let imp = |i: &provium_netsetup::Impairment| LabImpairment {
+            latency_ns: i
+                .latency
+                .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+            drop_pct: i.drop_pct,
+            bandwidth_bps: i.bandwidth_bps,
+        };
+        let whole = provium_netsetup::Impairment {
+            latency: sw.latency(),
+            drop_pct: sw.drop_rate_pct(),
+            bandwidth_bps: sw.bandwidth_bps(),
+        };
+        let st = self.lock();
+        provium_snapshot::LabBridge {
+            lab_path: lab_path.to_vec(),
+            name: self.0.name.clone(),
+            members: st.members.keys().cloned().collect(),
+            partitions: sw.partitions(),
+            isolated: sw.isolated(),
+            impairment: imp(&whole),
+            pair_impairments: sw
+                .pair_impairments()
+                .into_iter()
+                .map(|((from, to), i)| LabPairImpairment {
+                    from,
+                    to,
+                    impairment: imp(&i),
+                })
+                .collect(),
+            routes: st.routes.clone(),
+        }
+    }
+
+    /// Puts a recorded bridge's graph state back: recorded attachments this
+    /// bridge lacks come back as bare names (a recorded VM joins through
+    /// its own restore), and partitions, isolation, impairments and routes
+    /// become exactly the recorded ones.
+    pub fn apply_record(
+        &self,
+        rec: &provium_snapshot::LabBridge,
+        vm_names: &[String],
+    ) -> Result<(), String> {
+        let to_imp = |i: &provium_snapshot::LabImpairment| provium_netsetup::Impairment {
+            latency: i.latency_ns.map(std::time::Duration::from_nanos),
+            drop_pct: i.drop_pct,
+            bandwidth_bps: i.bandwidth_bps,
+        };
+        let missing: Vec<(String, Option<Vm>)> = {
+            let st = self
+                .open_state("restore")
+                .map_err(|e| super::error_message(&e))?;
+            rec.members
+                .iter()
+                .filter(|m| !st.members.contains_key(*m) && !vm_names.contains(m))
+                .map(|m| (m.clone(), None))
+                .collect()
+        };
+        if !missing.is_empty() {
+            self.attach_all(missing)
+                .map_err(|e| super::error_message(&e))?;
+        }
+        let sw = &self.0.switch;
+        // reset(): no impairment, no partition (isolation is kept).
+        sw.reset();
+        let whole = to_imp(&rec.impairment);
+        sw.set_latency(whole.latency.unwrap_or_default());
+        sw.set_drop_rate(whole.drop_pct.unwrap_or(0.0))
+            .map_err(|e| format!("drop rate: {e}"))?;
+        sw.set_bandwidth(whole.bandwidth_bps.unwrap_or(0));
+        for p in &rec.pair_impairments {
+            let i = to_imp(&p.impairment);
+            if let Some(l) = i.latency {
+                sw.set_pair_latency(&p.from, &p.to, l);
+            }
+            if let Some(d) = i.drop_pct {
+                sw.set_pair_drop_rate(&p.from, &p.to, d)
+                    .map_err(|e| format!("drop rate {} -> {}: {e}", p.from, p.to))?;
+            }
+            if let Some(b) = i.bandwidth_bps {
+                sw.set_pair_bandwidth(&p.from, &p.to, b);
+            }
+        }
+        // Symmetric inserts need no attached ports; then drop the reverse
+        // directions that were not recorded.
+        for (a, b) in &rec.partitions {
+            sw.partition(a, b);
+        }
+        for (a, b) in &rec.partitions {
+            if !rec.partitions.contains(&(b.clone(), a.clone())) {
+                sw.unpartition_directional(b, a);
+            }
+        }
+        for n in sw.isolated() {
+            if !rec.isolated.contains(&n) {
+                sw.unisolate(&n);
+            }
+        }
+        for n in &rec.isolated {
+            sw.isolate(n);
+        }
+        self.lock().routes = rec.routes.clone();
+        Ok(())
+    }
+
     // ---- membership ----
+
+    /// Attaches `vm` (a local restore re-joining the bridges its sandbox
+    /// was on); a no-op when it is a member already.
+    pub fn attach_vm(&self, vm: &Vm) -> Result<(), String> {
+        if self.has_vm(vm) {
+            return Ok(());
+        }
+        self.attach_all(vec![(vm.name().to_string(), Some(vm.clone()))])
+            .map_err(|e| super::error_message(&e))
+    }
 
     /// Attaches every item, or none: all are validated and recorded first,
     /// then booted VMs are realised; any failure undoes the whole call.
@@ -746,14 +878,27 @@ impl Bridge {
             |s| format!("{}:{}", s.file, s.line),
         );
         let cap = self.0.switch.capture(&label);
-        Ok(Stream::open(
+        let s = Stream::open(
             lua,
             self.0.env.clone(),
             Box::new(CaptureSource::new(cap)),
             "capture",
             format!("bridge {}", self.0.name),
             None,
-        ))
+        );
+        let mut caps = self.0.captures.lock().unwrap();
+        caps.retain(Stream::is_open);
+        caps.push(s.clone());
+        Ok(s)
+    }
+
+    /// This bridge's open `bridge:capture()` streams, as
+    /// [`Vm::live_streams`] names them (they count as live streams of every
+    /// VM on the bridge).
+    pub fn live_capture_streams(&self) -> Vec<Stream> {
+        let mut caps = self.0.captures.lock().unwrap();
+        caps.retain(Stream::is_open);
+        caps.clone()
     }
 }
 
@@ -934,14 +1079,10 @@ impl UserData for Bridge {
         m.add_method("isolated", |_, this, ()| Ok(this.0.switch.isolated()));
 
         // ---- L3 routing (preview) ----
-        m.add_method("route", |_, this, _: Value| -> mlua::Result<()> {
-            Err(err(format!(
-                "bridge:route: L3 routing is a preview and not implemented: nothing was recorded on bridge `{}` \
-                 and no traffic is routed between bridges; attach a router VM to both bridges instead",
-                this.0.name
-            )))
+        m.add_method("route", |_, this, v: Value| this.route(&v));
+        m.add_method("routes", |_, this, ()| {
+            Ok(this.0.state.lock().unwrap().routes.clone())
         });
-        m.add_method("routes", |lua, _, ()| lua.create_table());
 
         // ---- uplink ----
         m.add_method("enable_uplink", |_, this, opts: Option<Table>| {
@@ -995,6 +1136,50 @@ impl UserData for Bridge {
 }
 
 impl Bridge {
+    /// `bridge:route(other_or_list)`: records the intent (a bridge, its
+    /// name, or an array of either) and, at the first call on this bridge,
+    /// warns on stderr that no traffic is routed (the reference's v1).
+    fn route(&self, v: &Value) -> mlua::Result<()> {
+        let one = |v: &Value| -> mlua::Result<String> {
+            match v {
+                Value::String(s) => Ok(s.to_str()?.to_string()),
+                Value::UserData(ud) => ud.borrow::<Bridge>().map(|b| b.0.name.clone()).map_err(|_| {
+                    err("bridge:route: expected a Bridge, a bridge name or an array of them, got another userdata")
+                }),
+                other => Err(err(format!(
+                    "bridge:route: expected a Bridge, a bridge name or an array of them, got {}",
+                    other.type_name()
+                ))),
+            }
+        };
+        let targets = match v {
+            Value::Table(t) => t
+                .sequence_values::<Value>()
+                .map(|x| x.and_then(|x| one(&x)))
+                .collect::<mlua::Result<Vec<_>>>()?,
+            v => vec![one(v)?],
+        };
+        if let Some(t) = targets.iter().find(|t| **t == self.0.name) {
+            return Err(err(format!(
+                "bridge:route: bridge `{t}` cannot route to itself; route to another bridge"
+            )));
+        }
+        let mut st = self.0.state.lock().unwrap();
+        for t in targets {
+            if !st.routes.contains(&t) {
+                st.routes.push(t);
+            }
+        }
+        if !std::mem::replace(&mut st.route_warned, true) {
+            eprintln!(
+                "provium: warning: {}: bridge:route on `{}` records the route only; L3 routing is a \
+                 preview and no traffic flows between bridges yet (attach a router VM to both bridges)",
+                self.0.env.rel_path, self.0.name
+            );
+        }
+        Ok(())
+    }
+
     fn latency(&self, v: &Value, directional_only: bool) -> mlua::Result<()> {
         let sw = &self.0.switch;
         match v {

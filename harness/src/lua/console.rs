@@ -37,11 +37,19 @@ impl ConsoleUd {
     }
 
     fn console(&self, method: &str) -> mlua::Result<Arc<provium_vmm::Console>> {
+        let backend = self.vm.env().backend;
+        if backend != crate::runner::BackendKind::Kvm {
+            return Err(err(format!(
+                "console:{method}: vm `{}`: the {} backend has no kernel console (use the kvm backend)",
+                self.vm.name(),
+                backend.as_str()
+            )));
+        }
         let m = (self.machine)().ok_or_else(|| {
             err(format!(
-                "console:{method}: vm `{}` is {}; boot it first (vm:boot())",
+                "console:{method}: vm `{}`: {}",
                 self.vm.name(),
-                self.vm.phase().as_str()
+                self.vm.phase().hint()
             ))
         })?;
         m.console().ok_or_else(|| {

@@ -71,6 +71,18 @@ impl FileUd {
     }
 }
 
+/// Where a tail of an open handle starts: the handle's current cursor (the
+/// reference's `file:tail_stream()` and `vm:fd_stream`), read with `tell`.
+/// A handle with no cursor (a pipe or tty: `tell` fails with ESPIPE) starts
+/// at the beginning; the tail op itself then reports a bad handle by name.
+pub fn cursor_start(vm: &Vm, ops: &Ops, handle: HandleId, method: &str) -> mlua::Result<TailStart> {
+    match vm.guard_op(method, || ops.tell(handle)) {
+        Ok(offset) => Ok(TailStart::Offset { offset }),
+        Err(_) if vm.phase() == super::vm::Phase::Booted => Ok(TailStart::Beginning),
+        Err(e) => Err(e),
+    }
+}
+
 impl UserData for FileUd {
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
         m.add_method("read", |lua, this, n: i64| {
@@ -131,9 +143,17 @@ impl UserData for FileUd {
             this.0.vm.guard_op("file:tell", || ops.tell(h))
         });
         m.add_method("close", |_, this, ()| this.close());
-        m.add_method("fd", |_, this, ()| Ok(this.0.handle));
+        // The reference: 0 on a closed file, else the handle's id.
+        m.add_method("fd", |_, this, ()| {
+            Ok(if this.0.closed.load(Ordering::SeqCst) {
+                0
+            } else {
+                this.0.handle
+            })
+        });
         m.add_method("tail_stream", |lua, this, ()| {
             this.open("tail_stream")?;
+            let start = cursor_start(&this.0.vm, &this.0.ops, this.0.handle, "file:tail_stream")?;
             let reader = this
                 .0
                 .ops
@@ -141,7 +161,7 @@ impl UserData for FileUd {
                     TailSource::Handle {
                         handle: this.0.handle,
                     },
-                    TailStart::Beginning,
+                    start,
                 )
                 .map_err(|e| err(format!("file:tail_stream: {e}")))?;
             Ok(this.0.vm.open_stream(

@@ -208,6 +208,67 @@ pub fn parse_syscall(
 
 /// `tail_file`'s `start`: "end" (default), "beginning"/"start", an offset
 /// (negative: from the end), or a finite float truncated toward zero.
+/// `push_file`'s opts: only `auto_dep` (a boolean), read by the fixture-key
+/// scanner; anything else is refused rather than ignored.
+fn push_file_opts(opts: Option<Table>) -> mlua::Result<()> {
+    let Some(t) = opts else { return Ok(()) };
+    for pair in t.pairs::<Value, Value>() {
+        let (k, v) = pair?;
+        match (k.to_string()?.as_str(), v) {
+            ("auto_dep", Value::Boolean(_)) => {}
+            ("auto_dep", other) => {
+                return Err(err(format!(
+                    "push_file: `auto_dep` must be a boolean, got {}",
+                    other.type_name()
+                )))
+            }
+            (key, _) => {
+                return Err(err(format!(
+                    "push_file: unknown option `{key}` (accepted: auto_dep)"
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The directory of the Lua file whose code made the current call: the
+/// test or fixture file, or the `require`d helper that called. A relative
+/// `push_file` host path resolves against it at run time, as the
+/// fixture-key scanner resolves it (`fixture/key.rs`).
+pub fn calling_file_dir(lua: &Lua, env: &crate::runner::FileEnv) -> std::path::PathBuf {
+    let own = || {
+        env.abs_path
+            .parent()
+            .map(|p| p.to_path_buf())
+            .unwrap_or_default()
+    };
+    for level in 0..64 {
+        let source = lua.inspect_stack(level, |d| d.source().source.map(|s| s.into_owned()));
+        let Some(source) = source else { break };
+        let Some(file) = source.as_deref().and_then(|s| s.strip_prefix('@')) else {
+            continue;
+        };
+        if file == env.rel_path || file.starts_with("provium/") {
+            if file == env.rel_path {
+                return own();
+            }
+            continue;
+        }
+        let p = std::path::Path::new(file);
+        let p = if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            match std::env::current_dir() {
+                Ok(cwd) => cwd.join(p),
+                Err(_) => return own(),
+            }
+        };
+        return p.parent().map(|d| d.to_path_buf()).unwrap_or_else(own);
+    }
+    own()
+}
+
 pub fn parse_tail_start(opts: Option<Table>) -> mlua::Result<TailStart> {
     let Some(o) = opts else {
         return Ok(TailStart::End);
@@ -403,14 +464,9 @@ pub fn add_guest_methods<T: GuestTarget + UserData, M: UserDataMethods<T>>(m: &m
     );
     m.add_method(
         "push_file",
-        |_, this, (host, guest, _opts): (String, String, Option<Table>)| {
-            let base = this
-                .vm()
-                .env()
-                .abs_path
-                .parent()
-                .map(|p| p.to_path_buf())
-                .unwrap_or_default();
+        |lua, this, (host, guest, opts): (String, String, Option<Table>)| {
+            push_file_opts(opts)?;
+            let base = calling_file_dir(lua, this.vm().env());
             let hp = std::path::Path::new(&host);
             let hp = if hp.is_absolute() {
                 hp.to_path_buf()
@@ -487,8 +543,9 @@ pub fn add_guest_methods<T: GuestTarget + UserData, M: UserDataMethods<T>>(m: &m
             }
         };
         let ops = this.ops()?;
+        let start = super::file::cursor_start(this.vm(), &ops, handle, "fd_stream")?;
         let reader = ops
-            .tail(TailSource::Handle { handle }, TailStart::Beginning)
+            .tail(TailSource::Handle { handle }, start)
             .map_err(|e| client_err("fd_stream", e))?;
         Ok(this.vm().open_stream(
             lua,

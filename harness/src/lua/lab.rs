@@ -216,6 +216,7 @@ impl Lab {
                 .map(|(p, _)| p.clone())
         };
         let mut index = LabIndex::new(&self.0.name);
+        index.bridges = bridges.iter().map(|(p, b)| b.record(p)).collect();
         for (path, vm) in vms {
             if !matches!(
                 vm.phase(),
@@ -245,7 +246,8 @@ impl Lab {
 
     /// `vm_fixture(path)` / `lab_fixture(path)`, either call form.
     fn fixture_call(&self, lua: &Lua, which: &str, args: MultiValue) -> mlua::Result<Value> {
-        let name = match args.into_iter().next() {
+        let mut args = args.into_iter();
+        let name = match args.next() {
             Some(Value::String(s)) => s.to_str()?.to_string(),
             other => {
                 return Err(err(format!(
@@ -255,9 +257,10 @@ impl Lab {
             }
         };
         if which == "vm_fixture" {
-            Ok(Value::UserData(
-                lua.create_userdata(self.vm_fixture(&name)?)?,
-            ))
+            let vm_name = fixture_vm_name_opt(args.next())?;
+            Ok(Value::UserData(lua.create_userdata(
+                self.vm_fixture(&name, vm_name.as_deref())?,
+            )?))
         } else {
             Ok(Value::UserData(
                 lua.create_userdata(self.lab_fixture(&name)?)?,
@@ -270,13 +273,25 @@ impl Lab {
     /// devices: its disks (the recorded images, as they are now) and its
     /// NICs, on bridges of the recorded names found or made by
     /// [`Lab::bridge_for_restore`] from this lab.
-    fn vm_fixture(&self, name: &str) -> mlua::Result<Vm> {
+    ///
+    /// Each call restores a fresh VM. It is named `vm_name` when given
+    /// (`vm_fixture(path, {name = ...})`; a taken name is an error), else
+    /// the fixture VM's recorded name, or when that is taken in this scope
+    /// (an earlier call, even of a VM since shut down), the first free of
+    /// `<name>-2`, `<name>-3`, ...
+    fn vm_fixture(&self, name: &str, vm_name: Option<&str>) -> mlua::Result<Vm> {
         use crate::fixture::RestoreFailure;
         let env = self.0.env.clone();
         let mut restore = |path: &std::path::Path| -> Result<Vm, RestoreFailure> {
-            let decl = super::snapshot::VmDecl::read(path).map_err(RestoreFailure::Corrupt)?;
+            let mut decl = super::snapshot::VmDecl::read(path).map_err(RestoreFailure::Corrupt)?;
             let other = |e: mlua::Error| RestoreFailure::Other(super::error_message(&e));
-            self.check_new_name("vm", &decl.name).map_err(other)?;
+            decl.name = match vm_name {
+                Some(n) => {
+                    self.check_new_name("vm", n).map_err(other)?;
+                    n.to_string()
+                }
+                None => self.free_fixture_vm_name(&decl.name).map_err(other)?,
+            };
             let sizing = VmSizing {
                 memory_bytes: decl.memory_bytes,
                 cpus: decl.cpus,
@@ -457,6 +472,19 @@ impl Lab {
             )))
         })?;
         let kvm = self.0.env.backend == crate::runner::BackendKind::Kvm;
+        // The topology first, so restored VMs find their bridges.
+        for rec in &index.bridges {
+            let lab = self.sub_lab_at(&rec.lab_path).map_err(Failed)?;
+            let vm_names: Vec<String> = index.vms.iter().map(|v| v.name.clone()).collect();
+            Lab::bridge_for_restore(&lab, &rec.name)
+                .and_then(|b| b.apply_record(rec, &vm_names))
+                .map_err(|e| {
+                    RestoreError::Mismatch(format!(
+                        "lab:restore: bridge `{}`: {e} (a configuration mismatch)",
+                        rec.name
+                    ))
+                })?;
+        }
         for v in &index.vms {
             let lab = self.sub_lab_at(&v.lab_path).map_err(Failed)?;
             let existing = lab.0.state.lock().unwrap().vms.get(&v.name).cloned();
@@ -491,6 +519,21 @@ impl Lab {
                 vm.shutdown().map_err(Failed)?;
             }
             let file = dir.join(&v.file);
+            if !kvm {
+                // Local: the sandbox joins the recorded bridges it was on
+                // (its NICs and their configuration come back with it).
+                for rec in index.bridges.iter().filter(|b| b.members.contains(&v.name)) {
+                    let lab = self.sub_lab_at(&rec.lab_path).map_err(Failed)?;
+                    Lab::bridge_for_restore(&lab, &rec.name)
+                        .and_then(|b| b.attach_vm(&vm))
+                        .map_err(|e| {
+                            RestoreError::Mismatch(format!(
+                                "lab:restore: vm `{}` on bridge `{}`: {e} (a configuration mismatch)",
+                                v.name, rec.name
+                            ))
+                        })?;
+                }
+            }
             if kvm {
                 let devices = super::snapshot::VmDevices::read_if_present(&file)
                     .map_err(|e| Failed(err(format!("lab:restore: vm `{}`: {e}", v.name))))?;
@@ -563,6 +606,19 @@ impl Lab {
 
     /// A name may be taken once per lab, never reserved, and (in a test
     /// scope) not shadow a name of the file root.
+    /// `base` when it is free in this scope, else the first free
+    /// `<base>-N` (N from 2); the error for `base` when none is.
+    fn free_fixture_vm_name(&self, base: &str) -> mlua::Result<String> {
+        let first = match self.check_new_name("vm", base) {
+            Ok(()) => return Ok(base.to_string()),
+            Err(e) => e,
+        };
+        (2..=MAX_FIXTURE_COPIES)
+            .map(|n| format!("{base}-{n}"))
+            .find(|n| self.check_new_name("vm", n).is_ok())
+            .ok_or(first)
+    }
+
     fn check_new_name(&self, kind: &str, name: &str) -> mlua::Result<()> {
         if name.is_empty() {
             return Err(err(format!("{kind} name must not be empty")));
@@ -809,6 +865,43 @@ impl Lab {
 
 /// A failed fixture restore's verdict: a device mismatch keeps the entry
 /// (rebuilding it would not help), anything else evicts and rebuilds it.
+/// How many VMs one scope can restore from one fixture under its recorded
+/// name before `vm_fixture` needs an explicit `{name = ...}`.
+const MAX_FIXTURE_COPIES: usize = 1000;
+
+/// `vm_fixture(path, opts?)`'s opts: only `name`, a string.
+fn fixture_vm_name_opt(opts: Option<Value>) -> mlua::Result<Option<String>> {
+    let t = match opts {
+        None | Some(Value::Nil) => return Ok(None),
+        Some(Value::Table(t)) => t,
+        Some(other) => {
+            return Err(err(format!(
+                "vm_fixture: opts must be a table like {{name = \"node2\"}}, got {}",
+                other.type_name()
+            )))
+        }
+    };
+    let mut name = None;
+    for pair in t.pairs::<Value, Value>() {
+        let (k, v) = pair?;
+        match (k.to_string()?.as_str(), v) {
+            ("name", Value::String(s)) => name = Some(s.to_str()?.to_string()),
+            ("name", other) => {
+                return Err(err(format!(
+                    "vm_fixture: `name` must be a string, got {}",
+                    other.type_name()
+                )))
+            }
+            (key, _) => {
+                return Err(err(format!(
+                    "vm_fixture: unknown option `{key}` (accepted: name)"
+                )))
+            }
+        }
+    }
+    Ok(name)
+}
+
 fn restore_failure(e: RestoreError) -> crate::fixture::RestoreFailure {
     use crate::fixture::RestoreFailure;
     match e {
@@ -1037,22 +1130,24 @@ impl UserData for Lab {
                 this.barrier(name, count, timeout)
             },
         );
-        m.add_method("snapshot", |_, this, path: Option<String>| {
+        // The reference: `lab:snapshot(dir)` writes there and returns the
+        // dir as a string; `lab:snapshot()` a LabSnapshot in a temp dir
+        // (deleted with the scope).
+        m.add_method("snapshot", |lua, this, path: Option<String>| {
             use super::snapshot::{delete_at_scope_end, temp_path, LabSnapshotUd};
-            let (path, temp) = match path {
-                Some(p) => (std::path::PathBuf::from(p), false),
-                None => (temp_path(".lab"), true),
-            };
+            if let Some(p) = path {
+                this.snapshot_into(std::path::Path::new(&p))?;
+                return Ok(Value::String(lua.create_string(&p)?));
+            }
+            let path = temp_path(".lab");
             if let Err(e) = this.snapshot_into(&path) {
-                if temp {
-                    super::snapshot::remove_any(&path);
-                }
+                super::snapshot::remove_any(&path);
                 return Err(e);
             }
-            if temp {
-                delete_at_scope_end(&this.0.env, &path);
-            }
-            Ok(LabSnapshotUd { path })
+            delete_at_scope_end(&this.0.env, &path);
+            Ok(Value::UserData(
+                lua.create_userdata(LabSnapshotUd { path })?,
+            ))
         });
         m.add_method("restore", |_, this, v: Value| {
             let path = super::snapshot::snapshot_path_arg(&v, "lab:restore")?;

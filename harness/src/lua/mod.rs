@@ -79,6 +79,16 @@ pub fn new_state(env: Arc<FileEnv>) -> mlua::Result<(Lua, lab::Lab)> {
     globals.set("_provium_host", Value::Nil)?;
 
     json::install(&lua)?;
+    // Debug builds only: a way for the integration tests to make the
+    // runner panic inside a test, which poisons the rest of the file
+    // (runner/file.rs). Release builds have no such global.
+    #[cfg(debug_assertions)]
+    globals.set(
+        "_provium_test_panic",
+        lua.create_function(|_, msg: String| -> mlua::Result<()> {
+            panic!("{msg}");
+        })?,
+    )?;
     let root = lab::Lab::root(env);
     globals.set("provium", root.clone())?;
     Ok((lua, root))

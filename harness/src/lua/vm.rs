@@ -44,6 +44,18 @@ impl Phase {
             Phase::Dead => "dead",
         }
     }
+
+    /// The reference's wrong-state hint for an op that needs a booted VM:
+    /// what the state is and what to do about it.
+    pub fn hint(self) -> &'static str {
+        match self {
+            Phase::Created => "VM not booted; call vm:boot() first",
+            Phase::Booted => "VM is booted",
+            Phase::Paused => "VM is paused; use resume()",
+            Phase::Shutdown => "VM is shutdown; create a new one",
+            Phase::Dead => "VM is dead (its agent or machine is gone); create a new one",
+        }
+    }
 }
 
 /// `lab:vm` opts: the sizing the scheduler needs at declaration.
@@ -366,9 +378,9 @@ impl Vm {
 
     fn wrong_state(&self, method: &str, phase: Phase, wanted: &str) -> mlua::Error {
         err(format!(
-            "vm:{method}: vm `{}` is {}; {method} needs it {wanted}",
+            "vm:{method}: vm `{}`: {}; {method} needs it {wanted}",
             self.0.name,
-            phase.as_str()
+            phase.hint()
         ))
     }
 
@@ -378,9 +390,9 @@ impl Vm {
         match (st.phase, &st.client) {
             (Phase::Booted, Some(c)) => Ok(c.clone()),
             (phase, _) => Err(err(format!(
-                "{method}: vm `{}` is {}; boot it first (vm:boot())",
+                "{method}: vm `{}`: {}",
                 self.0.name,
-                phase.as_str()
+                phase.hint()
             ))),
         }
     }
@@ -443,9 +455,17 @@ impl Vm {
     }
 
     /// This VM's open streams, each as `kind(detail) at file:line`.
+    /// A `bridge:capture()` on a bridge this VM is attached to counts too
+    /// (the reference: it blocks this VM's snapshot, as `nic:capture` does).
     pub fn live_streams(&self) -> Vec<String> {
-        let mut streams = self.0.streams.lock().unwrap();
-        streams.retain(Stream::is_open);
+        let mut streams = {
+            let mut own = self.0.streams.lock().unwrap();
+            own.retain(Stream::is_open);
+            own.clone()
+        };
+        for b in self.bridges() {
+            streams.extend(b.live_capture_streams());
+        }
         streams
             .iter()
             .map(|s| match &s.site {
@@ -615,6 +635,19 @@ impl Vm {
             lone,
             added,
         } = nics;
+        // Local: the sandbox comes back on the bridges it left when it was
+        // shut down (its NICs, and the interface configuration its
+        // snapshot holds, are put back once it runs).
+        if !kvm {
+            for b in self.left_bridges().into_iter().filter(|b| !b.is_closed()) {
+                b.attach_vm(self).map_err(|e| {
+                    Failed(err(format!(
+                        "vm:restore: vm `{name}`: cannot rejoin bridge `{}`: {e}",
+                        b.name()
+                    )))
+                })?;
+            }
+        }
         let mut built = false;
         let r = self.restore_machine(
             path,
@@ -632,9 +665,17 @@ impl Vm {
         }
         let has_nics = r?;
         self.0.left_bridges.lock().unwrap().clear();
-        // The restored NICs' members are realised (as after a boot).
-        if has_nics {
+        // The restored NICs' members are realised (as after a boot); a
+        // local sandbox's TAPs are made now, then its interface
+        // configuration goes back on them.
+        if has_nics || (!kvm && !self.bridges().is_empty()) {
             super::nic::realise_all(self).map_err(Failed)?;
+        }
+        if !kvm {
+            self.machine()
+                .map_err(Failed)?
+                .apply_restored_net()
+                .map_err(|e| Failed(err(format!("vm:restore: vm `{name}`: {e}"))))?;
         }
         Ok(())
     }
@@ -977,6 +1018,10 @@ impl Vm {
     /// and the error says why, as for `vm:boot()`.
     pub fn reset(&self) -> mlua::Result<()> {
         let machine = self.booted_machine("reset")?;
+        // A backend that cannot reset refuses before anything changes.
+        if let Some(why) = machine.reset_refusal() {
+            return Err(err(format!("vm:reset: vm `{}`: {why}", self.0.name)));
+        }
         let mut st = self.0.state.lock().unwrap();
         if st.phase != Phase::Booted {
             return Err(self.wrong_state("reset", st.phase, "booted"));
@@ -1042,7 +1087,12 @@ impl UserData for Vm {
         m.add_method("close", |_, this, ()| this.shutdown());
         m.add_method("reset", |_, this, ()| this.reset());
         m.add_method("power_button", |_, this, ()| {
-            let pressed = this.booted_machine("power_button")?.power_button();
+            let machine = this.booted_machine("power_button")?;
+            // A backend without a power button refuses with the VM as it was.
+            if let Some(why) = machine.power_button_refusal() {
+                return Err(err(format!("vm:power_button: vm `{}`: {why}", this.0.name)));
+            }
+            let pressed = machine.power_button();
             // Shutdown either way (the reference's post-state); a guest that
             // did not power off is still an error, with what it did instead.
             this.shutdown()?;
@@ -1065,13 +1115,9 @@ impl UserData for Vm {
             this.restore_from(&path)?;
             Ok(this.clone())
         });
+        // Always succeeds (the reference): a backend without a console
+        // refuses at the console's first use.
         m.add_method("console", |_, this, ()| {
-            if this.0.env.backend != crate::runner::BackendKind::Kvm {
-                return Err(err(format!(
-                    "vm:console: the {} backend has no kernel console (use the kvm backend)",
-                    this.0.env.backend.as_str()
-                )));
-            }
             let vm = this.clone();
             let machine = move || vm.0.machine.lock().unwrap().clone();
             Ok(super::console::ConsoleUd::new(
@@ -1082,8 +1128,25 @@ impl UserData for Vm {
         m.add_method("clock", |_, this, ()| Ok(ClockUd::new(this.clone())));
         m.add_method("spawn_worker", |_, this, opts: Option<Table>| {
             if let Some(o) = opts {
-                if o.contains_key("thread")? {
-                    return Err(err("vm:spawn_worker: {thread = true} is future work (thread-mode workers are not supported yet)"));
+                for pair in o.pairs::<Value, Value>() {
+                    let (k, v) = pair?;
+                    match (k.to_string()?.as_str(), v) {
+                        ("thread", Value::Boolean(false) | Value::Nil) => {}
+                        ("thread", Value::Boolean(true)) => {
+                            return Err(err("vm:spawn_worker: {thread = true} is future work (thread-mode workers are not supported yet); omit it or pass {thread = false}"));
+                        }
+                        ("thread", other) => {
+                            return Err(err(format!(
+                                "vm:spawn_worker: `thread` must be a boolean, got {}",
+                                other.type_name()
+                            )));
+                        }
+                        (key, _) => {
+                            return Err(err(format!(
+                                "vm:spawn_worker: unknown option `{key}` (accepted: thread)"
+                            )));
+                        }
+                    }
                 }
             }
             let client = this.client("vm:spawn_worker")?;

@@ -230,7 +230,36 @@ fn run_file_inner(
         })
         .unwrap_or_default();
 
+    // A panic inside a test (the runner's own failure, not the test's)
+    // leaves the file's Lua state and resources suspect: the test fails
+    // with the panic, every later test is marked
+    // `failed-due-to-poisoned-state` without running, and the file is
+    // crashed (the reference's `file_completed` status).
+    let mut poisoned: Option<String> = None;
     for entry in entries {
+        if let Some(why) = &poisoned {
+            let meta = table_to_meta(&entry.meta_table);
+            let message = format!(
+                "{POISONED}: not run, an earlier test in this file crashed the runner ({why})"
+            );
+            env.events.emit(Event::TestFailed(TestFailed {
+                path: env.rel_path.clone(),
+                name: entry.name.clone(),
+                duration_ns: 0,
+                reason: message.clone(),
+                console_excerpt: String::new(),
+                meta: meta.clone(),
+            }));
+            outcome.tests.push(TestOutcome {
+                name: entry.name,
+                status: TestStatus::Failed,
+                message: Some(message),
+                log: Vec::new(),
+                duration: Duration::ZERO,
+                meta,
+            });
+            continue;
+        }
         match env.cancel_reason() {
             Some(CancelReason::FileTimeout(_)) => {
                 outcome.timed_out = true;
@@ -277,12 +306,27 @@ fn run_file_inner(
             Ok(timeout) => {
                 watchdog.set_test_deadline(timeout);
                 let scope = root.enter_test_scope(&lua);
-                let r = run_one(&run_test, &entry);
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    run_one(&run_test, &entry)
+                }))
+                .unwrap_or_else(|panic| {
+                    let why = describe_panic(&panic);
+                    poisoned = Some(why.clone());
+                    Err(why)
+                });
                 watchdog.set_test_deadline(None);
                 if !matches!(r, Ok((TestStatus::Passed | TestStatus::Skipped, _, _))) {
                     excerpt = Some(console_excerpt(&env));
                 }
-                if let Err(e) = root.leave_test_scope(&lua, scope) {
+                let left = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    root.leave_test_scope(&lua, scope)
+                }))
+                .unwrap_or_else(|panic| {
+                    let why = describe_panic(&panic);
+                    poisoned.get_or_insert_with(|| why.clone());
+                    Err(why)
+                });
+                if let Err(e) = left {
                     // Auto-close failures are reported on the test.
                     match r {
                         Ok((TestStatus::Passed, _, log)) => (TestStatus::Failed, Some(e), log),
@@ -320,8 +364,14 @@ fn run_file_inner(
             }
             None => {}
         }
-        // After every test, failed ones included: the next starts from the baseline.
-        if let Err(e) = root.restore_between_tests() {
+        // After every test, failed ones included: the next starts from the
+        // baseline (not after a crash: nothing more runs).
+        let restored = if poisoned.is_some() {
+            Ok(())
+        } else {
+            root.restore_between_tests()
+        };
+        if let Err(e) = restored {
             if status == TestStatus::Passed || status == TestStatus::Skipped {
                 status = TestStatus::Failed;
                 message = Some(e);
@@ -368,10 +418,17 @@ fn run_file_inner(
         outcome.timed_out = true;
     }
     env.clear_cancel();
-    root.close_all(&lua);
+    let closed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| root.close_all(&lua)));
+    if let Err(panic) = closed {
+        poisoned.get_or_insert_with(|| describe_panic(&panic));
+    }
+    outcome.crashed = poisoned;
     drop(watchdog);
     outcome
 }
+
+/// The reference's marking of the tests a crash kept from running.
+pub const POISONED: &str = "failed-due-to-poisoned-state";
 
 type RunResult = Result<(TestStatus, Option<String>, Vec<String>), String>;
 

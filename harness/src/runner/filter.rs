@@ -44,23 +44,31 @@ fn contains(v: &MetaValue, want: &str) -> bool {
     }
 }
 
+/// The reference's truthiness for `meta.slow` / `meta.skip`: `false`,
+/// `nil` and `0` are off; `true`, any non-zero number and anything else
+/// are on.
 fn truthy(v: Option<&MetaValue>) -> bool {
-    !matches!(
-        v,
-        None | Some(MetaValue::Null) | Some(MetaValue::Bool(false))
-    )
+    match v {
+        None | Some(MetaValue::Null) | Some(MetaValue::Bool(false)) => false,
+        Some(MetaValue::Int(i)) => *i != 0,
+        Some(MetaValue::Float(f)) => *f != 0.0,
+        Some(_) => true,
+    }
 }
+
+/// The reason a slow test is filtered out without `--include-slow`.
+pub const SLOW_SKIP_REASON: &str = "filtered: slow tests skipped (pass --include-slow)";
 
 impl TestFilter {
     /// `Some(reason)` when the test must be skipped, else `None`.
     pub fn skip_reason(&self, meta: &MetaMap) -> Option<String> {
         match meta.get("skip") {
-            Some(MetaValue::Str(reason)) => return Some(reason.clone()),
-            Some(MetaValue::Bool(true)) => return Some("skipped (meta.skip)".into()),
+            Some(MetaValue::Str(reason)) => return Some(format!("skipped: {reason}")),
+            skip if truthy(skip) => return Some("skipped (meta.skip)".into()),
             _ => {}
         }
         if truthy(meta.get("slow")) && !self.include_slow {
-            return Some("slow test (use --include-slow)".into());
+            return Some(SLOW_SKIP_REASON.into());
         }
         let tags: Vec<&str> = match meta.get("tags") {
             Some(MetaValue::Array(a)) => a
@@ -130,13 +138,36 @@ mod tests {
         assert_eq!(
             f.skip_reason(&meta(vec![("skip", MetaValue::Str("why".into()))]))
                 .as_deref(),
-            Some("why")
+            Some("skipped: why")
         );
         f.tags.clear();
-        assert!(f
-            .skip_reason(&meta(vec![("slow", MetaValue::Bool(true))]))
-            .unwrap()
-            .contains("--include-slow"));
+        assert_eq!(
+            f.skip_reason(&meta(vec![("slow", MetaValue::Bool(true))]))
+                .as_deref(),
+            Some(SLOW_SKIP_REASON)
+        );
+        assert_eq!(
+            f.skip_reason(&meta(vec![("slow", MetaValue::Int(2))]))
+                .as_deref(),
+            Some(SLOW_SKIP_REASON)
+        );
+        assert_eq!(
+            f.skip_reason(&meta(vec![("slow", MetaValue::Int(0))])),
+            None
+        );
+        assert_eq!(
+            f.skip_reason(&meta(vec![("skip", MetaValue::Int(1))]))
+                .as_deref(),
+            Some("skipped (meta.skip)")
+        );
+        assert_eq!(
+            f.skip_reason(&meta(vec![("skip", MetaValue::Int(0))])),
+            None
+        );
+        assert_eq!(
+            f.skip_reason(&meta(vec![("skip", MetaValue::Bool(false))])),
+            None
+        );
         f.include_slow = true;
         assert_eq!(
             f.skip_reason(&meta(vec![("slow", MetaValue::Bool(true))])),

@@ -238,6 +238,19 @@ pub fn run_jobs(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// docs/harness.md states the per-file reservation; it must be the code's.
+    #[test]
+    fn the_docs_state_the_per_file_reservation() {
+        let doc = include_str!("../../../docs/harness.md");
+        let text = doc.split_whitespace().collect::<Vec<_>>().join(" ");
+        let want = format!(
+            "Each file reserves {} MiB and {} vCPU",
+            RUNNER_OVERHEAD.memory_bytes >> 20,
+            RUNNER_OVERHEAD.cpus
+        );
+        assert!(text.contains(&want), "docs/harness.md must say: {want}");
+    }
     use crate::config::Config;
     use crate::events::EventBus;
     use crate::runner::BackendKind;

@@ -125,7 +125,18 @@ test("clock: read works, setting is refused on the local backend", function(t)
 end)
 
 test("backend limits are errors, never silent", function(t)
-  t:assert_contains(t:assert_raises(function() vm:console() end), "has no kernel console")
+  -- vm:console() always succeeds; the refusal comes at first use.
+  local console = vm:console()
+  t:assert_contains(t:assert_raises(function() console:read() end), "console:read: vm `procs`: the local backend has no kernel console")
+  t:assert_contains(t:assert_raises(function() console:read_log() end), "the local backend has no kernel console")
+  t:assert_contains(t:assert_raises(function() console:write("x") end), "the local backend has no kernel console")
+  -- A refused reset or power button leaves the VM as it was.
+  vm:write_file("/tmp/kept", "yes")
+  t:assert_contains(t:assert_raises(function() vm:reset() end), "vm:reset: vm `procs`: reset needs the kvm backend")
+  t:assert_eq(vm:state(), "booted")
+  t:assert_contains(t:assert_raises(function() vm:power_button() end), "power_button needs the kvm backend")
+  t:assert_eq(vm:state(), "booted")
+  t:assert_eq(vm:read_file("/tmp/kept"), "yes")
   t:assert_contains(t:assert_raises(function() vm:attach_disk() end), "the local backend has no block devices")
   -- Snapshots work on the local backend (files); memory snapshots are kvm's.
   local s = vm:snapshot()

@@ -125,7 +125,9 @@ pub fn vm_config_with(
             mode: 0o644,
         })
         .collect();
-    let boot = if opts.inject_agent {
+    let boot = if let (true, Some(overlay)) = (opts.inject_agent, &profile.agent_overlay_path) {
+        prebuilt_overlay_boot(&boot, overlay, &files, cache)?
+    } else if opts.inject_agent {
         let inj = AgentInjection {
             agent: agent()?,
             files,
@@ -235,6 +237,37 @@ fn note_kvm_pvm_words(added: &[&str]) {
             added.join(" ")
         );
     });
+}
+
+/// The agent from a prebuilt overlay cpio (`agent_overlay_path`, or
+/// `PROVIUM_OVERLAY`): its bytes as they are, then the boot opts' `files`,
+/// appended to the initrd, with `rdinit=` as for a built overlay. No boot
+/// timer word: a prebuilt agent need not know it.
+fn prebuilt_overlay_boot(
+    boot: &BootSource,
+    overlay: &Path,
+    files: &[BootFile],
+    cache: &Path,
+) -> Result<BootSource, String> {
+    let mut bytes = std::fs::read(overlay).map_err(|e| {
+        format!(
+            "agent_overlay_path `{}`: {e} (fix the path, unset PROVIUM_OVERLAY, or remove the field to use the built agent)",
+            overlay.display()
+        )
+    })?;
+    if !files.is_empty() {
+        let pad = (4 - bytes.len() % 4) % 4;
+        bytes.extend(std::iter::repeat_n(0u8, pad));
+        bytes.extend(files_cpio(files).map_err(|e| chain(&e))?);
+    }
+    let cmdline =
+        provium_vmm::initrd::inject::inject_cmdline(&boot.cmdline).map_err(|e| chain(&e))?;
+    let initrd = merged_initrd(boot.initrd.as_deref(), &bytes, cache).map_err(|e| chain(&e))?;
+    Ok(BootSource {
+        kernel: boot.kernel.clone(),
+        initrd: Some(initrd),
+        cmdline,
+    })
 }
 
 fn files_cpio(files: &[BootFile]) -> Result<Vec<u8>, InjectError> {
@@ -443,6 +476,53 @@ mod tests {
             !c.boot.cmdline.contains("provium.boot_timer"),
             "{}",
             c.boot.cmdline
+        );
+    }
+
+    #[test]
+    fn a_prebuilt_agent_overlay_is_used_as_it_is() {
+        let d = tempfile::tempdir().unwrap();
+        let mut p = profile(d.path());
+        // A prebuilt overlay: a newc archive holding a stand-in agent.
+        let mut w = CpioWriter::new();
+        w.file_with_parents(
+            "/sbin/provium-agent",
+            0o755,
+            b"prebuilt agent",
+            &mut Vec::new(),
+        )
+        .unwrap();
+        let overlay = d.path().join("agent-overlay.cpio");
+        std::fs::write(&overlay, w.finish()).unwrap();
+        p.agent_overlay_path = Some(overlay.clone());
+        let opts = KvmBootOpts {
+            memory_bytes: 64 << 20,
+            cpus: 1,
+            inject_agent: true,
+            files: vec![("/etc/x.conf".into(), b"k=v\n".to_vec())],
+            ..KvmBootOpts::default()
+        };
+        // `no_agent`: the built agent is never looked for.
+        let (c, _) = cfg(&p, &opts, 3, d.path()).unwrap();
+        assert!(
+            c.boot.cmdline.contains("rdinit=/sbin/provium-agent"),
+            "{}",
+            c.boot.cmdline
+        );
+        let initrd = std::fs::read(c.boot.initrd.unwrap()).unwrap();
+        let entries = provium_vmm::initrd::cpio::parse(&initrd).unwrap();
+        assert!(entries
+            .iter()
+            .any(|e| e.name == "sbin/provium-agent" && e.data == b"prebuilt agent"));
+        assert!(entries
+            .iter()
+            .any(|e| e.name == "etc/x.conf" && e.data == b"k=v\n"));
+        // A missing overlay names the field and the fix.
+        p.agent_overlay_path = Some(d.path().join("missing.cpio"));
+        let e = cfg(&p, &opts, 3, d.path()).unwrap_err();
+        assert!(
+            e.contains("agent_overlay_path") && e.contains("missing.cpio"),
+            "{e}"
         );
     }
 

@@ -28,6 +28,7 @@
 
 mod init;
 pub mod net;
+pub mod netconfig;
 pub mod snapshot;
 
 use std::ffi::{CString, OsString};
@@ -221,6 +222,9 @@ pub struct LocalSandbox {
     down: bool,
     /// The init's descriptor number of the overlay's upper directory.
     upper_fd: RawFd,
+    /// A restore's interface configuration, applied once the restored
+    /// sandbox's NICs exist again ([`LocalSandbox::apply_restored_net`]).
+    restored_net: Option<netconfig::SandboxNet>,
 }
 
 impl std::fmt::Debug for LocalSandbox {
@@ -343,6 +347,7 @@ impl LocalSandbox {
             client: opts.client.clone(),
             down: false,
             upper_fd,
+            restored_net: None,
         };
         sandbox_dir.0 = None; // the sandbox owns the directory now
         let deadline = Instant::now() + opts.start_timeout;
@@ -369,6 +374,26 @@ impl LocalSandbox {
     /// The agent's log (its stdout and stderr) on the host.
     pub fn log_path(&self) -> &Path {
         &self.log
+    }
+
+    /// Keeps a restored snapshot's interface configuration until the
+    /// restored sandbox's NICs exist again.
+    pub fn set_restored_net(&mut self, net: netconfig::SandboxNet) {
+        self.restored_net = Some(net).filter(|n| !n.is_empty());
+    }
+
+    /// Applies (once) the interface configuration a restore kept, now that
+    /// the NICs were re-created on the bridges.
+    pub fn apply_restored_net(&mut self) -> Result<(), String> {
+        match self.restored_net.take() {
+            Some(net) => netconfig::apply(self.init_pid, &net).map_err(|e| {
+                format!(
+                    "sandbox `{}`: restoring its network configuration: {e}",
+                    self.name
+                )
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Host pid of the sandbox's init (pid 1 inside).

@@ -18,10 +18,13 @@
 //! keeps open (`/proc/<init>/fd/<n>`, see `init::UPPER_FD_OFFSET`), and the
 //! sandbox's tree through `/proc/<init>/root`.
 //!
+//! - `net-config` (only for a sandbox with interfaces besides `lo`): their
+//!   addresses, link states and routes (`netconfig.rs`), put back once the
+//!   restored sandbox's NICs are on its bridges again.
+//!
 //! Capture refuses, naming what is in the way, when anything but the init
-//! and the agent runs inside (process memory cannot be captured), when the
-//! sandbox has network interfaces besides `lo` (their configuration cannot
-//! be captured), and for Unix sockets, POSIX ACLs, and overlayfs redirect or
+//! and the agent runs inside (process memory cannot be captured), and for
+//! Unix sockets, POSIX ACLs, and overlayfs redirect or
 //! metacopy entries. Not captured, by design: the agent's own in-memory
 //! state (a restored sandbox has a fresh agent), `/dev` beyond `/dev/shm`,
 //! and atimes.
@@ -53,14 +56,20 @@ pub const SECTION_UPPER: &str = "fs-upper";
 pub const TMPFS_TREES: [(&str, &str); 2] = [("fs-tmp", "tmp"), ("fs-shm", "dev/shm")];
 /// The backend name in a local snapshot's shape.
 pub const BACKEND: &str = "local";
+/// The interface configuration's section (absent: no interfaces but `lo`).
+pub const SECTION_NET: &str = "net-config";
 
 /// What a sandbox snapshot can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxSnapshotError {
     #[error("sandbox `{name}` cannot be snapshotted while processes other than its agent run inside (a local snapshot holds files, not process memory): {processes}; wait for them to exit or kill them first")]
     Busy { name: String, processes: String },
-    #[error("sandbox `{name}` has network interfaces besides lo ({interfaces}) whose configuration a local snapshot cannot capture; take the snapshot before attaching the VM to a bridge")]
-    Network { name: String, interfaces: String },
+    #[error("sandbox `{name}`: cannot capture the configuration of its network interfaces ({interfaces}): {detail}")]
+    Network {
+        name: String,
+        interfaces: String,
+        detail: String,
+    },
     #[error("sandbox `{name}`: cannot capture `/{path}`: {what}")]
     Unsupported {
         name: String,
@@ -157,6 +166,8 @@ pub struct SandboxFs {
     pub upper: FsTree,
     /// In [`TMPFS_TREES`] order.
     pub tmpfs: Vec<FsTree>,
+    /// The interfaces besides `lo` (empty: none).
+    pub net: super::netconfig::SandboxNet,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -510,12 +521,17 @@ impl LocalSandbox {
             });
         }
         let ifaces = self.extra_interfaces();
-        if !ifaces.is_empty() {
-            return Err(SandboxSnapshotError::Network {
-                name: self.name.clone(),
-                interfaces: ifaces.join(", "),
-            });
-        }
+        let net = if ifaces.is_empty() {
+            super::netconfig::SandboxNet::default()
+        } else {
+            super::netconfig::capture(self.init_pid).map_err(|detail| {
+                SandboxSnapshotError::Network {
+                    name: self.name.clone(),
+                    interfaces: ifaces.join(", "),
+                    detail,
+                }
+            })?
+        };
         let mounts = mount_points(self.init_pid).map_err(|source| SandboxSnapshotError::Io {
             name: self.name.clone(),
             action: "read the mount table of",
@@ -550,6 +566,7 @@ impl LocalSandbox {
                 entries: upper.entries,
             },
             tmpfs,
+            net,
         })
     }
 
@@ -967,6 +984,10 @@ pub fn write_snapshot(
     for ((section, _), tree) in TMPFS_TREES.iter().zip(&state.tmpfs) {
         b.add_section(section, &enc(tree))?;
     }
+    if !state.net.is_empty() {
+        let net = serde_json::to_vec(&state.net).expect("a net config always serializes");
+        b.add_section(SECTION_NET, &net)?;
+    }
     for (name, data) in extra {
         b.add_section(name, data)?;
     }
@@ -995,7 +1016,17 @@ pub fn read_snapshot(path: &Path, shape: Shape, protocol_version: u32) -> Result
     for (section, _) in TMPFS_TREES {
         tmpfs.push(dec(section)?);
     }
-    Ok(SandboxFs { upper, tmpfs })
+    let net = if snap.has_section(SECTION_NET) {
+        serde_json::from_slice(&snap.section(SECTION_NET)?).map_err(|e| {
+            SandboxSnapshotError::Invalid {
+                file: file.clone(),
+                detail: format!("section `{SECTION_NET}` does not decode: {e}"),
+            }
+        })?
+    } else {
+        super::netconfig::SandboxNet::default()
+    };
+    Ok(SandboxFs { upper, tmpfs, net })
 }
 
 /// `e` and its sources joined with ": ".

@@ -1,0 +1,229 @@
+//! A sandbox's interface configuration, for local snapshots of bridged
+//! sandboxes: the addresses, link states and routes the test set up on the
+//! sandbox's NICs (`eth0`, `eth1`, … in bridge-name order, see `net.rs`).
+//!
+//! Captured from the host with `nsenter --net=/proc/<init>/ns/net ip -j …`
+//! (iproute2, which the networking tier already needs), so nothing runs in
+//! the sandbox. What the kernel makes by itself is left out (routes with
+//! `proto kernel`, IPv6 link-local addresses): the restored sandbox gets
+//! those again when its addresses come back. Restore runs after the
+//! restored sandbox's NICs were re-created on its bridges (same names, same
+//! MACs): per interface the addresses, then the link state, then the routes.
+//!
+//! The JSON that `ip` prints comes from the sandbox's own namespace, which a
+//! test controls: every field is checked, and a value that is not what
+//! `ip` prints is an error naming it, never a panic.
+
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+
+/// One interface's configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IfaceConfig {
+    /// The interface name inside the sandbox (`eth0`).
+    pub name: String,
+    /// Administratively up.
+    pub up: bool,
+    /// `address/prefix` (IPv4 and non-link-local IPv6).
+    pub addrs: Vec<String>,
+}
+
+/// One route the test added.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteConfig {
+    /// `4` or `6`.
+    pub family: u8,
+    /// `default` or `prefix/len`.
+    pub dst: String,
+    pub gateway: Option<String>,
+    pub dev: String,
+}
+
+/// Everything captured besides `lo`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxNet {
+    pub interfaces: Vec<IfaceConfig>,
+    pub routes: Vec<RouteConfig>,
+}
+
+impl SandboxNet {
+    pub fn is_empty(&self) -> bool {
+        self.interfaces.is_empty() && self.routes.is_empty()
+    }
+}
+
+/// Runs `ip args…` in the network namespace of `init_pid`; its stdout.
+fn ip_in(init_pid: i32, args: &[&str]) -> Result<String, String> {
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/proc/{init_pid}/ns/net"))
+        .arg("--")
+        .arg("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("cannot run `nsenter … ip` (install util-linux and iproute2): {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "`ip {}` in the sandbox failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn json(text: &str, what: &str) -> Result<Vec<serde_json::Value>, String> {
+    if text.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    serde_json::from_str(text).map_err(|e| format!("`ip -j {what}` printed unexpected JSON: {e}"))
+}
+
+fn str_field<'a>(v: &'a serde_json::Value, key: &str, what: &str) -> Result<&'a str, String> {
+    v.get(key)
+        .and_then(|x| x.as_str())
+        .ok_or_else(|| format!("`ip -j {what}`: an entry has no string `{key}`"))
+}
+
+/// Parses `ip -j addr show` output (interfaces besides `lo`).
+pub fn parse_addrs(text: &str) -> Result<Vec<IfaceConfig>, String> {
+    let mut out = Vec::new();
+    for link in json(text, "addr")? {
+        let name = str_field(&link, "ifname", "addr")?.to_string();
+        if name == "lo" {
+            continue;
+        }
+        let up = link
+            .get("flags")
+            .and_then(|f| f.as_array())
+            .is_some_and(|f| f.iter().any(|x| x.as_str() == Some("UP")));
+        let mut addrs = Vec::new();
+        for a in link
+            .get("addr_info")
+            .and_then(|a| a.as_array())
+            .into_iter()
+            .flatten()
+        {
+            let family = str_field(a, "family", "addr")?;
+            if a.get("scope").and_then(|s| s.as_str()) == Some("link") && family == "inet6" {
+                continue;
+            }
+            let local = str_field(a, "local", "addr")?;
+            let prefix = a
+                .get("prefixlen")
+                .and_then(|p| p.as_u64())
+                .ok_or_else(|| "`ip -j addr`: an address has no prefixlen".to_string())?;
+            addrs.push(format!("{local}/{prefix}"));
+        }
+        out.push(IfaceConfig { name, up, addrs });
+    }
+    Ok(out)
+}
+
+/// Parses `ip -j -<family> route show` output, leaving out the kernel's own.
+pub fn parse_routes(text: &str, family: u8) -> Result<Vec<RouteConfig>, String> {
+    let mut out = Vec::new();
+    for r in json(text, "route")? {
+        if r.get("protocol").and_then(|p| p.as_str()) == Some("kernel") {
+            continue;
+        }
+        let dst = str_field(&r, "dst", "route")?.to_string();
+        if family == 6 && (dst.starts_with("fe80:") || dst.starts_with("ff00:")) {
+            continue;
+        }
+        out.push(RouteConfig {
+            family,
+            dst,
+            gateway: r.get("gateway").and_then(|g| g.as_str()).map(String::from),
+            dev: str_field(&r, "dev", "route")?.to_string(),
+        });
+    }
+    Ok(out)
+}
+
+/// The configuration of every interface of the sandbox whose init is
+/// `init_pid`, besides `lo`.
+pub fn capture(init_pid: i32) -> Result<SandboxNet, String> {
+    let interfaces = parse_addrs(&ip_in(init_pid, &["-j", "addr", "show"])?)?;
+    let mut routes = parse_routes(&ip_in(init_pid, &["-j", "-4", "route", "show"])?, 4)?;
+    routes.extend(parse_routes(
+        &ip_in(init_pid, &["-j", "-6", "route", "show"])?,
+        6,
+    )?);
+    Ok(SandboxNet { interfaces, routes })
+}
+
+/// Puts `net` back in the sandbox whose init is `init_pid` (its NICs exist
+/// again). An interface the restored sandbox lacks is an error naming it.
+pub fn apply(init_pid: i32, net: &SandboxNet) -> Result<(), String> {
+    for i in &net.interfaces {
+        for a in &i.addrs {
+            let mut args = vec!["addr", "add", a.as_str(), "dev", i.name.as_str()];
+            if a.contains(':') {
+                args.push("nodad");
+            }
+            ip_in(init_pid, &args).map_err(|e| format!("interface `{}`: {e}", i.name))?;
+        }
+        let state = if i.up { "up" } else { "down" };
+        ip_in(init_pid, &["link", "set", "dev", &i.name, state])
+            .map_err(|e| format!("interface `{}`: {e}", i.name))?;
+    }
+    for r in &net.routes {
+        let fam = if r.family == 6 { "-6" } else { "-4" };
+        let mut args = vec![fam, "route", "replace", r.dst.as_str()];
+        if let Some(g) = &r.gateway {
+            args.extend(["via", g.as_str()]);
+        }
+        args.extend(["dev", r.dev.as_str()]);
+        ip_in(init_pid, &args).map_err(|e| format!("route to {}: {e}", r.dst))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ip_json_parses_and_leaves_the_kernels_own_out() {
+        let addrs = r#"[{"ifindex":1,"ifname":"lo","flags":["LOOPBACK","UP"],"addr_info":[]},
+            {"ifindex":2,"ifname":"eth0","flags":["BROADCAST","UP","LOWER_UP"],"addr_info":[
+              {"family":"inet","local":"10.0.0.2","prefixlen":24,"scope":"global"},
+              {"family":"inet6","local":"fe80::1","prefixlen":64,"scope":"link"},
+              {"family":"inet6","local":"fd00::2","prefixlen":64,"scope":"global"}]},
+            {"ifindex":3,"ifname":"eth1","flags":["BROADCAST"],"addr_info":[]}]"#;
+        assert_eq!(
+            parse_addrs(addrs).unwrap(),
+            vec![
+                IfaceConfig {
+                    name: "eth0".into(),
+                    up: true,
+                    addrs: vec!["10.0.0.2/24".into(), "fd00::2/64".into()],
+                },
+                IfaceConfig {
+                    name: "eth1".into(),
+                    up: false,
+                    addrs: vec![],
+                },
+            ]
+        );
+        let routes = r#"[{"dst":"default","gateway":"10.0.0.1","dev":"eth0","flags":[]},
+            {"dst":"10.0.0.0/24","dev":"eth0","protocol":"kernel","scope":"link"}]"#;
+        assert_eq!(
+            parse_routes(routes, 4).unwrap(),
+            vec![RouteConfig {
+                family: 4,
+                dst: "default".into(),
+                gateway: Some("10.0.0.1".into()),
+                dev: "eth0".into(),
+            }]
+        );
+        assert!(parse_addrs("[{\"flags\": []}]")
+            .unwrap_err()
+            .contains("no string `ifname`"));
+        assert!(parse_routes("not json", 4)
+            .unwrap_err()
+            .contains("unexpected JSON"));
+        assert!(parse_addrs("").unwrap().is_empty());
+    }
+}
