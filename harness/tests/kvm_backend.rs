@@ -689,6 +689,7 @@ mod restored_devices {
             profile: "tiny".into(),
             memory_bytes: 64 << 20,
             cpus: 1,
+            rng_seed: None,
         };
         let devices = VmDevices {
             disks: vec![DiskDecl {
@@ -869,6 +870,7 @@ end)
             &config,
             provium_protocol::PROTOCOL_VERSION,
         )
+        .for_backend("kvm")
         .key("base")
         .unwrap();
         let cache = provium_snapshot::FixtureCache::open(&config.cache_dir).unwrap();
