@@ -25,11 +25,11 @@
 //! none; a restore that already mapped an older image keeps its own inode.
 
 use std::fs::{File, OpenOptions};
-use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::format::{temp_sibling, SectionKind, Snapshot, SnapshotError};
+use crate::format::{temp_sibling, write_error, SectionKind, Snapshot, SnapshotError};
+use crate::memory;
 
 /// The first eight bytes of a restore image.
 pub const IMAGE_MAGIC: [u8; 8] = *b"PRVMIMG1";
@@ -80,50 +80,6 @@ fn matches(path: &Path, want: &[u8; HEADER_USED], guest_len: u64) -> Option<File
     (h == *want).then_some(f)
 }
 
-/// A shared writable mapping of `len` bytes of `file` at `offset`, unmapped
-/// on drop.
-struct WriteMap {
-    ptr: *mut libc::c_void,
-    len: usize,
-}
-
-impl WriteMap {
-    fn new(file: &File, offset: u64, len: usize) -> io::Result<WriteMap> {
-        use std::os::fd::AsRawFd;
-        let off = libc::off_t::try_from(offset).map_err(io::Error::other)?;
-        // SAFETY: a fresh shared mapping of a file we own; the kernel checks
-        // the fd, length and offset, and the result is checked below.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                off,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(WriteMap { ptr, len })
-    }
-
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: `ptr` maps `len` writable bytes for as long as self lives,
-        // and this is the only reference to them.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.cast(), self.len) }
-    }
-}
-
-impl Drop for WriteMap {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in `new`; no slice into it
-        // outlives `self`.
-        unsafe { libc::munmap(self.ptr, self.len) };
-    }
-}
-
 impl Snapshot {
     /// The restore image of memory section `name` at `path`: opened when one
     /// matching this snapshot is there, else built (decoding the section
@@ -161,11 +117,17 @@ impl Snapshot {
                 built: false,
             });
         }
-        let werr = |source| SnapshotError::Write {
-            path: path.to_path_buf(),
-            source,
-        };
         let tmp = temp_sibling(path);
+        // Decoded into anonymous memory first (untouched pages cost
+        // nothing), then only the non-zero pages are written with pwrite:
+        // a full file system is an ENOSPC error here, where stores through
+        // a shared file mapping would die of SIGBUS.
+        let mut guest = vec![0u8; len];
+        self.memory_into(name, &mut guest)?;
+        let runs = memory::nonzero_runs(&guest, memory::PAGE_SIZE_BYTES as usize);
+        let page = u64::from(memory::PAGE_SIZE_BYTES);
+        let data_bytes: u64 = runs.iter().map(|r| r.page_count * page).sum();
+        let werr = |source| write_error(path, IMAGE_DATA_OFFSET + data_bytes, source);
         let built = (|| {
             let file = OpenOptions::new()
                 .read(true)
@@ -175,9 +137,14 @@ impl Snapshot {
                 .map_err(werr)?;
             // Sized sparse: pages the image has no data for stay holes.
             file.set_len(IMAGE_DATA_OFFSET + guest_len).map_err(werr)?;
-            {
-                let mut map = WriteMap::new(&file, IMAGE_DATA_OFFSET, len).map_err(werr)?;
-                self.memory_into(name, map.as_mut_slice())?;
+            for r in &runs {
+                // Within the guest (nonzero_runs walks it).
+                let start = usize::try_from(r.first_page * page).expect("within the guest");
+                let end = usize::try_from((r.first_page + r.page_count) * page)
+                    .expect("within the guest")
+                    .min(len);
+                file.write_all_at(&guest[start..end], IMAGE_DATA_OFFSET + start as u64)
+                    .map_err(werr)?;
             }
             file.write_all_at(&want, 0).map_err(werr)?;
             // The image stands in for the checksummed section: make it
