@@ -357,8 +357,13 @@ pub fn restore_and_start(
     let (snap, state) = open_for(cfg, path)?;
     let tail = bounded_section(&snap, CONSOLE_SECTION, MAX_CONSOLE_BYTES)?;
     let image = open_restore_image(&snap, path)?;
-    let ram = guest_ram_from_image_copy(&image.file, image.guest_len_bytes, image.data_offset)
-        .map_err(PersistError::Memory)?;
+    let ram = guest_ram_from_image_copy(
+        &image.file,
+        image.guest_len_bytes,
+        image.data_offset,
+        &image.data_sha256,
+    )
+    .map_err(PersistError::Memory)?;
     let build = PersistError::Build;
     let vm = KvmVm::new(kvm).map_err(|e| build(BuildError::Vm(e)))?;
     vm.register_memory(&ram.memory)

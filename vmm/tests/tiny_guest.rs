@@ -535,6 +535,47 @@ mod snapshots {
         wait_console(&b, "after-unlink", 1);
     }
 
+    #[test]
+    fn a_flipped_byte_in_the_restore_images_memory_is_refused_before_the_guest_runs() {
+        let Some(a) = new_vm("image_flip", cfg(32, 1, vec![], None)) else {
+            return;
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (path, _) = snapshot_of(&a, dir.path(), "a.snap");
+        drop(a);
+        let image = provium_vmm::snapshot::image_path(&path);
+        let b = new_vm("image_flip", cfg(32, 1, vec![], None)).expect("kvm");
+        b.restore(&path).expect("restore builds the image");
+        drop(b);
+        // The counter's page holds data: flip a byte of it in place.
+        let at = provium_vmm::snapshot::image::IMAGE_DATA_OFFSET + COUNTER_GPA + 7;
+        {
+            use std::os::unix::fs::FileExt;
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&image)
+                .expect("open the image");
+            let mut byte = [0u8; 1];
+            f.read_exact_at(&mut byte, at).expect("read");
+            f.write_all_at(&[byte[0] ^ 0x40], at).expect("flip");
+        }
+        let c = new_vm("image_flip", cfg(32, 1, vec![], None)).expect("kvm");
+        let e = c.restore(&path).expect_err("a corrupt image is refused");
+        let msg = chain(&e);
+        assert!(
+            msg.contains("the restore image is corrupt"),
+            "names the image: {msg}"
+        );
+        assert_ne!(c.state(), VmState::Booted, "the guest never ran");
+        // The image is derived data: without it the next restore rebuilds
+        // it from the (checksummed) snapshot and runs.
+        std::fs::remove_file(&image).expect("remove the image");
+        c.restore(&path).expect("restore after the image is gone");
+        let n = counter(&c);
+        wait_until("the guest to count", || counter(&c) > n);
+    }
+
     /// Flips one byte of `src` at `at` into `dst`.
     fn corrupt(src: &Path, dst: &Path, f: impl FnOnce(&mut Vec<u8>)) {
         let mut b = std::fs::read(src).expect("read");

@@ -7,9 +7,9 @@
 //! empty); then `(u16 LE position, u8 value)` edits applied within the
 //! header page, then, when the edit count is odd, a new length (u16 LE,
 //! the last two bytes, scaled to the image size). Edits stay in the header
-//! page: the data pages of an image whose header matches are trusted
-//! without being hashed (docs/reliability.md says why and what guards
-//! them).
+//! page: the data pages of an image whose header matches are not hashed
+//! when it is opened; the restore that copies them checks them against the
+//! header's digest (so the target checks that digest stays right).
 
 #![no_main]
 
@@ -19,11 +19,12 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use provium_snapshot::image::IMAGE_DATA_OFFSET;
-use provium_snapshot::{image_path, Expect, Shape, Snapshot, SnapshotBuilder};
+use provium_snapshot::{image_path, Expect, ImageDigest, Shape, Snapshot, SnapshotBuilder};
 
 const PROTO: u32 = 3;
 const GUEST_LEN: usize = 16 * 4096;
-/// The part of the header page the image format uses.
+/// The part of the header page that must match the snapshot; the data
+/// digest follows it.
 const HEADER_USED: usize = 56;
 
 struct Fixture {
@@ -110,4 +111,13 @@ fuzz_target!(|data: &[u8]| {
         .read_exact_at(&mut got, r.data_offset)
         .expect("read guest memory");
     assert!(got == f.guest, "the image holds the snapshot's memory");
+    // The digest a restore checks the pages against is the pages' digest
+    // exactly when the header's digest field was left alone.
+    let mut d = ImageDigest::default();
+    for (i, p) in got.chunks(4096).enumerate() {
+        d.page(i as u64, p);
+    }
+    let digest_intact = r.built
+        || file[HEADER_USED..HEADER_USED + 32] == f.valid_image[HEADER_USED..HEADER_USED + 32];
+    assert_eq!(d.finish() == r.data_sha256, digest_intact);
 });

@@ -20,6 +20,7 @@ use vm_memory::mmap::MmapRegionBuilder;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, GuestRegionMmap};
 
 use crate::arch::layout::ram_ranges;
+use provium_snapshot::ImageDigest;
 
 /// Guest memory as the rest of the VMM sees it.
 pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<()>;
@@ -46,6 +47,9 @@ pub enum MemoryError {
         #[source]
         source: io::Error,
     },
+    /// The restore image's data pages do not match its digest.
+    #[error("the restore image is corrupt: its memory pages do not match the digest in its header (the restore is refused before the guest runs; delete the `.img` file, or let the fixture cache evict the entry, and the next restore rebuilds it from the snapshot)")]
+    ImageCorrupt,
     /// The size does not fit this host's address space.
     #[error("guest memory of {0} bytes is too large for this host")]
     TooLarge(u64),
@@ -118,10 +122,15 @@ fn map_ranges(
 /// copied, so untouched guest RAM still costs nothing), and the data pages
 /// are held once per restored VM in the memfd instead of being shared
 /// through the page cache by parallel restores of one image.
+///
+/// The pages are checked as they are copied: their [`ImageDigest`] must be
+/// `data_sha256` (the image header's), else the restore is refused with
+/// [`MemoryError::ImageCorrupt`] before any vCPU exists.
 pub fn guest_ram_from_image_copy(
     image: &File,
     mem_bytes: u64,
     data_offset: u64,
+    data_sha256: &[u8; 32],
 ) -> Result<GuestRam, MemoryError> {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::FileExt;
@@ -160,6 +169,11 @@ pub fn guest_ram_from_image_copy(
         Ok(u64::try_from(r).ok())
     };
     const PAGE: usize = 4096;
+    let page = PAGE as u64;
+    // Extents are rounded out to whole pages of guest memory (a file system
+    // with blocks under 4 KiB may report finer ones).
+    let page_floor = |o: u64| data_offset + (o - data_offset) / page * page;
+    let mut digest = ImageDigest::default();
     let mut buf = vec![0u8; 1 << 20];
     let mut pos = data_offset;
     while pos < end {
@@ -169,27 +183,33 @@ pub fn guest_ram_from_image_copy(
         if data >= end {
             break;
         }
+        let data = page_floor(data.max(pos));
         let hole = seek(data, libc::SEEK_HOLE)
             .map_err(image_err)?
             .unwrap_or(end)
             .min(end);
+        let hole = page_floor(hole + page - 1).min(end);
         let mut at = data;
         while at < hole {
             let n = usize::try_from((hole - at).min(buf.len() as u64)).expect("at most 1 MiB");
             // A short read here means the image was cut while being read:
             // an error for this restore, never a fault.
             image.read_exact_at(&mut buf[..n], at).map_err(image_err)?;
-            for (i, page) in buf[..n].chunks(PAGE).enumerate() {
-                if page.iter().all(|b| *b == 0) {
+            for (i, bytes) in buf[..n].chunks(PAGE).enumerate() {
+                if bytes.iter().all(|b| *b == 0) {
                     continue;
                 }
                 let to = at - data_offset + (i * PAGE) as u64;
-                ram.write_all_at(page, to)
+                digest.page(to / page, bytes);
+                ram.write_all_at(bytes, to)
                     .map_err(|source| MemoryError::Truncate { mem_bytes, source })?;
             }
             at += n as u64;
         }
         pos = hole;
+    }
+    if digest.finish() != *data_sha256 {
+        return Err(MemoryError::ImageCorrupt);
     }
     let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL;
     // SAFETY: fcntl on the memfd we own; no shared writable mapping of it
