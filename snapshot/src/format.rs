@@ -547,7 +547,7 @@ pub fn free_bytes(dir: &Path) -> u64 {
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
         return 0;
     }
-    u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize))
+    st.f_bavail.saturating_mul(st.f_frsize)
 }
 
 /// The error for a failed write of `needed_bytes` to `path`: a
