@@ -102,7 +102,12 @@ fn shape(memory_bytes: u64) -> Shape {
 fn names(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
         .expect("read the directory")
-        .map(|e| e.expect("an entry").file_name().to_string_lossy().into_owned())
+        .map(|e| {
+            e.expect("an entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
         .collect();
     v.sort();
     v
@@ -125,7 +130,10 @@ fn a_snapshot_write_into_a_full_directory_is_a_clean_error() {
         panic!("expected NoSpace, got {e:?}");
     };
     assert_eq!(dir, &fs.dir);
-    assert!(*free_bytes < *needed_bytes, "{free_bytes} >= {needed_bytes}");
+    assert!(
+        *free_bytes < *needed_bytes,
+        "{free_bytes} >= {needed_bytes}"
+    );
     assert_eq!(*needed_bytes, b.len_bytes());
     let msg = e.to_string();
     assert!(
@@ -133,7 +141,11 @@ fn a_snapshot_write_into_a_full_directory_is_a_clean_error() {
             && msg.contains("bytes free"),
         "{msg}"
     );
-    assert!(names(&fs.dir).is_empty(), "left behind: {:?}", names(&fs.dir));
+    assert!(
+        names(&fs.dir).is_empty(),
+        "left behind: {:?}",
+        names(&fs.dir)
+    );
     fs.grow(1024);
     assert_eq!(b.write_file(&path).unwrap(), b.len_bytes());
     let s = Snapshot::open(&path, &Expect::protocol(1)).unwrap();
@@ -172,7 +184,11 @@ fn a_cache_install_into_a_full_cache_is_a_clean_error_and_the_next_succeeds() {
     );
     // No partial entry: nothing to look up, nothing on disk.
     assert_eq!(cache.lookup(&key, EntryKind::Vm), None);
-    assert!(names(&fs.dir).is_empty(), "left behind: {:?}", names(&fs.dir));
+    assert!(
+        names(&fs.dir).is_empty(),
+        "left behind: {:?}",
+        names(&fs.dir)
+    );
 
     // A lab entry too.
     let lab = src_dir.path().join("lab");
@@ -181,7 +197,11 @@ fn a_cache_install_into_a_full_cache_is_a_clean_error_and_the_next_succeeds() {
     std::fs::copy(&src, lab.join("a.snap")).unwrap();
     let e = cache.install_lab(&key, &lab).unwrap_err();
     assert!(matches!(e, CacheError::NoSpace { .. }), "{e:?}");
-    assert!(names(&fs.dir).is_empty(), "left behind: {:?}", names(&fs.dir));
+    assert!(
+        names(&fs.dir).is_empty(),
+        "left behind: {:?}",
+        names(&fs.dir)
+    );
 
     fs.grow(1024);
     let p = cache.install_vm(&key, &src).unwrap();
