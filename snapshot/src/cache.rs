@@ -151,6 +151,26 @@ pub enum CacheError {
         #[source]
         source: io::Error,
     },
+    /// The cache's file system is full: the entry was not installed and
+    /// nothing partial of it is left.
+    #[error(
+        "fixture cache: cannot install {path}: no space left in {dir} ({free_bytes} bytes free, \
+         {needed_bytes} needed; free space there, lower the cache size limit, or point cache_dir \
+         at a larger file system, then run again)"
+    )]
+    NoSpace {
+        /// What was being installed.
+        path: PathBuf,
+        /// The cache directory.
+        dir: PathBuf,
+        /// Space left there for an unprivileged writer, in bytes.
+        free_bytes: u64,
+        /// What the entry needs, in bytes.
+        needed_bytes: u64,
+        /// The I/O error (ENOSPC or EDQUOT).
+        #[source]
+        source: io::Error,
+    },
     /// What was handed to install is not a valid entry.
     #[error("fixture cache: refusing to install {path}: {detail}")]
     InvalidEntry {
@@ -296,7 +316,7 @@ impl FixtureCache {
         if r.is_err() {
             let _ = fs::remove_file(&tmp);
         }
-        r.map_err(io_err("install", src))?;
+        r.map_err(|e| self.install_error(src, e))?;
         Ok(dst)
     }
 
@@ -315,12 +335,37 @@ impl FixtureCache {
         let r = copy_flat_dir(src, &tmp);
         if let Err(e) = r {
             let _ = fs::remove_dir_all(&tmp);
-            return Err(e);
+            return Err(match e {
+                CacheError::Io { source, .. } if crate::format::is_no_space(&source) => {
+                    self.install_error(src, source)
+                }
+                e => e,
+            });
         }
         let swapped = rename_exchange_or_replace(&tmp, &dst);
         let _ = fs::remove_dir_all(&tmp);
         swapped.map_err(io_err("install", src))?;
         Ok(dst)
+    }
+
+    /// The error for a failed install of `src`: [`CacheError::NoSpace`]
+    /// when the cache's file system is full.
+    fn install_error(&self, src: &Path, source: io::Error) -> CacheError {
+        if crate::format::is_no_space(&source) {
+            let needed_bytes = match fs::metadata(src) {
+                Ok(m) if m.is_dir() => dir_size(src),
+                Ok(m) => m.len(),
+                Err(_) => 0,
+            };
+            return CacheError::NoSpace {
+                path: src.to_path_buf(),
+                dir: self.dir.clone(),
+                free_bytes: crate::format::free_bytes(&self.dir),
+                needed_bytes,
+                source,
+            };
+        }
+        io_err("install", src)(source)
     }
 
     /// Remove the entry for `key` (absent is fine).

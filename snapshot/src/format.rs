@@ -255,6 +255,26 @@ pub enum SnapshotError {
         /// Why it was refused.
         reason: String,
     },
+    /// The file system a snapshot (or its restore image) was being
+    /// written to is full. Nothing partial is left behind.
+    #[error(
+        "cannot write {path}: no space left in {dir} ({free_bytes} bytes free, {needed_bytes} \
+         needed; free space there, or point the directory at a larger file system, then run \
+         again)"
+    )]
+    NoSpace {
+        /// The file being written.
+        path: PathBuf,
+        /// Its directory.
+        dir: PathBuf,
+        /// Space left there for an unprivileged writer, in bytes.
+        free_bytes: u64,
+        /// What the write needed in all, in bytes.
+        needed_bytes: u64,
+        /// The I/O error (ENOSPC or EDQUOT).
+        #[source]
+        source: io::Error,
+    },
     /// Writing the file failed.
     #[error("cannot write snapshot {path}")]
     Write {
@@ -467,6 +487,17 @@ impl SnapshotBuilder {
         Ok(n)
     }
 
+    /// The snapshot's length in bytes once written.
+    pub fn len_bytes(&self) -> u64 {
+        HEADER_LEN
+            + self.table_len()
+            + self
+                .sections
+                .iter()
+                .map(|s| s.stored.len() as u64)
+                .sum::<u64>()
+    }
+
     /// The whole snapshot as bytes.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut v = Vec::new();
@@ -478,10 +509,7 @@ impl SnapshotBuilder {
     /// rename, so a reader sees the old file or the whole new one. Returns
     /// the file's length in bytes.
     pub fn write_file(&self, path: &Path) -> Result<u64, SnapshotError> {
-        let werr = |source| SnapshotError::Write {
-            path: path.to_path_buf(),
-            source,
-        };
+        let werr = |source| write_error(path, self.len_bytes(), source);
         let tmp = temp_sibling(path);
         let result = (|| {
             let mut f = File::create(&tmp)?;
@@ -497,6 +525,52 @@ impl SnapshotBuilder {
             let _ = std::fs::remove_file(&tmp);
         }
         result.map_err(werr)
+    }
+}
+
+/// Whether `e` says the file system is full (or the writer's quota is).
+pub fn is_no_space(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
+/// Bytes an unprivileged writer may still allocate on the file system
+/// holding `dir` (0 when it cannot be asked).
+pub fn free_bytes(dir: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return 0;
+    };
+    // SAFETY: statvfs only writes the struct it is given; zeroed is a
+    // valid value of it.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a pointer to a live statvfs.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return 0;
+    }
+    st.f_bavail.saturating_mul(st.f_frsize)
+}
+
+/// The error for a failed write of `needed_bytes` to `path`: a
+/// [`SnapshotError::NoSpace`] naming the directory and its free space when
+/// the file system is full, else [`SnapshotError::Write`].
+pub(crate) fn write_error(path: &Path, needed_bytes: u64, source: io::Error) -> SnapshotError {
+    if is_no_space(&source) {
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .to_path_buf();
+        return SnapshotError::NoSpace {
+            path: path.to_path_buf(),
+            free_bytes: free_bytes(&dir),
+            dir,
+            needed_bytes,
+            source,
+        };
+    }
+    SnapshotError::Write {
+        path: path.to_path_buf(),
+        source,
     }
 }
 

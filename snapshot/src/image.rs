@@ -11,33 +11,74 @@
 //! ```text
 //! offset  size  field
 //!      0     8  magic "PRVMIMG1"
-//!      8     4  image version (1), u32 LE
+//!      8     4  image version (2), u32 LE
 //!     12     4  reserved, 0
 //!     16     8  guest memory length in bytes, u64 LE
 //!     24    32  SHA-256 of the snapshot's stored memory section
+//!     56    32  SHA-256 of the guest memory's non-zero pages ([`ImageDigest`])
 //!   4096     -  guest memory, guest_len bytes; zero pages are holes
 //! ```
 //!
 //! The image is derived data: it is rebuilt whenever its header does not
 //! match the snapshot it sits beside (another snapshot written to the same
-//! path, an interrupted build, a different guest size). It is written under a
+//! path, an interrupted build, a different guest size, a cut file). Its
+//! data pages are not hashed when it is opened (that would cost a pass over
+//! them on every restore); the restore that copies them
+//! (`provium_vmm`'s guest RAM) hashes them as it goes and refuses an image
+//! whose pages do not match the digest, before the guest runs. It is written under a
 //! temporary name, synced and renamed, so a reader sees a whole image or
 //! none; a restore that already mapped an older image keeps its own inode.
 
 use std::fs::{File, OpenOptions};
-use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::format::{temp_sibling, SectionKind, Snapshot, SnapshotError};
+use crate::format::{temp_sibling, write_error, SectionKind, Snapshot, SnapshotError};
+use crate::memory;
+use sha2::{Digest, Sha256};
 
 /// The first eight bytes of a restore image.
 pub const IMAGE_MAGIC: [u8; 8] = *b"PRVMIMG1";
 /// The image layout version.
-pub const IMAGE_VERSION: u32 = 1;
+pub const IMAGE_VERSION: u32 = 2;
 /// File offset of guest memory: one page, so the data maps page-aligned.
 pub const IMAGE_DATA_OFFSET: u64 = 4096;
-const HEADER_USED: usize = 56;
+/// The header bytes that must equal what the snapshot implies.
+const HEADER_MATCHED: usize = 56;
+/// The header bytes in use: the matched part, then the data digest.
+const HEADER_USED: usize = HEADER_MATCHED + 32;
+
+/// The digest of a guest memory image: SHA-256 over `(page index as u64
+/// LE, page bytes)` of every page that is not all zero, in increasing page
+/// order, for 4 KiB pages. Holes and zero pages are skipped, so it is the
+/// same however the file's holes fell, and a reader that skips holes with
+/// SEEK_DATA computes it in one pass over the data it copies.
+pub struct ImageDigest {
+    sha: Sha256,
+}
+
+impl Default for ImageDigest {
+    fn default() -> Self {
+        ImageDigest { sha: Sha256::new() }
+    }
+}
+
+impl ImageDigest {
+    /// Fold in page `index` (4 KiB, or shorter at the end of guest
+    /// memory); an all-zero page is skipped. Pages come in increasing order.
+    pub fn page(&mut self, index: u64, bytes: &[u8]) {
+        if bytes.iter().all(|b| *b == 0) {
+            return;
+        }
+        self.sha.update(index.to_le_bytes());
+        self.sha.update(bytes);
+    }
+
+    /// The digest.
+    pub fn finish(self) -> [u8; 32] {
+        self.sha.finalize().into()
+    }
+}
 
 /// Where the restore image of the snapshot at `snapshot` lives.
 pub fn image_path(snapshot: &Path) -> PathBuf {
@@ -57,10 +98,13 @@ pub struct RestoreImage {
     pub guest_len_bytes: u64,
     /// Whether this call built the image (false: an existing one matched).
     pub built: bool,
+    /// The digest its data pages must have ([`ImageDigest`]); a reader
+    /// copying them checks it.
+    pub data_sha256: [u8; 32],
 }
 
-fn header(guest_len: u64, sha: &[u8; 32]) -> [u8; HEADER_USED] {
-    let mut h = [0u8; HEADER_USED];
+fn header(guest_len: u64, sha: &[u8; 32]) -> [u8; HEADER_MATCHED] {
+    let mut h = [0u8; HEADER_MATCHED];
     h[..8].copy_from_slice(&IMAGE_MAGIC);
     h[8..12].copy_from_slice(&IMAGE_VERSION.to_le_bytes());
     h[16..24].copy_from_slice(&guest_len.to_le_bytes());
@@ -68,8 +112,8 @@ fn header(guest_len: u64, sha: &[u8; 32]) -> [u8; HEADER_USED] {
     h
 }
 
-/// Whether `path` holds a whole image matching `want`.
-fn matches(path: &Path, want: &[u8; HEADER_USED], guest_len: u64) -> Option<File> {
+/// Whether `path` holds a whole image matching `want`; with its data digest.
+fn matches(path: &Path, want: &[u8; HEADER_MATCHED], guest_len: u64) -> Option<(File, [u8; 32])> {
     let f = File::open(path).ok()?;
     let len = f.metadata().ok()?.len();
     if len != IMAGE_DATA_OFFSET.checked_add(guest_len)? {
@@ -77,51 +121,11 @@ fn matches(path: &Path, want: &[u8; HEADER_USED], guest_len: u64) -> Option<File
     }
     let mut h = [0u8; HEADER_USED];
     f.read_exact_at(&mut h, 0).ok()?;
-    (h == *want).then_some(f)
-}
-
-/// A shared writable mapping of `len` bytes of `file` at `offset`, unmapped
-/// on drop.
-struct WriteMap {
-    ptr: *mut libc::c_void,
-    len: usize,
-}
-
-impl WriteMap {
-    fn new(file: &File, offset: u64, len: usize) -> io::Result<WriteMap> {
-        use std::os::fd::AsRawFd;
-        let off = libc::off_t::try_from(offset).map_err(io::Error::other)?;
-        // SAFETY: a fresh shared mapping of a file we own; the kernel checks
-        // the fd, length and offset, and the result is checked below.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                off,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(WriteMap { ptr, len })
+    if h[..HEADER_MATCHED] != want[..] {
+        return None;
     }
-
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: `ptr` maps `len` writable bytes for as long as self lives,
-        // and this is the only reference to them.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.cast(), self.len) }
-    }
-}
-
-impl Drop for WriteMap {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in `new`; no slice into it
-        // outlives `self`.
-        unsafe { libc::munmap(self.ptr, self.len) };
-    }
+    let digest: [u8; 32] = h[HEADER_MATCHED..].try_into().expect("32 bytes");
+    Some((f, digest))
 }
 
 impl Snapshot {
@@ -153,19 +157,38 @@ impl Snapshot {
                 detail: format!("guest memory of {guest_len} bytes cannot be mapped on this host"),
             })?;
         let want = header(guest_len, &section.sha256);
-        if let Some(file) = matches(path, &want, guest_len) {
+        if let Some((file, data_sha256)) = matches(path, &want, guest_len) {
             return Ok(RestoreImage {
                 file,
                 data_offset: IMAGE_DATA_OFFSET,
                 guest_len_bytes: guest_len,
                 built: false,
+                data_sha256,
             });
         }
-        let werr = |source| SnapshotError::Write {
-            path: path.to_path_buf(),
-            source,
-        };
         let tmp = temp_sibling(path);
+        // Decoded into anonymous memory first (untouched pages cost
+        // nothing), then only the non-zero pages are written with pwrite:
+        // a full file system is an ENOSPC error here, where stores through
+        // a shared file mapping would die of SIGBUS.
+        let mut guest = vec![0u8; len];
+        self.memory_into(name, &mut guest)?;
+        let runs = memory::nonzero_runs(&guest, memory::PAGE_SIZE_BYTES as usize);
+        let page = u64::from(memory::PAGE_SIZE_BYTES);
+        let data_bytes: u64 = runs.iter().map(|r| r.page_count * page).sum();
+        let mut digest = ImageDigest::default();
+        for r in &runs {
+            for p in r.first_page..r.first_page + r.page_count {
+                let start = usize::try_from(p * page).expect("within the guest");
+                let end = (start + page as usize).min(len);
+                digest.page(p, &guest[start..end]);
+            }
+        }
+        let data_sha256 = digest.finish();
+        let mut head = [0u8; HEADER_USED];
+        head[..HEADER_MATCHED].copy_from_slice(&want);
+        head[HEADER_MATCHED..].copy_from_slice(&data_sha256);
+        let werr = |source| write_error(path, IMAGE_DATA_OFFSET + data_bytes, source);
         let built = (|| {
             let file = OpenOptions::new()
                 .read(true)
@@ -175,11 +198,16 @@ impl Snapshot {
                 .map_err(werr)?;
             // Sized sparse: pages the image has no data for stay holes.
             file.set_len(IMAGE_DATA_OFFSET + guest_len).map_err(werr)?;
-            {
-                let mut map = WriteMap::new(&file, IMAGE_DATA_OFFSET, len).map_err(werr)?;
-                self.memory_into(name, map.as_mut_slice())?;
+            for r in &runs {
+                // Within the guest (nonzero_runs walks it).
+                let start = usize::try_from(r.first_page * page).expect("within the guest");
+                let end = usize::try_from((r.first_page + r.page_count) * page)
+                    .expect("within the guest")
+                    .min(len);
+                file.write_all_at(&guest[start..end], IMAGE_DATA_OFFSET + start as u64)
+                    .map_err(werr)?;
             }
-            file.write_all_at(&want, 0).map_err(werr)?;
+            file.write_all_at(&head, 0).map_err(werr)?;
             // The image stands in for the checksummed section: make it
             // durable before it becomes visible under its name.
             file.sync_data().map_err(werr)?;
@@ -192,6 +220,7 @@ impl Snapshot {
                 data_offset: IMAGE_DATA_OFFSET,
                 guest_len_bytes: guest_len,
                 built: true,
+                data_sha256,
             }),
             Err(e) => {
                 let _ = std::fs::remove_file(&tmp);
@@ -257,6 +286,42 @@ mod tests {
         let f = OpenOptions::new().write(true).open(&ip).unwrap();
         f.set_len(IMAGE_DATA_OFFSET + 4096).unwrap();
         assert!(s2.restore_image("memory", &ip).unwrap().built);
+    }
+
+    fn digest_of(data: &[u8]) -> [u8; 32] {
+        let mut d = ImageDigest::default();
+        for (i, p) in data.chunks(4096).enumerate() {
+            d.page(i as u64, p);
+        }
+        d.finish()
+    }
+
+    #[test]
+    fn the_header_carries_the_digest_of_the_data_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut guest = vec![0u8; 32 * 4096];
+        guest[4096 * 5 + 1] = 3;
+        guest[4096 * 6] = 4;
+        let p = snap(dir.path(), &guest);
+        let s = Snapshot::open(&p, &Expect::protocol(1)).unwrap();
+        let ip = image_path(&p);
+        let img = s.restore_image("memory", &ip).unwrap();
+        assert_eq!(img.data_sha256, digest_of(&guest));
+        assert_ne!(img.data_sha256, digest_of(&vec![0u8; 32 * 4096]));
+        // A flipped data byte leaves the header matching (the image is
+        // reused, unhashed) but no longer matches the digest a reader checks.
+        let f = OpenOptions::new().write(true).open(&ip).unwrap();
+        f.write_all_at(&[9], IMAGE_DATA_OFFSET + 4096 * 5 + 1)
+            .unwrap();
+        let again = s.restore_image("memory", &ip).unwrap();
+        assert!(!again.built);
+        assert_eq!(again.data_sha256, img.data_sha256);
+        assert_ne!(digest_of(&read_data(&again)), again.data_sha256);
+        // Where a page's data sits matters, not only its bytes.
+        let mut moved = vec![0u8; 32 * 4096];
+        moved[4096 * 7 + 1] = 3;
+        moved[4096 * 6] = 4;
+        assert_ne!(digest_of(&moved), digest_of(&guest));
     }
 
     #[test]

@@ -199,11 +199,23 @@ impl LabIndex {
             path: shown.clone(),
             source,
         })?;
+        LabIndex::parse(&shown, &bytes, &|file| dir.join(file).is_file())
+    }
+
+    /// Validate the bytes of an index (`shown` names it in errors);
+    /// `file_exists` says whether a plain file name exists in its directory.
+    /// [`LabIndex::read`] is this over `dir/lab.json`; it is public so the
+    /// fuzz target can drive it without a filesystem.
+    pub fn parse(
+        shown: &str,
+        bytes: &[u8],
+        file_exists: &dyn Fn(&str) -> bool,
+    ) -> Result<LabIndex, LabIndexError> {
         let invalid = |detail: String| LabIndexError::Invalid {
-            path: shown.clone(),
+            path: shown.to_string(),
             detail,
         };
-        let index: LabIndex = serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
+        let index: LabIndex = serde_json::from_slice(bytes).map_err(|e| invalid(e.to_string()))?;
         if !(LAB_INDEX_OLDEST_FORMAT..=LAB_INDEX_FORMAT).contains(&index.format) {
             return Err(invalid(format!(
                 "format {} (this provium reads {LAB_INDEX_OLDEST_FORMAT} to {LAB_INDEX_FORMAT})",
@@ -235,7 +247,7 @@ impl LabIndex {
             if !seen.insert((vm.lab_path.clone(), vm.name.clone())) {
                 return Err(invalid(format!("vm `{}` is listed twice", vm.name)));
             }
-            if !dir.join(&vm.file).is_file() {
+            if !file_exists(&vm.file) {
                 return Err(invalid(format!(
                     "vm `{}`'s snapshot `{}` is missing",
                     vm.name, vm.file

@@ -32,6 +32,6 @@ pub use format::{
     Expect, Section, Shape, Snapshot, SnapshotBuilder, SnapshotError, HEADER_LEN, MAGIC,
     SNAPSHOT_FORMAT_VERSION,
 };
-pub use image::{image_path, RestoreImage};
+pub use image::{image_path, ImageDigest, RestoreImage};
 pub use lab_index::{LabBridge, LabImpairment, LabIndex, LabPairImpairment, LabVm};
 pub use persist::Persist;

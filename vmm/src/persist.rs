@@ -51,7 +51,7 @@ use crate::devices::GuestRequestSink;
 use crate::snapshot::{Expect, Shape, Snapshot, SnapshotBuilder, SnapshotError};
 use crate::vmm_config::VmConfig;
 use crate::vstate::kvm::KvmContext;
-use crate::vstate::memory::{data_masks, guest_ram_from_image, host_parts, MemoryError};
+use crate::vstate::memory::{data_masks, guest_ram_from_image_copy, host_parts, MemoryError};
 use crate::vstate::vcpu::{
     configure_vcpu, restore_vcpu, save_vcpu, VcpuBootConfig, VcpuError, VcpuSet, VcpuState,
     VcpuStopSink,
@@ -357,8 +357,13 @@ pub fn restore_and_start(
     let (snap, state) = open_for(cfg, path)?;
     let tail = bounded_section(&snap, CONSOLE_SECTION, MAX_CONSOLE_BYTES)?;
     let image = open_restore_image(&snap, path)?;
-    let ram = guest_ram_from_image(image.file, image.guest_len_bytes, image.data_offset)
-        .map_err(PersistError::Memory)?;
+    let ram = guest_ram_from_image_copy(
+        &image.file,
+        image.guest_len_bytes,
+        image.data_offset,
+        &image.data_sha256,
+    )
+    .map_err(PersistError::Memory)?;
     let build = PersistError::Build;
     let vm = KvmVm::new(kvm).map_err(|e| build(BuildError::Vm(e)))?;
     vm.register_memory(&ram.memory)
@@ -425,7 +430,7 @@ fn open_restore_image(
 ) -> Result<crate::snapshot::RestoreImage, PersistError> {
     match snap.restore_image(MEMORY_SECTION, &crate::snapshot::image_path(path)) {
         Ok(img) => Ok(img),
-        Err(SnapshotError::Write { .. }) => {
+        Err(SnapshotError::Write { .. } | SnapshotError::NoSpace { .. }) => {
             let tmp = std::env::temp_dir().join(format!(
                 "provium-restore-{}-{}.img",
                 std::process::id(),

@@ -470,6 +470,112 @@ mod snapshots {
         );
     }
 
+    /// Every page of guest RAM read from the host (a device model's view):
+    /// a page that vanished from the mapping would be SIGBUS here.
+    fn touch_all_ram(vm: &Vm, mem_mib: u64) {
+        let mut sum = 0u64;
+        for gpa in (0..mem_mib << 20).step_by(4096) {
+            sum = sum.wrapping_add(vm.read_guest_u64(gpa).expect("read guest RAM"));
+        }
+        assert_ne!(sum, 0, "guest RAM reads as all zero");
+    }
+
+    #[test]
+    fn a_running_restored_vm_survives_its_image_truncated_replaced_or_unlinked() {
+        let Some(a) = new_vm("image_faults", cfg(32, 1, vec![], None)) else {
+            return;
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (path, at) = snapshot_of(&a, dir.path(), "a.snap");
+        drop(a);
+        let image = provium_vmm::snapshot::image_path(&path);
+        let b = new_vm("image_faults", cfg(32, 1, vec![], None)).expect("kvm");
+        b.restore(&path).expect("restore b");
+        assert!(image.exists(), "the restore built the image");
+
+        // Truncated under the running VM (what `cp` over it does first).
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&image)
+            .expect("open the image")
+            .set_len(0)
+            .expect("truncate the image");
+        touch_all_ram(&b, 32);
+        let c0 = counter(&b);
+        assert!(c0 >= at, "RAM restored: {c0} < {at}");
+        wait_until("b to count on after the truncation", || counter(&b) > c0);
+        b.console().write_input(b"after-truncate").expect("queued");
+        wait_console(&b, "after-truncate", 1);
+
+        // A second restore finds the cut image, rebuilds it and runs.
+        let c = new_vm("image_faults", cfg(32, 1, vec![], None)).expect("kvm");
+        c.restore(&path).expect("restore c over a cut image");
+        let c1 = counter(&c);
+        wait_until("c to count", || counter(&c) > c1);
+
+        // Replaced by another file (garbage of the same length), then
+        // unlinked: neither running VM notices.
+        let len = std::fs::metadata(&image).expect("image").len();
+        let other = dir.path().join("other.img");
+        std::fs::write(&other, vec![0xffu8; len as usize]).expect("write");
+        std::fs::rename(&other, &image).expect("replace the image");
+        touch_all_ram(&b, 32);
+        touch_all_ram(&c, 32);
+        std::fs::remove_file(&image).expect("unlink the image");
+        touch_all_ram(&b, 32);
+        for vm in [&b, &c] {
+            let n = counter(vm);
+            assert!(
+                n < 0xffff_ffff_ffff_ffff,
+                "the replacement's bytes leaked in"
+            );
+            wait_until("the VM to count on after unlink", || counter(vm) > n);
+        }
+        b.console().write_input(b"after-unlink").expect("queued");
+        wait_console(&b, "after-unlink", 1);
+    }
+
+    #[test]
+    fn a_flipped_byte_in_the_restore_images_memory_is_refused_before_the_guest_runs() {
+        let Some(a) = new_vm("image_flip", cfg(32, 1, vec![], None)) else {
+            return;
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (path, _) = snapshot_of(&a, dir.path(), "a.snap");
+        drop(a);
+        let image = provium_vmm::snapshot::image_path(&path);
+        let b = new_vm("image_flip", cfg(32, 1, vec![], None)).expect("kvm");
+        b.restore(&path).expect("restore builds the image");
+        drop(b);
+        // The counter's page holds data: flip a byte of it in place.
+        let at = provium_vmm::snapshot::image::IMAGE_DATA_OFFSET + COUNTER_GPA + 7;
+        {
+            use std::os::unix::fs::FileExt;
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&image)
+                .expect("open the image");
+            let mut byte = [0u8; 1];
+            f.read_exact_at(&mut byte, at).expect("read");
+            f.write_all_at(&[byte[0] ^ 0x40], at).expect("flip");
+        }
+        let c = new_vm("image_flip", cfg(32, 1, vec![], None)).expect("kvm");
+        let e = c.restore(&path).expect_err("a corrupt image is refused");
+        let msg = chain(&e);
+        assert!(
+            msg.contains("the restore image is corrupt"),
+            "names the image: {msg}"
+        );
+        assert_ne!(c.state(), VmState::Booted, "the guest never ran");
+        // The image is derived data: without it the next restore rebuilds
+        // it from the (checksummed) snapshot and runs.
+        std::fs::remove_file(&image).expect("remove the image");
+        c.restore(&path).expect("restore after the image is gone");
+        let n = counter(&c);
+        wait_until("the guest to count", || counter(&c) > n);
+    }
+
     /// Flips one byte of `src` at `at` into `dst`.
     fn corrupt(src: &Path, dst: &Path, f: impl FnOnce(&mut Vec<u8>)) {
         let mut b = std::fs::read(src).expect("read");

@@ -24,6 +24,9 @@ mod worker;
 #[cfg(test)]
 pub(crate) mod test_utils;
 
+/// For the fuzz targets only (harness/fuzz): not an API.
+#[doc(hidden)]
+pub use connection::fuzzing;
 pub use connection::{AgentClient, ClientOptions, Transport, TransportParts};
 pub use error::ClientError;
 pub use ops::{AgentOps, ClockReading};

@@ -1,13 +1,16 @@
 //! Guest RAM: one memfd holding every RAM range, mapped shared; or, for a
-//! restored VM, a snapshot's restore image mapped private.
+//! restored VM, a sealed private copy of a snapshot's restore image,
+//! mapped private.
 //!
-//! A restore maps the image file (`provium_snapshot::image`) `MAP_PRIVATE`
-//! instead of copying all of RAM before the guest runs: pages fault in from
-//! the page cache on first touch, holes read as zero without allocating, a
-//! guest write copies only that page, and parallel restores of one image
-//! share its page-cache pages. A snapshot reads RAM through the mappings
-//! (`host_parts`), never through the file, so it sees the guest's writes
-//! whichever way RAM is backed.
+//! A restore does not decompress or copy all of RAM before the guest runs:
+//! it copies only the restore image's (`provium_snapshot::image`) data
+//! pages into a sealed memfd ([`guest_ram_from_image_copy`]) and maps that
+//! `MAP_PRIVATE`; holes read as zero without allocating and a guest write
+//! copies only that page. The copy is what keeps a running VM independent
+//! of the image file: a private mapping of the file itself would SIGBUS the
+//! process if the file were truncated under it. A snapshot reads RAM
+//! through the mappings (`host_parts`), never through the file, so it sees
+//! the guest's writes whichever way RAM is backed.
 
 use std::fs::File;
 use std::io;
@@ -17,6 +20,7 @@ use vm_memory::mmap::MmapRegionBuilder;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, GuestRegionMmap};
 
 use crate::arch::layout::ram_ranges;
+use provium_snapshot::ImageDigest;
 
 /// Guest memory as the rest of the VMM sees it.
 pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<()>;
@@ -36,6 +40,16 @@ pub enum MemoryError {
         #[source]
         source: io::Error,
     },
+    /// Reading the restore image failed (it was cut or is unreadable).
+    #[error("cannot read the restore image (it was truncated or is unreadable; the restore is refused and the next one rebuilds it)")]
+    Image {
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The restore image's data pages do not match its digest.
+    #[error("the restore image is corrupt: its memory pages do not match the digest in its header (the restore is refused before the guest runs; delete the `.img` file, or let the fixture cache evict the entry, and the next restore rebuilds it from the snapshot)")]
+    ImageCorrupt,
     /// The size does not fit this host's address space.
     #[error("guest memory of {0} bytes is too large for this host")]
     TooLarge(u64),
@@ -90,8 +104,127 @@ fn map_ranges(
     GuestMemoryMmap::from_regions(regions).map_err(MemoryError::Regions)
 }
 
+/// Guest RAM for a restore: the data pages of the restore image at
+/// `data_offset` in `image` copied into a fresh sealed memfd, which is then
+/// mapped privately (copy-on-write).
+///
+/// Why a copy: a private mapping of the image file itself would tie the
+/// running guest to that file. If anyone truncated it (a `cp` over it, a
+/// cache cleanup, a disk tool), every page not yet copied-on-write would
+/// vanish from the mapping and the next access, by a vCPU or by a device
+/// model in this process, would be SIGBUS: the whole run dies. The memfd
+/// is private to this process and sealed against shrinking, growing and
+/// writes, so nothing outside can change what the guest sees; unlinking,
+/// replacing or truncating the image afterwards does not affect the VM.
+///
+/// Cost (docs/reliability.md): one pass over the image's data pages
+/// (holes are skipped with SEEK_DATA/SEEK_HOLE and zero pages are not
+/// copied, so untouched guest RAM still costs nothing), and the data pages
+/// are held once per restored VM in the memfd instead of being shared
+/// through the page cache by parallel restores of one image.
+///
+/// The pages are checked as they are copied: their [`ImageDigest`] must be
+/// `data_sha256` (the image header's), else the restore is refused with
+/// [`MemoryError::ImageCorrupt`] before any vCPU exists.
+pub fn guest_ram_from_image_copy(
+    image: &File,
+    mem_bytes: u64,
+    data_offset: u64,
+    data_sha256: &[u8; 32],
+) -> Result<GuestRam, MemoryError> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    // SAFETY: a valid NUL-terminated name and valid flags; checked below.
+    let fd = unsafe {
+        libc::memfd_create(
+            c"provium-restored-ram".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
+    if fd < 0 {
+        return Err(MemoryError::Memfd(io::Error::last_os_error()));
+    }
+    // SAFETY: `fd` was just returned by memfd_create and is owned by nobody else.
+    let ram = unsafe { File::from_raw_fd(fd) };
+    ram.set_len(mem_bytes)
+        .map_err(|source| MemoryError::Truncate { mem_bytes, source })?;
+    let image_err = |source| MemoryError::Image { source };
+    let end = data_offset
+        .checked_add(mem_bytes)
+        .ok_or(MemoryError::TooLarge(mem_bytes))?;
+    let raw = image.as_raw_fd();
+    let seek = |pos: u64, whence: i32| -> io::Result<Option<u64>> {
+        let off = libc::off_t::try_from(pos).map_err(io::Error::other)?;
+        // SAFETY: lseek on a descriptor we hold; the result is checked.
+        let r = unsafe { libc::lseek(raw, off, whence) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            // ENXIO: no data at or after `pos`.
+            return if e.raw_os_error() == Some(libc::ENXIO) {
+                Ok(None)
+            } else {
+                Err(e)
+            };
+        }
+        Ok(u64::try_from(r).ok())
+    };
+    const PAGE: usize = 4096;
+    let page = PAGE as u64;
+    // Extents are rounded out to whole pages of guest memory (a file system
+    // with blocks under 4 KiB may report finer ones).
+    let page_floor = |o: u64| data_offset + (o - data_offset) / page * page;
+    let mut digest = ImageDigest::default();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut pos = data_offset;
+    while pos < end {
+        let Some(data) = seek(pos, libc::SEEK_DATA).map_err(image_err)? else {
+            break;
+        };
+        if data >= end {
+            break;
+        }
+        let data = page_floor(data.max(pos));
+        let hole = seek(data, libc::SEEK_HOLE)
+            .map_err(image_err)?
+            .unwrap_or(end)
+            .min(end);
+        let hole = page_floor(hole + page - 1).min(end);
+        let mut at = data;
+        while at < hole {
+            let n = usize::try_from((hole - at).min(buf.len() as u64)).expect("at most 1 MiB");
+            // A short read here means the image was cut while being read:
+            // an error for this restore, never a fault.
+            image.read_exact_at(&mut buf[..n], at).map_err(image_err)?;
+            for (i, bytes) in buf[..n].chunks(PAGE).enumerate() {
+                if bytes.iter().all(|b| *b == 0) {
+                    continue;
+                }
+                let to = at - data_offset + (i * PAGE) as u64;
+                digest.page(to / page, bytes);
+                ram.write_all_at(bytes, to)
+                    .map_err(|source| MemoryError::Truncate { mem_bytes, source })?;
+            }
+            at += n as u64;
+        }
+        pos = hole;
+    }
+    if digest.finish() != *data_sha256 {
+        return Err(MemoryError::ImageCorrupt);
+    }
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL;
+    // SAFETY: fcntl on the memfd we own; no shared writable mapping of it
+    // exists yet (F_SEAL_WRITE would fail otherwise); checked below.
+    if unsafe { libc::fcntl(ram.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+        return Err(MemoryError::Memfd(io::Error::last_os_error()));
+    }
+    let memory = map_ranges(&ram, mem_bytes, 0, libc::MAP_PRIVATE)?;
+    Ok(GuestRam { memory, file: ram })
+}
+
 /// Maps `mem_bytes` of guest RAM privately (copy-on-write) from a restore
-/// image whose guest memory starts at `data_offset` (page-aligned).
+/// image whose guest memory starts at `data_offset` (page-aligned). The
+/// guest then depends on that file staying whole: see
+/// [`guest_ram_from_image_copy`], which a restore uses.
 pub fn guest_ram_from_image(
     file: File,
     mem_bytes: u64,
