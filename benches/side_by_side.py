@@ -22,7 +22,9 @@ MIB = 2**20
 def qemu(kern, initrd, append, mem_mib):
     # acpi=off: QEMU then announces its virtio-mmio devices on the command
     # line (none here) and the kernel, which has no ACPI, boots as on ours.
-    cmd = ["qemu-system-x86_64", "-M", "microvm,acpi=off", "-enable-kvm", "-cpu", "host",
+    # -arch-capabilities: some KVMs (kvm_pvm on AMD hosts) refuse QEMU's
+    # write of IA32_ARCH_CAPABILITIES (MSR 0x10a) and QEMU then aborts.
+    cmd = ["qemu-system-x86_64", "-M", "microvm,acpi=off", "-enable-kvm", "-cpu", "host,-arch-capabilities",
            "-m", str(mem_mib), "-nodefaults", "-no-user-config", "-nographic",
            "-serial", "stdio", "-no-reboot", "-kernel", kern]
     if initrd:
