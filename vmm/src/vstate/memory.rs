@@ -31,6 +31,9 @@ pub enum MemoryError {
     /// memfd_create failed.
     #[error("cannot create the guest RAM memfd")]
     Memfd(#[source] io::Error),
+    /// Sealing a restore's RAM copy against shrinking failed.
+    #[error("cannot seal the restored guest RAM memfd against shrinking")]
+    Seal(#[source] io::Error),
     /// Sizing the memfd failed.
     #[error("cannot size the guest RAM memfd to {mem_bytes} bytes (is there enough memory?)")]
     Truncate {
@@ -211,11 +214,16 @@ pub fn guest_ram_from_image_copy(
     if digest.finish() != *data_sha256 {
         return Err(MemoryError::ImageCorrupt);
     }
-    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL;
-    // SAFETY: fcntl on the memfd we own; no shared writable mapping of it
-    // exists yet (F_SEAL_WRITE would fail otherwise); checked below.
+    // Shrinking is what could SIGBUS the mappings; growing is sealed too.
+    // Not F_SEAL_WRITE: the kernel refuses it with EBUSY while any of the
+    // pages just written still has an extra reference (a per-CPU LRU batch
+    // on another CPU holds one for a while), which made restores fail
+    // under load; and nothing outside this process holds the memfd (it is
+    // CLOEXEC and never passed on), so there is no writer to keep out.
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: fcntl on the memfd we own; checked below.
     if unsafe { libc::fcntl(ram.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
-        return Err(MemoryError::Memfd(io::Error::last_os_error()));
+        return Err(MemoryError::Seal(io::Error::last_os_error()));
     }
     let memory = map_ranges(&ram, mem_bytes, 0, libc::MAP_PRIVATE)?;
     Ok(GuestRam { memory, file: ram })
