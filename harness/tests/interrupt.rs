@@ -6,6 +6,8 @@
 //! signal (130, 143). Needs root (the local backend), as in CI.
 mod common;
 
+use common::{sandbox_dirs, sandbox_pids};
+
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -37,38 +39,6 @@ fn project(vm: &str) -> tempfile::TempDir {
     std::fs::write(tests.join("a_quick.test.lua"), QUICK).unwrap();
     std::fs::write(tests.join("b_sleeper.test.lua"), sleeper(vm)).unwrap();
     dir
-}
-
-/// Pids of processes started in sandbox `vm` (the agent passes
-/// `PROVIUM_SANDBOX=<vm>` to everything it runs) whose command is `comm`
-/// (any, when `None`).
-fn sandbox_pids(vm: &str, comm: Option<&str>) -> Vec<u32> {
-    let needle = format!("PROVIUM_SANDBOX={vm}\0");
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|env| String::from_utf8_lossy(&env).contains(&needle))
-        })
-        .filter(|pid| {
-            comm.is_none_or(|c| {
-                std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|s| s.trim() == c)
-            })
-        })
-        .collect()
-}
-
-fn sandbox_dirs(vm: &str) -> Vec<String> {
-    std::fs::read_dir(provium::backend::local::DEFAULT_RUNTIME_DIR)
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with(&format!("{vm}-")))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 struct Stopped {

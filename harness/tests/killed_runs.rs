@@ -11,6 +11,8 @@
 //! local backend), as in CI.
 mod common;
 
+use common::{sandbox_dirs, sandbox_pids};
+
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -100,37 +102,6 @@ impl Project {
         v.sort();
         v
     }
-}
-
-/// Pids of processes the sandbox `vm` runs (the agent's environment holds
-/// `PROVIUM_SANDBOX=<vm>`), whose command is `comm` when given.
-fn sandbox_pids(vm: &str, comm: Option<&str>) -> Vec<u32> {
-    let needle = format!("PROVIUM_SANDBOX={vm}\0");
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|env| String::from_utf8_lossy(&env).contains(&needle))
-        })
-        .filter(|pid| {
-            comm.is_none_or(|c| {
-                std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|s| s.trim() == c)
-            })
-        })
-        .collect()
-}
-
-fn sandbox_dirs(vm: &str) -> Vec<String> {
-    std::fs::read_dir(provium::backend::local::DEFAULT_RUNTIME_DIR)
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with(&format!("{vm}-")))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 fn mounts() -> Vec<String> {
