@@ -51,38 +51,12 @@ fn double() -> &'static Path {
         // Inside a sandbox the double sees the host's root filesystem but a
         // /tmp of its own: a checkout under /tmp (a CI clone) would hide
         // the real agent from it. Both are staged side by side outside /tmp.
-        let stage = outside_tmp().join("bin");
+        let stage = common::outside_tmp("hostile").join("bin");
         std::fs::create_dir_all(stage.join("examples")).unwrap();
         let staged = stage.join("examples").join("hostile_agent");
         copy_replacing(&double, &staged);
         copy_replacing(&real, &stage.join("provium-agent"));
         staged
-    })
-}
-
-/// This checkout's scratch directory on the root filesystem outside /tmp
-/// (`/var/tmp/provium-hostile-<pid>`; the sandbox's /tmp is its own), which
-/// sandboxes see through their overlay of the host's root.
-fn outside_tmp() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        // Earlier runs' directories, whose test process is gone.
-        for e in std::fs::read_dir("/var/tmp")
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let Some(pid) = name.strip_prefix("provium-hostile-") else {
-                continue;
-            };
-            if !Path::new("/proc").join(pid).exists() {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
-        }
-        let d = PathBuf::from(format!("/var/tmp/provium-hostile-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        d
     })
 }
 
@@ -97,7 +71,7 @@ fn copy_replacing(from: &Path, to: &Path) {
 /// A project directory on the root filesystem (not /tmp: the sandbox has a
 /// /tmp of its own, and `connflood` must see the project's socket path).
 fn project(mode: &str, hostile_body: &str, test_timeout: &str) -> tempfile::TempDir {
-    let base = outside_tmp().join("projects");
+    let base = common::outside_tmp("hostile").join("projects");
     std::fs::create_dir_all(&base).unwrap();
     let dir = tempfile::Builder::new()
         .prefix(&format!("{mode}-"))

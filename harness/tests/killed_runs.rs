@@ -28,9 +28,10 @@ impl Project {
     /// runs `slow` inside before snapshotting.
     fn new(kind: &str, slow: &str) -> Project {
         common::ensure_agent();
-        // On the root filesystem (not /tmp): the sandbox sees the marker
-        // through its overlay of the host's root.
-        let base = common::repo_root().join("target").join("killed-runs-tests");
+        // Outside /tmp (the sandbox has a /tmp of its own, and a checkout
+        // may be under /tmp): the sandbox sees the marker through its
+        // overlay of the host's root.
+        let base = common::outside_tmp("killed-runs");
         std::fs::create_dir_all(&base).unwrap();
         let dir = tempfile::Builder::new()
             .prefix(&format!("{kind}-"))

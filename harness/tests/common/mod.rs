@@ -147,3 +147,28 @@ pub fn sandbox_dirs(vm: &str) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+/// A scratch directory of this test process on the root filesystem outside
+/// /tmp, `/var/tmp/provium-<what>-<pid>`, for files a local sandbox must see:
+/// a sandbox sees the host's root through its overlay but has a /tmp of its
+/// own, and the checkout itself may be under /tmp (a CI clone). Directories
+/// of earlier test processes that are gone are removed first.
+pub fn outside_tmp(what: &str) -> PathBuf {
+    let prefix = format!("provium-{what}-");
+    for e in std::fs::read_dir("/var/tmp")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix(&prefix) else {
+            continue;
+        };
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+    let d = PathBuf::from(format!("/var/tmp/{prefix}{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
