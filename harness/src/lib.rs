@@ -16,6 +16,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod discover;
+pub mod error_chain;
 pub mod events;
 pub mod fixture;
 pub mod host_memory;

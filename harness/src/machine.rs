@@ -251,7 +251,7 @@ impl Machine {
                     return Err(format!("sandbox `{}` is not running", s.name()));
                 }
                 crate::backend::local::net::open_tap_in_netns(s.init_pid(), ifname, mac)
-                    .map_err(|e| error_chain(&e))
+                    .map_err(|e| crate::error_chain::flatten(&e))
             }
             Machine::Kvm(_) => Err(format!(
                 "NIC {ifname}: a booted kvm VM cannot get a new NIC: its virtio-net devices are \
@@ -297,7 +297,7 @@ impl Machine {
                 provium_protocol::PROTOCOL_VERSION,
                 extra,
             )
-            .map_err(|e| snapshot::chain(&e)),
+            .map_err(|e| crate::error_chain::flatten(&e)),
             // The VMM records its own shape (memory, vCPUs); the harness's
             // is the same sizing, so `shape` adds nothing there.
             Machine::Kvm(k) => k.snapshot_to(path, extra),
@@ -344,7 +344,7 @@ impl Machine {
                     Machine::snapshot_shape(backend, spec),
                     provium_protocol::PROTOCOL_VERSION,
                 )
-                .map_err(|e| snapshot::chain(&e))?;
+                .map_err(|e| crate::error_chain::flatten(&e))?;
                 let machine = Machine::boot(backend, spec)?;
                 let Machine::Local(s) = &machine else {
                     unreachable!("Machine::boot(Local) makes a local machine")
@@ -352,7 +352,7 @@ impl Machine {
                 let applied = s.lock().unwrap().restore_fs(&state);
                 if let Err(e) = applied {
                     machine.kill();
-                    return Err(snapshot::chain(&e));
+                    return Err(crate::error_chain::flatten(&e));
                 }
                 s.lock().unwrap().set_restored_net(state.net);
                 Ok(machine)
@@ -420,16 +420,4 @@ fn signal_all(s: &LocalSandbox, sig: i32) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// `e` and its sources, joined with ": " (the chain printed once).
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        cur = s.source();
-    }
-    out
 }

@@ -862,13 +862,16 @@ fn one_boot(
             cfg.machine.mem_size_mib = t.mem_mib;
             cfg.machine.vcpu_count = b.cpus;
             cfg.boot_timer = Some(timer.clone());
-            Booted::Vm(Vm::new(cfg).map_err(|e| format!("bench boot: {}", chain(&e)))?)
+            Booted::Vm(
+                Vm::new(cfg)
+                    .map_err(|e| format!("bench boot: {}", crate::error_chain::flatten(&e)))?,
+            )
         }
     };
     let vm_create = start.elapsed();
     let vm = machine.vm();
     vm.boot()
-        .map_err(|e| format!("bench boot: {}", chain(&e)))?;
+        .map_err(|e| format!("bench boot: {}", crate::error_chain::flatten(&e)))?;
     let deadline = Instant::now() + Duration::from_secs(b.timeout);
     let reached = |m: &BootMarks| match until {
         Until::Console => m.first_console_byte.is_some(),
@@ -932,7 +935,7 @@ fn one_boot(
             .or_else(|| log.lines().next().map(|l| l.trim().to_string()));
     }
     vm.shutdown()
-        .map_err(|e| format!("bench boot: shutdown: {}", chain(&e)))?;
+        .map_err(|e| format!("bench boot: shutdown: {}", crate::error_chain::flatten(&e)))?;
     Ok(BootSample {
         vm_create,
         marks,
@@ -1165,8 +1168,8 @@ fn tiny_guest_fixture(
         return Ok((p, false));
     }
     let vm =
-        Vm::new(tiny_restore_config(mem_mib, None)).map_err(|e| crate::machine::error_chain(&e))?;
-    vm.boot().map_err(|e| crate::machine::error_chain(&e))?;
+        Vm::new(tiny_restore_config(mem_mib, None)).map_err(|e| crate::error_chain::flatten(&e))?;
+    vm.boot().map_err(|e| crate::error_chain::flatten(&e))?;
     if !vm
         .console()
         .wait_for(tiny_guest::READY.as_bytes(), 1, Duration::from_secs(120))
@@ -1180,11 +1183,11 @@ fn tiny_guest_fixture(
         .dir()
         .join(format!(".tiny-guest-{}.snap", std::process::id()));
     vm.snapshot(&tmp)
-        .map_err(|e| crate::machine::error_chain(&e))?;
+        .map_err(|e| crate::error_chain::flatten(&e))?;
     drop(vm);
     let p = cache
         .install_vm(&key, &tmp)
-        .map_err(|e| crate::backend::local::snapshot::chain(&e))?;
+        .map_err(|e| crate::error_chain::flatten(&e))?;
     Ok((p, true))
 }
 
@@ -1237,8 +1240,8 @@ struct TinyRestoreSample {
 fn bench_restore_tiny(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
     use provium_snapshot::FixtureCache;
     let config = load_config(&args.config)?;
-    let cache = FixtureCache::open(&config.cache_dir)
-        .map_err(|e| crate::backend::local::snapshot::chain(&e))?;
+    let cache =
+        FixtureCache::open(&config.cache_dir).map_err(|e| crate::error_chain::flatten(&e))?;
     let (entry, built) = tiny_guest_fixture(&cache, r.mem)?;
     if built {
         eprintln!(
@@ -1261,10 +1264,10 @@ fn bench_restore_tiny(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String>
                     let timer = BootTimer::new();
                     let one = || -> Result<(Vm, TinyRestoreSample), String> {
                         let vm = Vm::new(tiny_restore_config(r.mem, Some(timer.clone())))
-                            .map_err(|e| crate::machine::error_chain(&e))?;
+                            .map_err(|e| crate::error_chain::flatten(&e))?;
                         let t0 = Instant::now();
                         vm.restore(entry)
-                            .map_err(|e| crate::machine::error_chain(&e))?;
+                            .map_err(|e| crate::error_chain::flatten(&e))?;
                         let restore = t0.elapsed();
                         // Running: the guest's counter (in restored RAM) moves.
                         let c0 = vm.read_guest_u64(counter_gpa).map_err(|e| e.to_string())?;
@@ -1424,8 +1427,8 @@ fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
         );
     }
     let key = fixture::fixture_key(&env, &fixture_name)?;
-    let cache = FixtureCache::open(&config.cache_dir)
-        .map_err(|e| crate::backend::local::snapshot::chain(&e))?;
+    let cache =
+        FixtureCache::open(&config.cache_dir).map_err(|e| crate::error_chain::flatten(&e))?;
     let entry = cache.lookup(&key, EntryKind::Vm).ok_or_else(|| {
         format!(
             "bench restore: fixture `{}` has no cache entry after building",
@@ -1700,10 +1703,6 @@ fn run_ops(machine: &Machine, runs: usize, warmup: usize) -> Result<Vec<Phase>, 
         }
     })?;
     Ok(vec![ping, run_true, read_4k, wr_1m])
-}
-
-fn chain(e: &dyn std::error::Error) -> String {
-    crate::machine::error_chain(e)
 }
 
 #[cfg(test)]

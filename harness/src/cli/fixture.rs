@@ -8,7 +8,6 @@ use provium_snapshot::{EntryKind, FixtureCache};
 
 use super::run::{choose_backend, load_config};
 use super::{FixtureOp, RunArgs, EXIT_FAILED, EXIT_OK};
-use crate::backend::local::snapshot::chain;
 use crate::config::Config;
 use crate::events::EventSender;
 use crate::fixture::{self, transfer};
@@ -63,7 +62,7 @@ pub fn evict_at_startup(config: &Config) {
                 );
             }
         }
-        Err(e) => eprintln!("provium: warning: {}", chain(&e)),
+        Err(e) => eprintln!("provium: warning: {}", crate::error_chain::flatten(&e)),
     }
 }
 
@@ -81,8 +80,8 @@ pub fn run(args: &RunArgs, op: FixtureOp) -> Result<i32, String> {
     let dir = &config.cache_dir;
     match op {
         FixtureOp::List => {
-            let cache = FixtureCache::open(dir).map_err(|e| chain(&e))?;
-            let entries = cache.list().map_err(|e| chain(&e))?;
+            let cache = FixtureCache::open(dir).map_err(|e| crate::error_chain::flatten(&e))?;
+            let entries = cache.list().map_err(|e| crate::error_chain::flatten(&e))?;
             let total: u64 = entries.iter().map(|e| e.size_bytes).sum();
             for e in &entries {
                 println!(
@@ -97,8 +96,8 @@ pub fn run(args: &RunArgs, op: FixtureOp) -> Result<i32, String> {
             Ok(EXIT_OK)
         }
         FixtureOp::Clean => {
-            let cache = FixtureCache::open(dir).map_err(|e| chain(&e))?;
-            cache.clean().map_err(|e| chain(&e))?;
+            let cache = FixtureCache::open(dir).map_err(|e| crate::error_chain::flatten(&e))?;
+            cache.clean().map_err(|e| crate::error_chain::flatten(&e))?;
             println!("removed {}", dir.display());
             Ok(EXIT_OK)
         }
@@ -172,7 +171,7 @@ pub fn run(args: &RunArgs, op: FixtureOp) -> Result<i32, String> {
         }
         FixtureOp::Stale => {
             let env = cli_env(args, config.clone());
-            let cache = FixtureCache::open(dir).map_err(|e| chain(&e))?;
+            let cache = FixtureCache::open(dir).map_err(|e| crate::error_chain::flatten(&e))?;
             let mut stale = Vec::new();
             for (name, file) in fixture::all_fixtures(&env.roots) {
                 let cached = match fixture::fixture_key(&env, &name) {

@@ -35,7 +35,7 @@ use super::nic::Nic;
 use super::stream::{creation_site, Stream};
 use super::vm::{Phase, Vm};
 use super::{err, nic};
-use crate::machine::{error_chain, Machine};
+use crate::machine::Machine;
 use crate::runner::{CloseKind, Closeable, FileEnv};
 use provium_vmm::vmm_config::NetConfig;
 
@@ -586,7 +586,7 @@ impl Bridge {
             let fd = machine.open_nic(ifname, m.mac)?;
             NicEnd::Tap {
                 _port: TapPort::attach(&self.0.switch, name, m.mac, fd)
-                    .map_err(|e| error_chain(&e))?,
+                    .map_err(|e| crate::error_chain::flatten(&e))?,
             }
         };
         if m.link_down {
@@ -699,7 +699,7 @@ impl Bridge {
             .0
             .switch
             .attach(name, m.mac)
-            .map_err(|e| error_chain(&e))?;
+            .map_err(|e| crate::error_chain::flatten(&e))?;
         if m.link_down {
             let _ = self.0.switch.disconnect(name);
         }
@@ -818,12 +818,12 @@ impl Bridge {
                 self.0.name
             ))
         };
-        let tap = Tap::open(&tap_name).map_err(|e| fail(error_chain(&e)))?;
+        let tap = Tap::open(&tap_name).map_err(|e| fail(crate::error_chain::flatten(&e)))?;
         let mac = nic_mac(UPLINK_PORT, &self.0.name, &[]);
         let port = TapPort::attach(&self.0.switch, UPLINK_PORT, mac, tap.into_fd())
-            .map_err(|e| fail(error_chain(&e)))?;
+            .map_err(|e| fail(crate::error_chain::flatten(&e)))?;
         let uplink = enable_uplink(&self.0.name, port.fd(), addr, &UplinkEnv::from_process())
-            .map_err(|e| fail(error_chain(&e)))?;
+            .map_err(|e| fail(crate::error_chain::flatten(&e)))?;
         st.uplink = Some(UplinkLink { port, uplink });
         Ok(())
     }
@@ -837,7 +837,7 @@ impl Bridge {
             format!(
                 "bridge:disable_uplink: bridge `{}`: {}",
                 self.0.name,
-                error_chain(&e)
+                crate::error_chain::flatten(&e)
             )
         });
         drop(port);
@@ -1216,7 +1216,12 @@ impl Bridge {
             }
             other => sw.set_drop_rate(number(other, "bridge:drop_rate: percent")?),
         };
-        r.map_err(|e| err(format!("bridge:drop_rate: {}", error_chain(&e))))
+        r.map_err(|e| {
+            err(format!(
+                "bridge:drop_rate: {}",
+                crate::error_chain::flatten(&e)
+            ))
+        })
     }
 
     fn bandwidth(&self, v: &Value) -> mlua::Result<()> {

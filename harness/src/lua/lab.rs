@@ -236,12 +236,9 @@ impl Lab {
                 file,
             });
         }
-        index.write(dir).map_err(|e| {
-            err(format!(
-                "lab:snapshot: {}",
-                crate::backend::local::snapshot::chain(&e)
-            ))
-        })
+        index
+            .write(dir)
+            .map_err(|e| err(format!("lab:snapshot: {}", crate::error_chain::flatten(&e))))
     }
 
     /// `vm_fixture(path)` / `lab_fixture(path)`, either call form.
@@ -468,7 +465,7 @@ impl Lab {
         let index = provium_snapshot::LabIndex::read(dir).map_err(|e| {
             Failed(err(format!(
                 "lab:restore: {}",
-                crate::backend::local::snapshot::chain(&e)
+                crate::error_chain::flatten(&e)
             )))
         })?;
         let kvm = self.0.env.backend == crate::runner::BackendKind::Kvm;

@@ -23,7 +23,6 @@ use super::err;
 use super::snapshot::NicDecl;
 use super::stream::{creation_site, Stream};
 use super::vm::Vm;
-use crate::machine::error_chain;
 
 /// A (bridge, vm) handle. `vm` is None for the bare-string form.
 #[derive(Clone)]
@@ -316,8 +315,11 @@ pub fn lone_port(
     mac: MacAddr,
 ) -> Result<(Switch, NetConfig), String> {
     let sw = Switch::new(&format!("{bridge_name}-detached"), SwitchConfig::default());
-    let port = sw.attach(vm_name, mac).map_err(|e| error_chain(&e))?;
-    sw.disconnect(vm_name).map_err(|e| error_chain(&e))?;
+    let port = sw
+        .attach(vm_name, mac)
+        .map_err(|e| crate::error_chain::flatten(&e))?;
+    sw.disconnect(vm_name)
+        .map_err(|e| crate::error_chain::flatten(&e))?;
     Ok((sw, NetConfig::on_port(Arc::new(port))))
 }
 

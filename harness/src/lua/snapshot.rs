@@ -313,7 +313,7 @@ fn open_snapshot(path: &Path) -> Result<provium_snapshot::Snapshot, String> {
         path,
         &provium_snapshot::Expect::protocol(provium_protocol::PROTOCOL_VERSION),
     )
-    .map_err(|e| crate::backend::local::snapshot::chain(&e))
+    .map_err(|e| crate::error_chain::flatten(&e))
 }
 
 fn decode_section<T: serde::de::DeserializeOwned>(
@@ -323,7 +323,7 @@ fn decode_section<T: serde::de::DeserializeOwned>(
 ) -> Result<T, String> {
     let bytes = snap
         .section(section)
-        .map_err(|e| crate::backend::local::snapshot::chain(&e))?;
+        .map_err(|e| crate::error_chain::flatten(&e))?;
     serde_json::from_slice(&bytes).map_err(|e| {
         format!(
             "snapshot {}: the `{section}` section is invalid: {e}",

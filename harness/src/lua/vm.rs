@@ -427,7 +427,11 @@ impl Vm {
             }
             if blames_the_agent(&e) {
                 // Name the VM whose agent misbehaved: a file may have many.
-                return err(format!("{method}: vm `{}`: {}", self.0.name, chain(&e)));
+                return err(format!(
+                    "{method}: vm `{}`: {}",
+                    self.0.name,
+                    crate::error_chain::flatten(&e)
+                ));
             }
             client_err(method, e)
         })
@@ -1217,18 +1221,6 @@ fn blames_the_agent(e: &ClientError) -> bool {
             | ClientError::StdinUnacknowledged { .. }
             | ClientError::UnexpectedValue { .. }
     )
-}
-
-/// An error and its causes, `: `-joined.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 #[cfg(test)]

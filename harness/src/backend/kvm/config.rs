@@ -133,7 +133,7 @@ pub fn vm_config_with(
             files,
             cache_dir: cache.to_path_buf(),
         };
-        let mut boot = inject_agent(&boot, &inj).map_err(|e| chain(&e))?;
+        let mut boot = inject_agent(&boot, &inj).map_err(|e| crate::error_chain::flatten(&e))?;
         // Tell the agent where the VMM's boot timer is: it writes the
         // "ready" mark there once it can take our Hello, which is what
         // `provium bench boot --until ready` times. Appended last so it
@@ -146,9 +146,9 @@ pub fn vm_config_with(
         boot
     } else if !files.is_empty() {
         // No agent, but the files must still be there before init runs.
-        let overlay = files_cpio(&files).map_err(|e| chain(&e))?;
-        let initrd =
-            merged_initrd(boot.initrd.as_deref(), &overlay, cache).map_err(|e| chain(&e))?;
+        let overlay = files_cpio(&files).map_err(|e| crate::error_chain::flatten(&e))?;
+        let initrd = merged_initrd(boot.initrd.as_deref(), &overlay, cache)
+            .map_err(|e| crate::error_chain::flatten(&e))?;
         BootSource {
             initrd: Some(initrd),
             ..boot
@@ -258,11 +258,12 @@ fn prebuilt_overlay_boot(
     if !files.is_empty() {
         let pad = (4 - bytes.len() % 4) % 4;
         bytes.extend(std::iter::repeat_n(0u8, pad));
-        bytes.extend(files_cpio(files).map_err(|e| chain(&e))?);
+        bytes.extend(files_cpio(files).map_err(|e| crate::error_chain::flatten(&e))?);
     }
-    let cmdline =
-        provium_vmm::initrd::inject::inject_cmdline(&boot.cmdline).map_err(|e| chain(&e))?;
-    let initrd = merged_initrd(boot.initrd.as_deref(), &bytes, cache).map_err(|e| chain(&e))?;
+    let cmdline = provium_vmm::initrd::inject::inject_cmdline(&boot.cmdline)
+        .map_err(|e| crate::error_chain::flatten(&e))?;
+    let initrd = merged_initrd(boot.initrd.as_deref(), &bytes, cache)
+        .map_err(|e| crate::error_chain::flatten(&e))?;
     Ok(BootSource {
         kernel: boot.kernel.clone(),
         initrd: Some(initrd),
@@ -374,11 +375,6 @@ pub fn is_static_elf(path: &Path) -> Option<bool> {
         }
     }
     Some(true)
-}
-
-/// `e` and its sources joined with ": ".
-pub fn chain(e: &dyn std::error::Error) -> String {
-    crate::machine::error_chain(e)
 }
 
 #[cfg(test)]

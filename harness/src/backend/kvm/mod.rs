@@ -130,7 +130,7 @@ impl KvmMachine {
         let agent_timeout = agent_timeout()?;
         let cid = NEXT_CID.fetch_add(1, Ordering::Relaxed);
         let (cfg, vsock) = config::vm_config(profile, opts, cid)?;
-        let vm = Vm::new(cfg).map_err(|e| config::chain(&e))?;
+        let vm = Vm::new(cfg).map_err(|e| crate::error_chain::flatten(&e))?;
         Ok(KvmMachine {
             name: name.to_string(),
             vm,
@@ -154,7 +154,8 @@ impl KvmMachine {
         path: &std::path::Path,
     ) -> Result<KvmMachine, String> {
         let m = KvmMachine::create(name, profile, opts, None)?;
-        m.vm.restore(path).map_err(|e| config::chain(&e))?;
+        m.vm.restore(path)
+            .map_err(|e| crate::error_chain::flatten(&e))?;
         Ok(m)
     }
 
@@ -168,7 +169,7 @@ impl KvmMachine {
         self.vm
             .snapshot_with(path, extra)
             .map(|s| s.file_bytes)
-            .map_err(|e| config::chain(&e))
+            .map_err(|e| crate::error_chain::flatten(&e))
     }
 
     /// Replaces the agent timeout (`PROVIUM_KVM_AGENT_TIMEOUT` otherwise).
@@ -185,7 +186,7 @@ impl KvmMachine {
 
     /// Boots a VM made by `create`.
     pub fn start(&self) -> Result<(), String> {
-        self.vm.boot().map_err(|e| config::chain(&e))
+        self.vm.boot().map_err(|e| crate::error_chain::flatten(&e))
     }
 
     /// The VMM's VM (lifecycle, console, memory).
@@ -284,7 +285,7 @@ impl KvmMachine {
                     };
                     match AgentClient::handshake(stream, opts) {
                         Ok(client) => return self.after_hello(client),
-                        Err(e) => last = format!("handshake: {}", config::chain(&e)),
+                        Err(e) => last = format!("handshake: {}", crate::error_chain::flatten(&e)),
                     }
                 }
                 Err(e) => {
@@ -338,7 +339,7 @@ impl KvmMachine {
             let ns = (t * 1e9) as i64;
             let ops: &dyn AgentOps = &client;
             ops.clock_set(ns)
-                .map_err(|e| format!("initial_time: {}", config::chain(&e)))?;
+                .map_err(|e| format!("initial_time: {}", crate::error_chain::flatten(&e)))?;
         }
         Ok(client)
     }
@@ -350,11 +351,13 @@ impl KvmMachine {
     }
 
     pub fn pause(&self) -> Result<(), String> {
-        self.vm.pause().map_err(|e| config::chain(&e))
+        self.vm.pause().map_err(|e| crate::error_chain::flatten(&e))
     }
 
     pub fn resume(&self) -> Result<(), String> {
-        self.vm.resume().map_err(|e| config::chain(&e))
+        self.vm
+            .resume()
+            .map_err(|e| crate::error_chain::flatten(&e))
     }
 
     /// Warm reset through the boot path, then a new agent connection: the
@@ -363,7 +366,9 @@ impl KvmMachine {
     pub fn reset(&self) -> Result<AgentClient, String> {
         self.boot_log_mark
             .store(self.vm.console().total_bytes(), Ordering::SeqCst);
-        self.vm.reset().map_err(|e| config::chain(&e))?;
+        self.vm
+            .reset()
+            .map_err(|e| crate::error_chain::flatten(&e))?;
         self.connect()
             .map_err(|e| format!("the guest was reset, but {e}"))
     }
@@ -375,7 +380,9 @@ impl KvmMachine {
     /// The error says what the guest did instead.
     pub fn power_button(&self) -> Result<(), String> {
         let boots = self.vm.boot_count();
-        self.vm.power_button().map_err(|e| config::chain(&e))?;
+        self.vm
+            .power_button()
+            .map_err(|e| crate::error_chain::flatten(&e))?;
         let deadline = Instant::now() + self.power_off_timeout;
         loop {
             let state = self
@@ -396,7 +403,10 @@ impl KvmMachine {
             // power-off.
             let log = self.boot_log();
             if log.contains(KERNEL_POWER_DOWN) || log.contains(KERNEL_HALTED) {
-                return self.vm.shutdown().map_err(|e| config::chain(&e));
+                return self
+                    .vm
+                    .shutdown()
+                    .map_err(|e| crate::error_chain::flatten(&e));
             }
             if self.vm.boot_count() != boots {
                 return Err(format!(

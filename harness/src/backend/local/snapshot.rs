@@ -1029,18 +1029,6 @@ pub fn read_snapshot(path: &Path, shape: Shape, protocol_version: u32) -> Result
     Ok(SandboxFs { upper, tmpfs, net })
 }
 
-/// `e` and its sources joined with ": ".
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        cur = s.source();
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
