@@ -33,6 +33,7 @@ use std::process::Command;
 
 use provium::backend::kvm::host_is_kvm_pvm;
 use provium_protocol::event::{Event, EventFrame};
+use provium_vmm::initrd::inject::{overlay_cpio, BootFile};
 
 /// The local-backend suites that also run on the kvm backend where boots
 /// are cheap (hardware KVM with a user's kernel).
@@ -118,24 +119,56 @@ fn guest(test: &str) -> Option<Guest> {
     panic!("{test}: {why}; set PROVIUM_SKIP_REAL_GUEST=1 to skip this tier");
 }
 
+/// What the prebuilt agent overlay puts at [`OVERLAY_MARKER_PATH`]: the
+/// pair fixture's guests read it back, which proves the kvm backend booted
+/// them from the overlay as it is (`agent_overlay_path`), not from an
+/// overlay it built.
+const OVERLAY_MARKER: &str = "prebuilt agent overlay\n";
+const OVERLAY_MARKER_PATH: &str = "/etc/provium-prebuilt-overlay";
+
+/// A prebuilt agent overlay (what a user ships as `agent_overlay_path`):
+/// the static guest agent harness/build.rs built, plus the marker file.
+fn prebuilt_overlay(dir: &Path) -> PathBuf {
+    let agent = option_env!("PROVIUM_GUEST_AGENT").unwrap_or_else(|| {
+        panic!(
+            "the real-guest tier needs the static guest agent harness/build.rs builds \
+             (unset PROVIUM_SKIP_GUEST_AGENT_BUILD and rebuild)"
+        )
+    });
+    let agent = std::fs::read(agent).unwrap();
+    let marker = BootFile {
+        path: OVERLAY_MARKER_PATH.into(),
+        content: OVERLAY_MARKER.as_bytes().to_vec(),
+        mode: 0o644,
+    };
+    let path = dir.join("agent-overlay.cpio");
+    std::fs::write(&path, overlay_cpio(&agent, &[marker]).unwrap()).unwrap();
+    path
+}
+
 /// A provium.toml whose `linux` profile (the one every suite asks for) is
-/// `guest`, with a fresh fixture cache under `dir`.
+/// `guest`, with a fresh fixture cache under `dir`; `linux-overlay` is the
+/// same guest with a [`prebuilt_overlay`] (the pair fixture boots it).
 fn config(dir: &Path, guest: &Guest, root: &Path) -> PathBuf {
     // A profile written for hardware KVM: on kvm_pvm the backend adds the
     // command-line words that KVM needs itself.
     // No `quiet` by default: the console lines a failed boot's error quotes
     // are how an emulated boot that stalls is diagnosed.
     let cmdline = std::env::var("PROVIUM_TEST_CMDLINE").unwrap_or_else(|_| "console=ttyS0".into());
+    let profile = format!(
+        "kernel = {kernel:?}\ninitrd = {initrd:?}\ncmdline = {cmdline:?}\nguest_os = \"linux\"\n",
+        kernel = guest.kernel.display().to_string(),
+        initrd = guest.initrd.display().to_string(),
+    );
     let path = dir.join("provium.toml");
     std::fs::write(
         &path,
         format!(
-            "[provium]\nroots = [{root:?}]\ncache_dir = {cache:?}\n\n[profiles.linux]\n\
-             kernel = {kernel:?}\ninitrd = {initrd:?}\ncmdline = {cmdline:?}\nguest_os = \"linux\"\n",
+            "[provium]\nroots = [{root:?}]\ncache_dir = {cache:?}\n\n[profiles.linux]\n{profile}\n\
+             [profiles.linux-overlay]\n{profile}agent_overlay_path = {overlay:?}\n",
             root = root.display().to_string(),
             cache = dir.join("cache").display().to_string(),
-            kernel = guest.kernel.display().to_string(),
-            initrd = guest.initrd.display().to_string(),
+            overlay = prebuilt_overlay(dir).display().to_string(),
         ),
     )
     .unwrap();

@@ -73,3 +73,11 @@ test("the restored lab is the fixture's: its members, the disk's image", functio
   t:assert_eq(f:read(4), "dddd")
   f:close()
 end)
+
+test("agent_overlay_path: both guests run the agent from the prebuilt overlay", function(t)
+  -- The marker exists only in the overlay harness/tests/real_kernel.rs
+  -- wrote; an overlay the backend built from the agent binary has none.
+  for _, vm in ipairs({a, b}) do
+    t:assert_eq(vm:read_file("/etc/provium-prebuilt-overlay"), "prebuilt agent overlay\n")
+  end
+end)

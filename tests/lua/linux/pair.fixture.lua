@@ -4,7 +4,9 @@
 -- snapshot; every restore recreates them (the disk from its image as it
 -- is then, the NICs on a bridge of the same name with the same MACs).
 -- devices.test.lua restores it, which proves a lab fixture with a bridge
--- and a disk on kvm.
+-- and a disk on kvm. Both boot the `linux-overlay` profile, whose agent
+-- comes from a prebuilt overlay (`agent_overlay_path`, written by
+-- harness/tests/real_kernel.rs with a marker file in it).
 local IMAGE_BYTES = 16 << 20
 
 local img = os.tmpname()
@@ -13,8 +15,8 @@ f:write(string.rep("d", IMAGE_BYTES))
 f:close()
 
 local lan = provium:bridge("lan")
-local a = provium:vm("a", "linux")
-local b = provium:vm("b", "linux")
+local a = provium:vm("a", "linux-overlay")
+local b = provium:vm("b", "linux-overlay")
 a:attach_disk({id = "data", image = img})
 lan:attach({a, b})
 provium:boot() -- both at once

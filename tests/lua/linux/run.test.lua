@@ -8,6 +8,9 @@ test("the fixture's guest answers: its marker, its kernel, a shell", function(t)
   t:assert_eq(vm:state(), "booted")
   t:assert_eq(vm:read_file("/etc/provium-fixture"), "base\n")
   t:assert_eq(vm:read_file("/proc/sys/kernel/ostype"), "Linux\n")
+  -- Booted with the agent overlay the backend built (the `linux` profile),
+  -- not the prebuilt one devices.test.lua's guests carry.
+  t:assert_raises(function() vm:read_file("/etc/provium-prebuilt-overlay") end)
   local r = vm:run("echo $((6 * 7)) $(cat /proc/sys/kernel/ostype) $$")
   t:assert_eq(r.status, "exited")
   t:assert_eq(r.exit_code, 0)
