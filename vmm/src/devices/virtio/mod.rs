@@ -14,6 +14,7 @@ pub mod rng;
 #[cfg(test)]
 pub mod test_utils;
 pub mod vsock;
+pub mod worker;
 
 use std::sync::Arc;
 

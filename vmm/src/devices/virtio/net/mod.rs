@@ -31,6 +31,7 @@
 //! buffers; the rest wait in the switch port's bounded queue.
 
 pub mod device;
+pub mod event_handler;
 pub mod packet;
 pub mod persist;
 
