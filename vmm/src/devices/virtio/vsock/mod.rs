@@ -10,8 +10,9 @@
 //! nobody listens on, or a packet for an unknown connection, is answered with
 //! RST.
 //!
-//! `device.rs` is the `VirtioDevice` (a worker thread per activation runs the
-//! muxer); `muxer.rs` moves packets between the queues and connections;
+//! `device.rs` is the `VirtioDevice` (a `worker::DeviceWorker` per
+//! activation runs the muxer's events, `event_handler.rs`); `muxer.rs` moves
+//! packets between the queues and connections;
 //! `csm.rs` is one connection's state and credit accounting; `host.rs` is the
 //! host-facing handle.
 //!
@@ -23,6 +24,7 @@
 
 pub mod csm;
 pub mod device;
+pub mod event_handler;
 pub mod host;
 pub mod muxer;
 pub mod persist;
