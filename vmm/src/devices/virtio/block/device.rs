@@ -22,7 +22,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::defs::{QUEUE_SIZE, SLOW_COMPLETION_MS};
 use super::io::{BlockFaults, DiskImage};
-use super::persist::BlockState;
+use super::persist::{BlockConstructorArgs, BlockState};
 use super::request::Request;
 use crate::devices::virtio::persist::{
     check_queue_count, decode_state, encode_state, QueueSnapshot,
@@ -33,6 +33,7 @@ use crate::devices::virtio::{
     VirtioPersistError,
 };
 use crate::vstate::memory::GuestMemoryMmap;
+use provium_snapshot::Persist;
 
 /// What a block device is built from.
 #[derive(Clone)]
@@ -60,7 +61,7 @@ pub struct ActiveBlock {
 }
 
 impl ActiveBlock {
-    fn new(
+    pub(super) fn new(
         mem: GuestMemoryMmap,
         queue: Queue,
         pending: VecDeque<Pending>,
@@ -261,7 +262,7 @@ impl VirtioDevice for Block {
         };
         let snap = DeviceSnapshot {
             queues: vec![QueueSnapshot::of(&parked.queue)],
-            state: encode_state(&BlockState::of(&parked.pending)),
+            state: encode_state(&parked.save()),
         };
         self.parked = Some(parked);
         snap
@@ -285,9 +286,14 @@ impl VirtioDevice for Block {
             return Ok(());
         };
         check_queue_count("virtio-blk", &a.queues, 1)?;
-        let queue = a.queues.remove(0);
-        let pending = state.pending(queue.size())?;
-        self.activate_with(a.mem, queue, pending, a.interrupt)
+        let args = BlockConstructorArgs {
+            mem: a.mem,
+            queue: a.queues.remove(0),
+            cfg: self.cfg.clone(),
+            interrupt: a.interrupt,
+        };
+        let active = ActiveBlock::restore(args, &state)?;
+        self.start_worker(active)
             .map_err(VirtioPersistError::Activate)
     }
 }

@@ -15,7 +15,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use provium_netsetup::{MacAddr, Offloads, Port, VnetHdr};
+use provium_netsetup::{MacAddr, Offloads, Port};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_net::{
@@ -30,7 +30,7 @@ use super::defs::{
     CONFIG_BYTES, CONFIG_STATUS_OFFSET, HDR_LEGACY_BYTES, HDR_V1_BYTES, QUEUE_SIZE, RXQ, TXQ,
 };
 use super::packet::{NetFeatures, NetMetrics, NetQueues};
-use super::persist::NetState;
+use super::persist::{NetConstructorArgs, NetState};
 use crate::devices::virtio::persist::{
     check_queue_count, decode_state, encode_state, ActiveArgs, DeviceSnapshot, QueueSnapshot,
     VirtioPersistError,
@@ -38,6 +38,7 @@ use crate::devices::virtio::persist::{
 use crate::devices::virtio::worker::DeviceWorker;
 use crate::devices::virtio::{read_config_bytes, ActivateError, VirtioDevice, VirtioInterrupt};
 use crate::vstate::memory::GuestMemoryMmap;
+use provium_snapshot::Persist;
 
 /// What the hooks on the port and the device share.
 struct Shared {
@@ -77,6 +78,8 @@ impl Shared {
 /// An activated device's queues: what the worker owns (its event handler
 /// is in `event_handler.rs`) and hands back when stopped.
 pub struct ActiveNet {
+    /// The MAC in config space (a snapshot records it).
+    pub(super) mac: [u8; 6],
     pub(super) queues: NetQueues,
     pub(super) interrupt: Arc<dyn VirtioInterrupt>,
     /// Written by `queue_notify` (either queue).
@@ -88,8 +91,13 @@ pub struct ActiveNet {
 }
 
 impl ActiveNet {
-    fn new(queues: NetQueues, interrupt: Arc<dyn VirtioInterrupt>) -> std::io::Result<ActiveNet> {
+    pub(super) fn new(
+        mac: [u8; 6],
+        queues: NetQueues,
+        interrupt: Arc<dyn VirtioInterrupt>,
+    ) -> std::io::Result<ActiveNet> {
         Ok(ActiveNet {
+            mac,
             queues,
             interrupt,
             notify: EventFd::new(libc::EFD_NONBLOCK)?,
@@ -100,7 +108,7 @@ impl ActiveNet {
 
     #[cfg(test)]
     pub(super) fn for_test(queues: NetQueues, interrupt: Arc<dyn VirtioInterrupt>) -> ActiveNet {
-        ActiveNet::new(queues, interrupt).expect("eventfds")
+        ActiveNet::new([2, 0, 0, 0, 0, 9], queues, interrupt).expect("eventfds")
     }
 
     /// The guest notified a queue (any index: both are drained).
@@ -265,7 +273,8 @@ impl Net {
         q: NetQueues,
         interrupt: Arc<dyn VirtioInterrupt>,
     ) -> Result<(), ActivateError> {
-        self.start_active(ActiveNet::new(q, interrupt).map_err(ActivateError::Worker)?)
+        let active = ActiveNet::new(self.mac.0, q, interrupt).map_err(ActivateError::Worker)?;
+        self.start_active(active)
     }
 
     fn start_active(&mut self, active: ActiveNet) -> Result<(), ActivateError> {
@@ -367,14 +376,7 @@ impl VirtioDevice for Net {
         let q = &active.queues;
         let snap = DeviceSnapshot {
             queues: vec![QueueSnapshot::of(q.rxq()), QueueSnapshot::of(q.txq())],
-            state: encode_state(&NetState {
-                mac: self.mac.0,
-                pending_rx: q.pending_rx().map(|(_, f)| f.to_vec()),
-                pending_rx_hdr: q
-                    .pending_rx()
-                    .map(|(h, _)| h.to_bytes())
-                    .unwrap_or_default(),
-            }),
+            state: encode_state(&active.save()),
         };
         self.parked = Some(active);
         snap
@@ -401,11 +403,14 @@ impl VirtioDevice for Net {
         check_queue_count("virtio-net", &a.queues, 2)?;
         let txq = a.queues.remove(TXQ);
         let rxq = a.queues.remove(RXQ);
-        let mut q = self.queues(a.mem, rxq, txq);
-        let hdr = VnetHdr::from_bytes(&state.pending_rx_hdr).unwrap_or_default();
-        q.set_pending_rx(state.pending_rx.map(|f| (hdr, f)));
+        let args = NetConstructorArgs {
+            mac: self.mac.0,
+            queues: self.queues(a.mem, rxq, txq),
+            interrupt: a.interrupt,
+        };
+        let active = ActiveNet::restore(args, &state)?;
         self.stop_worker();
-        self.start_worker(q, a.interrupt)
+        self.start_active(active)
             .map_err(VirtioPersistError::Activate)
     }
 }

@@ -14,7 +14,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::defs::{EVENT_TRANSPORT_RESET, EVQ, QUEUE_SIZE, RXQ, TXQ};
 use super::host::VsockHost;
 use super::muxer::Muxer;
-use super::persist::VsockState;
+use super::persist::{VsockConstructorArgs, VsockState};
 use crate::devices::virtio::persist::{
     check_queue_count, decode_state, encode_state, QueueSnapshot,
 };
@@ -24,6 +24,7 @@ use crate::devices::virtio::{
     VirtioPersistError,
 };
 use crate::vstate::memory::GuestMemoryMmap;
+use provium_snapshot::Persist;
 
 struct Worker {
     /// Hands the muxer (queues, connections) back when stopped.
@@ -170,15 +171,15 @@ impl VirtioDevice for Vsock {
     }
 
     fn save(&mut self) -> DeviceSnapshot {
-        let state = encode_state(&VsockState {
-            guest_cid: self.host.guest_cid(),
-        });
         let Some((muxer, evq)) = self.take_worker() else {
             return DeviceSnapshot {
                 queues: Vec::new(),
-                state,
+                state: encode_state(&VsockState {
+                    guest_cid: self.host.guest_cid(),
+                }),
             };
         };
+        let state = encode_state(&muxer.save());
         let (rxq, txq) = muxer.queues();
         let queues = vec![
             QueueSnapshot::of(rxq),
@@ -204,10 +205,6 @@ impl VirtioDevice for Vsock {
         state: &[u8],
     ) -> Result<(), VirtioPersistError> {
         let state: VsockState = decode_state("virtio-vsock", state)?;
-        // A restoring VM may give the guest another CID (the harness hands
-        // out one per VM): the TRANSPORT_RESET below makes the guest driver
-        // re-read it from config space (Linux: virtio_vsock_update_guest_cid).
-        let _ = state.guest_cid;
         let Some(mut a) = active else {
             return Ok(());
         };
@@ -219,12 +216,14 @@ impl VirtioDevice for Vsock {
         // to another process or VM. The guest learns so from
         // TRANSPORT_RESET; host clients connect anew.
         post_transport_reset(&mut evq, &a.mem, a.interrupt.as_ref());
-        let kick = Arc::new(
-            EventFd::new(libc::EFD_NONBLOCK)
-                .map_err(|e| VirtioPersistError::Activate(ActivateError::Worker(e)))?,
-        );
-        let muxer = Muxer::new(self.host.clone(), a.mem, rxq, txq, a.interrupt, kick)
-            .map_err(|e| VirtioPersistError::Activate(ActivateError::Worker(e)))?;
+        let args = VsockConstructorArgs {
+            host: self.host.clone(),
+            mem: a.mem,
+            rxq,
+            txq,
+            interrupt: a.interrupt,
+        };
+        let muxer = Muxer::restore(args, &state)?;
         self.start_worker(muxer, evq)
             .map_err(VirtioPersistError::Activate)
     }

@@ -135,6 +135,11 @@ impl Muxer {
         })
     }
 
+    /// The guest's CID (from the host handle this muxer was built with).
+    pub fn guest_cid(&self) -> u64 {
+        self.guest_cid
+    }
+
     /// The RX and TX queues (for a snapshot's queue state).
     pub fn queues(&self) -> (&Queue, &Queue) {
         (&self.rxq, &self.txq)
