@@ -231,8 +231,15 @@ fn sync_drive(input: &mut Input<'_>, mem: &GuestMemoryMmap, which: u8, fix: &Fix
         2 => {
             let host = VsockHost::new(3).expect("vsock host");
             let kick = Arc::new(EventFd::new(0).expect("eventfd"));
-            let mut m = Muxer::new(host, mem.clone(), rxq, txq, Arc::new(NoInterrupt), kick)
-                .expect("muxer fds");
+            let mut m = Muxer::new(
+                Arc::new(host),
+                mem.clone(),
+                rxq,
+                txq,
+                Arc::new(NoInterrupt),
+                kick,
+            )
+            .expect("muxer fds");
             for _ in 0..rounds {
                 m.work();
             }

@@ -12,9 +12,9 @@ use vm_memory::Bytes;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::defs::{EVENT_TRANSPORT_RESET, EVQ, QUEUE_SIZE, RXQ, TXQ};
-use super::host::VsockHost;
 use super::muxer::Muxer;
 use super::persist::{VsockConstructorArgs, VsockState};
+use super::{VsockBackend, VsockHost};
 use crate::devices::virtio::persist::{
     check_queue_count, decode_state, encode_state, QueueSnapshot,
 };
@@ -37,7 +37,7 @@ struct Worker {
 
 /// A virtio-vsock device.
 pub struct Vsock {
-    host: VsockHost,
+    host: Arc<dyn VsockBackend>,
     config_space: [u8; 8],
     acked_features: u64,
     worker: Option<Worker>,
@@ -48,6 +48,11 @@ pub struct Vsock {
 impl Vsock {
     /// A device whose host side is `host` (which carries the guest CID).
     pub fn new(host: VsockHost) -> Vsock {
+        Vsock::with_backend(Arc::new(host))
+    }
+
+    /// A device over any host side (unit tests use a mock).
+    pub fn with_backend(host: Arc<dyn VsockBackend>) -> Vsock {
         let config_space = host.guest_cid().to_le_bytes();
         Vsock {
             host,
@@ -62,9 +67,7 @@ impl Vsock {
         drop(self.take_worker());
         // Dropping the muxer closed every connection's host end (EOF for
         // the host); pending connects learn that the device went away.
-        let mut st = self.host.state();
-        st.active = false;
-        st.connects.clear();
+        self.host.set_active(false);
     }
 
     /// Stops the worker and returns its muxer and the event queue (`None`
@@ -78,7 +81,7 @@ impl Vsock {
     fn start_worker(&mut self, muxer: Muxer, evq: Queue) -> Result<(), ActivateError> {
         let kick = muxer.kick().clone();
         let worker = DeviceWorker::spawn("virtio-vsock", muxer)?;
-        self.host.state().active = true;
+        self.host.set_active(true);
         self.worker = Some(Worker { worker, kick, evq });
         Ok(())
     }
@@ -233,10 +236,12 @@ impl VirtioDevice for Vsock {
 mod tests {
     use super::*;
     use crate::devices::virtio::test_utils::{guest_memory, CountingInterrupt};
-    use std::time::Duration;
+    use crate::devices::virtio::vsock::test_utils::TestBackend;
+    use std::time::{Duration, Instant};
 
-    fn activated() -> Vsock {
-        let mut dev = Vsock::new(VsockHost::new(3).expect("host"));
+    fn activated() -> (Vsock, Arc<TestBackend>) {
+        let backend = Arc::new(TestBackend::new(3));
+        let mut dev = Vsock::with_backend(backend.clone());
         let queues = (0..3)
             .map(|_| Queue::new(QUEUE_SIZE).expect("queue"))
             .collect();
@@ -246,14 +251,14 @@ mod tests {
             Arc::new(CountingInterrupt::default()),
         )
         .expect("activate");
-        dev
+        (dev, backend)
     }
 
     /// An activated device with nothing to do does not wake its worker:
     /// stopping it is a kick, not a periodic check of the stop flag.
     #[test]
     fn an_idle_worker_sleeps_until_stopped() {
-        let mut dev = activated();
+        let (mut dev, backend) = activated();
         // The quiet second is the measurement, not a wait for something.
         std::thread::sleep(Duration::from_secs(1));
         let _ = dev.save();
@@ -273,6 +278,41 @@ mod tests {
         assert!(dev.worker.is_some());
         dev.reset();
         assert!(dev.worker.is_none());
-        assert!(!dev.host.state().active);
+        assert!(!backend.is_active());
+    }
+
+    /// Against the mock backend: the device tells it when the driver runs
+    /// and when it goes away, its worker takes the host's connects, and a
+    /// reset drops a connect the guest never answered (its caller is told).
+    #[test]
+    fn the_device_drives_its_backend() {
+        let (mut dev, backend) = activated();
+        // `activate` first stops whatever ran before.
+        assert_eq!(backend.activations(), [false, true]);
+        let mut buf = [0u8; 8];
+        dev.read_config(0, &mut buf);
+        assert_eq!(
+            u64::from_le_bytes(buf),
+            3,
+            "config space has the backend's CID"
+        );
+        let (_host_end, reply) = backend.push_connect(1234);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while backend.waiting_connects() > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the worker never took the connect"
+            );
+            std::thread::yield_now();
+        }
+        dev.reset();
+        assert_eq!(backend.activations(), [false, true, false]);
+        assert!(
+            reply.recv_timeout(Duration::from_secs(10)).is_err(),
+            "the dropped connect's caller hears of it"
+        );
+        // Dropping a stopped device says so again (idempotent for the backend).
+        drop(dev);
+        assert!(!backend.is_active());
     }
 }

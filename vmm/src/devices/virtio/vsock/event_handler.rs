@@ -65,7 +65,7 @@ mod tests {
     fn events_reach_their_handlers_and_strays_are_counted() {
         let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).expect("eventfd"));
         let muxer = Muxer::new(
-            VsockHost::new(3).expect("host"),
+            Arc::new(VsockHost::new(3).expect("host")),
             guest_memory(),
             Queue::new(16).expect("queue"),
             Queue::new(16).expect("queue"),

@@ -17,7 +17,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,7 +28,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::csm::{Conn, ConnState, HostIo};
 use super::defs::*;
-use super::host::{ConnectRequest, VsockConnectError, VsockHost};
+use super::{VsockBackend, VsockConnectError};
 use crate::devices::virtio::worker::DeadlineTimer;
 use crate::devices::virtio::VirtioInterrupt;
 use crate::vstate::memory::GuestMemoryMmap;
@@ -81,7 +80,7 @@ pub struct VsockMetrics {
 /// The muxer of one activated device.
 pub struct Muxer {
     guest_cid: u64,
-    host: VsockHost,
+    host: Arc<dyn VsockBackend>,
     mem: GuestMemoryMmap,
     rxq: Queue,
     txq: Queue,
@@ -108,7 +107,7 @@ impl Muxer {
     /// A muxer over the activated queues (rx, tx; the event queue is
     /// unused). Fails when the host is out of epoll or timer fds.
     pub fn new(
-        host: VsockHost,
+        host: Arc<dyn VsockBackend>,
         mem: GuestMemoryMmap,
         rxq: Queue,
         txq: Queue,
@@ -157,7 +156,7 @@ impl Muxer {
 
     /// The host handle's eventfd (readable when host connects wait).
     pub(super) fn host_wake_fd(&self) -> RawFd {
-        self.host.wake_fd().as_raw_fd()
+        self.host.wake_fd()
     }
 
     /// The epoll set of host sockets (readable when one of them is ready).
@@ -184,7 +183,7 @@ impl Muxer {
 
     /// The host asked for connections (`VsockHost::connect`).
     pub(super) fn handle_host_connects(&mut self) {
-        let _ = self.host.wake_fd().read();
+        self.host.clear_wake();
         self.after_event();
     }
 
@@ -348,7 +347,7 @@ impl Muxer {
     }
 
     fn take_host_connects(&mut self) {
-        let reqs: Vec<ConnectRequest> = std::mem::take(&mut self.host.state().connects);
+        let reqs = self.host.take_connects();
         for r in reqs {
             if self.conns.len() >= MAX_CONNECTIONS {
                 let _ = r
@@ -585,24 +584,16 @@ impl Muxer {
             self.reply(key, OP_RST, 0);
             return;
         }
-        let listener = self.host.state().listeners.get(&key.0).cloned();
-        let Some(listener) = listener else {
+        let Some(mine) = self.host.accept_guest_connect(key.0) else {
             self.reply(key, OP_RST, 0);
             return;
         };
-        let Ok((mine, theirs)) = UnixStream::pair() else {
-            self.reply(key, OP_RST, 0);
-            return;
-        };
+        // Fails only if the socket cannot be made nonblocking; the host's
+        // end then reads EOF as soon as `mine` drops.
         let Ok(mut c) = Conn::new(mine, ConnState::Established) else {
             self.reply(key, OP_RST, 0);
             return;
         };
-        if listener.send(theirs).is_err() {
-            self.host.state().listeners.remove(&key.0);
-            self.reply(key, OP_RST, 0);
-            return;
-        }
         c.update_peer_credit(h.buf_alloc, h.fwd_cnt);
         self.conns.insert(key, c);
         self.reply(key, OP_RESPONSE, 0);
@@ -706,8 +697,11 @@ struct TxHeader {
 mod tests {
     use super::*;
     use crate::devices::virtio::test_utils::{guest_memory, CountingInterrupt};
+    use crate::devices::virtio::vsock::test_utils::TestBackend;
+    use crate::devices::virtio::vsock::VsockHost;
     use event_manager::{EventManager, SubscriberId, SubscriberOps};
     use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
     use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
     use vm_memory::GuestAddress;
 
@@ -872,15 +866,21 @@ mod tests {
 
     impl Rig {
         fn new() -> Rig {
+            let host = VsockHost::new(CID).expect("host");
+            host.set_active(true);
+            Rig::with_backend(host.clone(), Arc::new(host))
+        }
+
+        /// A rig whose muxer talks to `backend` (`host` is what the test
+        /// connects and listens through when the backend is the real one).
+        fn with_backend(host: VsockHost, backend: Arc<dyn VsockBackend>) -> Rig {
             let mem = guest_memory();
             let rx = Ring::new(RXQ_GPA);
             let tx = Ring::new(TXQ_GPA);
             let (rxq, txq) = (rx.queue(&mem), tx.queue(&mem));
-            let host = VsockHost::new(CID).expect("host");
-            host.state().active = true;
             let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).expect("eventfd"));
             let mux = Muxer::new(
-                host.clone(),
+                backend,
                 mem.clone(),
                 rxq,
                 txq,
@@ -1370,5 +1370,31 @@ mod tests {
             r.turn();
         }
         assert_eq!(r.received(), Vec::new(), "no REQUEST, no RST");
+    }
+
+    /// The muxer against the mock backend: a guest connect goes to the
+    /// backend, which accepts on a port it listens on (RESPONSE, bytes reach
+    /// the accepted host end) and refuses elsewhere (RST).
+    #[test]
+    fn guest_connects_go_through_the_backend() {
+        let backend = Arc::new(TestBackend::new(CID));
+        backend.listen(80);
+        let mut r = Rig::with_backend(VsockHost::new(CID).expect("host"), backend.clone());
+        r.rx_buffers(8);
+        r.send(from_guest(5000, 80, OP_REQUEST), &[]);
+        let got = r.until_received();
+        assert_eq!((got[0].0.op, got[0].0.src_port), (OP_RESPONSE, 80));
+        let (port, mut host_end) = backend.take_accepted().expect("accepted");
+        assert_eq!(port, 80);
+        let mut rw = from_guest(5000, 80, OP_RW);
+        rw.len = 5;
+        r.send(rw, b"hello");
+        r.turn();
+        assert_eq!(read_exactly(&mut host_end, 5), b"hello");
+        r.send(from_guest(5001, 81, OP_REQUEST), &[]);
+        let got = r.until_received();
+        assert_eq!((got[0].0.op, got[0].0.src_port), (OP_RST, 81));
+        assert_eq!(backend.guest_connects(), [80, 81]);
+        assert_eq!(r.mux().connection_count(), 1);
     }
 }

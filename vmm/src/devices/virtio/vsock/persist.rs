@@ -18,8 +18,8 @@ use serde::{Deserialize, Serialize};
 use virtio_queue::Queue;
 use vmm_sys_util::eventfd::EventFd;
 
-use super::host::VsockHost;
 use super::muxer::Muxer;
+use super::VsockBackend;
 use crate::devices::virtio::{ActivateError, VirtioInterrupt, VirtioPersistError};
 use crate::vstate::memory::GuestMemoryMmap;
 
@@ -33,7 +33,7 @@ pub struct VsockState {
 /// What an activated vsock device's muxer is rebuilt from besides its state.
 pub struct VsockConstructorArgs {
     /// The restoring VM's host side (it carries that VM's guest CID).
-    pub host: VsockHost,
+    pub host: Arc<dyn VsockBackend>,
     /// Guest memory.
     pub mem: GuestMemoryMmap,
     /// RX queue, rebuilt and checked from the file.
@@ -80,12 +80,13 @@ mod tests {
     use super::*;
     use crate::devices::virtio::persist::{decode_state, encode_state};
     use crate::devices::virtio::test_utils::{guest_memory, CountingInterrupt};
+    use crate::devices::virtio::vsock::VsockHost;
     use virtio_queue::QueueT;
 
     #[test]
     fn a_muxer_round_trips_through_save_encode_decode_restore() {
         let args = |cid: u64| VsockConstructorArgs {
-            host: VsockHost::new(cid).expect("host"),
+            host: Arc::new(VsockHost::new(cid).expect("host")),
             mem: guest_memory(),
             rxq: Queue::new(16).expect("queue"),
             txq: Queue::new(16).expect("queue"),
