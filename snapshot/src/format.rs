@@ -550,27 +550,70 @@ pub fn free_bytes(dir: &Path) -> u64 {
     st.f_bavail.saturating_mul(st.f_frsize)
 }
 
+/// What a write that ran out of space reports, whoever reports it: the
+/// fields of [`SnapshotError::NoSpace`] and `CacheError::NoSpace`, built in
+/// one place.
+pub(crate) struct NoSpace {
+    /// The file being written.
+    pub path: PathBuf,
+    /// The directory whose file system is full.
+    pub dir: PathBuf,
+    /// Space left there for an unprivileged writer, in bytes.
+    pub free_bytes: u64,
+    /// What the write needed in all, in bytes.
+    pub needed_bytes: u64,
+    /// The I/O error (ENOSPC or EDQUOT).
+    pub source: io::Error,
+}
+
+impl NoSpace {
+    /// `Ok` when `source` says the file system holding `dir` is full
+    /// (`needed_bytes` is only asked then); otherwise the error back.
+    pub(crate) fn detect(
+        path: &Path,
+        dir: &Path,
+        needed_bytes: impl FnOnce() -> u64,
+        source: io::Error,
+    ) -> Result<NoSpace, io::Error> {
+        if !is_no_space(&source) {
+            return Err(source);
+        }
+        Ok(NoSpace {
+            path: path.to_path_buf(),
+            dir: dir.to_path_buf(),
+            free_bytes: free_bytes(dir),
+            needed_bytes: needed_bytes(),
+            source,
+        })
+    }
+}
+
+impl From<NoSpace> for SnapshotError {
+    fn from(n: NoSpace) -> SnapshotError {
+        SnapshotError::NoSpace {
+            path: n.path,
+            dir: n.dir,
+            free_bytes: n.free_bytes,
+            needed_bytes: n.needed_bytes,
+            source: n.source,
+        }
+    }
+}
+
 /// The error for a failed write of `needed_bytes` to `path`: a
 /// [`SnapshotError::NoSpace`] naming the directory and its free space when
 /// the file system is full, else [`SnapshotError::Write`].
 pub(crate) fn write_error(path: &Path, needed_bytes: u64, source: io::Error) -> SnapshotError {
-    if is_no_space(&source) {
-        let dir = path
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .unwrap_or(Path::new("."))
-            .to_path_buf();
-        return SnapshotError::NoSpace {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    match NoSpace::detect(path, dir, || needed_bytes, source) {
+        Ok(full) => full.into(),
+        Err(source) => SnapshotError::Write {
             path: path.to_path_buf(),
-            free_bytes: free_bytes(&dir),
-            dir,
-            needed_bytes,
             source,
-        };
-    }
-    SnapshotError::Write {
-        path: path.to_path_buf(),
-        source,
+        },
     }
 }
 
@@ -1706,5 +1749,39 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("the backend is kvm"), "{e}");
+    }
+
+    #[test]
+    fn no_space_is_detected_once_for_both_error_types() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("x.snap");
+        let other = io::Error::from(io::ErrorKind::PermissionDenied);
+        let back = NoSpace::detect(&path, dir.path(), || unreachable!("not full"), other)
+            .err()
+            .expect("not a no-space error");
+        assert_eq!(back.kind(), io::ErrorKind::PermissionDenied);
+        let full = || {
+            NoSpace::detect(
+                &path,
+                dir.path(),
+                || 4096,
+                io::Error::from_raw_os_error(libc::ENOSPC),
+            )
+            .expect("ENOSPC is no space")
+        };
+        let e = SnapshotError::from(full()).to_string();
+        assert!(
+            e.contains("no space left in") && e.contains("4096 needed"),
+            "{e}"
+        );
+        let e = crate::cache::CacheError::from(full()).to_string();
+        assert!(e.contains("4096 needed"), "{e}");
+        let quota = NoSpace::detect(
+            &path,
+            dir.path(),
+            || 1,
+            io::Error::from_raw_os_error(libc::EDQUOT),
+        );
+        assert!(quota.is_ok(), "EDQUOT counts as no space");
     }
 }
