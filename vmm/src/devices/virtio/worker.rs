@@ -8,12 +8,14 @@
 //! hands the subscriber back, with the queues and in-flight work it owns, so
 //! a snapshot can read them and a new worker can take them over.
 //!
-//! A subscriber maps each readiness event to one `handle_*` method; an event
-//! for an fd it does not know goes to [`unexpected_event`], which counts it,
-//! logs it and takes the fd out of the set (so a stray level-triggered fd
-//! cannot spin the worker), and never panics.
+//! A subscriber maps each readiness event to one `handle_*` method: a
+//! device lists its fds with their methods ([`ReadyHandlers`]) and
+//! [`ready_subscriber!`] makes that its `MutEventSubscriber`. An event for an
+//! fd it does not know goes to [`unexpected_event`], which counts it, logs it
+//! and takes the fd out of the set (so a stray level-triggered fd cannot spin
+//! the worker), and never panics.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -104,6 +106,71 @@ impl<S: MutEventSubscriber + Send + 'static> DeviceWorker<S> {
     }
 }
 
+/// One fd a worker watches for readability, and the method that handles it.
+pub type ReadyHandler<S> = (RawFd, fn(&mut S));
+
+/// A device worker's event sources: `N` fds, each readable-or-not, each
+/// with one `handle_*` method.
+pub trait ReadyHandlers<const N: usize>: Sized {
+    /// Names the device in logs ("virtio-blk").
+    const DEVICE: &'static str;
+
+    /// Every fd the worker watches, with the method that handles it.
+    fn ready_handlers(&self) -> [ReadyHandler<Self>; N];
+
+    /// The count of events for fds not in `ready_handlers`.
+    fn unexpected_events(&mut self) -> &mut u64;
+
+    /// Runs after the fds are watched (`init`): a subscriber taken over
+    /// from a stopped worker re-arms its timers here.
+    fn after_watch(&mut self) {}
+
+    /// `MutEventSubscriber::process`: the handler for the event's fd, or
+    /// [`unexpected_event`].
+    fn dispatch(&mut self, events: Events, ops: &mut EventOps) {
+        let handler = self
+            .ready_handlers()
+            .into_iter()
+            .find(|(fd, _)| *fd == events.fd());
+        match handler {
+            Some((_, handle)) => handle(self),
+            None => unexpected_event(Self::DEVICE, self.unexpected_events(), events, ops),
+        }
+    }
+
+    /// `MutEventSubscriber::init`: watch every handler's fd.
+    fn watch_all(&mut self, ops: &mut EventOps) {
+        for (fd, _) in self.ready_handlers() {
+            // Adding a fresh fd to a fresh epoll set only fails when the
+            // kernel is out of memory; the device then stays quiet, as it
+            // would with a worker that could not start.
+            let _ = ops.add(Events::new_raw(fd, EventSet::IN));
+        }
+        self.after_watch();
+    }
+}
+
+/// Implements `MutEventSubscriber` for a type that implements
+/// [`ReadyHandlers`]: `process` dispatches, `init` watches every fd.
+#[macro_export]
+macro_rules! ready_subscriber {
+    ($ty:ty, $n:literal) => {
+        impl ::event_manager::MutEventSubscriber for $ty {
+            fn process(
+                &mut self,
+                events: ::event_manager::Events,
+                ops: &mut ::event_manager::EventOps,
+            ) {
+                $crate::devices::virtio::worker::ReadyHandlers::<$n>::dispatch(self, events, ops)
+            }
+
+            fn init(&mut self, ops: &mut ::event_manager::EventOps) {
+                $crate::devices::virtio::worker::ReadyHandlers::<$n>::watch_all(self, ops)
+            }
+        }
+    };
+}
+
 /// What a subscriber does with an event for an fd it does not know: count
 /// it, log it and stop watching the fd. Never a panic: the fd set is the
 /// subscriber's own, so this is a bug in the VMM, not something to die for.
@@ -168,6 +235,7 @@ impl AsRawFd for DeadlineTimer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::devices::virtio::test_utils::assert_stray_fd_is_counted;
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
 
@@ -224,16 +292,7 @@ mod tests {
         let (c, _kick, _) = counter();
         let mut em = EventManager::<Counter>::new().expect("event manager");
         let id = em.add_subscriber(c);
-        let stray = EventFd::new(libc::EFD_NONBLOCK).expect("eventfd");
-        em.event_ops(id)
-            .expect("ops")
-            .add(Events::new(&stray, EventSet::IN))
-            .expect("add stray");
-        stray.write(1).expect("write");
-        assert_eq!(em.run_with_timeout(1000).expect("run"), 1);
-        // Still readable, but no longer watched: no second event.
-        assert_eq!(em.run_with_timeout(0).expect("run"), 0);
-        assert_eq!(em.subscriber_mut(id).expect("there").unexpected, 1);
+        assert_stray_fd_is_counted(&mut em, id, |c| c.unexpected);
     }
 
     #[test]

@@ -109,8 +109,9 @@ impl Persist for ActiveBlock {
 
     fn restore(args: BlockConstructorArgs, state: &BlockState) -> Result<Self, Self::Error> {
         let pending = state.pending(args.queue.size())?;
-        ActiveBlock::new(args.mem, args.queue, pending, args.cfg, args.interrupt)
-            .map_err(|e| VirtioPersistError::Activate(ActivateError::Worker(e)))
+        let active = ActiveBlock::new(args.mem, args.queue, pending, args.cfg, args.interrupt)
+            .map_err(ActivateError::Worker)?;
+        Ok(active)
     }
 }
 

@@ -99,8 +99,9 @@ impl Persist for ActiveNet {
         let mut queues = args.queues;
         let hdr = VnetHdr::from_bytes(&state.pending_rx_hdr).unwrap_or_default();
         queues.set_pending_rx(state.pending_rx.clone().map(|f| (hdr, f)));
-        ActiveNet::new(args.mac, queues, args.interrupt)
-            .map_err(|e| VirtioPersistError::Activate(ActivateError::Worker(e)))
+        let active =
+            ActiveNet::new(args.mac, queues, args.interrupt).map_err(ActivateError::Worker)?;
+        Ok(active)
     }
 }
 

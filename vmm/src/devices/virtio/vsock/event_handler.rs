@@ -1,4 +1,4 @@
-//! The vsock worker's event-manager subscriber: the muxer. The kick eventfd
+//! The vsock worker's events, handled by the muxer. The kick eventfd
 //! (queue notify) goes to `handle_queue_notify`, the host handle's eventfd to
 //! `handle_host_connects`, the epoll set of host sockets to
 //! `handle_host_sockets`, the deadline timer to `handle_deadline`; anything
@@ -6,55 +6,39 @@
 
 use std::os::fd::AsRawFd;
 
-use event_manager::{EventOps, Events, MutEventSubscriber};
-use vmm_sys_util::epoll::EventSet;
-
 use super::muxer::Muxer;
-use crate::devices::virtio::worker::unexpected_event;
+use crate::devices::virtio::worker::{ReadyHandler, ReadyHandlers};
 
-impl MutEventSubscriber for Muxer {
-    fn process(&mut self, events: Events, ops: &mut EventOps) {
-        let fd = events.fd();
-        if fd == self.kick().as_raw_fd() {
-            self.handle_queue_notify();
-        } else if fd == self.host_wake_fd() {
-            self.handle_host_connects();
-        } else if fd == self.host_sockets_fd() {
-            self.handle_host_sockets();
-        } else if fd == self.deadline_fd() {
-            self.handle_deadline();
-        } else {
-            unexpected_event(
-                "virtio-vsock",
-                &mut self.metrics.unexpected_events,
-                events,
-                ops,
-            );
-        }
+impl ReadyHandlers<4> for Muxer {
+    const DEVICE: &'static str = "virtio-vsock";
+
+    fn ready_handlers(&self) -> [ReadyHandler<Self>; 4] {
+        [
+            (self.kick().as_raw_fd(), Self::handle_queue_notify),
+            (self.host_wake_fd(), Self::handle_host_connects),
+            (self.host_sockets_fd(), Self::handle_host_sockets),
+            (self.deadline_fd(), Self::handle_deadline),
+        ]
     }
 
-    fn init(&mut self, ops: &mut EventOps) {
-        let fds = [
-            self.kick().as_raw_fd(),
-            self.host_wake_fd(),
-            self.host_sockets_fd(),
-            self.deadline_fd(),
-        ];
-        for fd in fds {
-            // Adding a fresh fd to a fresh epoll set only fails when the
-            // kernel is out of memory; the device then stays quiet, as it
-            // would with a worker that could not start.
-            let _ = ops.add(Events::new_raw(fd, EventSet::IN));
-        }
+    fn unexpected_events(&mut self) -> &mut u64 {
+        &mut self.metrics.unexpected_events
+    }
+
+    fn after_watch(&mut self) {
         // A muxer taken over from a stopped worker may hold deadlines.
         self.arm_deadline();
     }
 }
 
+crate::ready_subscriber!(Muxer, 4);
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devices::virtio::test_utils::{guest_memory, CountingInterrupt};
+    use crate::devices::virtio::test_utils::{
+        assert_stray_fd_is_counted, guest_memory, CountingInterrupt,
+    };
     use crate::devices::virtio::vsock::VsockHost;
     use event_manager::{EventManager, SubscriberOps};
     use std::sync::Arc;
@@ -80,15 +64,7 @@ mod tests {
         kick.write(1).expect("kick");
         assert_eq!(em.run_with_timeout(1000).expect("run"), 1);
         assert_eq!(em.run_with_timeout(0).expect("run"), 0);
-        let stray = EventFd::new(libc::EFD_NONBLOCK).expect("eventfd");
-        em.event_ops(id)
-            .expect("ops")
-            .add(Events::new(&stray, EventSet::IN))
-            .expect("add");
-        stray.write(1).expect("write");
-        assert_eq!(em.run_with_timeout(1000).expect("run"), 1);
-        assert_eq!(em.run_with_timeout(0).expect("run"), 0);
-        let m = &em.subscriber_mut(id).expect("there").metrics;
-        assert_eq!((m.wakeups, m.unexpected_events), (1, 1));
+        assert_stray_fd_is_counted(&mut em, id, |m| m.metrics.unexpected_events);
+        assert_eq!(em.subscriber_mut(id).expect("there").metrics.wakeups, 1);
     }
 }

@@ -61,9 +61,8 @@ impl Persist for Muxer {
         // guest driver re-read it from config space (Linux:
         // virtio_vsock_update_guest_cid). So the saved CID is not checked.
         let _ = state.guest_cid;
-        let worker = |e| VirtioPersistError::Activate(ActivateError::Worker(e));
-        let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(worker)?);
-        Muxer::new(
+        let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(ActivateError::Worker)?);
+        let muxer = Muxer::new(
             args.host,
             args.mem,
             args.rxq,
@@ -71,7 +70,8 @@ impl Persist for Muxer {
             args.interrupt,
             kick,
         )
-        .map_err(worker)
+        .map_err(ActivateError::Worker)?;
+        Ok(muxer)
     }
 }
 
