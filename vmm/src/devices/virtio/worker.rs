@@ -152,7 +152,6 @@ pub trait ReadyHandlers<const N: usize>: Sized {
 
 /// Implements `MutEventSubscriber` for a type that implements
 /// [`ReadyHandlers`]: `process` dispatches, `init` watches every fd.
-#[macro_export]
 macro_rules! ready_subscriber {
     ($ty:ty, $n:literal) => {
         impl ::event_manager::MutEventSubscriber for $ty {
@@ -170,6 +169,7 @@ macro_rules! ready_subscriber {
         }
     };
 }
+pub(crate) use ready_subscriber;
 
 /// What a subscriber does with an event for an fd it does not know: count
 /// it, log it and stop watching the fd. Never a panic: the fd set is the

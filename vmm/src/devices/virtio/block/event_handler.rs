@@ -6,7 +6,7 @@
 use std::os::fd::AsRawFd;
 
 use super::device::ActiveBlock;
-use crate::devices::virtio::worker::{ReadyHandler, ReadyHandlers};
+use crate::devices::virtio::worker::{ready_subscriber, ReadyHandler, ReadyHandlers};
 
 impl ReadyHandlers<2> for ActiveBlock {
     const DEVICE: &'static str = "virtio-blk";
@@ -23,7 +23,7 @@ impl ReadyHandlers<2> for ActiveBlock {
     }
 }
 
-crate::ready_subscriber!(ActiveBlock, 2);
+ready_subscriber!(ActiveBlock, 2);
 
 #[cfg(test)]
 mod tests {

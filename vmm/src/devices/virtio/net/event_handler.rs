@@ -5,7 +5,7 @@
 use std::os::fd::AsRawFd;
 
 use super::device::ActiveNet;
-use crate::devices::virtio::worker::{ReadyHandler, ReadyHandlers};
+use crate::devices::virtio::worker::{ready_subscriber, ReadyHandler, ReadyHandlers};
 
 impl ReadyHandlers<2> for ActiveNet {
     const DEVICE: &'static str = "virtio-net";
@@ -22,7 +22,7 @@ impl ReadyHandlers<2> for ActiveNet {
     }
 }
 
-crate::ready_subscriber!(ActiveNet, 2);
+ready_subscriber!(ActiveNet, 2);
 
 #[cfg(test)]
 mod tests {

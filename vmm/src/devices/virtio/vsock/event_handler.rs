@@ -7,7 +7,7 @@
 use std::os::fd::AsRawFd;
 
 use super::muxer::Muxer;
-use crate::devices::virtio::worker::{ReadyHandler, ReadyHandlers};
+use crate::devices::virtio::worker::{ready_subscriber, ReadyHandler, ReadyHandlers};
 
 impl ReadyHandlers<4> for Muxer {
     const DEVICE: &'static str = "virtio-vsock";
@@ -31,7 +31,7 @@ impl ReadyHandlers<4> for Muxer {
     }
 }
 
-crate::ready_subscriber!(Muxer, 4);
+ready_subscriber!(Muxer, 4);
 
 #[cfg(test)]
 mod tests {
