@@ -286,15 +286,26 @@ pub enum SnapshotError {
     },
 }
 
-fn check_name(name: &str) -> Result<(), String> {
+/// Why a section name is refused (a builder's caller or a file gave it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+enum SectionNameError {
+    /// Empty, or longer than `MAX_NAME_LEN`.
+    #[error("a section name has 1 to {MAX_NAME_LEN} characters")]
+    Length,
+    /// A character outside `a-z 0-9 - _ .`.
+    #[error("a section name uses only a-z, 0-9, `-`, `_` and `.`")]
+    Characters,
+}
+
+fn check_name(name: &str) -> Result<(), SectionNameError> {
     if name.is_empty() || name.len() > MAX_NAME_LEN {
-        return Err(format!("a section name has 1 to {MAX_NAME_LEN} characters"));
+        return Err(SectionNameError::Length);
     }
     if !name
         .bytes()
         .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_' | b'.'))
     {
-        return Err("a section name uses only a-z, 0-9, `-`, `_` and `.`".into());
+        return Err(SectionNameError::Characters);
     }
     Ok(())
 }
@@ -337,7 +348,7 @@ impl SnapshotBuilder {
     fn push(&mut self, s: PendingSection) -> Result<&mut Self, SnapshotError> {
         check_name(&s.name).map_err(|reason| SnapshotError::InvalidSection {
             name: s.name.clone(),
-            reason,
+            reason: reason.to_string(),
         })?;
         if self.sections.iter().any(|p| p.name == s.name) {
             return Err(SnapshotError::InvalidSection {
@@ -1783,5 +1794,17 @@ mod tests {
             io::Error::from_raw_os_error(libc::EDQUOT),
         );
         assert!(quota.is_ok(), "EDQUOT counts as no space");
+    }
+
+    #[test]
+    fn check_name_says_what_a_section_name_may_be() {
+        check_name("fs-upper.0_a").expect("valid");
+        assert_eq!(check_name(""), Err(SectionNameError::Length));
+        assert_eq!(check_name(&"a".repeat(33)), Err(SectionNameError::Length));
+        assert_eq!(check_name("Vcpu"), Err(SectionNameError::Characters));
+        assert_eq!(
+            SectionNameError::Length.to_string(),
+            "a section name has 1 to 32 characters"
+        );
     }
 }
