@@ -36,6 +36,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sha2::{Digest, Sha256};
 
+use crate::format::NoSpace;
 use crate::lab_index::LAB_INDEX_FILE;
 
 /// A fixture cache key: SHA-256 over the fixture's inputs.
@@ -179,6 +180,18 @@ pub enum CacheError {
         /// Why.
         detail: String,
     },
+}
+
+impl From<NoSpace> for CacheError {
+    fn from(n: NoSpace) -> CacheError {
+        CacheError::NoSpace {
+            path: n.path,
+            dir: n.dir,
+            free_bytes: n.free_bytes,
+            needed_bytes: n.needed_bytes,
+            source: n.source,
+        }
+    }
 }
 
 fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> CacheError {
@@ -351,21 +364,15 @@ impl FixtureCache {
     /// The error for a failed install of `src`: [`CacheError::NoSpace`]
     /// when the cache's file system is full.
     fn install_error(&self, src: &Path, source: io::Error) -> CacheError {
-        if crate::format::is_no_space(&source) {
-            let needed_bytes = match fs::metadata(src) {
-                Ok(m) if m.is_dir() => dir_size(src),
-                Ok(m) => m.len(),
-                Err(_) => 0,
-            };
-            return CacheError::NoSpace {
-                path: src.to_path_buf(),
-                dir: self.dir.clone(),
-                free_bytes: crate::format::free_bytes(&self.dir),
-                needed_bytes,
-                source,
-            };
+        let needed_bytes = || match fs::metadata(src) {
+            Ok(m) if m.is_dir() => dir_size(src),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        };
+        match NoSpace::detect(src, &self.dir, needed_bytes, source) {
+            Ok(full) => full.into(),
+            Err(source) => io_err("install", src)(source),
         }
-        io_err("install", src)(source)
     }
 
     /// Remove the entry for `key` (absent is fine).

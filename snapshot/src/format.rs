@@ -286,15 +286,26 @@ pub enum SnapshotError {
     },
 }
 
-fn check_name(name: &str) -> Result<(), String> {
+/// Why a section name is refused (a builder's caller or a file gave it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+enum SectionNameError {
+    /// Empty, or longer than `MAX_NAME_LEN`.
+    #[error("a section name has 1 to {MAX_NAME_LEN} characters")]
+    Length,
+    /// A character outside `a-z 0-9 - _ .`.
+    #[error("a section name uses only a-z, 0-9, `-`, `_` and `.`")]
+    Characters,
+}
+
+fn check_name(name: &str) -> Result<(), SectionNameError> {
     if name.is_empty() || name.len() > MAX_NAME_LEN {
-        return Err(format!("a section name has 1 to {MAX_NAME_LEN} characters"));
+        return Err(SectionNameError::Length);
     }
     if !name
         .bytes()
         .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_' | b'.'))
     {
-        return Err("a section name uses only a-z, 0-9, `-`, `_` and `.`".into());
+        return Err(SectionNameError::Characters);
     }
     Ok(())
 }
@@ -337,7 +348,7 @@ impl SnapshotBuilder {
     fn push(&mut self, s: PendingSection) -> Result<&mut Self, SnapshotError> {
         check_name(&s.name).map_err(|reason| SnapshotError::InvalidSection {
             name: s.name.clone(),
-            reason,
+            reason: reason.to_string(),
         })?;
         if self.sections.iter().any(|p| p.name == s.name) {
             return Err(SnapshotError::InvalidSection {
@@ -550,27 +561,70 @@ pub fn free_bytes(dir: &Path) -> u64 {
     st.f_bavail.saturating_mul(st.f_frsize)
 }
 
+/// What a write that ran out of space reports, whoever reports it: the
+/// fields of [`SnapshotError::NoSpace`] and `CacheError::NoSpace`, built in
+/// one place.
+pub(crate) struct NoSpace {
+    /// The file being written.
+    pub path: PathBuf,
+    /// The directory whose file system is full.
+    pub dir: PathBuf,
+    /// Space left there for an unprivileged writer, in bytes.
+    pub free_bytes: u64,
+    /// What the write needed in all, in bytes.
+    pub needed_bytes: u64,
+    /// The I/O error (ENOSPC or EDQUOT).
+    pub source: io::Error,
+}
+
+impl NoSpace {
+    /// `Ok` when `source` says the file system holding `dir` is full
+    /// (`needed_bytes` is only asked then); otherwise the error back.
+    pub(crate) fn detect(
+        path: &Path,
+        dir: &Path,
+        needed_bytes: impl FnOnce() -> u64,
+        source: io::Error,
+    ) -> Result<NoSpace, io::Error> {
+        if !is_no_space(&source) {
+            return Err(source);
+        }
+        Ok(NoSpace {
+            path: path.to_path_buf(),
+            dir: dir.to_path_buf(),
+            free_bytes: free_bytes(dir),
+            needed_bytes: needed_bytes(),
+            source,
+        })
+    }
+}
+
+impl From<NoSpace> for SnapshotError {
+    fn from(n: NoSpace) -> SnapshotError {
+        SnapshotError::NoSpace {
+            path: n.path,
+            dir: n.dir,
+            free_bytes: n.free_bytes,
+            needed_bytes: n.needed_bytes,
+            source: n.source,
+        }
+    }
+}
+
 /// The error for a failed write of `needed_bytes` to `path`: a
 /// [`SnapshotError::NoSpace`] naming the directory and its free space when
 /// the file system is full, else [`SnapshotError::Write`].
 pub(crate) fn write_error(path: &Path, needed_bytes: u64, source: io::Error) -> SnapshotError {
-    if is_no_space(&source) {
-        let dir = path
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .unwrap_or(Path::new("."))
-            .to_path_buf();
-        return SnapshotError::NoSpace {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    match NoSpace::detect(path, dir, || needed_bytes, source) {
+        Ok(full) => full.into(),
+        Err(source) => SnapshotError::Write {
             path: path.to_path_buf(),
-            free_bytes: free_bytes(&dir),
-            dir,
-            needed_bytes,
             source,
-        };
-    }
-    SnapshotError::Write {
-        path: path.to_path_buf(),
-        source,
+        },
     }
 }
 
@@ -751,6 +805,286 @@ fn escape(b: &[u8]) -> String {
     format!("`{}`", b.escape_ascii())
 }
 
+/// The fixed header: its bytes (the checksum covers the first 40) and its
+/// fields, read but not yet checked against the file (`check_limits`).
+struct Header {
+    bytes: [u8; HEADER_LEN as usize],
+    protocol_version: u32,
+    count: u32,
+    reserved: u32,
+    table_len: u64,
+    file_len: u64,
+}
+
+/// Where payloads may lie: after the section table, up to the declared end.
+#[derive(Clone, Copy)]
+struct PayloadArea {
+    start: u64,
+    end: u64,
+}
+
+/// Refuses what is not a snapshot at all: an empty file, a wrong magic (in
+/// `head`, the file's first bytes, at most a header's worth) or a file
+/// shorter than the header.
+fn check_magic(file: &str, head: &[u8], len: u64) -> Result<(), SnapshotError> {
+    let magic_len = head.len().min(MAGIC.len());
+    if len == 0 {
+        return Err(SnapshotError::Truncated {
+            file: file.into(),
+            detail: "the file is empty".into(),
+        });
+    }
+    if head[..magic_len] != MAGIC[..magic_len] {
+        return Err(SnapshotError::BadMagic {
+            file: file.into(),
+            found: escape(&head[..magic_len]),
+        });
+    }
+    if len < HEADER_LEN {
+        return Err(SnapshotError::Truncated {
+            file: file.into(),
+            detail: format!("the file is {len} bytes, shorter than the {HEADER_LEN}-byte header"),
+        });
+    }
+    Ok(())
+}
+
+/// Reads the header's fields and refuses another format or protocol version.
+fn parse_header(
+    file: &str,
+    bytes: [u8; HEADER_LEN as usize],
+    expect: &Expect,
+) -> Result<Header, SnapshotError> {
+    let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().expect("4"));
+    let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().expect("8"));
+    let version = u32_at(8);
+    if version != SNAPSHOT_FORMAT_VERSION {
+        return Err(SnapshotError::FormatVersion {
+            file: file.into(),
+            found: version,
+            supported: SNAPSHOT_FORMAT_VERSION,
+        });
+    }
+    let protocol_version = u32_at(12);
+    if protocol_version != expect.protocol_version {
+        return Err(SnapshotError::ProtocolVersion {
+            file: file.into(),
+            found: protocol_version,
+            expected: expect.protocol_version,
+        });
+    }
+    Ok(Header {
+        bytes,
+        protocol_version,
+        count: u32_at(16),
+        reserved: u32_at(20),
+        table_len: u64_at(24),
+        file_len: u64_at(32),
+    })
+}
+
+/// Checks the header's lengths against the file (`len` bytes) and the
+/// reader's caps. Returns where the payloads start.
+fn check_limits(file: &str, h: &Header, len: u64) -> Result<u64, SnapshotError> {
+    let malformed = |detail: String| SnapshotError::Malformed {
+        file: file.into(),
+        detail,
+    };
+    let file_len = h.file_len;
+    if len < file_len {
+        return Err(SnapshotError::Truncated {
+            file: file.into(),
+            detail: format!("the file is {len} bytes but its header says {file_len}"),
+        });
+    }
+    if len > file_len {
+        return Err(malformed(format!(
+            "{} bytes after the end its header declares ({file_len} bytes)",
+            len - file_len
+        )));
+    }
+    if h.reserved != 0 {
+        return Err(malformed("reserved header field is not zero".into()));
+    }
+    let count = h.count;
+    if count > MAX_SECTIONS {
+        return Err(malformed(format!(
+            "{count} sections (at most {MAX_SECTIONS})"
+        )));
+    }
+    let table_len = h.table_len;
+    if table_len > MAX_TABLE_BYTES {
+        return Err(malformed(format!(
+            "section table of {table_len} bytes (at most {MAX_TABLE_BYTES})"
+        )));
+    }
+    let payload_start = HEADER_LEN + table_len;
+    if payload_start > file_len {
+        return Err(malformed(format!(
+            "the section table ({table_len} bytes) runs past the end of the file"
+        )));
+    }
+    Ok(payload_start)
+}
+
+/// The header's SHA-256 covers its first 40 bytes and the section table.
+fn verify_checksum(file: &str, h: &Header, table: &[u8]) -> Result<(), SnapshotError> {
+    let mut sum = Sha256::new();
+    sum.update(&h.bytes[..CHECKED_HEADER_LEN]);
+    sum.update(table);
+    if sum.finalize()[..] != h.bytes[CHECKED_HEADER_LEN..] {
+        return Err(SnapshotError::Checksum {
+            file: file.into(),
+            what: "the header and section table".into(),
+        });
+    }
+    Ok(())
+}
+
+/// The shape at the start of the section table.
+fn parse_shape(c: &mut Cursor<'_>) -> Result<Shape, SnapshotError> {
+    Ok(Shape {
+        backend: c.string("the shape's backend", MAX_BACKEND_LEN)?,
+        memory_bytes: c.u64("the shape's memory size")?,
+        vcpus: c.u32("the shape's vCPU count")?,
+    })
+}
+
+/// The `count` section records after the shape.
+fn parse_sections(
+    c: &mut Cursor<'_>,
+    count: u32,
+    area: PayloadArea,
+    max_section_bytes: u64,
+) -> Result<Vec<Section>, SnapshotError> {
+    let mut sections = Vec::with_capacity(count as usize);
+    let mut names = BTreeSet::new();
+    for i in 0..count {
+        sections.push(parse_section_record(
+            c,
+            i,
+            &mut names,
+            area,
+            max_section_bytes,
+        )?);
+    }
+    Ok(sections)
+}
+
+/// Section record `i`: a valid name not in `names` (it is added), a known
+/// kind and encoding, and stored bytes inside the payload area that decode
+/// to at most `max_section_bytes`.
+fn parse_section_record(
+    c: &mut Cursor<'_>,
+    i: u32,
+    names: &mut BTreeSet<String>,
+    area: PayloadArea,
+    max_section_bytes: u64,
+) -> Result<Section, SnapshotError> {
+    let file = c.file;
+    let malformed = |detail: String| SnapshotError::Malformed {
+        file: file.into(),
+        detail,
+    };
+    let what = format!("section record {i}");
+    let name = c.string(&what, MAX_NAME_LEN)?;
+    check_name(&name).map_err(|r| malformed(format!("section {i} `{name}`: {r}")))?;
+    if !names.insert(name.clone()) {
+        return Err(malformed(format!("two sections are named `{name}`")));
+    }
+    let kind = match c.u8(&what)? {
+        0 => SectionKind::Data,
+        1 => SectionKind::Memory,
+        k => return Err(malformed(format!("section `{name}` has unknown kind {k}"))),
+    };
+    let encoding = match c.u8(&what)? {
+        0 => Encoding::Raw,
+        1 => Encoding::Zstd,
+        e => {
+            return Err(malformed(format!(
+                "section `{name}` has unknown encoding {e}"
+            )))
+        }
+    };
+    if c.u16(&what)? != 0 {
+        return Err(malformed(format!(
+            "section `{name}`: reserved field is not zero"
+        )));
+    }
+    let offset = c.u64(&what)?;
+    let stored_len = c.u64(&what)?;
+    let raw_len = c.u64(&what)?;
+    let sha256: [u8; 32] = c.take(32, &what)?.try_into().expect("32 bytes");
+    let (payload_start, file_len) = (area.start, area.end);
+    let end = offset.checked_add(stored_len);
+    if offset < payload_start || end.is_none_or(|e| e > file_len) {
+        return Err(malformed(format!(
+            "section `{name}` (bytes {offset}+{stored_len}) lies outside the payload area \
+             ({payload_start}..{file_len})"
+        )));
+    }
+    if encoding == Encoding::Raw && raw_len != stored_len {
+        return Err(malformed(format!(
+            "raw section `{name}` declares {raw_len} decoded bytes but stores {stored_len}"
+        )));
+    }
+    if raw_len > max_section_bytes {
+        return Err(malformed(format!(
+            "section `{name}` decodes to {raw_len} bytes (at most {max_section_bytes})"
+        )));
+    }
+    Ok(Section {
+        name,
+        kind,
+        encoding,
+        offset,
+        stored_len,
+        raw_len,
+        sha256,
+    })
+}
+
+/// The table holds nothing after the last record.
+fn check_table_consumed(c: &Cursor<'_>) -> Result<(), SnapshotError> {
+    if c.pos != c.buf.len() {
+        return Err(SnapshotError::Malformed {
+            file: c.file.into(),
+            detail: format!(
+                "{} unused bytes at the end of the section table",
+                c.buf.len() - c.pos
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses a snapshot taken from another shape than `want`, naming the
+/// first field that differs.
+fn check_shape(file: &str, shape: &Shape, want: &Shape) -> Result<(), SnapshotError> {
+    let diffs: [(&'static str, String, String); 3] = [
+        ("the backend", shape.backend.clone(), want.backend.clone()),
+        (
+            "guest memory",
+            format!("{} bytes", shape.memory_bytes),
+            format!("{} bytes", want.memory_bytes),
+        ),
+        (
+            "the vCPU count",
+            shape.vcpus.to_string(),
+            want.vcpus.to_string(),
+        ),
+    ];
+    if let Some((field, found, expected)) = diffs.into_iter().find(|(_, a, b)| a != b) {
+        return Err(SnapshotError::ShapeMismatch {
+            file: file.into(),
+            field,
+            found,
+            expected,
+        });
+    }
+    Ok(())
+}
+
 impl Snapshot {
     /// Open and verify the header and table of the snapshot at `path`.
     pub fn open(path: &Path, expect: &Expect) -> Result<Snapshot, SnapshotError> {
@@ -780,200 +1114,37 @@ impl Snapshot {
             file: file.clone(),
             source,
         };
-        let malformed = |detail: String| SnapshotError::Malformed {
-            file: file.clone(),
-            detail,
-        };
-        let truncated = |detail: String| SnapshotError::Truncated {
-            file: file.clone(),
-            detail,
-        };
         let len = source.len().map_err(io_err)?;
         let head_len = len.min(HEADER_LEN) as usize;
-        let mut header = [0u8; HEADER_LEN as usize];
-        source.read_at(&mut header[..head_len], 0).map_err(io_err)?;
-        let magic_len = head_len.min(MAGIC.len());
-        if header[..magic_len] != MAGIC[..magic_len] || (len == 0) {
-            if len == 0 {
-                return Err(truncated("the file is empty".into()));
-            }
-            return Err(SnapshotError::BadMagic {
-                file,
-                found: escape(&header[..magic_len]),
-            });
-        }
-        if len < HEADER_LEN {
-            return Err(truncated(format!(
-                "the file is {len} bytes, shorter than the {HEADER_LEN}-byte header"
-            )));
-        }
-        let u32_at = |o: usize| u32::from_le_bytes(header[o..o + 4].try_into().expect("4"));
-        let u64_at = |o: usize| u64::from_le_bytes(header[o..o + 8].try_into().expect("8"));
-        let version = u32_at(8);
-        if version != SNAPSHOT_FORMAT_VERSION {
-            return Err(SnapshotError::FormatVersion {
-                file,
-                found: version,
-                supported: SNAPSHOT_FORMAT_VERSION,
-            });
-        }
-        let protocol_version = u32_at(12);
-        if protocol_version != expect.protocol_version {
-            return Err(SnapshotError::ProtocolVersion {
-                file,
-                found: protocol_version,
-                expected: expect.protocol_version,
-            });
-        }
-        let count = u32_at(16);
-        let table_len = u64_at(24);
-        let file_len = u64_at(32);
-        if len < file_len {
-            return Err(truncated(format!(
-                "the file is {len} bytes but its header says {file_len}"
-            )));
-        }
-        if len > file_len {
-            return Err(malformed(format!(
-                "{} bytes after the end its header declares ({file_len} bytes)",
-                len - file_len
-            )));
-        }
-        if u32_at(20) != 0 {
-            return Err(malformed("reserved header field is not zero".into()));
-        }
-        if count > MAX_SECTIONS {
-            return Err(malformed(format!(
-                "{count} sections (at most {MAX_SECTIONS})"
-            )));
-        }
-        if table_len > MAX_TABLE_BYTES {
-            return Err(malformed(format!(
-                "section table of {table_len} bytes (at most {MAX_TABLE_BYTES})"
-            )));
-        }
-        let payload_start = HEADER_LEN + table_len;
-        if payload_start > file_len {
-            return Err(malformed(format!(
-                "the section table ({table_len} bytes) runs past the end of the file"
-            )));
-        }
-        // Bounded by MAX_TABLE_BYTES above.
-        let mut table = vec![0u8; table_len as usize];
+        let mut bytes = [0u8; HEADER_LEN as usize];
+        source.read_at(&mut bytes[..head_len], 0).map_err(io_err)?;
+        check_magic(&file, &bytes[..head_len], len)?;
+        let header = parse_header(&file, bytes, expect)?;
+        let payload_start = check_limits(&file, &header, len)?;
+        // Bounded by MAX_TABLE_BYTES (check_limits).
+        let mut table = vec![0u8; header.table_len as usize];
         source.read_at(&mut table, HEADER_LEN).map_err(io_err)?;
-        let mut sum = Sha256::new();
-        sum.update(&header[..CHECKED_HEADER_LEN]);
-        sum.update(&table);
-        if sum.finalize()[..] != header[CHECKED_HEADER_LEN..] {
-            return Err(SnapshotError::Checksum {
-                file,
-                what: "the header and section table".into(),
-            });
-        }
+        verify_checksum(&file, &header, &table)?;
 
         let mut c = Cursor {
             buf: &table,
             pos: 0,
             file: &file,
         };
-        let shape = Shape {
-            backend: c.string("the shape's backend", MAX_BACKEND_LEN)?,
-            memory_bytes: c.u64("the shape's memory size")?,
-            vcpus: c.u32("the shape's vCPU count")?,
+        let shape = parse_shape(&mut c)?;
+        let area = PayloadArea {
+            start: payload_start,
+            end: header.file_len,
         };
-        let mut sections = Vec::with_capacity(count as usize);
-        let mut names = BTreeSet::new();
-        for i in 0..count {
-            let what = format!("section record {i}");
-            let name = c.string(&what, MAX_NAME_LEN)?;
-            check_name(&name).map_err(|r| malformed(format!("section {i} `{name}`: {r}")))?;
-            if !names.insert(name.clone()) {
-                return Err(malformed(format!("two sections are named `{name}`")));
-            }
-            let kind = match c.u8(&what)? {
-                0 => SectionKind::Data,
-                1 => SectionKind::Memory,
-                k => return Err(malformed(format!("section `{name}` has unknown kind {k}"))),
-            };
-            let encoding = match c.u8(&what)? {
-                0 => Encoding::Raw,
-                1 => Encoding::Zstd,
-                e => {
-                    return Err(malformed(format!(
-                        "section `{name}` has unknown encoding {e}"
-                    )))
-                }
-            };
-            if c.u16(&what)? != 0 {
-                return Err(malformed(format!(
-                    "section `{name}`: reserved field is not zero"
-                )));
-            }
-            let offset = c.u64(&what)?;
-            let stored_len = c.u64(&what)?;
-            let raw_len = c.u64(&what)?;
-            let sha256: [u8; 32] = c.take(32, &what)?.try_into().expect("32 bytes");
-            let end = offset.checked_add(stored_len);
-            if offset < payload_start || end.is_none_or(|e| e > file_len) {
-                return Err(malformed(format!(
-                    "section `{name}` (bytes {offset}+{stored_len}) lies outside the payload area \
-                     ({payload_start}..{file_len})"
-                )));
-            }
-            if encoding == Encoding::Raw && raw_len != stored_len {
-                return Err(malformed(format!(
-                    "raw section `{name}` declares {raw_len} decoded bytes but stores {stored_len}"
-                )));
-            }
-            if raw_len > expect.max_section_bytes {
-                return Err(malformed(format!(
-                    "section `{name}` decodes to {raw_len} bytes (at most {})",
-                    expect.max_section_bytes
-                )));
-            }
-            sections.push(Section {
-                name,
-                kind,
-                encoding,
-                offset,
-                stored_len,
-                raw_len,
-                sha256,
-            });
-        }
-        if c.pos != table.len() {
-            return Err(malformed(format!(
-                "{} unused bytes at the end of the section table",
-                table.len() - c.pos
-            )));
-        }
+        let sections = parse_sections(&mut c, header.count, area, expect.max_section_bytes)?;
+        check_table_consumed(&c)?;
         if let Some(want) = &expect.shape {
-            let diffs: [(&'static str, String, String); 3] = [
-                ("the backend", shape.backend.clone(), want.backend.clone()),
-                (
-                    "guest memory",
-                    format!("{} bytes", shape.memory_bytes),
-                    format!("{} bytes", want.memory_bytes),
-                ),
-                (
-                    "the vCPU count",
-                    shape.vcpus.to_string(),
-                    want.vcpus.to_string(),
-                ),
-            ];
-            if let Some((field, found, expected)) = diffs.into_iter().find(|(_, a, b)| a != b) {
-                return Err(SnapshotError::ShapeMismatch {
-                    file,
-                    field,
-                    found,
-                    expected,
-                });
-            }
+            check_shape(&file, &shape, want)?;
         }
         Ok(Snapshot {
             file,
             source,
-            protocol_version,
+            protocol_version: header.protocol_version,
             shape,
             sections,
             max_section_bytes: expect.max_section_bytes,
@@ -1379,5 +1550,261 @@ mod tests {
                 let _ = s.memory_into("memory", &mut dest);
             }
         }
+    }
+
+    // The parser's pieces, each on its own.
+
+    fn header_of(bytes: &[u8]) -> Header {
+        let mut b = [0u8; HEADER_LEN as usize];
+        b.copy_from_slice(&bytes[..HEADER_LEN as usize]);
+        parse_header("t.snap", b, &Expect::protocol(PROTO)).expect("valid header")
+    }
+
+    #[test]
+    fn check_magic_refuses_empty_foreign_and_short_files() {
+        let e = check_magic("t.snap", &[], 0).unwrap_err().to_string();
+        assert!(e.contains("is truncated: the file is empty"), "{e}");
+        let e = check_magic("t.snap", b"NOTASNAPxx", 10)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("starts with `NOTASNAP`"), "{e}");
+        let e = check_magic("t.snap", b"PRVM", 4).unwrap_err().to_string();
+        assert!(
+            e.contains("the file is 4 bytes, shorter than the 72-byte header"),
+            "{e}"
+        );
+        check_magic("t.snap", &sample()[..HEADER_LEN as usize], HEADER_LEN).expect("a snapshot");
+    }
+
+    #[test]
+    fn parse_header_reads_fields_and_refuses_other_versions() {
+        let bytes = sample();
+        let h = header_of(&bytes);
+        assert_eq!((h.protocol_version, h.count, h.reserved), (PROTO, 3, 0));
+        assert_eq!(h.file_len, bytes.len() as u64);
+        let mut b = [0u8; HEADER_LEN as usize];
+        b.copy_from_slice(&bytes[..HEADER_LEN as usize]);
+        let e = parse_header("t.snap", b, &Expect::protocol(PROTO + 1))
+            .err()
+            .expect("other protocol")
+            .to_string();
+        assert!(
+            e.contains("protocol version 7; this provium speaks 8"),
+            "{e}"
+        );
+        b[8] = 9;
+        let e = parse_header("t.snap", b, &Expect::protocol(PROTO))
+            .err()
+            .expect("other format")
+            .to_string();
+        assert!(e.contains("format version 9"), "{e}");
+    }
+
+    #[test]
+    fn check_limits_holds_lengths_to_the_file_and_the_caps() {
+        let bytes = sample();
+        let len = bytes.len() as u64;
+        let h = header_of(&bytes);
+        assert_eq!(
+            check_limits("t.snap", &h, len).expect("fits"),
+            HEADER_LEN + h.table_len
+        );
+        let e = check_limits("t.snap", &h, len - 1).unwrap_err().to_string();
+        assert!(e.contains("truncated"), "{e}");
+        let e = check_limits("t.snap", &h, len + 3).unwrap_err().to_string();
+        assert!(e.contains("3 bytes after the end"), "{e}");
+        let bad = |f: &dyn Fn(&mut Header)| {
+            let mut h = header_of(&bytes);
+            f(&mut h);
+            check_limits("t.snap", &h, len).unwrap_err().to_string()
+        };
+        assert!(bad(&|h| h.reserved = 1).contains("reserved header field"));
+        assert!(bad(&|h| h.count = MAX_SECTIONS + 1).contains("257 sections"));
+        assert!(bad(&|h| h.table_len = MAX_TABLE_BYTES + 1).contains("at most 1048576"));
+        assert!(bad(&|h| h.table_len = len).contains("runs past the end"));
+    }
+
+    #[test]
+    fn verify_checksum_covers_header_and_table() {
+        let bytes = sample();
+        let h = header_of(&bytes);
+        let table_end = (HEADER_LEN + h.table_len) as usize;
+        let mut table = bytes[HEADER_LEN as usize..table_end].to_vec();
+        verify_checksum("t.snap", &h, &table).expect("intact");
+        table[0] ^= 1;
+        let e = verify_checksum("t.snap", &h, &table)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("checksum mismatch in the header and section table"),
+            "{e}"
+        );
+    }
+
+    fn cursor(buf: &[u8]) -> Cursor<'_> {
+        Cursor {
+            buf,
+            pos: 0,
+            file: "t.snap",
+        }
+    }
+
+    fn record(name: &str, kind: u8, encoding: u8, offset: u64, stored: u64, raw: u64) -> Vec<u8> {
+        let mut t = Vec::new();
+        put_str(&mut t, name);
+        t.extend_from_slice(&[kind, encoding, 0, 0]);
+        for v in [offset, stored, raw] {
+            t.extend_from_slice(&v.to_le_bytes());
+        }
+        t.extend_from_slice(&[0u8; 32]);
+        t
+    }
+
+    #[test]
+    fn parse_shape_reads_the_table_head() {
+        let mut t = Vec::new();
+        put_str(&mut t, "kvm");
+        t.extend_from_slice(&(1u64 << 20).to_le_bytes());
+        t.extend_from_slice(&2u32.to_le_bytes());
+        let mut c = cursor(&t);
+        let s = parse_shape(&mut c).expect("shape");
+        assert_eq!(
+            (s.backend.as_str(), s.memory_bytes, s.vcpus),
+            ("kvm", 1 << 20, 2)
+        );
+        check_table_consumed(&c).expect("nothing left");
+        let mut c = cursor(&t[..t.len() - 1]);
+        let e = parse_shape(&mut c).unwrap_err().to_string();
+        assert!(e.contains("ends inside the shape's vCPU count"), "{e}");
+    }
+
+    #[test]
+    fn parse_section_record_checks_each_field() {
+        let area = PayloadArea {
+            start: 100,
+            end: 200,
+        };
+        let parse = |t: &[u8], names: &mut BTreeSet<String>| {
+            parse_section_record(&mut cursor(t), 0, names, area, 1000)
+        };
+        let mut names = BTreeSet::new();
+        let s = parse(&record("vcpu", 0, 1, 100, 10, 50), &mut names).expect("valid");
+        assert_eq!(
+            (s.kind, s.encoding, s.offset, s.stored_len, s.raw_len),
+            (SectionKind::Data, Encoding::Zstd, 100, 10, 50)
+        );
+        let err = |t: Vec<u8>| {
+            parse(&t, &mut BTreeSet::new())
+                .expect_err("refused")
+                .to_string()
+        };
+        let dup = parse(&record("vcpu", 0, 0, 100, 1, 1), &mut names)
+            .expect_err("duplicate")
+            .to_string();
+        assert!(dup.contains("two sections are named `vcpu`"), "{dup}");
+        assert!(err(record("Bad!", 0, 0, 100, 1, 1)).contains("section 0 `Bad!`"));
+        assert!(err(record("m", 2, 0, 100, 1, 1)).contains("unknown kind 2"));
+        assert!(err(record("m", 1, 2, 100, 1, 1)).contains("unknown encoding 2"));
+        assert!(
+            err(record("m", 0, 0, 99, 1, 1)).contains("lies outside the payload area (100..200)")
+        );
+        assert!(err(record("m", 0, 0, 150, 51, 51)).contains("lies outside"));
+        assert!(err(record("m", 0, 0, u64::MAX, 2, 2)).contains("lies outside"));
+        assert!(err(record("m", 0, 0, 100, 4, 5)).contains("declares 5 decoded bytes but stores 4"));
+        assert!(
+            err(record("m", 0, 1, 100, 4, 1001)).contains("decodes to 1001 bytes (at most 1000)")
+        );
+        let mut reserved = record("m", 0, 0, 100, 1, 1);
+        reserved[5] = 1;
+        assert!(err(reserved).contains("reserved field is not zero"));
+    }
+
+    #[test]
+    fn parse_sections_reads_count_records_and_leftovers_are_refused() {
+        let area = PayloadArea { start: 0, end: 10 };
+        let mut t = record("a", 0, 0, 0, 1, 1);
+        t.extend(record("b", 1, 0, 1, 1, 1));
+        let mut c = cursor(&t);
+        let got = parse_sections(&mut c, 2, area, 10).expect("two records");
+        assert_eq!(
+            got.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        check_table_consumed(&c).expect("all read");
+        let mut c = cursor(&t);
+        parse_sections(&mut c, 1, area, 10).expect("one record");
+        let e = check_table_consumed(&c).unwrap_err().to_string();
+        assert!(e.contains(&format!("{} unused bytes", t.len() / 2)), "{e}");
+    }
+
+    #[test]
+    fn check_shape_names_the_first_difference() {
+        check_shape("t.snap", &shape(), &shape()).expect("same");
+        let other = Shape {
+            vcpus: 4,
+            ..shape()
+        };
+        let e = check_shape("t.snap", &shape(), &other)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("the vCPU count is 2 in the snapshot but 4 here"),
+            "{e}"
+        );
+        let other = Shape {
+            backend: "local".into(),
+            vcpus: 4,
+            ..shape()
+        };
+        let e = check_shape("t.snap", &shape(), &other)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the backend is kvm"), "{e}");
+    }
+
+    #[test]
+    fn no_space_is_detected_once_for_both_error_types() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("x.snap");
+        let other = io::Error::from(io::ErrorKind::PermissionDenied);
+        let back = NoSpace::detect(&path, dir.path(), || unreachable!("not full"), other)
+            .err()
+            .expect("not a no-space error");
+        assert_eq!(back.kind(), io::ErrorKind::PermissionDenied);
+        let full = || {
+            NoSpace::detect(
+                &path,
+                dir.path(),
+                || 4096,
+                io::Error::from_raw_os_error(libc::ENOSPC),
+            )
+            .expect("ENOSPC is no space")
+        };
+        let e = SnapshotError::from(full()).to_string();
+        assert!(
+            e.contains("no space left in") && e.contains("4096 needed"),
+            "{e}"
+        );
+        let e = crate::cache::CacheError::from(full()).to_string();
+        assert!(e.contains("4096 needed"), "{e}");
+        let quota = NoSpace::detect(
+            &path,
+            dir.path(),
+            || 1,
+            io::Error::from_raw_os_error(libc::EDQUOT),
+        );
+        assert!(quota.is_ok(), "EDQUOT counts as no space");
+    }
+
+    #[test]
+    fn check_name_says_what_a_section_name_may_be() {
+        check_name("fs-upper.0_a").expect("valid");
+        assert_eq!(check_name(""), Err(SectionNameError::Length));
+        assert_eq!(check_name(&"a".repeat(33)), Err(SectionNameError::Length));
+        assert_eq!(check_name("Vcpu"), Err(SectionNameError::Characters));
+        assert_eq!(
+            SectionNameError::Length.to_string(),
+            "a section name has 1 to 32 characters"
+        );
     }
 }

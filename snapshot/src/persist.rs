@@ -1,6 +1,13 @@
 //! The save/restore contract every stateful component follows (style guide
 //! §1, "The `persist` pattern"): plain serde `State`, live `ConstructorArgs`,
 //! an infallible `save` and a `restore` that treats the state as untrusted.
+//!
+//! Implemented by provium-vmm's virtio devices, each in its `persist.rs`:
+//! the worker state of an activated block, net and vsock device
+//! (`ActiveBlock`, `ActiveNet`, the vsock `Muxer`) and the rng. Their
+//! `VirtioDevice::save`/`restore` (which the whole-VM snapshot in
+//! `vmm/src/persist.rs` calls through the transport) encode and decode the
+//! `State` and go through this trait.
 
 /// Save/restore for one component (a device, the vCPUs, a sandbox's files).
 pub trait Persist: Sized {

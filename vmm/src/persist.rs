@@ -36,6 +36,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use provium_snapshot::Persist;
 use serde::{Deserialize, Serialize};
 
 use crate::builder::{

@@ -22,8 +22,8 @@
 
 use std::io::Write;
 use std::sync::Arc;
-use std::time::Duration;
 
+use event_manager::{EventManager, SubscriberOps};
 use libfuzzer_sys::fuzz_target;
 use provium_netsetup::{MacAddr, Offloads, Port, Switch, SwitchConfig, VnetHdr};
 use provium_vmm::devices::bus::BusDevice;
@@ -231,11 +231,22 @@ fn sync_drive(input: &mut Input<'_>, mem: &GuestMemoryMmap, which: u8, fix: &Fix
         2 => {
             let host = VsockHost::new(3).expect("vsock host");
             let kick = Arc::new(EventFd::new(0).expect("eventfd"));
-            let mut m = Muxer::new(host, mem.clone(), rxq, txq, Arc::new(NoInterrupt), kick);
+            let mut m = Muxer::new(
+                Arc::new(host),
+                mem.clone(),
+                rxq,
+                txq,
+                Arc::new(NoInterrupt),
+                kick,
+            )
+            .expect("muxer fds");
             for _ in 0..rounds {
                 m.work();
             }
-            m.run_once(Duration::ZERO);
+            // One round of the worker's event loop, without waiting.
+            let mut em = EventManager::new().expect("event manager");
+            em.add_subscriber(m);
+            let _ = em.run_with_timeout(0);
         }
         3 => {
             let hdr = if input.u8().unwrap_or(0) & 1 == 0 {

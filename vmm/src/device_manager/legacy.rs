@@ -8,11 +8,13 @@ use crate::devices::bus::{Bus, BusError};
 use crate::devices::legacy::i8042::{I8042, I8042_KBD_IRQ, I8042_PORT, I8042_PORT_COUNT};
 use crate::devices::legacy::pm_control::{PmControl, PM1A_CNT_LEN, PM1A_CNT_PORT};
 use crate::devices::legacy::serial::{
-    SerialDevice, SerialDeviceState, COM1_IRQ, COM1_PORT, UART_PORT_COUNT,
+    SerialConstructorArgs, SerialDevice, SerialDeviceState, SerialError, COM1_IRQ, COM1_PORT,
+    UART_PORT_COUNT,
 };
 use crate::devices::legacy::EventFdTrigger;
 use crate::devices::GuestRequestSink;
 use crate::vstate::vm::{KvmVm, KvmVmError};
+use provium_snapshot::Persist;
 
 /// An error attaching legacy devices.
 #[derive(Debug, thiserror::Error)]
@@ -36,8 +38,8 @@ pub enum LegacyDevicesError {
         source: KvmVmError,
     },
     /// The snapshot's COM1 state was refused.
-    #[error("cannot restore COM1 from the snapshot: {0}")]
-    SerialState(String),
+    #[error("cannot restore COM1 from the snapshot")]
+    SerialState(#[source] SerialError),
     /// A bus range clashed.
     #[error("cannot place a legacy device on the PIO bus")]
     Bus(#[source] BusError),
@@ -74,8 +76,13 @@ pub fn attach_legacy_devices(
     let irq = irq_line(vm, COM1_IRQ)?;
     let serial = match serial_state {
         None => SerialDevice::new(irq, console.clone()),
-        Some(st) => SerialDevice::restore(irq, console.clone(), st)
-            .map_err(LegacyDevicesError::SerialState)?,
+        Some(st) => {
+            let args = SerialConstructorArgs {
+                irq,
+                console: console.clone(),
+            };
+            SerialDevice::restore(args, st).map_err(LegacyDevicesError::SerialState)?
+        }
     };
     let serial = Arc::new(Mutex::new(serial));
     pio.insert(COM1_PORT, UART_PORT_COUNT, serial.clone())

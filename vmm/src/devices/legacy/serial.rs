@@ -9,6 +9,7 @@
 use std::io;
 use std::sync::{Arc, Mutex};
 
+use provium_snapshot::Persist;
 use serde::{Deserialize, Serialize};
 use vm_superio::serial::{NoEvents, SerialState};
 use vm_superio::Serial;
@@ -110,9 +111,32 @@ pub struct SerialDeviceState {
     pub in_buffer: Vec<u8>,
 }
 
-impl SerialDevice {
+/// COM1 state from a snapshot that the UART refuses.
+#[derive(Debug, thiserror::Error)]
+pub enum SerialError {
+    /// vm-superio refused the registers or FIFO (an over-full FIFO).
+    #[error("COM1: {detail}")]
+    State {
+        /// What vm-superio said.
+        detail: String,
+    },
+}
+
+/// What COM1 is rebuilt from besides its registers.
+pub struct SerialConstructorArgs {
+    /// Its interrupt line.
+    pub irq: EventFdTrigger,
+    /// Where its output goes and its input comes from.
+    pub console: Arc<Console>,
+}
+
+impl Persist for SerialDevice {
+    type State = SerialDeviceState;
+    type ConstructorArgs = SerialConstructorArgs;
+    type Error = SerialError;
+
     /// Saves the UART's registers and FIFO.
-    pub fn save(&self) -> SerialDeviceState {
+    fn save(&self) -> SerialDeviceState {
         let s = self.serial.state();
         SerialDeviceState {
             baud_divisor_low: s.baud_divisor_low,
@@ -128,13 +152,13 @@ impl SerialDevice {
         }
     }
 
-    /// A UART on `irq` writing to `console` with `state`'s registers (from a
-    /// file: vm-superio refuses an over-full FIFO).
-    pub fn restore(
-        irq: EventFdTrigger,
-        console: Arc<Console>,
+    /// A UART on `args.irq` writing to `args.console` with `state`'s
+    /// registers (from a file: vm-superio refuses an over-full FIFO).
+    fn restore(
+        args: SerialConstructorArgs,
         state: &SerialDeviceState,
-    ) -> Result<SerialDevice, String> {
+    ) -> Result<SerialDevice, SerialError> {
+        let SerialConstructorArgs { irq, console } = args;
         let s = SerialState {
             baud_divisor_low: state.baud_divisor_low,
             baud_divisor_high: state.baud_divisor_high,
@@ -148,7 +172,9 @@ impl SerialDevice {
             in_buffer: state.in_buffer.clone(),
         };
         let serial = Serial::from_state(&s, irq, NoEvents, ConsoleWriter(console.clone()))
-            .map_err(|e| format!("COM1: {e:?}"))?;
+            .map_err(|e| SerialError::State {
+                detail: format!("{e:?}"),
+            })?;
         Ok(SerialDevice {
             serial,
             console,
@@ -257,12 +283,11 @@ mod tests {
         assert_eq!(st.in_buffer, b"abc");
         let bytes = rmp_serde::to_vec(&st).expect("encodes");
         let back: SerialDeviceState = rmp_serde::from_slice(&bytes).expect("decodes");
-        let mut r = SerialDevice::restore(
-            EventFdTrigger::new().expect("eventfd"),
-            Console::new(64),
-            &back,
-        )
-        .expect("valid");
+        let args = || SerialConstructorArgs {
+            irq: EventFdTrigger::new().expect("eventfd"),
+            console: Console::new(64),
+        };
+        let mut r = SerialDevice::restore(args(), &back).expect("valid");
         let mut b = [0];
         r.read(7, &mut b);
         assert_eq!(b, [0x5a]);
@@ -272,12 +297,10 @@ mod tests {
             in_buffer: vec![0; 65],
             ..back
         };
-        assert!(SerialDevice::restore(
-            EventFdTrigger::new().expect("eventfd"),
-            Console::new(64),
-            &full
-        )
-        .is_err());
+        let e = SerialDevice::restore(args(), &full)
+            .err()
+            .expect("an over-full FIFO is refused");
+        assert!(e.to_string().starts_with("COM1: "), "{e}");
     }
 
     #[test]

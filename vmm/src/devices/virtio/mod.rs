@@ -5,6 +5,10 @@
 //! sets DRIVER_OK, hands it its validated queues, the guest memory and a
 //! `VirtioInterrupt`. Queues are virtio-queue's `Queue`; chain walking, loop
 //! and length limits are virtio-queue's.
+//!
+//! Devices that work off the vCPU threads (block, net, vsock) all use
+//! `worker::DeviceWorker`: an event-manager loop over the device's
+//! `event_handler.rs` subscriber, woken only by its fds (no polling).
 
 pub mod block;
 pub mod mmio;
@@ -14,6 +18,7 @@ pub mod rng;
 #[cfg(test)]
 pub mod test_utils;
 pub mod vsock;
+pub mod worker;
 
 use std::sync::Arc;
 

@@ -152,7 +152,7 @@ pub enum VirtioPersistError {
     },
     /// A device worker could not restart.
     #[error("cannot restart the device")]
-    Activate(#[source] super::ActivateError),
+    Activate(#[from] super::ActivateError),
 }
 
 /// Encodes a device's plain state (cannot fail for the plain data devices

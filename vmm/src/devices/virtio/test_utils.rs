@@ -2,6 +2,10 @@
 
 use std::sync::{Arc, Mutex};
 
+use event_manager::{EventManager, Events, MutEventSubscriber, SubscriberId, SubscriberOps};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::eventfd::EventFd;
+
 use virtio_queue::Queue;
 use vm_memory::GuestAddress;
 
@@ -77,6 +81,28 @@ impl VirtioDevice for CountingDevice {
         self.push(format!("restore {}", active.map_or(0, |a| a.queues.len())));
         Ok(())
     }
+}
+
+/// Registers a stray eventfd with subscriber `id` of `em`, makes it
+/// readable, and checks the subscriber counts one unexpected event (read
+/// with `count`) and stops watching the fd (no second event).
+pub fn assert_stray_fd_is_counted<S: MutEventSubscriber>(
+    em: &mut EventManager<S>,
+    id: SubscriberId,
+    count: impl Fn(&mut S) -> u64,
+) {
+    let before = count(em.subscriber_mut(id).expect("subscriber"));
+    let stray = EventFd::new(libc::EFD_NONBLOCK).expect("eventfd");
+    em.event_ops(id)
+        .expect("ops")
+        .add(Events::new(&stray, EventSet::IN))
+        .expect("add stray");
+    stray.write(1).expect("write");
+    assert_eq!(em.run_with_timeout(1000).expect("run"), 1);
+    // Still readable, but no longer watched: no second event.
+    assert_eq!(em.run_with_timeout(0).expect("run"), 0);
+    let after = count(em.subscriber_mut(id).expect("subscriber"));
+    assert_eq!(after, before + 1, "one unexpected event counted");
 }
 
 /// An interrupt that counts signals.

@@ -1,36 +1,39 @@
 //! The virtio-blk `VirtioDevice`: features, config space (capacity), and a
-//! worker thread per activated device that drains the request queue.
+//! device worker (`worker::DeviceWorker`) per activated device that drains
+//! the request queue.
 //!
-//! The worker owns the queue. A notify (MMIO write on a vCPU thread) only sends
-//! a message, so vCPUs never do disk I/O or wait for `slow` completions. With
-//! `slow` set, each completion is held for 50 ms in a deadline queue while the
+//! The worker owns the queue ([`ActiveBlock`]). A notify (MMIO write on a
+//! vCPU thread) only writes the notify eventfd, so vCPUs never do disk I/O or
+//! wait for `slow` completions. With `slow` set, each completion is held for
+//! 50 ms in a deadline queue (a timerfd fires for the nearest one) while the
 //! worker keeps accepting requests; in-flight completions are capped at the
 //! queue size, and beyond that requests stay in the avail ring until earlier
 //! ones complete (backpressure, no unbounded growth whatever the guest does).
 
 use std::collections::VecDeque;
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use virtio_bindings::virtio_blk::{VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_queue::{Queue, QueueT};
+use vmm_sys_util::eventfd::EventFd;
 
 use super::defs::{QUEUE_SIZE, SLOW_COMPLETION_MS};
 use super::io::{BlockFaults, DiskImage};
-use super::persist::BlockState;
+use super::persist::{BlockConstructorArgs, BlockState};
 use super::request::Request;
 use crate::devices::virtio::persist::{
     check_queue_count, decode_state, encode_state, QueueSnapshot,
 };
+use crate::devices::virtio::worker::{DeadlineTimer, DeviceWorker};
 use crate::devices::virtio::{
     read_config_bytes, ActivateError, ActiveArgs, DeviceSnapshot, VirtioDevice, VirtioInterrupt,
     VirtioPersistError,
 };
 use crate::vstate::memory::GuestMemoryMmap;
+use provium_snapshot::Persist;
 
 /// What a block device is built from.
 #[derive(Clone)]
@@ -41,23 +44,94 @@ pub struct BlockConfig {
     pub faults: Arc<BlockFaults>,
 }
 
-enum Msg {
-    Notify,
-    Stop,
+/// An activated device's queue and in-flight work: what the worker owns
+/// (its event handler is in `event_handler.rs`) and hands back when stopped.
+pub struct ActiveBlock {
+    pub(super) queue: Queue,
+    pub(super) pending: VecDeque<Pending>,
+    pub(super) mem: GuestMemoryMmap,
+    pub(super) cfg: BlockConfig,
+    pub(super) interrupt: Arc<dyn VirtioInterrupt>,
+    /// Written by `queue_notify`.
+    pub(super) notify: EventFd,
+    /// Fires for the nearest `slow` completion.
+    pub(super) slow_timer: DeadlineTimer,
+    /// Events for fds the handler does not know (a VMM bug; see `worker`).
+    pub(super) unexpected_events: u64,
 }
 
-/// What a worker hands back when it stops: its queue and the completions
-/// it still held (`slow`).
-struct Drained {
-    queue: Queue,
-    pending: VecDeque<Pending>,
+impl ActiveBlock {
+    pub(super) fn new(
+        mem: GuestMemoryMmap,
+        queue: Queue,
+        pending: VecDeque<Pending>,
+        cfg: BlockConfig,
+        interrupt: Arc<dyn VirtioInterrupt>,
+    ) -> std::io::Result<ActiveBlock> {
+        Ok(ActiveBlock {
+            queue,
+            pending,
+            mem,
+            cfg,
+            interrupt,
+            notify: EventFd::new(libc::EFD_NONBLOCK)?,
+            slow_timer: DeadlineTimer::new()?,
+            unexpected_events: 0,
+        })
+    }
+
+    #[cfg(test)]
+    pub(super) fn for_test(
+        mem: GuestMemoryMmap,
+        queue: Queue,
+        cfg: BlockConfig,
+        interrupt: Arc<dyn VirtioInterrupt>,
+    ) -> ActiveBlock {
+        ActiveBlock::new(mem, queue, VecDeque::new(), cfg, interrupt).expect("eventfd and timerfd")
+    }
+
+    /// The guest notified the queue: run what it made available.
+    pub(super) fn handle_queue_notify(&mut self) {
+        let _ = self.notify.read();
+        let signal = process(&mut self.queue, &self.mem, &self.cfg, &mut self.pending);
+        self.finish_turn(signal);
+    }
+
+    /// The nearest `slow` completion may be due.
+    pub(super) fn handle_slow_deadline(&mut self) {
+        self.slow_timer.acknowledge();
+        self.finish_turn(false);
+    }
+
+    /// Completes what is due, runs what the in-flight cap held back,
+    /// interrupts the guest if the used ring moved, and re-arms the timer.
+    fn finish_turn(&mut self, mut signal: bool) {
+        let now = Instant::now();
+        let mut freed = false;
+        while let Some(p) = self.pending.front() {
+            if p.due > now {
+                break;
+            }
+            let (head, used_len) = (p.head, p.used_len);
+            self.pending.pop_front();
+            signal |= complete(&mut self.queue, &self.mem, head, used_len);
+            freed = true;
+        }
+        if freed {
+            // Requests held back by the in-flight cap can go now.
+            signal |= process(&mut self.queue, &self.mem, &self.cfg, &mut self.pending);
+        }
+        if signal && self.queue.needs_notification(&self.mem).unwrap_or(true) {
+            self.interrupt.signal_used_queue();
+        }
+        self.slow_timer.arm(self.pending.front().map(|p| p.due));
+    }
 }
 
 struct Worker {
-    tx: Sender<Msg>,
-    thread: JoinHandle<Drained>,
-    mem: GuestMemoryMmap,
-    interrupt: Arc<dyn VirtioInterrupt>,
+    worker: DeviceWorker<ActiveBlock>,
+    /// A clone of the worker's notify eventfd.
+    notify: EventFd,
 }
 
 /// A virtio-blk device.
@@ -66,7 +140,7 @@ pub struct Block {
     acked_features: u64,
     worker: Option<Worker>,
     /// What `save` took from the worker, until `resume_after_save`.
-    parked: Option<(Drained, GuestMemoryMmap, Arc<dyn VirtioInterrupt>)>,
+    parked: Option<ActiveBlock>,
     config_space: [u8; 8],
 }
 
@@ -92,36 +166,33 @@ impl Block {
         self.take_worker();
     }
 
-    /// Stops the worker and returns what it owned with its wiring (`None`
-    /// when not activated, or if the worker panicked).
-    fn take_worker(&mut self) -> Option<(Drained, GuestMemoryMmap, Arc<dyn VirtioInterrupt>)> {
-        let w = self.worker.take()?;
-        let _ = w.tx.send(Msg::Stop);
-        let drained = w.thread.join().ok()?;
-        Some((drained, w.mem, w.interrupt))
+    /// Stops the worker and returns what it owned (`None` when not
+    /// activated, or if the worker panicked).
+    fn take_worker(&mut self) -> Option<ActiveBlock> {
+        self.worker.take()?.worker.stop()
     }
 
-    fn start_worker(
+    fn start_worker(&mut self, active: ActiveBlock) -> Result<(), ActivateError> {
+        let notify = active.notify.try_clone().map_err(ActivateError::Worker)?;
+        // Completions held across a save may be due already: the timer
+        // fires for them as soon as the worker runs.
+        let mut active = active;
+        active.slow_timer.arm(active.pending.front().map(|p| p.due));
+        let worker = DeviceWorker::spawn("virtio-blk", active)?;
+        self.worker = Some(Worker { worker, notify });
+        Ok(())
+    }
+
+    fn activate_with(
         &mut self,
         mem: GuestMemoryMmap,
         queue: Queue,
         pending: VecDeque<Pending>,
         interrupt: Arc<dyn VirtioInterrupt>,
     ) -> Result<(), ActivateError> {
-        let (tx, rx) = channel();
-        let cfg = self.cfg.clone();
-        let (m, i) = (mem.clone(), interrupt.clone());
-        let thread = std::thread::Builder::new()
-            .name("virtio-blk".into())
-            .spawn(move || run_worker(queue, pending, m, cfg, i, rx))
+        let active = ActiveBlock::new(mem, queue, pending, self.cfg.clone(), interrupt)
             .map_err(ActivateError::Worker)?;
-        self.worker = Some(Worker {
-            tx,
-            thread,
-            mem,
-            interrupt,
-        });
-        Ok(())
+        self.start_worker(active)
     }
 }
 
@@ -168,12 +239,12 @@ impl VirtioDevice for Block {
     ) -> Result<(), ActivateError> {
         ActivateError::check_queue_count(&queues, 1)?;
         self.stop_worker();
-        self.start_worker(mem, queues.remove(0), VecDeque::new(), interrupt)
+        self.activate_with(mem, queues.remove(0), VecDeque::new(), interrupt)
     }
 
     fn queue_notify(&mut self, _index: u32) {
         if let Some(w) = &self.worker {
-            let _ = w.tx.send(Msg::Notify);
+            let _ = w.notify.write(1);
         }
     }
 
@@ -190,8 +261,8 @@ impl VirtioDevice for Block {
             };
         };
         let snap = DeviceSnapshot {
-            queues: vec![QueueSnapshot::of(&parked.0.queue)],
-            state: encode_state(&BlockState::of(&parked.0.pending)),
+            queues: vec![QueueSnapshot::of(&parked.queue)],
+            state: encode_state(&parked.save()),
         };
         self.parked = Some(parked);
         snap
@@ -200,8 +271,8 @@ impl VirtioDevice for Block {
     fn resume_after_save(&mut self) {
         // The same queue and held completions go back to a new worker. A
         // failed spawn leaves the device stopped, as a failed activate would.
-        if let Some((d, mem, interrupt)) = self.parked.take() {
-            let _ = self.start_worker(mem, d.queue, d.pending, interrupt);
+        if let Some(active) = self.parked.take() {
+            let _ = self.start_worker(active);
         }
     }
 
@@ -215,9 +286,14 @@ impl VirtioDevice for Block {
             return Ok(());
         };
         check_queue_count("virtio-blk", &a.queues, 1)?;
-        let queue = a.queues.remove(0);
-        let pending = state.pending(queue.size())?;
-        self.start_worker(a.mem, queue, pending, a.interrupt)
+        let args = BlockConstructorArgs {
+            mem: a.mem,
+            queue: a.queues.remove(0),
+            cfg: self.cfg.clone(),
+            interrupt: a.interrupt,
+        };
+        let active = ActiveBlock::restore(args, &state)?;
+        self.start_worker(active)
             .map_err(VirtioPersistError::Activate)
     }
 }
@@ -263,43 +339,6 @@ fn process(
         }
     }
     completed
-}
-
-fn run_worker(
-    mut queue: Queue,
-    mut pending: VecDeque<Pending>,
-    mem: GuestMemoryMmap,
-    cfg: BlockConfig,
-    interrupt: Arc<dyn VirtioInterrupt>,
-    rx: Receiver<Msg>,
-) -> Drained {
-    loop {
-        let msg = match pending.front() {
-            Some(p) => rx.recv_timeout(p.due.saturating_duration_since(Instant::now())),
-            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-        };
-        let mut signal = false;
-        match msg {
-            Ok(Msg::Notify) => signal |= process(&mut queue, &mem, &cfg, &mut pending),
-            Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => break,
-            Err(RecvTimeoutError::Timeout) => {}
-        }
-        let now = Instant::now();
-        let mut freed = false;
-        while pending.front().is_some_and(|p| p.due <= now) {
-            let p = pending.pop_front().expect("front checked");
-            signal |= complete(&mut queue, &mem, p.head, p.used_len);
-            freed = true;
-        }
-        if freed {
-            // Requests held back by the in-flight cap can go now.
-            signal |= process(&mut queue, &mem, &cfg, &mut pending);
-        }
-        if signal && queue.needs_notification(&mem).unwrap_or(true) {
-            interrupt.signal_used_queue();
-        }
-    }
-    Drained { queue, pending }
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! Disk page's fault modes applied to the guest's requests (`io::BlockFaults`).
 
 pub mod device;
+pub mod event_handler;
 pub mod io;
 pub mod persist;
 pub mod request;

@@ -1,22 +1,21 @@
 //! The virtio-net `VirtioDevice`: features, config space (MAC and link
-//! status), and a worker thread per activation that moves frames.
+//! status), and a device worker (`worker::DeviceWorker`) per activation that
+//! moves frames.
 //!
-//! The worker owns the queues. A notify from a vCPU and the port's RX waker
-//! (run by the switch after it queued a frame for us) only post a wake-up to a
-//! one-slot channel (`try_send`: wake-ups coalesce, so a flood of frames or
-//! notifies costs no memory); the worker then drains TX and RX. The link
+//! The worker owns the queues ([`ActiveNet`]). A notify from a vCPU and the
+//! port's RX waker (run by the switch after it queued a frame for us) only
+//! write an eventfd each (an eventfd is a counter: wake-ups coalesce, so a
+//! flood of frames or notifies costs no memory); the worker then drains TX
+//! and RX. The link
 //! watcher runs on whichever thread called `Switch::disconnect`/`reconnect`:
 //! it flips the status bit and raises the configuration interrupt. Both hooks
 //! hold only a weak reference, so a device dropped on reset leaves no live
 //! callback on the port; the next device's `new` replaces them.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
-use std::time::Duration;
 
-use provium_netsetup::{MacAddr, Offloads, Port, VnetHdr};
+use provium_netsetup::{MacAddr, Offloads, Port};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_net::{
@@ -25,29 +24,29 @@ use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
 };
 use virtio_queue::Queue;
+use vmm_sys_util::eventfd::EventFd;
 
 use super::defs::{
     CONFIG_BYTES, CONFIG_STATUS_OFFSET, HDR_LEGACY_BYTES, HDR_V1_BYTES, QUEUE_SIZE, RXQ, TXQ,
 };
 use super::packet::{NetFeatures, NetMetrics, NetQueues};
-use super::persist::NetState;
+use super::persist::{NetConstructorArgs, NetState};
 use crate::devices::virtio::persist::{
     check_queue_count, decode_state, encode_state, ActiveArgs, DeviceSnapshot, QueueSnapshot,
     VirtioPersistError,
 };
+use crate::devices::virtio::worker::DeviceWorker;
 use crate::devices::virtio::{read_config_bytes, ActivateError, VirtioDevice, VirtioInterrupt};
 use crate::vstate::memory::GuestMemoryMmap;
-
-/// How long the idle worker waits before re-checking its stop flag.
-const IDLE_WAIT: Duration = Duration::from_millis(200);
+use provium_snapshot::Persist;
 
 /// What the hooks on the port and the device share.
 struct Shared {
     link_up: AtomicBool,
     /// Set while activated: where link changes raise a config interrupt.
     interrupt: Mutex<Option<Arc<dyn VirtioInterrupt>>>,
-    /// Set while activated: wakes the worker.
-    kick: Mutex<Option<SyncSender<()>>>,
+    /// Set while activated: the worker's port-RX eventfd (a clone).
+    port_rx: Mutex<Option<EventFd>>,
 }
 
 fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -55,10 +54,12 @@ fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
-    fn kick(&self) {
-        if let Some(tx) = locked(&self.kick).as_ref() {
-            // Full: a wake-up is already pending, which is all we need.
-            let _ = tx.try_send(());
+    /// Wakes the worker for frames the switch queued on the port.
+    fn wake_for_port_rx(&self) {
+        if let Some(fd) = locked(&self.port_rx).as_ref() {
+            // Only fails when the counter would overflow: a wake-up is
+            // pending then, which is all we need.
+            let _ = fd.write(1);
         }
     }
 
@@ -74,11 +75,65 @@ impl Shared {
     }
 }
 
+/// An activated device's queues: what the worker owns (its event handler
+/// is in `event_handler.rs`) and hands back when stopped.
+pub struct ActiveNet {
+    /// The MAC in config space (a snapshot records it).
+    pub(super) mac: [u8; 6],
+    pub(super) queues: NetQueues,
+    pub(super) interrupt: Arc<dyn VirtioInterrupt>,
+    /// Written by `queue_notify` (either queue).
+    pub(super) notify: EventFd,
+    /// Written by the port's RX waker.
+    pub(super) port_rx: EventFd,
+    /// Events for fds the handler does not know (a VMM bug; see `worker`).
+    pub(super) unexpected_events: u64,
+}
+
+impl ActiveNet {
+    pub(super) fn new(
+        mac: [u8; 6],
+        queues: NetQueues,
+        interrupt: Arc<dyn VirtioInterrupt>,
+    ) -> std::io::Result<ActiveNet> {
+        Ok(ActiveNet {
+            mac,
+            queues,
+            interrupt,
+            notify: EventFd::new(libc::EFD_NONBLOCK)?,
+            port_rx: EventFd::new(libc::EFD_NONBLOCK)?,
+            unexpected_events: 0,
+        })
+    }
+
+    #[cfg(test)]
+    pub(super) fn for_test(queues: NetQueues, interrupt: Arc<dyn VirtioInterrupt>) -> ActiveNet {
+        ActiveNet::new([2, 0, 0, 0, 0, 9], queues, interrupt).expect("eventfds")
+    }
+
+    /// The guest notified a queue (any index: both are drained).
+    pub(super) fn handle_queue_notify(&mut self) {
+        let _ = self.notify.read();
+        self.move_frames();
+    }
+
+    /// The switch queued frames on our port.
+    pub(super) fn handle_port_rx(&mut self) {
+        let _ = self.port_rx.read();
+        self.move_frames();
+    }
+
+    fn move_frames(&mut self) {
+        if self.queues.run_once() {
+            self.interrupt.signal_used_queue();
+        }
+    }
+}
+
 struct Worker {
-    stop: Arc<AtomicBool>,
-    /// Returns the queues when it stops (snapshots take them back).
-    thread: JoinHandle<NetQueues>,
-    interrupt: Arc<dyn VirtioInterrupt>,
+    worker: DeviceWorker<ActiveNet>,
+    /// A clone of the worker's notify eventfd.
+    notify: EventFd,
 }
 
 /// A virtio-net device on a switch port.
@@ -89,8 +144,8 @@ pub struct Net {
     metrics: Arc<NetMetrics>,
     acked_features: u64,
     worker: Option<Worker>,
-    /// Between `save` and `resume_after_save`: the stopped worker's queues.
-    parked: Option<(NetQueues, Arc<dyn VirtioInterrupt>)>,
+    /// Between `save` and `resume_after_save`: what the stopped worker owned.
+    parked: Option<ActiveNet>,
 }
 
 impl Net {
@@ -101,7 +156,7 @@ impl Net {
         let shared = Arc::new(Shared {
             link_up: AtomicBool::new(true),
             interrupt: Mutex::new(None),
-            kick: Mutex::new(None),
+            port_rx: Mutex::new(None),
         });
         let w = Arc::downgrade(&shared);
         port.set_link_watcher(Some(Arc::new(move |up| {
@@ -112,7 +167,7 @@ impl Net {
         let w = Arc::downgrade(&shared);
         port.set_rx_waker(Some(Arc::new(move || {
             if let Some(s) = w.upgrade() {
-                s.kick();
+                s.wake_for_port_rx();
             }
         })));
         // Read after the watcher is in place so no change is missed.
@@ -155,20 +210,12 @@ impl Net {
         self.take_worker();
     }
 
-    /// Stops the worker and returns its queues with the interrupt (`None`
-    /// when not activated, or if the worker panicked).
-    fn take_worker(&mut self) -> Option<(NetQueues, Arc<dyn VirtioInterrupt>)> {
-        let worker = self.worker.take();
-        if let Some(w) = &worker {
-            w.stop.store(true, Ordering::SeqCst);
-        }
-        // Dropping the only sender wakes the worker at once (disconnected),
-        // and it sees the flag.
-        *locked(&self.shared.kick) = None;
+    /// Stops the worker and returns what it owned (`None` when not
+    /// activated, or if the worker panicked).
+    fn take_worker(&mut self) -> Option<ActiveNet> {
+        *locked(&self.shared.port_rx) = None;
         *locked(&self.shared.interrupt) = None;
-        let w = worker?;
-        let q = w.thread.join().ok()?;
-        Some((q, w.interrupt))
+        self.worker.take()?.worker.stop()
     }
 
     fn acked(&self, bit: u32) -> bool {
@@ -223,42 +270,23 @@ impl Net {
     /// Runs `q` on a new worker thread, wired to the port's hooks.
     fn start_worker(
         &mut self,
-        mut q: NetQueues,
+        q: NetQueues,
         interrupt: Arc<dyn VirtioInterrupt>,
     ) -> Result<(), ActivateError> {
-        let (tx, rx) = sync_channel::<()>(1);
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let irq = interrupt.clone();
-        let thread = std::thread::Builder::new()
-            .name("virtio-net".into())
-            .spawn(move || loop {
-                match rx.recv_timeout(IDLE_WAIT) {
-                    Ok(()) | Err(RecvTimeoutError::Timeout) => {}
-                    Err(RecvTimeoutError::Disconnected) => {
-                        if s.load(Ordering::SeqCst) {
-                            return q;
-                        }
-                        std::thread::sleep(IDLE_WAIT);
-                    }
-                }
-                if s.load(Ordering::SeqCst) {
-                    return q;
-                }
-                if q.run_once() {
-                    irq.signal_used_queue();
-                }
-            })
-            .map_err(ActivateError::Worker)?;
-        *locked(&self.shared.interrupt) = Some(interrupt.clone());
-        *locked(&self.shared.kick) = Some(tx);
-        self.worker = Some(Worker {
-            stop,
-            thread,
-            interrupt,
-        });
+        let active = ActiveNet::new(self.mac.0, q, interrupt).map_err(ActivateError::Worker)?;
+        self.start_active(active)
+    }
+
+    fn start_active(&mut self, active: ActiveNet) -> Result<(), ActivateError> {
+        let notify = active.notify.try_clone().map_err(ActivateError::Worker)?;
+        let port_rx = active.port_rx.try_clone().map_err(ActivateError::Worker)?;
+        let interrupt = active.interrupt.clone();
+        let worker = DeviceWorker::spawn("virtio-net", active)?;
+        *locked(&self.shared.interrupt) = Some(interrupt);
+        *locked(&self.shared.port_rx) = Some(port_rx);
+        self.worker = Some(Worker { worker, notify });
         // Frames may have queued on the port while no worker ran.
-        self.shared.kick();
+        self.shared.wake_for_port_rx();
         Ok(())
     }
 }
@@ -323,7 +351,9 @@ impl VirtioDevice for Net {
 
     fn queue_notify(&mut self, _index: u32) {
         // Any index: the worker drains both queues.
-        self.shared.kick();
+        if let Some(w) = &self.worker {
+            let _ = w.notify.write(1);
+        }
     }
 
     fn reset(&mut self) {
@@ -333,7 +363,7 @@ impl VirtioDevice for Net {
     }
 
     fn save(&mut self) -> DeviceSnapshot {
-        let Some((q, interrupt)) = self.take_worker() else {
+        let Some(active) = self.take_worker() else {
             return DeviceSnapshot {
                 queues: Vec::new(),
                 state: encode_state(&NetState {
@@ -343,26 +373,20 @@ impl VirtioDevice for Net {
                 }),
             };
         };
+        let q = &active.queues;
         let snap = DeviceSnapshot {
             queues: vec![QueueSnapshot::of(q.rxq()), QueueSnapshot::of(q.txq())],
-            state: encode_state(&NetState {
-                mac: self.mac.0,
-                pending_rx: q.pending_rx().map(|(_, f)| f.to_vec()),
-                pending_rx_hdr: q
-                    .pending_rx()
-                    .map(|(h, _)| h.to_bytes())
-                    .unwrap_or_default(),
-            }),
+            state: encode_state(&active.save()),
         };
-        self.parked = Some((q, interrupt));
+        self.parked = Some(active);
         snap
     }
 
     fn resume_after_save(&mut self) {
         // The same queues (and held frame) go to a new worker. A failed
         // spawn leaves the device stopped, as a failed activate would.
-        if let Some((q, interrupt)) = self.parked.take() {
-            let _ = self.start_worker(q, interrupt);
+        if let Some(active) = self.parked.take() {
+            let _ = self.start_active(active);
         }
     }
 
@@ -379,11 +403,14 @@ impl VirtioDevice for Net {
         check_queue_count("virtio-net", &a.queues, 2)?;
         let txq = a.queues.remove(TXQ);
         let rxq = a.queues.remove(RXQ);
-        let mut q = self.queues(a.mem, rxq, txq);
-        let hdr = VnetHdr::from_bytes(&state.pending_rx_hdr).unwrap_or_default();
-        q.set_pending_rx(state.pending_rx.map(|f| (hdr, f)));
+        let args = NetConstructorArgs {
+            mac: self.mac.0,
+            queues: self.queues(a.mem, rxq, txq),
+            interrupt: a.interrupt,
+        };
+        let active = ActiveNet::restore(args, &state)?;
         self.stop_worker();
-        self.start_worker(q, a.interrupt)
+        self.start_active(active)
             .map_err(VirtioPersistError::Activate)
     }
 }
@@ -393,7 +420,7 @@ mod tests {
     use super::*;
     use crate::devices::virtio::test_utils::{guest_memory, CountingInterrupt};
     use provium_netsetup::{Switch, SwitchConfig};
-    use std::time::Instant;
+    use std::time::{Duration, Instant};
     use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
     use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;

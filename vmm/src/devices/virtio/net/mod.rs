@@ -19,7 +19,8 @@
 //! configuration-change interrupt; the guest driver re-reads the status and
 //! drops carrier. `reconnect` does the reverse.
 //!
-//! `device.rs` is the `VirtioDevice` (a worker thread per activation);
+//! `device.rs` is the `VirtioDevice` (a `worker::DeviceWorker` per
+//! activation, its events mapped in `event_handler.rs`);
 //! `packet.rs` moves frames between the virtqueues and the port;
 //! `persist.rs` is its snapshot state.
 //!
@@ -31,6 +32,7 @@
 //! buffers; the rest wait in the switch port's bounded queue.
 
 pub mod device;
+pub mod event_handler;
 pub mod packet;
 pub mod persist;
 

@@ -17,14 +17,13 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 
 use super::defs::{CHUNK_BYTES, MAX_REQUEST_BYTES, QUEUE_SIZE};
-use super::persist::RngState;
-use crate::devices::virtio::persist::{
-    check_queue_count, decode_state, encode_state, QueueSnapshot,
-};
+use super::persist::{RngConstructorArgs, RngState};
+use crate::devices::virtio::persist::{decode_state, encode_state, QueueSnapshot};
 use crate::devices::virtio::{
     ActivateError, ActiveArgs, DeviceSnapshot, VirtioDevice, VirtioInterrupt, VirtioPersistError,
 };
 use crate::vstate::memory::GuestMemoryMmap;
+use provium_snapshot::Persist;
 
 /// How an rng device is built.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -34,6 +33,7 @@ pub struct RngConfig {
 }
 
 /// Where the bytes come from.
+#[derive(Clone)]
 pub enum Entropy {
     /// ChaCha20 keyed by the seed (stream position advances with every byte).
     Seeded(Box<ChaCha20Rng>),
@@ -81,19 +81,19 @@ impl Entropy {
     }
 }
 
-struct Active {
-    mem: GuestMemoryMmap,
-    queue: Queue,
-    interrupt: Arc<dyn VirtioInterrupt>,
+pub(super) struct Active {
+    pub(super) mem: GuestMemoryMmap,
+    pub(super) queue: Queue,
+    pub(super) interrupt: Arc<dyn VirtioInterrupt>,
 }
 
 /// A virtio-rng device.
 pub struct Rng {
-    entropy: Entropy,
-    acked_features: u64,
-    active: Option<Active>,
+    pub(super) entropy: Entropy,
+    pub(super) acked_features: u64,
+    pub(super) active: Option<Active>,
     /// Bytes handed to the guest so far (for tests and metrics).
-    bytes_served: u64,
+    pub(super) bytes_served: u64,
 }
 
 impl Rng {
@@ -209,17 +209,13 @@ impl VirtioDevice for Rng {
     }
 
     fn save(&mut self) -> DeviceSnapshot {
-        let word_pos = match &self.entropy {
-            Entropy::Seeded(r) => Some(r.get_word_pos()),
-            Entropy::Host => None,
-        };
         DeviceSnapshot {
             queues: self
                 .active
                 .iter()
                 .map(|a| QueueSnapshot::of(&a.queue))
                 .collect(),
-            state: encode_state(&RngState::new(word_pos, self.bytes_served)),
+            state: encode_state(&Persist::save(&*self)),
         }
     }
 
@@ -233,21 +229,12 @@ impl VirtioDevice for Rng {
         state: &[u8],
     ) -> Result<(), VirtioPersistError> {
         let state: RngState = decode_state("virtio-rng", state)?;
-        // Reseeded unless this VM's rng_seed pins the stream: then it goes
-        // on from where the snapshot left it, so a restored guest reads the
-        // bytes the original would have read next.
-        if let (Entropy::Seeded(r), Some(pos)) = (&mut self.entropy, state.word_pos()) {
-            r.set_word_pos(pos);
-        }
-        self.bytes_served = state.bytes_served;
-        if let Some(mut a) = active {
-            check_queue_count("virtio-rng", &a.queues, 1)?;
-            self.active = Some(Active {
-                mem: a.mem,
-                queue: a.queues.remove(0),
-                interrupt: a.interrupt,
-            });
-        }
+        let args = RngConstructorArgs {
+            entropy: self.entropy.clone(),
+            acked_features: self.acked_features,
+            active,
+        };
+        *self = <Rng as Persist>::restore(args, &state)?;
         Ok(())
     }
 }

@@ -17,7 +17,7 @@ use std::sync::mpsc::Sender;
 use std::time::Instant;
 
 use super::defs::{CONN_BUF_BYTES, MAX_PKT_DATA_BYTES};
-use super::host::VsockConnectError;
+use super::VsockConnectError;
 
 /// Where a connection is in its life.
 #[derive(Debug)]

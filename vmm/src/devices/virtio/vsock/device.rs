@@ -1,11 +1,9 @@
 //! The virtio-vsock `VirtioDevice`: config space (the guest CID), three
-//! queues (rx, tx, event), and a worker thread per activation that runs the
-//! muxer. A notify from a vCPU only writes the worker's kick eventfd.
+//! queues (rx, tx, event), and a device worker (`worker::DeviceWorker`) per
+//! activation that runs the muxer's events. A notify from a vCPU only writes
+//! the muxer's kick eventfd.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::Duration;
 
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_VSOCK;
@@ -14,23 +12,24 @@ use vm_memory::Bytes;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::defs::{EVENT_TRANSPORT_RESET, EVQ, QUEUE_SIZE, RXQ, TXQ};
-use super::host::VsockHost;
 use super::muxer::Muxer;
-use super::persist::VsockState;
+use super::persist::{VsockConstructorArgs, VsockState};
+use super::{VsockBackend, VsockHost};
 use crate::devices::virtio::persist::{
     check_queue_count, decode_state, encode_state, QueueSnapshot,
 };
+use crate::devices::virtio::worker::DeviceWorker;
 use crate::devices::virtio::{
     read_config_bytes, ActivateError, ActiveArgs, DeviceSnapshot, VirtioDevice, VirtioInterrupt,
     VirtioPersistError,
 };
 use crate::vstate::memory::GuestMemoryMmap;
+use provium_snapshot::Persist;
 
 struct Worker {
-    stop: Arc<AtomicBool>,
-    kick: Arc<EventFd>,
     /// Hands the muxer (queues, connections) back when stopped.
-    thread: JoinHandle<Muxer>,
+    worker: DeviceWorker<Muxer>,
+    kick: Arc<EventFd>,
     /// The event queue (the muxer does not use it; a restore posts
     /// TRANSPORT_RESET on it).
     evq: Queue,
@@ -38,7 +37,7 @@ struct Worker {
 
 /// A virtio-vsock device.
 pub struct Vsock {
-    host: VsockHost,
+    host: Arc<dyn VsockBackend>,
     config_space: [u8; 8],
     acked_features: u64,
     worker: Option<Worker>,
@@ -49,6 +48,11 @@ pub struct Vsock {
 impl Vsock {
     /// A device whose host side is `host` (which carries the guest CID).
     pub fn new(host: VsockHost) -> Vsock {
+        Vsock::with_backend(Arc::new(host))
+    }
+
+    /// A device over any host side (unit tests use a mock).
+    pub fn with_backend(host: Arc<dyn VsockBackend>) -> Vsock {
         let config_space = host.guest_cid().to_le_bytes();
         Vsock {
             host,
@@ -63,44 +67,22 @@ impl Vsock {
         drop(self.take_worker());
         // Dropping the muxer closed every connection's host end (EOF for
         // the host); pending connects learn that the device went away.
-        let mut st = self.host.state();
-        st.active = false;
-        st.connects.clear();
+        self.host.set_active(false);
     }
 
     /// Stops the worker and returns its muxer and the event queue (`None`
     /// when not activated, or if the worker panicked).
     fn take_worker(&mut self) -> Option<(Muxer, Queue)> {
         let w = self.worker.take()?;
-        w.stop.store(true, Ordering::SeqCst);
-        let _ = w.kick.write(1);
-        let muxer = w.thread.join().ok()?;
+        let muxer = w.worker.stop()?;
         Some((muxer, w.evq))
     }
 
-    fn start_worker(&mut self, mut muxer: Muxer, evq: Queue) -> Result<(), ActivateError> {
+    fn start_worker(&mut self, muxer: Muxer, evq: Queue) -> Result<(), ActivateError> {
         let kick = muxer.kick().clone();
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("virtio-vsock".into())
-            .spawn(move || {
-                // No periodic wake-up: `take_worker` sets the flag, then
-                // kicks, and a kick that lands before poll is still pending
-                // in the eventfd, so the wait ends either way.
-                while !s.load(Ordering::SeqCst) {
-                    muxer.run_once(Duration::MAX);
-                }
-                muxer
-            })
-            .map_err(ActivateError::Worker)?;
-        self.host.state().active = true;
-        self.worker = Some(Worker {
-            stop,
-            kick,
-            thread,
-            evq,
-        });
+        let worker = DeviceWorker::spawn("virtio-vsock", muxer)?;
+        self.host.set_active(true);
+        self.worker = Some(Worker { worker, kick, evq });
         Ok(())
     }
 }
@@ -175,7 +157,8 @@ impl VirtioDevice for Vsock {
         let txq = queues.remove(TXQ);
         let rxq = queues.remove(RXQ);
         let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(ActivateError::Worker)?);
-        let muxer = Muxer::new(self.host.clone(), mem, rxq, txq, interrupt, kick);
+        let muxer = Muxer::new(self.host.clone(), mem, rxq, txq, interrupt, kick)
+            .map_err(ActivateError::Worker)?;
         self.start_worker(muxer, evq)
     }
 
@@ -191,15 +174,15 @@ impl VirtioDevice for Vsock {
     }
 
     fn save(&mut self) -> DeviceSnapshot {
-        let state = encode_state(&VsockState {
-            guest_cid: self.host.guest_cid(),
-        });
         let Some((muxer, evq)) = self.take_worker() else {
             return DeviceSnapshot {
                 queues: Vec::new(),
-                state,
+                state: encode_state(&VsockState {
+                    guest_cid: self.host.guest_cid(),
+                }),
             };
         };
+        let state = encode_state(&muxer.save());
         let (rxq, txq) = muxer.queues();
         let queues = vec![
             QueueSnapshot::of(rxq),
@@ -225,10 +208,6 @@ impl VirtioDevice for Vsock {
         state: &[u8],
     ) -> Result<(), VirtioPersistError> {
         let state: VsockState = decode_state("virtio-vsock", state)?;
-        // A restoring VM may give the guest another CID (the harness hands
-        // out one per VM): the TRANSPORT_RESET below makes the guest driver
-        // re-read it from config space (Linux: virtio_vsock_update_guest_cid).
-        let _ = state.guest_cid;
         let Some(mut a) = active else {
             return Ok(());
         };
@@ -240,11 +219,14 @@ impl VirtioDevice for Vsock {
         // to another process or VM. The guest learns so from
         // TRANSPORT_RESET; host clients connect anew.
         post_transport_reset(&mut evq, &a.mem, a.interrupt.as_ref());
-        let kick = Arc::new(
-            EventFd::new(libc::EFD_NONBLOCK)
-                .map_err(|e| VirtioPersistError::Activate(ActivateError::Worker(e)))?,
-        );
-        let muxer = Muxer::new(self.host.clone(), a.mem, rxq, txq, a.interrupt, kick);
+        let args = VsockConstructorArgs {
+            host: self.host.clone(),
+            mem: a.mem,
+            rxq,
+            txq,
+            interrupt: a.interrupt,
+        };
+        let muxer = Muxer::restore(args, &state)?;
         self.start_worker(muxer, evq)
             .map_err(VirtioPersistError::Activate)
     }
@@ -254,9 +236,12 @@ impl VirtioDevice for Vsock {
 mod tests {
     use super::*;
     use crate::devices::virtio::test_utils::{guest_memory, CountingInterrupt};
+    use crate::devices::virtio::vsock::test_utils::TestBackend;
+    use std::time::{Duration, Instant};
 
-    fn activated() -> Vsock {
-        let mut dev = Vsock::new(VsockHost::new(3).expect("host"));
+    fn activated() -> (Vsock, Arc<TestBackend>) {
+        let backend = Arc::new(TestBackend::new(3));
+        let mut dev = Vsock::with_backend(backend.clone());
         let queues = (0..3)
             .map(|_| Queue::new(QUEUE_SIZE).expect("queue"))
             .collect();
@@ -266,14 +251,14 @@ mod tests {
             Arc::new(CountingInterrupt::default()),
         )
         .expect("activate");
-        dev
+        (dev, backend)
     }
 
     /// An activated device with nothing to do does not wake its worker:
     /// stopping it is a kick, not a periodic check of the stop flag.
     #[test]
     fn an_idle_worker_sleeps_until_stopped() {
-        let mut dev = activated();
+        let (mut dev, backend) = activated();
         // The quiet second is the measurement, not a wait for something.
         std::thread::sleep(Duration::from_secs(1));
         let _ = dev.save();
@@ -281,7 +266,8 @@ mod tests {
             .parked
             .as_ref()
             .expect("the worker handed its muxer back");
-        // One wake-up is the stop kick `save` sends.
+        // The stop request is the worker's own and not counted; the margin
+        // is for a stray wake-up, not a periodic one.
         assert!(
             muxer.metrics.wakeups <= 2,
             "an idle worker woke {} times in a second",
@@ -292,6 +278,41 @@ mod tests {
         assert!(dev.worker.is_some());
         dev.reset();
         assert!(dev.worker.is_none());
-        assert!(!dev.host.state().active);
+        assert!(!backend.is_active());
+    }
+
+    /// Against the mock backend: the device tells it when the driver runs
+    /// and when it goes away, its worker takes the host's connects, and a
+    /// reset drops a connect the guest never answered (its caller is told).
+    #[test]
+    fn the_device_drives_its_backend() {
+        let (mut dev, backend) = activated();
+        // `activate` first stops whatever ran before.
+        assert_eq!(backend.activations(), [false, true]);
+        let mut buf = [0u8; 8];
+        dev.read_config(0, &mut buf);
+        assert_eq!(
+            u64::from_le_bytes(buf),
+            3,
+            "config space has the backend's CID"
+        );
+        let (_host_end, reply) = backend.push_connect(1234);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while backend.waiting_connects() > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the worker never took the connect"
+            );
+            std::thread::yield_now();
+        }
+        dev.reset();
+        assert_eq!(backend.activations(), [false, true, false]);
+        assert!(
+            reply.recv_timeout(Duration::from_secs(10)).is_err(),
+            "the dropped connect's caller hears of it"
+        );
+        // Dropping a stopped device says so again (idempotent for the backend).
+        drop(dev);
+        assert!(!backend.is_active());
     }
 }

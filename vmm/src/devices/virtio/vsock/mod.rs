@@ -1,19 +1,22 @@
 //! virtio-vsock (virtio 1.2, 5.10) in userspace: no /dev/vhost-vsock.
 //!
 //! The guest gets a CID (config space); the host is CID 2. Stream sockets
-//! only. Host-initiated connections (`VsockHost::connect`) and guest-initiated
-//! ones (to a port the host `listen`s on) each end, host side, in one end of a
-//! Unix socketpair, so the harness's agent client reads and writes a plain
-//! stream. Credit flow control works both ways: the guest may not send more
+//! only. The device's host side is a [`VsockBackend`]; the one in use is
+//! `unix::VsockHost`: host-initiated connections (`VsockHost::connect`) and
+//! guest-initiated ones (to a port the host `listen`s on) each end, host
+//! side, in one end of a Unix socketpair, so the harness's agent client reads
+//! and writes a plain stream. Credit flow control works both ways: the guest may not send more
 //! than `defs::CONN_BUF_BYTES` unforwarded bytes per connection, and the host
 //! sends no more than the guest's advertised buffer allows. A request to a port
 //! nobody listens on, or a packet for an unknown connection, is answered with
 //! RST.
 //!
-//! `device.rs` is the `VirtioDevice` (a worker thread per activation runs the
-//! muxer); `muxer.rs` moves packets between the queues and connections;
-//! `csm.rs` is one connection's state and credit accounting; `host.rs` is the
-//! host-facing handle.
+//! `device.rs` is the `VirtioDevice` (a `worker::DeviceWorker` per
+//! activation runs the muxer's events, `event_handler.rs`); `muxer.rs` moves
+//! packets between the queues and connections;
+//! `csm.rs` is one connection's state and credit accounting; `unix/` is the
+//! host-facing handle behind the backend trait; `test_utils.rs` has a mock
+//! backend for unit tests.
 //!
 //! The guest is hostile: packets are parsed by virtio-vsock with a 64 KiB cap
 //! on payloads; a guest that overruns its credit is reset; connections are
@@ -23,12 +26,92 @@
 
 pub mod csm;
 pub mod device;
-pub mod host;
+pub mod event_handler;
 pub mod muxer;
 pub mod persist;
+#[cfg(test)]
+pub mod test_utils;
+pub mod unix;
+
+use std::os::fd::RawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::mpsc::Sender;
 
 pub use device::Vsock;
-pub use host::{VsockConnectError, VsockHost, VsockListener};
+pub use unix::{VsockHost, VsockListener};
+
+/// The host side of a vsock device: where host-initiated connections come
+/// from and where the guest's connections go. The muxer calls it from the
+/// device worker; the host's own threads (the harness's agent client) talk
+/// to the implementation directly.
+pub trait VsockBackend: Send + Sync {
+    /// The guest's CID (config space).
+    fn guest_cid(&self) -> u64;
+    /// An fd that is readable while host connects wait (`take_connects`);
+    /// the worker watches it.
+    fn wake_fd(&self) -> RawFd;
+    /// Clears `wake_fd`'s readiness (after it fired).
+    fn clear_wake(&self);
+    /// The connections the host asked for since the last call.
+    fn take_connects(&self) -> Vec<ConnectRequest>;
+    /// The guest asks to connect to host `port`: the device's end of a new
+    /// connection (the host got the other), or `None` when nothing listens
+    /// there (the guest is answered RST).
+    fn accept_guest_connect(&self, port: u32) -> Option<UnixStream>;
+    /// The guest driver is running (DRIVER_OK) or went away (reset, device
+    /// dropped: connects still waiting are dropped, their callers told).
+    fn set_active(&self, active: bool);
+}
+
+/// A connection the host asked for, waiting for the muxer.
+pub struct ConnectRequest {
+    /// Guest port.
+    pub port: u32,
+    /// The device's end of the connection's socketpair.
+    pub stream: UnixStream,
+    /// Tells the caller whether the guest accepted.
+    pub reply: Sender<Result<(), VsockConnectError>>,
+}
+
+/// A failed host-initiated connection.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum VsockConnectError {
+    /// The guest answered RST: nothing listens there.
+    #[error("guest CID {cid} refused the vsock connection to port {port} (nothing listens there)")]
+    Refused {
+        /// Guest CID.
+        cid: u64,
+        /// Port.
+        port: u32,
+    },
+    /// The guest's driver is not running (not booted yet, or reset).
+    #[error("the guest's vsock driver is not running (wait for the guest to boot, or check its kernel has CONFIG_VIRTIO_VSOCKETS)")]
+    NotActive,
+    /// No answer in time.
+    #[error("no answer from guest CID {cid} port {port} within {timeout_ms} ms")]
+    Timeout {
+        /// Guest CID.
+        cid: u64,
+        /// Port.
+        port: u32,
+        /// How long it waited.
+        timeout_ms: u64,
+    },
+    /// Too many connections, or the device went away mid-connect.
+    #[error(
+        "the vsock device dropped the connection to port {port} (device reset or connection limit)"
+    )]
+    Dropped {
+        /// Port.
+        port: u32,
+    },
+    /// The host could not make a socketpair or eventfd write.
+    #[error("cannot set up the host side of a vsock connection: {0}")]
+    Host(String),
+    /// Someone already listens on that port.
+    #[error("vsock port {0} already has a listener")]
+    PortInUse(u32),
+}
 
 /// Protocol constants (virtio 1.2, 5.10.6) and the device's limits.
 pub mod defs {

@@ -1,36 +1,55 @@
 //! Moves packets between the three queues and the connections.
 //!
-//! `Muxer::run_once` is one turn of the device worker: poll the kick eventfd,
-//! the host handle's eventfd and every connection's host socket; take new
-//! host connects; read the TX queue (guest packets); move bytes to and from
-//! host sockets; fill RX buffers with the replies and data owed to the guest.
-//! Tests call it directly, with queues laid out in guest memory.
+//! The muxer is the vsock worker's event subscriber (`event_handler.rs` maps
+//! its fds to the `handle_*` methods here): the kick eventfd (queue notify),
+//! the host handle's eventfd (new host connects), an epoll set of the
+//! connections' host sockets, and a timerfd for the nearest connection
+//! deadline. Every event ends in `after_event`: take new host connects; read
+//! the TX queue (guest packets); move bytes to and from host sockets; fill RX
+//! buffers with the replies and data owed to the guest. Tests drive it through
+//! an `EventManager`, with queues laid out in guest memory.
 //!
-//! The worker sleeps in poll until there is something to do: a kick, a host
+//! The worker sleeps in epoll until there is something to do: a kick, a host
 //! connect, a host socket the connection can act on, or the nearest
-//! connection deadline. No fd may keep poll returning without work to do
-//! (`run_once` says how hung-up sockets are kept out), and nothing depends
-//! on a periodic wake-up.
+//! connection deadline. No fd may keep epoll returning without work to do
+//! (`sync_host_interest` says how hung-up sockets are kept out), and nothing
+//! depends on a periodic wake-up.
 
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixStream;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use virtio_queue::{Queue, QueueT};
 use virtio_vsock::packet::{VsockPacket, PKT_HEADER_SIZE};
 use vm_memory::Bytes;
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::csm::{Conn, ConnState, HostIo};
 use super::defs::*;
-use super::host::{ConnectRequest, VsockConnectError, VsockHost};
+use super::{VsockBackend, VsockConnectError};
+use crate::devices::virtio::worker::DeadlineTimer;
 use crate::devices::virtio::VirtioInterrupt;
 use crate::vstate::memory::GuestMemoryMmap;
 
 /// (host port, guest port).
 type Key = (u32, u32);
+
+/// Host-socket events taken from the connection epoll set per wake-up;
+/// more stay ready (level-triggered) for the next one.
+const HOST_EVENTS_PER_WAKEUP: usize = 64;
+
+/// A key as epoll user data, and back.
+fn key_to_data(key: Key) -> u64 {
+    (u64::from(key.0) << 32) | u64::from(key.1)
+}
+
+fn key_from_data(data: u64) -> Key {
+    let host_port = u32::try_from(data >> 32).expect("shifted down to 32 bits");
+    let guest_port = u32::try_from(data & u64::from(u32::MAX)).expect("masked to 32 bits");
+    (host_port, guest_port)
+}
 
 /// A header-only packet the device owes the guest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,22 +70,31 @@ pub struct VsockMetrics {
     pub rsts_sent: u64,
     /// Host connects withdrawn because their caller gave up waiting.
     pub abandoned_connects: u64,
-    /// Times `run_once`'s poll returned (an event or its timeout). An idle
-    /// device should not wake at all; a count that grows while nothing
-    /// happens is a busy worker.
+    /// Events the worker handled. An idle device should not wake at all;
+    /// a count that grows while nothing happens is a busy worker.
     pub wakeups: u64,
+    /// Events for fds the handler does not know (a VMM bug; see `worker`).
+    pub unexpected_events: u64,
 }
 
 /// The muxer of one activated device.
 pub struct Muxer {
     guest_cid: u64,
-    host: VsockHost,
+    host: Arc<dyn VsockBackend>,
     mem: GuestMemoryMmap,
     rxq: Queue,
     txq: Queue,
     interrupt: Arc<dyn VirtioInterrupt>,
     kick: Arc<EventFd>,
     conns: HashMap<Key, Conn>,
+    /// The host sockets worth waking for, keyed by `key_to_data`.
+    host_sockets: Epoll,
+    /// What each connection is registered for in `host_sockets`.
+    host_interest: HashMap<Key, (RawFd, EventSet)>,
+    /// Scratch buffer for `host_sockets` events.
+    host_events: Vec<EpollEvent>,
+    /// Fires for the nearest connection deadline.
+    deadline_timer: DeadlineTimer,
     replies: VecDeque<Reply>,
     next_port: u32,
     /// Payload bounce buffer (one packet).
@@ -76,16 +104,17 @@ pub struct Muxer {
 }
 
 impl Muxer {
-    /// A muxer over the activated queues (rx, tx; the event queue is unused).
+    /// A muxer over the activated queues (rx, tx; the event queue is
+    /// unused). Fails when the host is out of epoll or timer fds.
     pub fn new(
-        host: VsockHost,
+        host: Arc<dyn VsockBackend>,
         mem: GuestMemoryMmap,
         rxq: Queue,
         txq: Queue,
         interrupt: Arc<dyn VirtioInterrupt>,
         kick: Arc<EventFd>,
-    ) -> Muxer {
-        Muxer {
+    ) -> std::io::Result<Muxer> {
+        Ok(Muxer {
             guest_cid: host.guest_cid(),
             host,
             mem,
@@ -94,11 +123,20 @@ impl Muxer {
             interrupt,
             kick,
             conns: HashMap::new(),
+            host_sockets: Epoll::new()?,
+            host_interest: HashMap::new(),
+            host_events: vec![EpollEvent::default(); HOST_EVENTS_PER_WAKEUP],
+            deadline_timer: DeadlineTimer::new()?,
             replies: VecDeque::new(),
             next_port: FIRST_EPHEMERAL_PORT,
             buf: vec![0; MAX_PKT_DATA_BYTES as usize],
             metrics: VsockMetrics::default(),
-        }
+        })
+    }
+
+    /// The guest's CID (from the host handle this muxer was built with).
+    pub fn guest_cid(&self) -> u64 {
+        self.guest_cid
     }
 
     /// The RX and TX queues (for a snapshot's queue state).
@@ -116,76 +154,131 @@ impl Muxer {
         self.conns.len()
     }
 
-    /// One turn: waits up to `timeout` (`Duration::MAX`: no limit) for an
-    /// event or the next connection deadline, then does all the work that
-    /// is ready.
-    ///
-    /// The wait only ends early for a reason to act, so an idle device
-    /// sleeps: a host socket is polled only for what the connection can
-    /// act on now (reading within the guest's credit, flushing `to_host`).
-    /// Linux reports POLLHUP/POLLERR even for `events == 0`, so a hung-up
-    /// socket the connection has nothing to do with stays out of the set
-    /// (it is read or flushed once there is credit or data again, which a
-    /// guest packet brings, and the guest packet kicks us). The one
-    /// exception is a connect still waiting for the guest: its socket is
-    /// polled for the hang-up alone, which means the caller gave up, and
-    /// the connection is withdrawn then (`abandon`).
-    pub fn run_once(&mut self, timeout: Duration) {
-        let mut fds = Vec::with_capacity(self.conns.len() + 2);
-        fds.push(libc::pollfd {
-            fd: self.kick.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        });
-        fds.push(libc::pollfd {
-            fd: self.host.wake_fd().as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        });
-        let mut polled: Vec<Key> = Vec::with_capacity(self.conns.len());
-        for (k, c) in &self.conns {
-            let mut events = 0;
-            if c.wants_host_read() {
-                events |= libc::POLLIN;
-            }
-            if !c.to_host.is_empty() {
-                events |= libc::POLLOUT;
-            }
-            let connecting = matches!(c.state, ConnState::Connecting { .. });
-            if events == 0 && !connecting {
-                continue;
-            }
-            polled.push(*k);
-            fds.push(libc::pollfd {
-                fd: c.stream.as_raw_fd(),
-                events,
-                revents: 0,
-            });
+    /// The host handle's eventfd (readable when host connects wait).
+    pub(super) fn host_wake_fd(&self) -> RawFd {
+        self.host.wake_fd()
+    }
+
+    /// The epoll set of host sockets (readable when one of them is ready).
+    pub(super) fn host_sockets_fd(&self) -> RawFd {
+        self.host_sockets.as_raw_fd()
+    }
+
+    /// The connection-deadline timer's fd.
+    pub(super) fn deadline_fd(&self) -> RawFd {
+        self.deadline_timer.as_raw_fd()
+    }
+
+    /// Re-arms the deadline timer (a worker taking this muxer over calls
+    /// it: deadlines may have come due while none ran).
+    pub(super) fn arm_deadline(&mut self) {
+        self.deadline_timer.arm(self.next_deadline());
+    }
+
+    /// The guest notified a queue (any index).
+    pub(super) fn handle_queue_notify(&mut self) {
+        let _ = self.kick.read();
+        self.after_event();
+    }
+
+    /// The host asked for connections (`VsockHost::connect`).
+    pub(super) fn handle_host_connects(&mut self) {
+        self.host.clear_wake();
+        self.after_event();
+    }
+
+    /// Host sockets are ready: move their bytes.
+    pub(super) fn handle_host_sockets(&mut self) {
+        // Zero timeout: the set is readable, so this does not wait.
+        let n = self
+            .host_sockets
+            .wait(0, &mut self.host_events)
+            .unwrap_or(0);
+        let ready: Vec<(Key, EventSet)> = self.host_events[..n]
+            .iter()
+            .map(|e| (key_from_data(e.data()), e.event_set()))
+            .collect();
+        for (key, events) in ready {
+            self.host_ready(key, events);
         }
-        let now = Instant::now();
-        let timeout = self
-            .next_deadline()
-            .map_or(timeout, |d| timeout.min(d.saturating_duration_since(now)));
-        let timeout_ms = poll_timeout_ms(timeout);
-        let nfds = libc::nfds_t::try_from(fds.len()).expect("at most MAX_CONNECTIONS + 2");
-        // SAFETY: `fds` is a valid, exclusively borrowed array of `nfds` pollfds.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), nfds, timeout_ms) };
+        self.after_event();
+    }
+
+    /// The nearest connection deadline may have passed.
+    pub(super) fn handle_deadline(&mut self) {
+        self.deadline_timer.acknowledge();
+        self.after_event();
+    }
+
+    /// What every event ends with: all the work that is ready, then the
+    /// host sockets and the timer set up for what can happen next.
+    fn after_event(&mut self) {
         self.metrics.wakeups += 1;
-        if n > 0 {
-            if fds[0].revents != 0 {
-                let _ = self.kick.read();
-            }
-            if fds[1].revents != 0 {
-                let _ = self.host.wake_fd().read();
-            }
-            for (k, p) in polled.iter().zip(&fds[2..]) {
-                if p.revents != 0 {
-                    self.host_ready(*k, p.revents);
-                }
-            }
-        }
         self.take_host_connects();
         self.work();
+        self.sync_host_interest();
+        self.arm_deadline();
+    }
+
+    /// Registers each host socket for what the connection can act on now
+    /// (reading within the guest's credit, flushing `to_host`), so an idle
+    /// device sleeps.
+    ///
+    /// Linux reports EPOLLHUP/EPOLLERR even for an empty event set, so a
+    /// hung-up socket the connection has nothing to do with stays out of the
+    /// set (it is read or flushed once there is credit or data again, which
+    /// a guest packet brings, and the guest packet kicks us). The one
+    /// exception is a connect still waiting for the guest: its socket is
+    /// watched for the hang-up alone, which means the caller gave up, and the
+    /// connection is withdrawn then (`abandon`).
+    fn sync_host_interest(&mut self) {
+        // Connections removed since the last sync were deregistered by
+        // `remove_conn`; what remains is adds and changes.
+        for (key, c) in &self.conns {
+            let mut want = EventSet::empty();
+            if c.wants_host_read() {
+                want |= EventSet::IN;
+            }
+            if !c.to_host.is_empty() {
+                want |= EventSet::OUT;
+            }
+            let connecting = matches!(c.state, ConnState::Connecting { .. });
+            let watch = !want.is_empty() || connecting;
+            let fd = c.stream.as_raw_fd();
+            let event = EpollEvent::new(want, key_to_data(*key));
+            let op = match self.host_interest.get(key) {
+                Some(_) if !watch => ControlOperation::Delete,
+                Some(&(was_fd, was)) if was_fd == fd && was == want => continue,
+                Some(&(was_fd, _)) if was_fd == fd => ControlOperation::Modify,
+                Some(_) => ControlOperation::Add,
+                None if watch => ControlOperation::Add,
+                None => continue,
+            };
+            // Add and Modify only fail when the kernel is out of memory;
+            // the socket is then not watched, and the next guest packet
+            // (which kicks us) moves its bytes.
+            let delete = matches!(op, ControlOperation::Delete);
+            let ok = self.host_sockets.ctl(op, fd, event).is_ok();
+            if delete || !ok {
+                self.host_interest.remove(key);
+            } else {
+                self.host_interest.insert(*key, (fd, want));
+            }
+        }
+    }
+
+    /// Takes a connection out, first out of the host-socket set (its fd
+    /// closes when the connection drops, and a later socket may reuse it).
+    fn remove_conn(&mut self, key: &Key) -> Option<Conn> {
+        let c = self.conns.remove(key)?;
+        if self.host_interest.remove(key).is_some() {
+            let _ = self.host_sockets.ctl(
+                ControlOperation::Delete,
+                c.stream.as_raw_fd(),
+                EpollEvent::default(),
+            );
+        }
+        Some(c)
     }
 
     /// Everything but waiting: TX, host EOFs, credit updates, RX, deadlines.
@@ -227,7 +320,7 @@ impl Muxer {
 
     /// Drops a connection and tells the guest.
     fn reset(&mut self, key: Key) {
-        if let Some(c) = self.conns.remove(&key) {
+        if let Some(c) = self.remove_conn(&key) {
             if let ConnState::Connecting { reply, .. } = c.state {
                 let _ = reply.send(Err(VsockConnectError::Dropped { port: key.1 }));
             }
@@ -241,7 +334,7 @@ impl Muxer {
     /// seen gets an RST, so it drops its half and a late RESPONSE is not
     /// needed.
     fn abandon(&mut self, key: Key) {
-        if self.conns.remove(&key).is_none() {
+        if self.remove_conn(&key).is_none() {
             return;
         }
         self.metrics.abandoned_connects += 1;
@@ -254,7 +347,7 @@ impl Muxer {
     }
 
     fn take_host_connects(&mut self) {
-        let reqs: Vec<ConnectRequest> = std::mem::take(&mut self.host.state().connects);
+        let reqs = self.host.take_connects();
         for r in reqs {
             if self.conns.len() >= MAX_CONNECTIONS {
                 let _ = r
@@ -298,11 +391,11 @@ impl Muxer {
         None
     }
 
-    fn host_ready(&mut self, key: Key, revents: libc::c_short) {
+    fn host_ready(&mut self, key: Key, revents: EventSet) {
         let Some(c) = self.conns.get_mut(&key) else {
             return;
         };
-        let hung_up = revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0;
+        let hung_up = revents.intersects(EventSet::HANG_UP | EventSet::ERROR);
         if hung_up && matches!(c.state, ConnState::Connecting { .. }) {
             self.abandon(key);
             return;
@@ -311,7 +404,9 @@ impl Muxer {
         if !c.to_host.is_empty() {
             closed |= c.flush_to_host() == HostIo::Closed;
         }
-        if revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 && c.wants_host_read() {
+        if revents.intersects(EventSet::IN | EventSet::HANG_UP | EventSet::ERROR)
+            && c.wants_host_read()
+        {
             closed |= c.read_from_host() == HostIo::Closed;
         }
         if closed {
@@ -443,7 +538,7 @@ impl Muxer {
                 }
             }
             OP_RST => {
-                if let Some(c) = self.conns.remove(&key) {
+                if let Some(c) = self.remove_conn(&key) {
                     if let ConnState::Connecting { reply, .. } = c.state {
                         let _ = reply.send(Err(VsockConnectError::Refused {
                             cid: self.guest_cid,
@@ -489,24 +584,16 @@ impl Muxer {
             self.reply(key, OP_RST, 0);
             return;
         }
-        let listener = self.host.state().listeners.get(&key.0).cloned();
-        let Some(listener) = listener else {
+        let Some(mine) = self.host.accept_guest_connect(key.0) else {
             self.reply(key, OP_RST, 0);
             return;
         };
-        let Ok((mine, theirs)) = UnixStream::pair() else {
-            self.reply(key, OP_RST, 0);
-            return;
-        };
+        // Fails only if the socket cannot be made nonblocking; the host's
+        // end then reads EOF as soon as `mine` drops.
         let Ok(mut c) = Conn::new(mine, ConnState::Established) else {
             self.reply(key, OP_RST, 0);
             return;
         };
-        if listener.send(theirs).is_err() {
-            self.host.state().listeners.remove(&key.0);
-            self.reply(key, OP_RST, 0);
-            return;
-        }
         c.update_peer_credit(h.buf_alloc, h.fwd_cnt);
         self.conns.insert(key, c);
         self.reply(key, OP_RESPONSE, 0);
@@ -593,15 +680,6 @@ impl Muxer {
     }
 }
 
-/// `timeout` as poll(2)'s argument: rounded up to whole milliseconds (a
-/// deadline 0.4 ms away must not become a zero timeout, which would return
-/// at once, over and over, until the deadline passes), and -1 (no limit) for
-/// a wait longer than a `c_int` of milliseconds (`Duration::MAX`).
-fn poll_timeout_ms(timeout: Duration) -> libc::c_int {
-    let ms = timeout.as_nanos().div_ceil(1_000_000);
-    libc::c_int::try_from(ms).unwrap_or(-1)
-}
-
 #[derive(Clone, Copy, Debug)]
 struct TxHeader {
     src_cid: u64,
@@ -619,7 +697,11 @@ struct TxHeader {
 mod tests {
     use super::*;
     use crate::devices::virtio::test_utils::{guest_memory, CountingInterrupt};
+    use crate::devices::virtio::vsock::test_utils::TestBackend;
+    use crate::devices::virtio::vsock::VsockHost;
+    use event_manager::{EventManager, SubscriberId, SubscriberOps};
     use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
     use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
     use vm_memory::GuestAddress;
 
@@ -760,10 +842,23 @@ mod tests {
         }
     }
 
+    /// `timeout` as epoll_wait's argument: rounded up to whole milliseconds (a
+    /// deadline 0.4 ms away must not become a zero timeout, which would return
+    /// at once, over and over, until the deadline passes), and -1 (no limit) for
+    /// a wait longer than a `c_int` of milliseconds (`Duration::MAX`).
+    fn poll_timeout_ms(timeout: Duration) -> libc::c_int {
+        let ms = timeout.as_nanos().div_ceil(1_000_000);
+        libc::c_int::try_from(ms).unwrap_or(-1)
+    }
+
     struct Rig {
         mem: GuestMemoryMmap,
         host: VsockHost,
-        mux: Muxer,
+        /// Runs the muxer's events, as the device worker does.
+        em: EventManager<Muxer>,
+        id: SubscriberId,
+        /// The muxer's kick: the guest's notify.
+        kick: Arc<EventFd>,
         rx: Ring,
         tx: Ring,
         tx_slot: u64,
@@ -771,25 +866,36 @@ mod tests {
 
     impl Rig {
         fn new() -> Rig {
+            let host = VsockHost::new(CID).expect("host");
+            host.set_active(true);
+            Rig::with_backend(host.clone(), Arc::new(host))
+        }
+
+        /// A rig whose muxer talks to `backend` (`host` is what the test
+        /// connects and listens through when the backend is the real one).
+        fn with_backend(host: VsockHost, backend: Arc<dyn VsockBackend>) -> Rig {
             let mem = guest_memory();
             let rx = Ring::new(RXQ_GPA);
             let tx = Ring::new(TXQ_GPA);
             let (rxq, txq) = (rx.queue(&mem), tx.queue(&mem));
-            let host = VsockHost::new(CID).expect("host");
-            host.state().active = true;
             let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).expect("eventfd"));
             let mux = Muxer::new(
-                host.clone(),
+                backend,
                 mem.clone(),
                 rxq,
                 txq,
                 Arc::new(CountingInterrupt::default()),
-                kick,
-            );
+                kick.clone(),
+            )
+            .expect("muxer");
+            let mut em = EventManager::new().expect("event manager");
+            let id = em.add_subscriber(mux);
             Rig {
                 mem,
                 host,
-                mux,
+                em,
+                id,
+                kick,
                 rx,
                 tx,
                 tx_slot: 0,
@@ -807,6 +913,7 @@ mod tests {
                     &[(at, HDR as u32, w), (at + 0x1000, RX_DATA_BYTES, w)],
                 );
             }
+            self.notify();
         }
 
         /// Packets the device put in RX buffers since the last call, with data.
@@ -845,10 +952,27 @@ mod tests {
                 let len = u32::try_from(data.len()).expect("small");
                 self.tx.add(&self.mem, &[(h, HDR as u32, 0), (d, len, 0)]);
             }
+            self.notify();
+        }
+
+        fn mux(&mut self) -> &mut Muxer {
+            self.em.subscriber_mut(self.id).expect("the rig's muxer")
+        }
+
+        /// The guest notifies the device (after adding buffers).
+        fn notify(&self) {
+            self.kick.write(1).expect("kick");
+        }
+
+        /// Handles the events that arrive within `timeout`.
+        fn run_for(&mut self, timeout: Duration) {
+            self.em
+                .run_with_timeout(poll_timeout_ms(timeout))
+                .expect("epoll_wait");
         }
 
         fn turn(&mut self) {
-            self.mux.run_once(Duration::from_millis(5));
+            self.run_for(Duration::from_millis(5));
         }
 
         /// Runs turns until the guest received something.
@@ -964,7 +1088,7 @@ mod tests {
             t.join().expect("thread").expect_err("refused"),
             VsockConnectError::Refused { cid: CID, port: 99 }
         );
-        assert_eq!(r.mux.connection_count(), 0);
+        assert_eq!(r.mux().connection_count(), 0);
 
         // The guest closes an open connection: RST back, host sees EOF.
         let (mut s, hport) = host_connect(&mut r);
@@ -976,7 +1100,7 @@ mod tests {
         let mut rest = Vec::new();
         s.read_to_end(&mut rest).expect("EOF");
         assert!(rest.is_empty());
-        assert_eq!(r.mux.connection_count(), 0);
+        assert_eq!(r.mux().connection_count(), 0);
     }
 
     #[test]
@@ -989,7 +1113,7 @@ mod tests {
         assert_eq!(got[0].0.flags, SHUTDOWN_RCV | SHUTDOWN_SEND);
         r.send(from_guest(1234, hport, OP_RST), &[]);
         r.turn();
-        assert_eq!(r.mux.connection_count(), 0);
+        assert_eq!(r.mux().connection_count(), 0);
     }
 
     #[test]
@@ -1069,7 +1193,7 @@ mod tests {
             r.turn();
         }
         assert!(r.received().is_empty(), "nothing answered");
-        assert_eq!(r.mux.metrics.bad_packets, 6);
+        assert_eq!(r.mux().metrics.bad_packets, 6);
         assert_eq!(r.tx.take_used(&r.mem).len(), 8, "every TX chain returned");
     }
 
@@ -1086,10 +1210,10 @@ mod tests {
             r.send(rw, &chunk);
             r.turn();
         }
-        assert_eq!(r.mux.metrics.credit_overruns, 1);
+        assert_eq!(r.mux().metrics.credit_overruns, 1);
         let got = r.received();
         assert!(got.iter().any(|(p, _)| p.op == OP_RST), "{got:?}");
-        assert_eq!(r.mux.connection_count(), 0);
+        assert_eq!(r.mux().connection_count(), 0);
     }
 
     #[test]
@@ -1099,7 +1223,7 @@ mod tests {
             r.send(from_guest(port, 7, OP_REQUEST), &[]);
         }
         r.turn();
-        assert_eq!(r.mux.replies.len(), MAX_PENDING_REPLIES);
+        assert_eq!(r.mux().replies.len(), MAX_PENDING_REPLIES);
         assert_eq!(r.tx.take_used(&r.mem).len(), MAX_PENDING_REPLIES);
         // RX buffers drain the replies, and the rest of TX is read.
         r.rx_buffers(200);
@@ -1186,11 +1310,11 @@ mod tests {
         settled.extend(r.received());
 
         let quiet = Duration::from_secs(1);
-        let (wakeups0, cpu0, start) = (r.mux.metrics.wakeups, thread_cpu(), Instant::now());
+        let (wakeups0, cpu0, start) = (r.mux().metrics.wakeups, thread_cpu(), Instant::now());
         while start.elapsed() < quiet {
-            r.mux.run_once(quiet.saturating_sub(start.elapsed()));
+            r.run_for(quiet.saturating_sub(start.elapsed()));
         }
-        let wakeups = r.mux.metrics.wakeups - wakeups0;
+        let wakeups = r.mux().metrics.wakeups - wakeups0;
         let cpu_ms = (thread_cpu() - cpu0).as_millis();
         eprintln!("quiet second with dead connections: {wakeups} wake-ups, {cpu_ms} ms CPU");
         assert!(
@@ -1208,7 +1332,7 @@ mod tests {
             .collect();
         rsts.sort_unstable();
         assert_eq!(rsts, [2000, 2001, 2002]);
-        assert_eq!(r.mux.connection_count(), 2);
+        assert_eq!(r.mux().connection_count(), 2);
         // The unpolled hung-up connection still ends properly: with credit,
         // the EOF is read and the guest gets SHUTDOWN.
         let mut upd = from_guest(1234, hport, OP_CREDIT_UPDATE);
@@ -1223,7 +1347,7 @@ mod tests {
         r.send(from_guest(1234, hport, OP_RST), &[]);
         r.send(from_guest(1234, hport2, OP_RST), &[]);
         r.turn();
-        assert_eq!(r.mux.connection_count(), 0);
+        assert_eq!(r.mux().connection_count(), 0);
     }
 
     /// A connect whose caller gave up before the guest had RX buffers to
@@ -1240,11 +1364,37 @@ mod tests {
         for _ in 0..3 {
             r.turn();
         }
-        assert_eq!(r.mux.connection_count(), 0);
+        assert_eq!(r.mux().connection_count(), 0);
         r.rx_buffers(8);
         for _ in 0..3 {
             r.turn();
         }
         assert_eq!(r.received(), Vec::new(), "no REQUEST, no RST");
+    }
+
+    /// The muxer against the mock backend: a guest connect goes to the
+    /// backend, which accepts on a port it listens on (RESPONSE, bytes reach
+    /// the accepted host end) and refuses elsewhere (RST).
+    #[test]
+    fn guest_connects_go_through_the_backend() {
+        let backend = Arc::new(TestBackend::new(CID));
+        backend.listen(80);
+        let mut r = Rig::with_backend(VsockHost::new(CID).expect("host"), backend.clone());
+        r.rx_buffers(8);
+        r.send(from_guest(5000, 80, OP_REQUEST), &[]);
+        let got = r.until_received();
+        assert_eq!((got[0].0.op, got[0].0.src_port), (OP_RESPONSE, 80));
+        let (port, mut host_end) = backend.take_accepted().expect("accepted");
+        assert_eq!(port, 80);
+        let mut rw = from_guest(5000, 80, OP_RW);
+        rw.len = 5;
+        r.send(rw, b"hello");
+        r.turn();
+        assert_eq!(read_exactly(&mut host_end, 5), b"hello");
+        r.send(from_guest(5001, 81, OP_REQUEST), &[]);
+        let got = r.until_received();
+        assert_eq!((got[0].0.op, got[0].0.src_port), (OP_RST, 81));
+        assert_eq!(backend.guest_connects(), [80, 81]);
+        assert_eq!(r.mux().connection_count(), 1);
     }
 }

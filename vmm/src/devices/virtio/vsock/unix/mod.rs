@@ -1,8 +1,11 @@
-//! The host-facing handle of a vsock device: connect to a guest port, listen
-//! for the guest's connections. It outlives resets (the rebuilt device takes
-//! a clone), so the harness keeps one per VM.
+//! The Unix backend of a vsock device ([`VsockBackend`]): the host-facing
+//! handle through which the harness connects to a guest port or listens for
+//! the guest's connections, each connection's host end one end of a Unix
+//! socketpair. It outlives resets (the rebuilt device takes a clone), so the
+//! harness keeps one per VM.
 
 use std::collections::HashMap;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -10,12 +13,7 @@ use std::time::Duration;
 
 use vmm_sys_util::eventfd::EventFd;
 
-/// A connection the host asked for, waiting for the muxer.
-pub(crate) struct ConnectRequest {
-    pub port: u32,
-    pub stream: UnixStream,
-    pub reply: Sender<Result<(), VsockConnectError>>,
-}
+use super::{ConnectRequest, VsockBackend, VsockConnectError};
 
 #[derive(Default)]
 pub(crate) struct HostState {
@@ -30,46 +28,6 @@ struct HostInner {
     state: Mutex<HostState>,
     /// Wakes the muxer when `connects` grows.
     wake: EventFd,
-}
-
-/// A failed host-initiated connection.
-#[derive(Debug, PartialEq, Eq, thiserror::Error)]
-pub enum VsockConnectError {
-    /// The guest answered RST: nothing listens there.
-    #[error("guest CID {cid} refused the vsock connection to port {port} (nothing listens there)")]
-    Refused {
-        /// Guest CID.
-        cid: u64,
-        /// Port.
-        port: u32,
-    },
-    /// The guest's driver is not running (not booted yet, or reset).
-    #[error("the guest's vsock driver is not running (wait for the guest to boot, or check its kernel has CONFIG_VIRTIO_VSOCKETS)")]
-    NotActive,
-    /// No answer in time.
-    #[error("no answer from guest CID {cid} port {port} within {timeout_ms} ms")]
-    Timeout {
-        /// Guest CID.
-        cid: u64,
-        /// Port.
-        port: u32,
-        /// How long it waited.
-        timeout_ms: u64,
-    },
-    /// Too many connections, or the device went away mid-connect.
-    #[error(
-        "the vsock device dropped the connection to port {port} (device reset or connection limit)"
-    )]
-    Dropped {
-        /// Port.
-        port: u32,
-    },
-    /// The host could not make a socketpair or eventfd write.
-    #[error("cannot set up the host side of a vsock connection: {0}")]
-    Host(String),
-    /// Someone already listens on that port.
-    #[error("vsock port {0} already has a listener")]
-    PortInUse(u32),
 }
 
 /// Handle to a vsock device's host side. Cheap to clone.
@@ -127,10 +85,6 @@ impl VsockHost {
         self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn wake_fd(&self) -> &EventFd {
-        &self.inner.wake
-    }
-
     /// Connects to guest `port`: returns the host end once the guest accepted.
     /// Reads see the guest's bytes; EOF means the guest closed or reset.
     pub fn connect(&self, port: u32, timeout: Duration) -> Result<UnixStream, VsockConnectError> {
@@ -178,5 +132,86 @@ impl VsockHost {
             rx,
             host: self.clone(),
         })
+    }
+}
+
+impl VsockBackend for VsockHost {
+    fn guest_cid(&self) -> u64 {
+        self.inner.guest_cid
+    }
+
+    fn wake_fd(&self) -> RawFd {
+        self.inner.wake.as_raw_fd()
+    }
+
+    fn clear_wake(&self) {
+        let _ = self.inner.wake.read();
+    }
+
+    fn take_connects(&self) -> Vec<ConnectRequest> {
+        std::mem::take(&mut self.state().connects)
+    }
+
+    fn accept_guest_connect(&self, port: u32) -> Option<UnixStream> {
+        let listener = self.state().listeners.get(&port).cloned()?;
+        let (mine, theirs) = UnixStream::pair().ok()?;
+        if listener.send(theirs).is_err() {
+            // The listener was dropped: nobody listens there any more.
+            self.state().listeners.remove(&port);
+            return None;
+        }
+        Some(mine)
+    }
+
+    fn set_active(&self, active: bool) {
+        let mut st = self.state();
+        st.active = active;
+        if !active {
+            // The device went away: pending connects learn so (their
+            // reply channels close).
+            st.connects.clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connects_wait_for_an_active_device_and_listeners_get_guest_connections() {
+        let host = VsockHost::new(3).expect("host");
+        assert_eq!(
+            host.connect(5, Duration::from_millis(1)).unwrap_err(),
+            VsockConnectError::NotActive
+        );
+        host.set_active(true);
+        let h = host.clone();
+        let t = std::thread::spawn(move || h.connect(5, Duration::from_secs(10)));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let req = loop {
+            if let Some(r) = host.take_connects().pop() {
+                break r;
+            }
+            assert!(std::time::Instant::now() < deadline, "no connect request");
+            std::thread::yield_now();
+        };
+        assert_eq!(req.port, 5);
+        req.reply.send(Ok(())).expect("caller waits");
+        t.join().expect("thread").expect("connected");
+        host.clear_wake();
+
+        assert!(host.accept_guest_connect(80).is_none(), "nobody listens");
+        let l = host.listen(80).expect("listen");
+        assert_eq!(
+            host.listen(80).err().expect("second listener refused"),
+            VsockConnectError::PortInUse(80)
+        );
+        assert!(host.accept_guest_connect(80).is_some());
+        assert!(l.accept_timeout(Duration::from_secs(5)).is_some());
+        drop(l);
+        assert!(host.accept_guest_connect(80).is_none(), "listener gone");
+        host.set_active(false);
+        assert!(host.take_connects().is_empty());
     }
 }
