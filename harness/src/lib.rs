@@ -25,3 +25,4 @@ pub mod machine;
 pub mod partition;
 pub mod report;
 pub mod runner;
+pub mod settings;

@@ -859,7 +859,11 @@ end)
         let img = image(p.path(), "vda.img");
         let snap = p.path().join("base.snap");
         tiny_snapshot(p.path(), &snap, &img, None);
-        let config = provium::config::Config::load(&p.path().join("provium.toml")).unwrap();
+        let config = provium::config::Config::load(
+            &p.path().join("provium.toml"),
+            &provium::settings::Settings::from_env(),
+        )
+        .unwrap();
         let roots: Vec<std::path::PathBuf> = config
             .roots
             .iter()

@@ -754,7 +754,7 @@ fn boot_target(args: &RunArgs, b: &BootArgs) -> Result<BootTarget, String> {
         });
     }
     let name = b.profile.clone().expect("clap requires a profile");
-    let config = load_config(&args.config)?;
+    let config = load_config(&args.config, &args.settings)?;
     let Some(p) = config.profiles.get(&name) else {
         let known: Vec<&str> = config.profiles.keys().map(String::as_str).collect();
         return Err(format!(
@@ -1239,7 +1239,7 @@ struct TinyRestoreSample {
 /// VMM, P at once, each in a new VM.
 fn bench_restore_tiny(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
     use provium_snapshot::FixtureCache;
-    let config = load_config(&args.config)?;
+    let config = load_config(&args.config, &args.settings)?;
     let cache =
         FixtureCache::open(&config.cache_dir).map_err(|e| crate::error_chain::flatten(&e))?;
     let (entry, built) = tiny_guest_fixture(&cache, r.mem)?;
@@ -1398,7 +1398,7 @@ fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
         fixture: Some(fixture_name.clone()),
         ..r.clone()
     };
-    let config = Arc::new(load_config(&args.config)?);
+    let config = Arc::new(load_config(&args.config, &args.settings)?);
     let backend = choose_backend(r.vmm, &config);
     let roots = if config.roots.is_empty() {
         vec![PathBuf::from(".")]
@@ -1600,7 +1600,7 @@ fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
 // ops
 
 fn bench_ops(args: &RunArgs, o: &OpsArgs) -> Result<Report, String> {
-    let config = load_config(&args.config)?;
+    let config = load_config(&args.config, &args.settings)?;
     local_backend(o.vmm, &config, "ops")?;
     let profile_name = o.profile.clone().unwrap_or_else(|| "default".into());
     let spec = BootSpec {

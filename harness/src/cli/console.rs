@@ -111,7 +111,7 @@ enum Ended {
 }
 
 pub fn run(args: &RunArgs, profile_name: &str, opts: &ConsoleOpts) -> Result<i32, String> {
-    let config = load_config(&args.config)?;
+    let config = load_config(&args.config, &args.settings)?;
     let profile = config.profiles.get(profile_name).ok_or_else(|| {
         let known: Vec<&str> = config.profiles.keys().map(String::as_str).collect();
         format!(
