@@ -428,6 +428,7 @@ fn kvm_machine_nic_sends_to_the_switch_and_follows_the_link() {
         kernel_cmdline: None,
         rng_seed: None,
         initial_time: None,
+        settings: provium::settings::Settings::from_env(),
     };
     let nic2 = NetConfig::on_port(Arc::new(lan2.attach("v", mac).unwrap()));
     let restored =

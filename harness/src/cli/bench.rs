@@ -785,7 +785,7 @@ fn boot_target(args: &RunArgs, b: &BootArgs) -> Result<BootTarget, String> {
             Some("the profile has inject_agent = false".to_string()),
         )
     } else {
-        match locate_guest_agent() {
+        match locate_guest_agent(&config.settings) {
             Ok(_) => (true, None),
             Err(e) => (false, Some(format!("no agent to inject: {e}"))),
         }
@@ -795,6 +795,7 @@ fn boot_target(args: &RunArgs, b: &BootArgs) -> Result<BootTarget, String> {
         cpus: u32::from(b.cpus),
         kernel_cmdline: b.cmdline.clone(),
         inject_agent,
+        settings: config.settings.clone(),
         ..KvmBootOpts::default()
     };
     // Built once here only to report what is booted; every boot builds its
@@ -1462,6 +1463,7 @@ fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
         kernel_cmdline: None,
         rng_seed: decl.rng_seed,
         initial_time: None,
+        settings: config.settings.clone(),
     };
     let mut next = 0usize;
     let batch = |count: usize| -> Result<Vec<RestoreSample>, String> {
@@ -1583,7 +1585,7 @@ fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
         host: host_info(r.common.pin),
         guest: json!({
             "backend": backend.as_str(),
-            "emulated_kernel_code": kvm && crate::backend::kvm::host_is_kvm_pvm(),
+            "emulated_kernel_code": kvm && crate::backend::kvm::host_is_kvm_pvm(&config.settings),
             "fixture": fixture_name,
             "entry": entry.display().to_string(),
             "entry_bytes": entry_bytes,
@@ -1612,6 +1614,7 @@ fn bench_ops(args: &RunArgs, o: &OpsArgs) -> Result<Report, String> {
         kernel_cmdline: None,
         rng_seed: None,
         initial_time: None,
+        settings: config.settings.clone(),
     };
     let runs = o.common.runs.unwrap_or(200).max(1);
     let warmup = o.common.warmup.unwrap_or(10);
@@ -1620,7 +1623,7 @@ fn bench_ops(args: &RunArgs, o: &OpsArgs) -> Result<Report, String> {
     let result = run_ops(&machine, runs, warmup);
     machine.shutdown();
     let phases = result?;
-    let agent = crate::backend::local::locate_agent()
+    let agent = crate::backend::local::locate_agent(&config.settings)
         .map(|p| p.display().to_string())
         .ok();
     Ok(Report {

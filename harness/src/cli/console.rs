@@ -147,6 +147,7 @@ pub fn run(args: &RunArgs, profile_name: &str, opts: &ConsoleOpts) -> Result<i32
         nics: Vec::new(),
         drives: Vec::new(),
         boot_timer: None,
+        settings: config.settings.clone(),
     };
     let machine = KvmMachine::create("console", profile, &boot, None)
         .map_err(|e| format!("console: profile `{profile_name}`: {e}"))?;

@@ -2,6 +2,7 @@
 
 use crate::backend::local::locate_agent;
 use crate::runner::BackendKind;
+use crate::settings::Settings;
 
 pub fn kvm_usable() -> Result<(), String> {
     match std::fs::OpenOptions::new()
@@ -14,12 +15,15 @@ pub fn kvm_usable() -> Result<(), String> {
     }
 }
 
-fn on_path(bin: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
+/// Whether `bin` is a file in one of `PATH`'s directories.
+fn on_path(bin: &str, settings: &Settings) -> bool {
+    settings
+        .path
+        .as_ref()
+        .is_some_and(|p| std::env::split_paths(p).any(|d| d.join(bin).is_file()))
 }
 
-pub fn check(backend: BackendKind, coverage: bool) -> Result<(), String> {
+pub fn check(backend: BackendKind, coverage: bool, settings: &Settings) -> Result<(), String> {
     let mut problems = Vec::new();
     match backend {
         BackendKind::Local => {
@@ -30,7 +34,7 @@ pub fn check(backend: BackendKind, coverage: bool) -> Result<(), String> {
                         .to_string(),
                 );
             }
-            if let Err(e) = locate_agent() {
+            if let Err(e) = locate_agent(settings) {
                 problems.push(format!("{e}\n    fix: cargo build -p provium-agent (or set PROVIUM_AGENT=/path/to/provium-agent)"));
             }
         }
@@ -40,7 +44,7 @@ pub fn check(backend: BackendKind, coverage: bool) -> Result<(), String> {
             }
         }
     }
-    if coverage && !on_path("provium-coverage") {
+    if coverage && !on_path("provium-coverage", settings) {
         problems.push("--coverage needs `provium-coverage` on PATH".into());
     }
     if problems.is_empty() {

@@ -140,8 +140,8 @@ fn pool_from(args: &RunArgs) -> Result<ResourceAmount, String> {
 /// One VM per host core where the kvm backend's guest kernels are emulated
 /// (kvm_pvm): an emulated VM keeps a core busy, and two sharing one each
 /// run at half speed (docs/harness.md, "The pool").
-fn emulated_vm_slots(backend: BackendKind) -> Option<u32> {
-    (backend == BackendKind::Kvm && crate::backend::kvm::host_is_kvm_pvm()).then(|| {
+fn emulated_vm_slots(backend: BackendKind, settings: &Settings) -> Option<u32> {
+    (backend == BackendKind::Kvm && crate::backend::kvm::host_is_kvm_pvm(settings)).then(|| {
         std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(1))
     })
 }
@@ -242,7 +242,7 @@ pub fn run(args: &RunArgs) -> Result<i32, String> {
     let backend = choose_backend(args.vmm, &config);
     crate::runner::interrupt::install();
     if !args.no_preflight {
-        preflight::check(backend, args.coverage)?;
+        preflight::check(backend, args.coverage, &args.settings)?;
     }
     if !args.no_build {
         run_builds(&config, None)?;
@@ -425,7 +425,7 @@ fn run_once(
         pool,
         fail_fast: args.fail_fast,
         file_timeout: timeout,
-        emulated_vm_slots: emulated_vm_slots(backend),
+        emulated_vm_slots: emulated_vm_slots(backend, &args.settings),
     };
     let outcomes = run_jobs(
         jobs,
