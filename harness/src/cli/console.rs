@@ -130,7 +130,8 @@ pub fn run(args: &RunArgs, profile_name: &str, opts: &ConsoleOpts) -> Result<i32
     }
     kvm_usable().map_err(|e| {
         format!(
-            "console: {e} (the console boots the profile on the microVMM, which needs /dev/kvm)"
+            "console: {} (the console boots the profile on the microVMM, which needs /dev/kvm)",
+            crate::error_chain::flatten(&e)
         )
     })?;
     let memory_bytes = match &opts.mem {

@@ -60,7 +60,10 @@ pub fn choose_backend(choice: VmmChoice, config: &Config) -> BackendKind {
         VmmChoice::Local => BackendKind::Local,
         VmmChoice::Kvm => BackendKind::Kvm,
         VmmChoice::Auto => {
-            let (kind, why) = auto_backend(preflight::kvm_usable(), config);
+            let (kind, why) = auto_backend(
+                preflight::kvm_usable().map_err(|e| crate::error_chain::flatten(&e)),
+                config,
+            );
             eprintln!(
                 "provium: --vmm auto: using the {} backend ({why})",
                 kind.as_str()
@@ -242,7 +245,7 @@ pub fn run(args: &RunArgs) -> Result<i32, String> {
     let backend = choose_backend(args.vmm, &config);
     crate::runner::interrupt::install();
     if !args.no_preflight {
-        preflight::check(backend, args.coverage, &args.settings)?;
+        preflight::check(backend, args.coverage, &args.settings).map_err(|e| e.to_string())?;
     }
     if !args.no_build {
         run_builds(&config, None)?;

@@ -1,41 +1,75 @@
 //! The comparison gate: `--compare OLD.json` and `bench compare OLD NEW`
 //! print new/old median ratios and fail when one grew past the threshold.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
 use super::render::fmt_value;
 use super::stats::Unit;
 
+/// A threshold or an earlier result the gate cannot use.
+#[derive(Debug, thiserror::Error)]
+pub enum GateError {
+    #[error("--max-regression {text:?}: expected a percentage such as \"10%\"")]
+    BadThreshold { text: String },
+    #[error("cannot read {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: not JSON", path.display())]
+    NotJson {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{}:{line}: not JSON", path.display())]
+    LineNotJson {
+        path: PathBuf,
+        line: usize,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
 /// `"10%"`, `"10"` (percent) or `"2.5%"` → 0.10 / 0.10 / 0.025.
-pub fn parse_regression(s: &str) -> Result<f64, String> {
+pub fn parse_regression(s: &str) -> Result<f64, GateError> {
     let t = s.trim().trim_end_matches('%').trim();
     match t.parse::<f64>() {
         Ok(p) if p.is_finite() && p >= 0.0 => Ok(p / 100.0),
-        _ => Err(format!(
-            "--max-regression {s:?}: expected a percentage such as \"10%\""
-        )),
+        _ => Err(GateError::BadThreshold {
+            text: s.to_string(),
+        }),
     }
 }
 
 /// The objects of a `--json` output (JSON lines; a JSON array is accepted too).
-pub fn read_json_lines(path: &Path) -> Result<Vec<Value>, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+pub fn read_json_lines(path: &Path) -> Result<Vec<Value>, GateError> {
+    let text = std::fs::read_to_string(path).map_err(|source| GateError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
     if text.trim_start().starts_with('[') {
         return match serde_json::from_str::<Value>(&text) {
             Ok(Value::Array(a)) => Ok(a),
             Ok(_) => unreachable!("starts with ["),
-            Err(e) => Err(format!("{}: not JSON: {e}", path.display())),
+            Err(source) => Err(GateError::NotJson {
+                path: path.to_path_buf(),
+                source,
+            }),
         };
     }
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
-            serde_json::from_str(l)
-                .map_err(|e| format!("{}:{}: not JSON: {e}", path.display(), i + 1))
+            serde_json::from_str(l).map_err(|source| GateError::LineNotJson {
+                path: path.to_path_buf(),
+                line: i + 1,
+                source,
+            })
         })
         .collect()
 }
@@ -128,9 +162,9 @@ mod tests {
 
     #[test]
     fn regression_thresholds_parse() {
-        assert_eq!(parse_regression("10%"), Ok(0.10));
-        assert_eq!(parse_regression("25"), Ok(0.25));
-        assert_eq!(parse_regression(" 2.5 % "), Ok(0.025));
+        assert_eq!(parse_regression("10%").ok(), Some(0.10));
+        assert_eq!(parse_regression("25").ok(), Some(0.25));
+        assert_eq!(parse_regression(" 2.5 % ").ok(), Some(0.025));
         assert!(parse_regression("fast").is_err());
         assert!(parse_regression("-1%").is_err());
     }
@@ -160,6 +194,15 @@ mod tests {
         let lines = read_json_lines(&path).unwrap();
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[1]["phase"], "b");
-        assert!(read_json_lines(&dir.path().join("missing.json")).is_err());
+        let missing = dir.path().join("missing.json");
+        let e = read_json_lines(&missing).unwrap_err();
+        assert!(
+            crate::error_chain::flatten(&e)
+                .starts_with(&format!("cannot read {}: ", missing.display())),
+            "{e}"
+        );
+        std::fs::write(&path, "{}\nnope\n").unwrap();
+        let e = read_json_lines(&path).unwrap_err();
+        assert_eq!(e.to_string(), format!("{}:2: not JSON", path.display()));
     }
 }

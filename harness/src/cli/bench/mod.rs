@@ -37,8 +37,9 @@ use super::{RunArgs, VmmChoice, EXIT_FAILED, EXIT_OK};
 use crate::runner::BackendKind;
 
 pub use args::{BenchOp, BootArgs, CommonArgs, OpsArgs, RestoreArgs, Until};
-pub use gate::{compare, parse_regression, read_json_lines, Comparison};
+pub use gate::{compare, parse_regression, read_json_lines, Comparison, GateError};
 pub use host::{host_info, kvm_kind};
+pub use pin::PinError;
 pub use render::{fmt_value, Report};
 pub use stats::{is_noisy, stats, Phase, Stats, Unit, NOISY_MAX_OVER_MIN};
 
@@ -48,7 +49,24 @@ pub const SCHEMA: &str = "provium-bench/1";
 /// (or `/sbin/provium-agent`, `/sbin/init`, ...).
 pub const RUN_INIT_TEXT: &str = " as init process";
 
+/// Why a bench run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Gate(#[from] GateError),
+    #[error(transparent)]
+    Pin(#[from] PinError),
+    /// A bench's own failure, already described (boot, restore, ops).
+    #[error("{0}")]
+    Bench(String),
+}
+
+/// Runs `op`; returns the exit code, or the error flattened for `cli::main`.
 pub fn run(args: &RunArgs, op: BenchOp) -> Result<i32, String> {
+    run_op(args, op).map_err(|e| crate::error_chain::flatten(&e))
+}
+
+fn run_op(args: &RunArgs, op: BenchOp) -> Result<i32, BenchError> {
     let (report, common) = match op {
         BenchOp::Compare {
             old,
@@ -64,15 +82,24 @@ pub fn run(args: &RunArgs, op: BenchOp) -> Result<i32, String> {
         }
         BenchOp::Boot(b) => {
             setup(&b.common)?;
-            (boot::bench_boot(args, &b)?, b.common)
+            (
+                boot::bench_boot(args, &b).map_err(BenchError::Bench)?,
+                b.common,
+            )
         }
         BenchOp::Restore(r) => {
             setup(&r.common)?;
-            (restore::bench_restore(args, &r)?, r.common)
+            (
+                restore::bench_restore(args, &r).map_err(BenchError::Bench)?,
+                r.common,
+            )
         }
         BenchOp::Ops(o) => {
             setup(&o.common)?;
-            (ops::bench_ops(args, &o)?, o.common)
+            (
+                ops::bench_ops(args, &o).map_err(BenchError::Bench)?,
+                o.common,
+            )
         }
     };
     finish(&report, &common)
@@ -85,7 +112,9 @@ fn out(text: &str) {
     let _ = o.write_all(text.as_bytes()).and_then(|()| o.flush());
 }
 
-fn setup(c: &CommonArgs) -> Result<(), String> {
+/// Applies `--pin` and checks `--max-regression` before a bench runs, so a
+/// bad threshold fails at once, not after minutes of measuring.
+fn setup(c: &CommonArgs) -> Result<(), BenchError> {
     if let Some(cpu) = c.pin {
         pin::pin_to(cpu)?;
     }
@@ -95,7 +124,8 @@ fn setup(c: &CommonArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn finish(report: &Report, c: &CommonArgs) -> Result<i32, String> {
+/// Prints `report` and its noise warnings, then applies `--compare`.
+fn finish(report: &Report, c: &CommonArgs) -> Result<i32, BenchError> {
     let lines = report.to_json_lines();
     if c.json {
         for l in &lines {
@@ -178,6 +208,23 @@ mod tests {
         assert!(setup(&c).is_err());
         c.max_regression = "10%".into();
         assert!(setup(&c).is_ok());
+    }
+
+    /// A gate error reaches `cli::main` with its cause, once.
+    #[test]
+    fn errors_are_flattened_once_for_main() {
+        let (run_args, op) =
+            parse_bench(&["bench", "compare", "/nonexistent/old.json", "new.json"]);
+        let e = run(&run_args, op).unwrap_err();
+        assert_eq!(
+            e,
+            "cannot read /nonexistent/old.json: No such file or directory (os error 2)"
+        );
+        let (run_args, op) = parse_bench(&["bench", "ops", "--pin", "1048576"]);
+        assert_eq!(
+            run(&run_args, op).unwrap_err(),
+            "--pin 1048576: no such CPU"
+        );
     }
 
     #[test]
