@@ -38,6 +38,15 @@ fn supported_guest_os() -> String {
         .join(" and ")
 }
 
+/// A profile's `cmdline_file` could not be read (at boot).
+#[derive(Debug, thiserror::Error)]
+#[error("cmdline_file `{}`", path.display())]
+pub struct CmdlineFileError {
+    pub path: PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
 /// `[profiles.<name>]` as written.
 #[derive(Debug, Default, Deserialize)]
 pub(super) struct ProfileTable {
@@ -124,18 +133,20 @@ impl Profile {
     /// The kernel command line for a boot: the file's contents (whitespace
     /// collapsed), then the inline `cmdline`, or `override_cmdline` instead of
     /// both; `console=ttyS0` appended when absent.
-    pub fn kernel_cmdline(&self, override_cmdline: Option<&str>) -> std::io::Result<String> {
+    pub fn kernel_cmdline(
+        &self,
+        override_cmdline: Option<&str>,
+    ) -> Result<String, CmdlineFileError> {
         let mut parts: Vec<String> = Vec::new();
         match override_cmdline {
             Some(c) => parts.push(c.to_string()),
             None => {
                 if let Some(file) = &self.cmdline_file {
-                    let text = std::fs::read_to_string(file).map_err(|e| {
-                        std::io::Error::new(
-                            e.kind(),
-                            format!("cmdline_file `{}`: {e}", file.display()),
-                        )
-                    })?;
+                    let text =
+                        std::fs::read_to_string(file).map_err(|source| CmdlineFileError {
+                            path: file.clone(),
+                            source,
+                        })?;
                     parts.push(text.split_whitespace().collect::<Vec<_>>().join(" "));
                 }
                 parts.push(self.cmdline.clone());
@@ -207,6 +218,17 @@ mod tests {
             default_build_base(&Settings::default()),
             PathBuf::from("/tmp/provium-builds")
         );
+    }
+
+    #[test]
+    fn an_unreadable_cmdline_file_is_named_with_its_cause() {
+        let p = profile("cmdline_file = \"/nonexistent/cl\"\n").unwrap();
+        let e = p.kernel_cmdline(None).unwrap_err();
+        assert_eq!(
+            crate::error_chain::flatten(&e),
+            "cmdline_file `/nonexistent/cl`: No such file or directory (os error 2)"
+        );
+        assert_eq!(p.kernel_cmdline(Some("x")).unwrap(), "x console=ttyS0");
     }
 
     #[test]

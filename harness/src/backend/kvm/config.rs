@@ -108,7 +108,13 @@ pub fn vm_config_with(
     }
     let cmdline = profile
         .kernel_cmdline(opts.kernel_cmdline.as_deref())
-        .map_err(|e| format!("profile `{}`: {e}", profile.name))?;
+        .map_err(|e| {
+            format!(
+                "profile `{}`: {}",
+                profile.name,
+                crate::error_chain::flatten(&e)
+            )
+        })?;
     let cmdline = if kvm_pvm {
         let (line, added) = with_missing_words(&cmdline, KVM_PVM_CMDLINE_WORDS);
         if !added.is_empty() {
