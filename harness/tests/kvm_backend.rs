@@ -364,6 +364,7 @@ fn kvm_machine_nic_sends_to_the_switch_and_follows_the_link() {
         memory_bytes: 64 << 20,
         cpus: 1,
         nics: vec![NetConfig::on_port(port)],
+        settings: provium::settings::Settings::from_env(),
         ..KvmBootOpts::default()
     };
     let m = KvmMachine::boot("v", &profile, &opts, None).unwrap();
@@ -507,6 +508,7 @@ mod machine_level {
         let opts = KvmBootOpts {
             memory_bytes: 64 << 20,
             cpus: 1,
+            settings: provium::settings::Settings::from_env(),
             ..KvmBootOpts::default()
         };
         let m = KvmMachine::create("v", &profile, &opts, None)
@@ -675,6 +677,7 @@ mod restored_devices {
                 id: "vda".into(),
                 faults: Default::default(),
             }],
+            settings: provium::settings::Settings::from_env(),
             ..KvmBootOpts::default()
         };
         let m = KvmMachine::boot("v", &profile, &opts, None).unwrap();

@@ -638,6 +638,7 @@ mod tests {
         let opts = KvmBootOpts {
             memory_bytes: 32 << 20,
             cpus: 1,
+            settings: Settings::from_env(),
             ..KvmBootOpts::default()
         };
         let a = KvmMachine::boot("a", &profile, &opts, None).unwrap();
