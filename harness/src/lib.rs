@@ -10,7 +10,11 @@
 //!   the pool and the scheduler; [`fixture`]: the fixture cache;
 //!   [`report`] and [`events`]: output and the event stream; [`cli`]: the
 //!   subcommands.
+//! - [`config`]: provium.toml, one module per table; [`settings`]: the
+//!   environment, read once by `cli::main`; [`agent_search`]: where the
+//!   agent binary is.
 
+pub mod agent_search;
 pub mod backend;
 pub mod cli;
 pub mod client;
@@ -25,3 +29,4 @@ pub mod machine;
 pub mod partition;
 pub mod report;
 pub mod runner;
+pub mod settings;

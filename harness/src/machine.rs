@@ -44,6 +44,8 @@ pub struct BootSpec {
     pub kernel_cmdline: Option<String>,
     pub rng_seed: Option<u64>,
     pub initial_time: Option<f64>,
+    /// The environment `cli::main` read (the agent search, kvm overrides).
+    pub settings: crate::settings::Settings,
 }
 
 pub enum Machine {
@@ -106,7 +108,7 @@ impl Machine {
                 if spec.initial_time.is_some() {
                     return Err("initial_time needs the kvm backend (the local sandbox shares the host's clock)".into());
                 }
-                let agent = locate_agent().map_err(|e| e.to_string())?;
+                let agent = locate_agent(&spec.settings).map_err(|e| e.to_string())?;
                 let sandbox = LocalSandbox::start(&spec.vm_name, &LocalOptions::new(agent))
                     .map_err(|e| e.to_string())?;
                 Ok(Machine::Local(Mutex::new(sandbox)))
@@ -128,6 +130,7 @@ impl Machine {
                     nics,
                     drives: drives.to_vec(),
                     boot_timer: None,
+                    settings: spec.settings.clone(),
                 };
                 KvmMachine::boot(&spec.vm_name, profile, &opts, spec.initial_time).map(Machine::Kvm)
             }
@@ -378,6 +381,7 @@ impl Machine {
                     nics,
                     drives: drives.to_vec(),
                     boot_timer: None,
+                    settings: spec.settings.clone(),
                 };
                 KvmMachine::restore(&spec.vm_name, profile, &opts, path).map(Machine::Kvm)
             }

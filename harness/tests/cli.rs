@@ -94,6 +94,29 @@ fn exit_codes_zero_one_two() {
     assert_eq!(code(&Project::new(&[]).run(&["--tag-meta", "novalue"])), 2);
 }
 
+/// An unknown key is ignored with a warning naming the file and the key
+/// path; the run goes on (it used to be a parse error, exit 2).
+#[test]
+fn unknown_config_keys_warn_with_their_path() {
+    let p = Project::new(&[("a.test.lua", PASSING)]);
+    std::fs::write(
+        p.path().join("provium.toml"),
+        "[provium]\nrootz = []\n[profiles.x]\ncmdline = \"q\"\nkernal = \"k\"\n",
+    )
+    .unwrap();
+    let o = p.run(&[]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(code(&o), 0, "{o:?}");
+    for key in ["provium.rootz", "profiles.x.kernal"] {
+        assert!(
+            stderr.contains(&format!(
+                "provium: warning: `provium.toml`: unknown key `{key}` ignored"
+            )),
+            "{stderr}"
+        );
+    }
+}
+
 #[test]
 fn plain_verbose_and_quiet_shapes() {
     let p = Project::new(&[("a.test.lua", PASSING), ("b.test.lua", FAILING)]);

@@ -364,6 +364,7 @@ fn kvm_machine_nic_sends_to_the_switch_and_follows_the_link() {
         memory_bytes: 64 << 20,
         cpus: 1,
         nics: vec![NetConfig::on_port(port)],
+        settings: provium::settings::Settings::from_env(),
         ..KvmBootOpts::default()
     };
     let m = KvmMachine::boot("v", &profile, &opts, None).unwrap();
@@ -428,6 +429,7 @@ fn kvm_machine_nic_sends_to_the_switch_and_follows_the_link() {
         kernel_cmdline: None,
         rng_seed: None,
         initial_time: None,
+        settings: provium::settings::Settings::from_env(),
     };
     let nic2 = NetConfig::on_port(Arc::new(lan2.attach("v", mac).unwrap()));
     let restored =
@@ -506,6 +508,7 @@ mod machine_level {
         let opts = KvmBootOpts {
             memory_bytes: 64 << 20,
             cpus: 1,
+            settings: provium::settings::Settings::from_env(),
             ..KvmBootOpts::default()
         };
         let m = KvmMachine::create("v", &profile, &opts, None)
@@ -674,6 +677,7 @@ mod restored_devices {
                 id: "vda".into(),
                 faults: Default::default(),
             }],
+            settings: provium::settings::Settings::from_env(),
             ..KvmBootOpts::default()
         };
         let m = KvmMachine::boot("v", &profile, &opts, None).unwrap();
@@ -859,7 +863,11 @@ end)
         let img = image(p.path(), "vda.img");
         let snap = p.path().join("base.snap");
         tiny_snapshot(p.path(), &snap, &img, None);
-        let config = provium::config::Config::load(&p.path().join("provium.toml")).unwrap();
+        let config = provium::config::Config::load(
+            &p.path().join("provium.toml"),
+            &provium::settings::Settings::from_env(),
+        )
+        .unwrap();
         let roots: Vec<std::path::PathBuf> = config
             .roots
             .iter()

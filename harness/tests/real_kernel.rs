@@ -274,7 +274,7 @@ fn run_suite(guest: &Guest, suite: &str) -> Vec<EventFrame> {
     };
     eprintln!(
         "== {suite} on the kvm backend ({kernel}; kvm_pvm: {}): exit {code:?}\n{out}",
-        host_is_kvm_pvm(),
+        host_is_kvm_pvm(&provium::settings::Settings::from_env()),
     );
     assert_eq!(
         code,
@@ -287,12 +287,14 @@ fn run_suite(guest: &Guest, suite: &str) -> Vec<EventFrame> {
 #[test]
 fn the_local_suites_pass_on_the_kvm_backend_with_a_users_kernel() {
     let test = "the_local_suites_pass_on_the_kvm_backend_with_a_users_kernel";
-    if std::env::var_os("PROVIUM_TEST_KERNEL").is_none() || host_is_kvm_pvm() {
+    if std::env::var_os("PROVIUM_TEST_KERNEL").is_none()
+        || host_is_kvm_pvm(&provium::settings::Settings::from_env())
+    {
         eprintln!(
             "SKIP {test}: these suites boot a VM per file, which needs hardware KVM and a user's \
              kernel (PROVIUM_TEST_KERNEL, PROVIUM_TEST_INITRD with a shell, coreutils, ip and \
              ping); kvm_pvm: {}",
-            host_is_kvm_pvm()
+            host_is_kvm_pvm(&provium::settings::Settings::from_env())
         );
         return;
     }

@@ -111,7 +111,7 @@ enum Ended {
 }
 
 pub fn run(args: &RunArgs, profile_name: &str, opts: &ConsoleOpts) -> Result<i32, String> {
-    let config = load_config(&args.config)?;
+    let config = load_config(&args.config, &args.settings)?;
     let profile = config.profiles.get(profile_name).ok_or_else(|| {
         let known: Vec<&str> = config.profiles.keys().map(String::as_str).collect();
         format!(
@@ -130,7 +130,8 @@ pub fn run(args: &RunArgs, profile_name: &str, opts: &ConsoleOpts) -> Result<i32
     }
     kvm_usable().map_err(|e| {
         format!(
-            "console: {e} (the console boots the profile on the microVMM, which needs /dev/kvm)"
+            "console: {} (the console boots the profile on the microVMM, which needs /dev/kvm)",
+            crate::error_chain::flatten(&e)
         )
     })?;
     let memory_bytes = match &opts.mem {
@@ -147,6 +148,7 @@ pub fn run(args: &RunArgs, profile_name: &str, opts: &ConsoleOpts) -> Result<i32
         nics: Vec::new(),
         drives: Vec::new(),
         boot_timer: None,
+        settings: config.settings.clone(),
     };
     let machine = KvmMachine::create("console", profile, &boot, None)
         .map_err(|e| format!("console: profile `{profile_name}`: {e}"))?;

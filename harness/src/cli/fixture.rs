@@ -76,7 +76,7 @@ fn shown(config: &Config, p: &Path) -> String {
 }
 
 pub fn run(args: &RunArgs, op: FixtureOp) -> Result<i32, String> {
-    let config = Arc::new(load_config(&args.config)?);
+    let config = Arc::new(load_config(&args.config, &args.settings)?);
     let dir = &config.cache_dir;
     match op {
         FixtureOp::List => {

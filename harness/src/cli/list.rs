@@ -43,11 +43,12 @@ pub fn test_names(source: &str) -> Vec<String> {
 
 pub fn run(
     config: &std::path::Path,
+    settings: &crate::settings::Settings,
     paths: &[PathBuf],
     fixtures: bool,
     partition: Option<Partition>,
 ) -> Result<i32, String> {
-    let config = load_config(config)?;
+    let config = load_config(config, settings)?;
     let paths: Vec<PathBuf> = if !paths.is_empty() {
         paths.to_vec()
     } else if !config.roots.is_empty() {

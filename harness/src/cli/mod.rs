@@ -50,6 +50,9 @@ pub struct RunArgs {
     /// Config file location.
     #[arg(long, default_value = "provium.toml", global = true)]
     pub config: PathBuf,
+    /// The environment, read once by [`main`] (not a flag).
+    #[arg(skip)]
+    pub settings: crate::settings::Settings,
     /// Only run files whose test-root-relative path contains this substring.
     #[arg(long)]
     pub filter: Option<String>,
@@ -226,7 +229,7 @@ pub enum FixtureOp {
 
 /// Parse and run; returns the process exit code.
 pub fn main() -> i32 {
-    let cli = match Cli::try_parse() {
+    let mut cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
             let code = if e.use_stderr() {
@@ -238,9 +241,12 @@ pub fn main() -> i32 {
             return code;
         }
     };
+    cli.run.settings = crate::settings::Settings::from_env();
     let result = match cli.command {
         None => run::run(&cli.run),
-        Some(Command::Prepare { profile }) => prepare::run(&cli.run.config, profile.as_deref()),
+        Some(Command::Prepare { profile }) => {
+            prepare::run(&cli.run.config, &cli.run.settings, profile.as_deref())
+        }
         Some(Command::Repl {
             profile,
             name,
@@ -267,7 +273,13 @@ pub fn main() -> i32 {
             paths,
             fixtures,
             partition,
-        }) => list::run(&cli.run.config, &paths, fixtures, partition),
+        }) => list::run(
+            &cli.run.config,
+            &cli.run.settings,
+            &paths,
+            fixtures,
+            partition,
+        ),
         Some(Command::Report { op }) => report::run(op),
         Some(Command::LspSetup { dir, force }) => lsp_setup::run(dir, force),
         Some(Command::Bench { op }) => bench::run(&cli.run, op),

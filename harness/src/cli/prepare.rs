@@ -3,8 +3,12 @@
 use super::run::{load_config, run_builds};
 use super::EXIT_OK;
 
-pub fn run(config: &std::path::Path, profile: Option<&str>) -> Result<i32, String> {
-    let config = load_config(config)?;
+pub fn run(
+    config: &std::path::Path,
+    settings: &crate::settings::Settings,
+    profile: Option<&str>,
+) -> Result<i32, String> {
+    let config = load_config(config, settings)?;
     if let Some(p) = profile {
         if !config.profiles.contains_key(p) {
             return Err(format!(

@@ -16,7 +16,7 @@ pub fn run(
     name: &str,
     fixture: Option<String>,
 ) -> Result<i32, String> {
-    let config = Arc::new(load_config(&args.config)?);
+    let config = Arc::new(load_config(&args.config, &args.settings)?);
     // With --fixture and no profile, the first profile (by name) is named.
     let profile = profile.or_else(|| config.profiles.keys().next().cloned());
     let profile = match (&fixture, profile) {

@@ -16,33 +16,36 @@ use crate::report::{self, new_run_id, progress::Progress, suite_id, RunIdentity,
 use crate::runner::filter::{parse_key_values, TestFilter};
 use crate::runner::scheduler::{run_jobs, Job, PsiMonitor, SchedulerOptions};
 use crate::runner::{BackendKind, FileEnv};
+use crate::settings::Settings;
 
 /// Load provium.toml: a missing default file means defaults; a missing
 /// explicit `--config` is an error.
-pub fn load_config(path: &Path) -> Result<Config, String> {
+pub fn load_config(path: &Path, settings: &Settings) -> Result<Config, String> {
     if path == Path::new("provium.toml") && !path.exists() {
-        return Ok(Config::defaults(Path::new(".")));
+        return Ok(Config::defaults(Path::new("."), settings));
     }
-    Config::load(path).map_err(|e| e.to_string())
+    Config::load(path, settings).map_err(|e| crate::error_chain::flatten(&e))
 }
 
-pub fn rerun_state_path() -> PathBuf {
-    if let Some(p) = std::env::var_os("PROVIUM_RERUN_STATE") {
-        return PathBuf::from(p);
+/// `$PROVIUM_RERUN_STATE`, else `~/.cache/provium/rerun.json`, else
+/// `/tmp/provium-rerun.json`.
+pub fn rerun_state_path(settings: &Settings) -> PathBuf {
+    if let Some(p) = &settings.rerun_state {
+        return p.clone();
     }
-    match std::env::var_os("HOME") {
-        Some(h) => PathBuf::from(h).join(".cache/provium/rerun.json"),
+    match &settings.home {
+        Some(h) => h.join(".cache/provium/rerun.json"),
         None => PathBuf::from("/tmp/provium-rerun.json"),
     }
 }
 
-fn read_rerun_state() -> Option<Vec<PathBuf>> {
-    let text = std::fs::read_to_string(rerun_state_path()).ok()?;
+fn read_rerun_state(settings: &Settings) -> Option<Vec<PathBuf>> {
+    let text = std::fs::read_to_string(rerun_state_path(settings)).ok()?;
     serde_json::from_str::<Vec<PathBuf>>(&text).ok()
 }
 
-fn write_rerun_state(failed: &[PathBuf]) -> Result<(), String> {
-    let path = rerun_state_path();
+fn write_rerun_state(settings: &Settings, failed: &[PathBuf]) -> Result<(), String> {
+    let path = rerun_state_path(settings);
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("rerun state `{}`: {e}", path.display()))?;
@@ -57,7 +60,10 @@ pub fn choose_backend(choice: VmmChoice, config: &Config) -> BackendKind {
         VmmChoice::Local => BackendKind::Local,
         VmmChoice::Kvm => BackendKind::Kvm,
         VmmChoice::Auto => {
-            let (kind, why) = auto_backend(preflight::kvm_usable(), config);
+            let (kind, why) = auto_backend(
+                preflight::kvm_usable().map_err(|e| crate::error_chain::flatten(&e)),
+                config,
+            );
             eprintln!(
                 "provium: --vmm auto: using the {} backend ({why})",
                 kind.as_str()
@@ -137,8 +143,8 @@ fn pool_from(args: &RunArgs) -> Result<ResourceAmount, String> {
 /// One VM per host core where the kvm backend's guest kernels are emulated
 /// (kvm_pvm): an emulated VM keeps a core busy, and two sharing one each
 /// run at half speed (docs/harness.md, "The pool").
-fn emulated_vm_slots(backend: BackendKind) -> Option<u32> {
-    (backend == BackendKind::Kvm && crate::backend::kvm::host_is_kvm_pvm()).then(|| {
+fn emulated_vm_slots(backend: BackendKind, settings: &Settings) -> Option<u32> {
+    (backend == BackendKind::Kvm && crate::backend::kvm::host_is_kvm_pvm(settings)).then(|| {
         std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(1))
     })
 }
@@ -197,7 +203,7 @@ fn select(files: Vec<TestFile>, args: &RunArgs) -> Result<Vec<TestFile>, String>
         None => files,
     };
     if args.rerun_failed && !args.watch {
-        match read_rerun_state() {
+        match read_rerun_state(&args.settings) {
             Some(failed) => files.retain(|f| failed.contains(&f.abs)),
             None => files.clear(),
         }
@@ -225,9 +231,12 @@ pub fn no_rerun_state_notice(path: &Path) -> String {
 }
 
 pub fn run(args: &RunArgs) -> Result<i32, String> {
-    let config = Arc::new(load_config(&args.config)?);
-    if args.rerun_failed && !args.watch && read_rerun_state().is_none() {
-        eprintln!("{}", no_rerun_state_notice(&rerun_state_path()));
+    let config = Arc::new(load_config(&args.config, &args.settings)?);
+    if args.rerun_failed && !args.watch && read_rerun_state(&args.settings).is_none() {
+        eprintln!(
+            "{}",
+            no_rerun_state_notice(&rerun_state_path(&args.settings))
+        );
         return Ok(EXIT_OK);
     }
     let filter = Arc::new(build_filter(args)?);
@@ -236,7 +245,7 @@ pub fn run(args: &RunArgs) -> Result<i32, String> {
     let backend = choose_backend(args.vmm, &config);
     crate::runner::interrupt::install();
     if !args.no_preflight {
-        preflight::check(backend, args.coverage)?;
+        preflight::check(backend, args.coverage, &args.settings).map_err(|e| e.to_string())?;
     }
     if !args.no_build {
         run_builds(&config, None)?;
@@ -332,7 +341,7 @@ fn run_once(
     socket: Option<&EventSocket>,
 ) -> Result<i32, String> {
     let started = Instant::now();
-    let run_seed = run_seed(args.seed, std::env::var("PROVIUM_SEED").ok().as_deref())?;
+    let run_seed = run_seed(args.seed, args.settings.seed.as_deref())?;
     let files = select(discover(paths, &config.roots)?, args)?;
     let run = RunIdentity {
         run_id: new_run_id(),
@@ -419,7 +428,7 @@ fn run_once(
         pool,
         fail_fast: args.fail_fast,
         file_timeout: timeout,
-        emulated_vm_slots: emulated_vm_slots(backend),
+        emulated_vm_slots: emulated_vm_slots(backend, &args.settings),
     };
     let outcomes = run_jobs(
         jobs,
@@ -457,7 +466,7 @@ fn run_once(
         .map(|o| o.abs_path.clone())
         .collect();
     if !failed.is_empty() {
-        write_rerun_state(&failed)?;
+        write_rerun_state(&args.settings, &failed)?;
         eprintln!(
             "provium: run seed {run_seed} (rerun with --seed {run_seed} or PROVIUM_SEED={run_seed} for the same drops)"
         );
@@ -555,7 +564,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let kernel = d.path().join("bzImage");
         std::fs::write(&kernel, b"k").unwrap();
-        let mut config = Config::defaults(d.path());
+        let mut config = Config::defaults(d.path(), &Settings::default());
         let (kind, why) = auto_backend(Ok(()), &config);
         assert_eq!(
             (kind, why.as_str()),

@@ -498,6 +498,7 @@ impl Vm {
             kernel_cmdline: None,
             rng_seed: None,
             initial_time: None,
+            settings: self.0.env.config.settings.clone(),
         }
     }
 
@@ -852,6 +853,7 @@ impl Vm {
             kernel_cmdline: st.pending.kernel_cmdline.clone(),
             rng_seed: st.pending.rng_seed,
             initial_time: st.pending.initial_time,
+            settings: env.config.settings.clone(),
         };
         let boot_err = |e: String| err(format!("vm:boot: vm `{}`: {e}", self.0.name));
         let drives = {

@@ -276,7 +276,7 @@ mod tests {
                     format!("f{i}.test.lua"),
                     p,
                     vec![],
-                    Arc::new(Config::defaults(dir)),
+                    Arc::new(Config::defaults(dir, &Default::default())),
                     BackendKind::Local,
                     events.clone(),
                 );

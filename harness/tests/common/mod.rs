@@ -4,7 +4,14 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use provium::backend::local::locate_agent;
+use provium::backend::local;
+use provium::settings::Settings;
+
+/// The agent as the harness finds it from this test binary
+/// (`target/<profile>/deps/`): beside it or one directory up.
+fn locate_agent() -> Result<PathBuf, provium::agent_search::AgentSearchError> {
+    local::locate_agent(&Settings::from_env())
+}
 
 /// The repository root (the harness crate's parent).
 pub fn repo_root() -> PathBuf {

@@ -17,8 +17,10 @@ use provium_vmm::initrd::{inject_agent, AgentInjection, BootFile, CpioWriter};
 use provium_vmm::vmm_config::{DriveConfig, NetConfig, RngConfig, VsockHost};
 use provium_vmm::{BootSource, KernelImage, MachineConfig, VmConfig};
 
+use crate::agent_search::{AgentKind, AgentSearch};
 use crate::backend::local::locate_agent;
 use crate::config::Profile;
+use crate::settings::Settings;
 
 /// What a kvm boot needs beyond the profile.
 #[derive(Debug, Clone, Default)]
@@ -42,12 +44,17 @@ pub struct KvmBootOpts {
     /// The VMM boot timer to attach (`provium bench boot` reads its marks:
     /// first KVM_RUN, console, the agent's ready write); none for tests.
     pub boot_timer: Option<provium_vmm::boot_timer::BootTimer>,
+    /// The environment (`cli::main` read it once): the agent search, the
+    /// overlay cache, the agent timeout, the kvm_pvm override.
+    pub settings: Settings,
 }
 
-/// Where merged initrds are cached (content-addressed, so sharing is safe).
-pub fn overlay_cache_dir() -> PathBuf {
-    std::env::var_os("PROVIUM_OVERLAY_CACHE")
-        .map(PathBuf::from)
+/// Where merged initrds are cached (content-addressed, so sharing is safe):
+/// `$PROVIUM_OVERLAY_CACHE`, else `$TMPDIR/provium-agent-overlay-cache`.
+pub fn overlay_cache_dir(settings: &Settings) -> PathBuf {
+    settings
+        .overlay_cache
+        .clone()
         .unwrap_or_else(|| std::env::temp_dir().join("provium-agent-overlay-cache"))
 }
 
@@ -61,9 +68,9 @@ pub fn vm_config(
         profile,
         opts,
         cid,
-        &locate_guest_agent,
-        &overlay_cache_dir(),
-        super::host_is_kvm_pvm(),
+        &|| locate_guest_agent(&opts.settings),
+        &overlay_cache_dir(&opts.settings),
+        super::host_is_kvm_pvm(&opts.settings),
     )
 }
 
@@ -101,7 +108,13 @@ pub fn vm_config_with(
     }
     let cmdline = profile
         .kernel_cmdline(opts.kernel_cmdline.as_deref())
-        .map_err(|e| format!("profile `{}`: {e}", profile.name))?;
+        .map_err(|e| {
+            format!(
+                "profile `{}`: {}",
+                profile.name,
+                crate::error_chain::flatten(&e)
+            )
+        })?;
     let cmdline = if kvm_pvm {
         let (line, added) = with_missing_words(&cmdline, KVM_PVM_CMDLINE_WORDS);
         if !added.is_empty() {
@@ -290,27 +303,18 @@ fn files_cpio(files: &[BootFile]) -> Result<Vec<u8>, InjectError> {
 pub const BUILT_GUEST_AGENT: Option<&str> = option_env!("PROVIUM_GUEST_AGENT");
 
 /// The agent binary to put in the guest. `PROVIUM_AGENT` wins as given;
-/// otherwise the static, stripped agent harness/build.rs built, then a static
-/// build (`--target x86_64-unknown-linux-gnu` with crt-static) in the
-/// workspace's target dir, then the local backend's agent if it is static.
-/// A dynamically linked agent is refused: a guest initrd need not have its
-/// loader and libc.
-pub fn locate_guest_agent() -> Result<PathBuf, String> {
-    if std::env::var_os("PROVIUM_AGENT").is_some() {
-        return locate_agent().map_err(|e| e.to_string());
+/// otherwise the static, stripped agent harness/build.rs built (the path it
+/// recorded), then the static builds in the running executable's target
+/// dir ([`AgentKind::Guest`] candidates of [`crate::agent_search`]), then
+/// the local backend's agent if it is static. A dynamically linked agent is
+/// refused: a guest initrd need not have its loader and libc.
+pub fn locate_guest_agent(settings: &Settings) -> Result<PathBuf, String> {
+    if settings.agent.is_some() {
+        return locate_agent(settings).map_err(|e| e.to_string());
     }
-    let mut candidates = Vec::new();
-    if let Some(ws) = Path::new(env!("CARGO_MANIFEST_DIR")).parent() {
-        for profile in ["release", "debug"] {
-            candidates.push(
-                ws.join("target/x86_64-unknown-linux-gnu")
-                    .join(profile)
-                    .join("provium-agent"),
-            );
-        }
-    }
+    let candidates = AgentSearch::from(settings).candidates(AgentKind::Guest);
     pick_guest_agent(BUILT_GUEST_AGENT.map(Path::new), &candidates, &|| {
-        locate_agent().map_err(|e| e.to_string())
+        locate_agent(settings).map_err(|e| e.to_string())
     })
 }
 

@@ -37,10 +37,11 @@ use provium_vmm::{Console, StopReason, Vm, VmState};
 
 use crate::client::{AgentClient, AgentOps, ClientOptions};
 use crate::config::Profile;
+use crate::settings::Settings;
 pub use config::{vm_config, KvmBootOpts};
 
 /// Overrides how long `connect` waits for the agent's Hello (seconds).
-pub const AGENT_TIMEOUT_ENV: &str = "PROVIUM_KVM_AGENT_TIMEOUT";
+pub use crate::settings::AGENT_TIMEOUT_ENV;
 pub const DEFAULT_AGENT_TIMEOUT: Duration = Duration::from_secs(60);
 /// The default agent timeout on kvm_pvm: there the emulated guest kernel
 /// takes 190-350 s to reach init with a 2 MB initrd (DESIGN.md), and a
@@ -64,11 +65,11 @@ static NEXT_CID: AtomicU32 = AtomicU32::new(3);
 
 /// The agent timeout: `PROVIUM_KVM_AGENT_TIMEOUT` (seconds), else 60 s
 /// ([`DEFAULT_AGENT_TIMEOUT_KVM_PVM`] on kvm_pvm).
-pub fn agent_timeout() -> Result<Duration, String> {
-    match std::env::var(AGENT_TIMEOUT_ENV) {
-        Err(_) if host_is_kvm_pvm() => Ok(DEFAULT_AGENT_TIMEOUT_KVM_PVM),
-        Err(_) => Ok(DEFAULT_AGENT_TIMEOUT),
-        Ok(v) => v
+pub fn agent_timeout(settings: &Settings) -> Result<Duration, String> {
+    match settings.kvm_agent_timeout.as_deref() {
+        None if host_is_kvm_pvm(settings) => Ok(DEFAULT_AGENT_TIMEOUT_KVM_PVM),
+        None => Ok(DEFAULT_AGENT_TIMEOUT),
+        Some(v) => v
             .trim()
             .parse::<f64>()
             .ok()
@@ -82,12 +83,10 @@ pub fn agent_timeout() -> Result<Duration, String> {
 /// "This machine's KVM"): guest kernel code runs in KVM's instruction
 /// emulator (slow), and Linux user space runs only with a guest kernel that
 /// has the kvm_pvm shims. `PROVIUM_KVM_PVM=0/1` overrides the detection.
-pub fn host_is_kvm_pvm() -> bool {
-    match std::env::var("PROVIUM_KVM_PVM").as_deref() {
-        Ok("1") => true,
-        Ok("0") => false,
-        _ => std::path::Path::new("/sys/module/kvm_pvm").exists(),
-    }
+pub fn host_is_kvm_pvm(settings: &Settings) -> bool {
+    settings
+        .kvm_pvm
+        .unwrap_or_else(|| std::path::Path::new("/sys/module/kvm_pvm").exists())
 }
 
 /// A guest on the microVMM.
@@ -103,6 +102,8 @@ pub struct KvmMachine {
     /// Console bytes written before the current boot started (its output
     /// is what follows).
     boot_log_mark: AtomicU64,
+    /// The environment this VM was booted with (`KvmBootOpts::settings`).
+    settings: Settings,
 }
 
 impl KvmMachine {
@@ -127,7 +128,7 @@ impl KvmMachine {
         opts: &KvmBootOpts,
         initial_time: Option<f64>,
     ) -> Result<KvmMachine, String> {
-        let agent_timeout = agent_timeout()?;
+        let agent_timeout = agent_timeout(&opts.settings)?;
         let cid = NEXT_CID.fetch_add(1, Ordering::Relaxed);
         let (cfg, vsock) = config::vm_config(profile, opts, cid)?;
         let vm = Vm::new(cfg).map_err(|e| crate::error_chain::flatten(&e))?;
@@ -141,6 +142,7 @@ impl KvmMachine {
             power_off_timeout: DEFAULT_POWER_OFF_TIMEOUT,
             initial_time,
             boot_log_mark: AtomicU64::new(0),
+            settings: opts.settings.clone(),
         })
     }
 
@@ -255,7 +257,7 @@ impl KvmMachine {
                     let internal =
                         matches!(self.vm.stop_reason(), Some(StopReason::InternalError(_)));
                     let after_init = init_line(&self.boot_log()).is_some();
-                    if internal && after_init && host_is_kvm_pvm() {
+                    if internal && after_init && host_is_kvm_pvm(&self.settings) {
                         e.push_str(&format!("\n{KVM_PVM_INTERNAL_ERROR_HINT}"));
                     }
                     return Err(e);
@@ -278,7 +280,7 @@ impl KvmMachine {
                         // pace of its kernel (emulated on kvm_pvm) and not
                         // at all while it is paused: give a frame that long
                         // before calling it stalled.
-                        frame_stall_timeout: agent_timeout()
+                        frame_stall_timeout: agent_timeout(&self.settings)
                             .unwrap_or(DEFAULT_AGENT_TIMEOUT)
                             .max(Duration::from_secs(120)),
                         ..ClientOptions::default()
@@ -301,7 +303,7 @@ impl KvmMachine {
                 std::thread::sleep(Duration::from_secs(1));
                 return Err(panic_message(
                     &self.boot_log(),
-                    host_is_kvm_pvm(),
+                    host_is_kvm_pvm(&self.settings),
                     &self.last_lines(ERROR_CONSOLE_LINES),
                 ));
             }
@@ -329,7 +331,7 @@ impl KvmMachine {
             last,
             init,
             timeout: self.agent_timeout,
-            kvm_pvm: host_is_kvm_pvm(),
+            kvm_pvm: host_is_kvm_pvm(&self.settings),
             console_tail: &self.last_lines(ERROR_CONSOLE_LINES),
         })
     }
@@ -636,6 +638,7 @@ mod tests {
         let opts = KvmBootOpts {
             memory_bytes: 32 << 20,
             cpus: 1,
+            settings: Settings::from_env(),
             ..KvmBootOpts::default()
         };
         let a = KvmMachine::boot("a", &profile, &opts, None).unwrap();
@@ -669,6 +672,7 @@ mod tests {
             kernel_cmdline: None,
             rng_seed: None,
             initial_time: None,
+            settings: Settings::from_env(),
         };
         let b = Machine::restore(BackendKind::Kvm, &spec, &path).unwrap();
         let Machine::Kvm(k) = &b else {

@@ -31,7 +31,7 @@ pub mod net;
 pub mod netconfig;
 pub mod snapshot;
 
-use std::ffi::{CString, OsString};
+use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -42,15 +42,17 @@ use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use crate::agent_search::{AgentSearch, AgentSearchError};
 use crate::client::{AgentClient, ClientError, ClientOptions};
+use crate::settings::Settings;
 use init::{InitPlan, Step};
 
-/// Environment variable naming the agent binary (read by [`locate_agent`]).
-pub const AGENT_ENV: &str = "PROVIUM_AGENT";
+/// Environment variable naming the agent binary (see [`locate_agent`]).
+pub use crate::settings::AGENT_ENV;
 /// Where sandboxes keep their sockets and logs unless told otherwise.
 pub const DEFAULT_RUNTIME_DIR: &str = "/run/provium/local";
 /// The agent binary's file name.
-pub const AGENT_BIN: &str = "provium-agent";
+pub use crate::agent_search::AGENT_BIN;
 
 /// Everything that can go wrong creating, using or tearing down a sandbox.
 #[derive(Debug, thiserror::Error)]
@@ -59,8 +61,6 @@ pub enum LocalError {
     NotRoot { euid: u32 },
     #[error("invalid sandbox name `{name}`: use 1 to 63 characters from a-z, A-Z, 0-9, `-`, `_` and `.` (it becomes the hostname)")]
     InvalidName { name: String },
-    #[error("provium-agent not found (looked at: {tried}); build it with `cargo build -p provium-agent`, or set PROVIUM_AGENT to its path")]
-    AgentNotFound { tried: String },
     #[error("cannot open the agent binary {path}")]
     AgentOpen {
         path: PathBuf,
@@ -145,62 +145,11 @@ impl LocalOptions {
     }
 }
 
-/// Find the agent binary: `$PROVIUM_AGENT` if set, else next to the current
-/// executable (or its parent directory, for test binaries in `deps/`), else
-/// in this workspace's `target/{debug,release}`.
-pub fn locate_agent() -> Result<PathBuf, LocalError> {
-    locate_agent_in(
-        std::env::var_os(AGENT_ENV),
-        std::env::current_exe().ok(),
-        Path::new(env!("CARGO_MANIFEST_DIR")).parent(),
-    )
-}
-
-/// [`locate_agent`] over explicit inputs.
-pub fn locate_agent_in(
-    env: Option<OsString>,
-    current_exe: Option<PathBuf>,
-    workspace: Option<&Path>,
-) -> Result<PathBuf, LocalError> {
-    if let Some(path) = env {
-        let path = PathBuf::from(path);
-        return if is_executable(&path) {
-            Ok(path)
-        } else {
-            Err(LocalError::AgentNotFound {
-                tried: format!("{} (from {AGENT_ENV})", path.display()),
-            })
-        };
-    }
-    let mut candidates = Vec::new();
-    if let Some(dir) = current_exe.as_deref().and_then(Path::parent) {
-        candidates.push(dir.join(AGENT_BIN));
-        if let Some(up) = dir.parent() {
-            candidates.push(up.join(AGENT_BIN));
-        }
-    }
-    if let Some(ws) = workspace {
-        for profile in ["debug", "release"] {
-            candidates.push(ws.join("target").join(profile).join(AGENT_BIN));
-        }
-    }
-    candidates.dedup();
-    candidates
-        .iter()
-        .find(|p| is_executable(p))
-        .cloned()
-        .ok_or_else(|| LocalError::AgentNotFound {
-            tried: candidates
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
-        })
-}
-
-fn is_executable(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+/// The agent binary for a sandbox: the host search of
+/// [`crate::agent_search`] (`PROVIUM_AGENT`, then beside the running
+/// executable and in its target dir).
+pub fn locate_agent(settings: &Settings) -> Result<PathBuf, AgentSearchError> {
+    AgentSearch::from(settings).locate_host()
 }
 
 /// The init's exit, shared with the keeper thread that reaps it.
@@ -1057,36 +1006,6 @@ mod tests {
             let err = check_name(bad).unwrap_err();
             assert!(err.to_string().contains("invalid sandbox name"), "{err}");
         }
-    }
-
-    #[test]
-    fn locate_agent_prefers_env_then_exe_dir_then_workspace() {
-        let tmp = std::env::temp_dir().join(format!("provium-locate-{}", std::process::id()));
-        let deps = tmp.join("target/debug/deps");
-        fs::create_dir_all(&deps).unwrap();
-        let err = locate_agent_in(None, Some(deps.join("t")), Some(&tmp)).unwrap_err();
-        let msg = err.to_string();
-        assert!(msg.contains("cargo build -p provium-agent"), "{msg}");
-        assert!(
-            msg.contains(&deps.join(AGENT_BIN).display().to_string()),
-            "{msg}"
-        );
-
-        let agent = tmp.join("target/debug").join(AGENT_BIN);
-        fs::write(&agent, b"#!/bin/sh\n").unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        fs::set_permissions(&agent, fs::Permissions::from_mode(0o755)).unwrap();
-        assert_eq!(
-            locate_agent_in(None, Some(deps.join("t")), None).unwrap(),
-            agent
-        );
-        let err = locate_agent_in(Some("/nonexistent/agent".into()), None, None).unwrap_err();
-        assert!(err.to_string().contains("from PROVIUM_AGENT"), "{err}");
-        assert_eq!(
-            locate_agent_in(Some(agent.clone().into()), None, None).unwrap(),
-            agent
-        );
-        fs::remove_dir_all(&tmp).unwrap();
     }
 
     #[test]

@@ -1,0 +1,510 @@
+//! `provium bench restore`: fixture restores, P at once, each in a new VM
+//! (a fixture's VM on the chosen backend, or `--tiny-guest` on the VMM).
+
+use std::path::PathBuf;
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use provium_vmm::boot_timer::{BootMarks, BootTimer};
+use provium_vmm::{tiny_guest, BootSource, KernelImage, Vm, VmConfig};
+
+use super::args::RestoreArgs;
+use super::console_tail;
+use super::host::host_info;
+use super::render::Report;
+use super::stats::{Phase, Unit};
+use crate::cli::run::{choose_backend, load_config};
+use crate::cli::RunArgs;
+use crate::client::AgentOps;
+use crate::host_memory::mapping_memory;
+use crate::machine::{BootSpec, Machine};
+use crate::runner::BackendKind;
+
+/// The tiny-guest fixture: the tiny guest booted to READY on `mem_mib` of
+/// RAM and snapshotted into the fixture cache, keyed by the guest image and
+/// size (built once, reused by later benches).
+fn tiny_guest_fixture(
+    cache: &provium_snapshot::FixtureCache,
+    mem_mib: u64,
+) -> Result<(PathBuf, bool), String> {
+    use provium_snapshot::{EntryKind, KeyBuilder};
+    let mut k = KeyBuilder::new("provium-bench-tiny-guest-fixture/1");
+    k.field("bzimage", tiny_guest::BZIMAGE)
+        .field("mem_mib", &mem_mib.to_le_bytes())
+        .field(
+            "protocol",
+            &provium_protocol::PROTOCOL_VERSION.to_le_bytes(),
+        );
+    let key = k.finish();
+    if let Some(p) = cache.lookup(&key, EntryKind::Vm) {
+        return Ok((p, false));
+    }
+    let vm =
+        Vm::new(tiny_restore_config(mem_mib, None)).map_err(|e| crate::error_chain::flatten(&e))?;
+    vm.boot().map_err(|e| crate::error_chain::flatten(&e))?;
+    if !vm
+        .console()
+        .wait_for(tiny_guest::READY.as_bytes(), 1, Duration::from_secs(120))
+    {
+        return Err(format!(
+            "bench restore --tiny-guest: the tiny guest did not print READY; console:\n{}",
+            console_tail(&vm)
+        ));
+    }
+    let tmp = cache
+        .dir()
+        .join(format!(".tiny-guest-{}.snap", std::process::id()));
+    vm.snapshot(&tmp)
+        .map_err(|e| crate::error_chain::flatten(&e))?;
+    drop(vm);
+    let p = cache
+        .install_vm(&key, &tmp)
+        .map_err(|e| crate::error_chain::flatten(&e))?;
+    Ok((p, true))
+}
+
+fn tiny_restore_config(mem_mib: u64, timer: Option<BootTimer>) -> VmConfig {
+    let mut cfg = VmConfig::new(BootSource {
+        kernel: KernelImage::Bytes(tiny_guest::BZIMAGE.into()),
+        initrd: None,
+        cmdline: "console=ttyS0".into(),
+    });
+    cfg.machine.mem_size_mib = mem_mib;
+    cfg.boot_timer = timer;
+    cfg.protocol_version = provium_protocol::PROTOCOL_VERSION;
+    cfg
+}
+
+/// `warmup` untimed samples, then `runs` kept ones, taken by `batch` at
+/// most `parallel` at a time.
+fn run_batches<T>(
+    warmup: usize,
+    runs: usize,
+    parallel: usize,
+    mut batch: impl FnMut(usize) -> Result<Vec<T>, String>,
+) -> Result<Vec<T>, String> {
+    let mut left = warmup;
+    while left > 0 {
+        let c = left.min(parallel);
+        batch(c)?;
+        left -= c;
+    }
+    let mut samples = Vec::with_capacity(runs);
+    let mut left = runs;
+    while left > 0 {
+        let c = left.min(parallel);
+        samples.extend(batch(c)?);
+        left -= c;
+    }
+    Ok(samples)
+}
+
+struct TinyRestoreSample {
+    restore: Duration,
+    first_insn: Option<Duration>,
+    running: Duration,
+    rss: u64,
+    pss: u64,
+}
+
+/// `bench restore --tiny-guest`: restores of the tiny-guest fixture on the
+/// VMM, P at once, each in a new VM.
+fn bench_restore_tiny(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
+    use provium_snapshot::FixtureCache;
+    let config = load_config(&args.config, &args.settings)?;
+    let cache =
+        FixtureCache::open(&config.cache_dir).map_err(|e| crate::error_chain::flatten(&e))?;
+    let (entry, built) = tiny_guest_fixture(&cache, r.mem)?;
+    if built {
+        eprintln!(
+            "provium bench: built the tiny-guest fixture {}",
+            entry.display()
+        );
+    }
+    let runs = r.common.runs.unwrap_or(10).max(1);
+    let warmup = r.common.warmup.unwrap_or(1);
+    let parallel = r.parallel.max(1);
+    let entry_bytes = std::fs::metadata(&entry).map(|m| m.len()).ok();
+    let counter_gpa = tiny_guest::COUNTER_GPA;
+    let batch = |count: usize| -> Result<Vec<TinyRestoreSample>, String> {
+        let barrier = Barrier::new(count);
+        let results: Mutex<Vec<Result<TinyRestoreSample, String>>> = Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            for _ in 0..count {
+                let (barrier, results, entry) = (&barrier, &results, &entry);
+                s.spawn(move || {
+                    let timer = BootTimer::new();
+                    let one = || -> Result<(Vm, TinyRestoreSample), String> {
+                        let vm = Vm::new(tiny_restore_config(r.mem, Some(timer.clone())))
+                            .map_err(|e| crate::error_chain::flatten(&e))?;
+                        let t0 = Instant::now();
+                        vm.restore(entry)
+                            .map_err(|e| crate::error_chain::flatten(&e))?;
+                        let restore = t0.elapsed();
+                        // Running: the guest's counter (in restored RAM) moves.
+                        let c0 = vm.read_guest_u64(counter_gpa).map_err(|e| e.to_string())?;
+                        while vm.read_guest_u64(counter_gpa).map_err(|e| e.to_string())? == c0 {
+                            if t0.elapsed() > Duration::from_secs(60) {
+                                return Err(
+                                    "the restored tiny guest did not run within 60 s".into()
+                                );
+                            }
+                            std::thread::yield_now();
+                        }
+                        let running = t0.elapsed();
+                        let m = timer.marks();
+                        let first_insn = BootMarks::between(
+                            m.get(provium_vmm::BootMark::BuildStart),
+                            m.get(provium_vmm::BootMark::FirstKvmRun),
+                        );
+                        Ok((
+                            vm,
+                            TinyRestoreSample {
+                                restore,
+                                first_insn,
+                                running,
+                                rss: 0,
+                                pss: 0,
+                            },
+                        ))
+                    };
+                    let out = one();
+                    // Every restore of the batch is alive here: measure then.
+                    barrier.wait();
+                    let out = out.map(|(vm, mut sample)| {
+                        (sample.rss, sample.pss) = mapping_memory(&vm.ram_host_ranges());
+                        (vm, sample)
+                    });
+                    barrier.wait();
+                    let out = out.map(|(vm, sample)| {
+                        drop(vm);
+                        sample
+                    });
+                    results.lock().unwrap_or_else(|e| e.into_inner()).push(out);
+                });
+            }
+        });
+        results
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .into_iter()
+            .map(|r| r.map_err(|e| format!("bench restore --tiny-guest: {e}")))
+            .collect()
+    };
+    let samples = run_batches(warmup, runs, parallel, batch)?;
+    let mut first_insn = Phase::new(
+        "restore_to_first_instruction",
+        "start of Vm::restore to vCPU 0 entering KVM_RUN in the restored VM",
+        "vmm",
+        Unit::Ns,
+    );
+    let mut machine = Phase::new(
+        "restore_machine",
+        "Vm::restore: open and verify the snapshot, map the restore image, rebuild KVM state and devices, start vCPUs",
+        "harness",
+        Unit::Ns,
+    );
+    let mut running = Phase::new(
+        "restore_to_guest_running",
+        "start of the restore to the guest's loop counter moving in restored RAM",
+        "harness",
+        Unit::Ns,
+    );
+    let mut rss = Phase::new(
+        "rss_per_vm",
+        "resident guest RAM (smaps Rss of the VM's RAM mappings), all of a batch alive",
+        "harness",
+        Unit::Bytes,
+    );
+    let mut pss = Phase::new(
+        "pss_per_vm",
+        "proportional guest RAM (smaps Pss: page-cache pages shared by the batch's restores are split)",
+        "harness",
+        Unit::Bytes,
+    );
+    for s in &samples {
+        first_insn.push_duration(s.first_insn);
+        machine.push_duration(Some(s.restore));
+        running.push_duration(Some(s.running));
+        rss.samples.push(s.rss);
+        pss.samples.push(s.pss);
+    }
+    if first_insn.samples.is_empty() {
+        first_insn.unavailable = Some("the VMM's boot timer recorded no first KVM_RUN".into());
+    }
+    Ok(Report {
+        bench: "restore",
+        target: "tiny-guest".into(),
+        runs,
+        warmup,
+        host: host_info(r.common.pin),
+        guest: json!({
+            "backend": "kvm",
+            "fixture": "tiny-guest",
+            "entry": entry.display().to_string(),
+            "entry_bytes": entry_bytes,
+            "memory_bytes": r.mem << 20,
+            "vcpus": 1,
+            "parallel": parallel,
+        }),
+        phases: vec![first_insn, machine, running, rss, pss],
+    })
+}
+
+struct RestoreSample {
+    machine: Duration,
+    answer: Duration,
+    rss: u64,
+    pss: u64,
+}
+
+pub(super) fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
+    use crate::fixture;
+    use provium_snapshot::{EntryKind, FixtureCache};
+
+    if r.tiny_guest {
+        return bench_restore_tiny(args, r);
+    }
+    let fixture_name = r.fixture.clone().expect("clap requires a fixture");
+    let r = &RestoreArgs {
+        fixture: Some(fixture_name.clone()),
+        ..r.clone()
+    };
+    let config = Arc::new(load_config(&args.config, &args.settings)?);
+    let backend = choose_backend(r.vmm, &config);
+    let roots = if config.roots.is_empty() {
+        vec![PathBuf::from(".")]
+    } else {
+        config.roots.clone()
+    };
+    let env = Arc::new(crate::runner::FileEnv::new(
+        "provium bench".into(),
+        PathBuf::from("provium-bench"),
+        roots.clone(),
+        config.clone(),
+        backend,
+        crate::events::EventSender::disabled(),
+    ));
+    let file = fixture::key::resolve_fixture(&roots, &fixture_name)?;
+    if fixture::fixture_kind(&file) != EntryKind::Vm {
+        return Err(format!(
+            "bench restore: `{}` is a lab_fixture; bench restore takes a vm_fixture",
+            fixture_name
+        ));
+    }
+    if fixture::build_for_cli(&env, &fixture_name, false)? {
+        eprintln!(
+            "provium bench: built fixture `{}` (it was not cached)",
+            fixture_name
+        );
+    }
+    let key = fixture::fixture_key(&env, &fixture_name)?;
+    let cache =
+        FixtureCache::open(&config.cache_dir).map_err(|e| crate::error_chain::flatten(&e))?;
+    let entry = cache.lookup(&key, EntryKind::Vm).ok_or_else(|| {
+        format!(
+            "bench restore: fixture `{}` has no cache entry after building",
+            fixture_name
+        )
+    })?;
+    let decl = crate::lua::snapshot::VmDecl::read(&entry)?;
+    // The bench restores bare machines: a kvm snapshot whose machine had
+    // disks or NICs needs them again, which only the Lua layer recreates.
+    if let Some(d) = crate::lua::snapshot::VmDevices::read_if_present(&entry)? {
+        if !d.disks.is_empty() || !d.nics.is_empty() {
+            return Err(format!(
+                "bench restore: fixture `{fixture_name}`'s VM had {} disk(s) and {} NIC(s), which \
+                 this bench does not recreate; bench a fixture whose VM has none",
+                d.disks.len(),
+                d.nics.len()
+            ));
+        }
+    }
+    let runs = r.common.runs.unwrap_or(10).max(1);
+    let warmup = r.common.warmup.unwrap_or(1);
+    let parallel = r.parallel.max(1);
+    let entry_bytes = std::fs::metadata(&entry).map(|m| m.len()).ok();
+
+    let spec_for = |i: usize| BootSpec {
+        vm_name: format!("bench-restore-{}-{i}", std::process::id()),
+        profile_name: decl.profile.clone(),
+        profile: config.profiles.get(&decl.profile).cloned(),
+        memory_bytes: decl.memory_bytes,
+        cpus: decl.cpus,
+        kernel_cmdline: None,
+        rng_seed: decl.rng_seed,
+        initial_time: None,
+        settings: config.settings.clone(),
+    };
+    let mut next = 0usize;
+    let batch = |count: usize| -> Result<Vec<RestoreSample>, String> {
+        let barrier = Barrier::new(count);
+        let results: Mutex<Vec<Result<RestoreSample, String>>> = Mutex::new(Vec::new());
+        let first = next;
+        next += count;
+        std::thread::scope(|s| {
+            for i in 0..count {
+                let (barrier, results, entry) = (&barrier, &results, &entry);
+                let spec = spec_for(first + i);
+                s.spawn(move || {
+                    let t0 = Instant::now();
+                    let r = Machine::restore(backend, &spec, entry);
+                    let machine_t = t0.elapsed();
+                    let r = r.and_then(|m| {
+                        let c = m.connect();
+                        let pinged = c.and_then(|c| c.ping().map_err(|e| e.to_string()));
+                        match pinged {
+                            Ok(()) => Ok((m, t0.elapsed())),
+                            Err(e) => {
+                                m.kill();
+                                Err(e)
+                            }
+                        }
+                    });
+                    // Every restore of the batch is alive here: measure then.
+                    barrier.wait();
+                    let out = r.map(|(m, answer)| {
+                        let (rss, pss) = m.resident_memory();
+                        (m, answer, rss, pss)
+                    });
+                    barrier.wait();
+                    let out = out.map(|(m, answer, rss, pss)| {
+                        m.shutdown();
+                        RestoreSample {
+                            machine: machine_t,
+                            answer,
+                            rss,
+                            pss,
+                        }
+                    });
+                    results.lock().unwrap_or_else(|e| e.into_inner()).push(out);
+                });
+            }
+        });
+        results
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .into_iter()
+            .map(|r| r.map_err(|e| format!("bench restore `{}`: {e}", entry.display())))
+            .collect()
+    };
+    let samples = run_batches(warmup, runs, parallel, batch)?;
+
+    let mut answer = Phase::new(
+        "restore_to_agent_answer",
+        "start of the restore to the restored VM's agent answering a ping",
+        "harness",
+        Unit::Ns,
+    );
+    let kvm = backend == BackendKind::Kvm;
+    let mut machine = Phase::new(
+        "restore_machine",
+        if kvm {
+            "open and verify the snapshot, map its memory image, rebuild KVM state and devices, \
+             start the vCPUs (no agent round trip)"
+        } else {
+            "read and verify the snapshot, start the sandbox, put its files back (no agent round trip)"
+        },
+        "harness",
+        Unit::Ns,
+    );
+    let mut first_insn = Phase::new(
+        "restore_to_first_instruction",
+        "start of the restore to the guest's first instruction",
+        "vmm",
+        Unit::Ns,
+    );
+    first_insn.unavailable = Some(if kvm {
+        "not timed for a Linux fixture; `bench restore --tiny-guest` measures it on the VMM".into()
+    } else {
+        "the local backend runs no guest CPU (a sandbox's snapshot is its files); \
+         `bench restore --tiny-guest` measures it on the VMM"
+            .into()
+    });
+    let mut rss = Phase::new(
+        "rss_per_vm",
+        if kvm {
+            "resident guest RAM (smaps Rss of the VM's RAM mappings), all of a batch alive"
+        } else {
+            "resident memory (VmRSS) summed over the restored sandbox's processes, all of a batch alive"
+        },
+        "harness",
+        Unit::Bytes,
+    );
+    let mut pss = Phase::new(
+        "pss_per_vm",
+        if kvm {
+            "proportional guest RAM (smaps Pss: page-cache pages of the memory image shared by the \
+             batch's restores are split)"
+        } else {
+            "proportional memory (Pss, shared pages split between sharers) of the same processes"
+        },
+        "harness",
+        Unit::Bytes,
+    );
+    for s in &samples {
+        answer.push_duration(Some(s.answer));
+        machine.push_duration(Some(s.machine));
+        rss.samples.push(s.rss);
+        pss.samples.push(s.pss);
+    }
+    Ok(Report {
+        bench: "restore",
+        target: fixture_name.clone(),
+        runs,
+        warmup,
+        host: host_info(r.common.pin),
+        guest: json!({
+            "backend": backend.as_str(),
+            "emulated_kernel_code": kvm && crate::backend::kvm::host_is_kvm_pvm(&config.settings),
+            "fixture": fixture_name,
+            "entry": entry.display().to_string(),
+            "entry_bytes": entry_bytes,
+            "profile": decl.profile,
+            "memory_bytes": decl.memory_bytes,
+            "vcpus": decl.cpus,
+            "parallel": parallel,
+        }),
+        phases: vec![answer, machine, first_insn, rss, pss],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tiny_restore_config_is_the_tiny_guest_at_that_size() {
+        let cfg = tiny_restore_config(48, None);
+        assert_eq!(cfg.machine.mem_size_mib, 48);
+        assert_eq!(cfg.boot.cmdline, "console=ttyS0");
+        assert!(cfg.boot_timer.is_none());
+        assert_eq!(cfg.protocol_version, provium_protocol::PROTOCOL_VERSION);
+    }
+
+    #[test]
+    fn batches_drop_the_warmup_and_stay_within_parallel() {
+        let mut sizes = Vec::new();
+        let mut n = 0u32;
+        let kept = run_batches(3, 5, 2, |count| {
+            sizes.push(count);
+            Ok((0..count)
+                .map(|_| {
+                    n += 1;
+                    n
+                })
+                .collect())
+        })
+        .unwrap();
+        assert_eq!(
+            sizes,
+            [2, 1, 2, 2, 1],
+            "warm-up 3 then runs 5, two at a time"
+        );
+        assert_eq!(kept, [4, 5, 6, 7, 8], "only the timed samples are kept");
+        let e = run_batches::<u32>(0, 1, 1, |_| Err("boom".into())).unwrap_err();
+        assert_eq!(e, "boom");
+    }
+}
