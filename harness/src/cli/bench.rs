@@ -1420,7 +1420,7 @@ fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
             fixture_name
         ));
     }
-    if fixture::build_for_cli(&env, &fixture_name, false)? {
+    if fixture::build_for_cli(&env, &fixture_name, false, &crate::lua::lab::ChunkBuilder)? {
         eprintln!(
             "provium bench: built fixture `{}` (it was not cached)",
             fixture_name
