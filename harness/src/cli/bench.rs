@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use provium_vmm::boot_timer::{BootMarks, BootTimer, BOOT_TIMER_PORT, GUEST_READY};
 use provium_vmm::{tiny_guest, BootSource, KernelImage, Vm, VmConfig, VmState};
 
-use super::run::{choose_backend, load_config};
+use super::{choose_backend, load_config};
 use super::{RunArgs, VmmChoice, EXIT_FAILED, EXIT_OK};
 use crate::backend::kvm::config::{self as kvm_config, locate_guest_agent, KvmBootOpts};
 use crate::backend::kvm::KvmMachine;

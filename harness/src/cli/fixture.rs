@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use provium_snapshot::{EntryKind, FixtureCache};
 
-use super::run::{choose_backend, load_config};
+use super::{choose_backend, load_config};
 use super::{FixtureOp, RunArgs, EXIT_FAILED, EXIT_OK};
 use crate::config::Config;
 use crate::events::EventSender;
