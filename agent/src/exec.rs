@@ -26,7 +26,7 @@ use provium_protocol::signal::SIGKILL;
 use provium_protocol::wire::Channel;
 use provium_protocol::{OpValue, MAX_CHUNK_BYTES};
 
-use crate::dispatch::Ctx;
+use crate::ctx::Ctx;
 use crate::op_error::{self, MAX_ANSWER_BYTES};
 use crate::stream::{Room, StreamOut};
 use crate::waker::Waker;

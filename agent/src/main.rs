@@ -14,6 +14,7 @@ mod boot_timer;
 mod cli;
 mod clock;
 mod conn;
+mod ctx;
 mod dispatch;
 mod exec;
 mod files;

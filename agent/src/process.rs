@@ -19,7 +19,7 @@ use provium_protocol::signal::{SIGKILL, SIGTERM};
 use provium_protocol::wire::{Channel, StreamEndReason};
 use provium_protocol::OpValue;
 
-use crate::dispatch::{Ctx, Then};
+use crate::ctx::{Ctx, Then};
 use crate::exec::{build, kill_group, spawn_error, Pump, PumpEvents, Sink};
 use crate::locks::{lock, wait, wait_timeout};
 use crate::op_error;
