@@ -86,12 +86,7 @@ impl Lab {
                 let _ = vm.shutdown();
                 return Err(restore_failure(e));
             }
-            self.0
-                .state
-                .lock()
-                .unwrap()
-                .vms
-                .insert(decl.name, vm.clone());
+            self.put_vm(decl.name, &vm);
             Ok(vm)
         };
         fixture::obtain(&env, name, EntryKind::Vm, &mut restore, &ChunkBuilder)
@@ -112,12 +107,7 @@ impl Lab {
                 }
                 return Err(restore_failure(e));
             }
-            self.0
-                .state
-                .lock()
-                .unwrap()
-                .sub_labs
-                .insert(lab_name, lab.clone());
+            self.put_sub_lab(lab_name, &lab);
             Ok(lab)
         };
         fixture::obtain(&env, name, EntryKind::Lab, &mut restore, &ChunkBuilder)
@@ -275,24 +265,16 @@ mod tests {
     #[test]
     fn the_chunk_return_is_classified_for_the_cache() {
         let lua = Lua::new();
-        let vm = lua
-            .create_userdata(SnapshotUd {
-                path: "/c/a.snap".into(),
-            })
-            .unwrap();
-        assert!(matches!(
-            chunk_return(&Value::UserData(vm)),
-            ChunkReturn::VmSnapshot(p) if p == Path::new("/c/a.snap")
-        ));
-        let lab = lua
-            .create_userdata(LabSnapshotUd {
-                path: "/c/b.lab".into(),
-            })
-            .unwrap();
-        assert!(matches!(
-            chunk_return(&Value::UserData(lab)),
-            ChunkReturn::LabSnapshot(p) if p == Path::new("/c/b.lab")
-        ));
+        let vm = Value::UserData(
+            lua.create_userdata(SnapshotUd { path: "/a".into() })
+                .unwrap(),
+        );
+        assert!(matches!(chunk_return(&vm), ChunkReturn::VmSnapshot(p) if p == Path::new("/a")));
+        let lab = Value::UserData(
+            lua.create_userdata(LabSnapshotUd { path: "/b".into() })
+                .unwrap(),
+        );
+        assert!(matches!(chunk_return(&lab), ChunkReturn::LabSnapshot(p) if p == Path::new("/b")));
         let other = lua.create_any_userdata(0_u8).unwrap();
         assert!(matches!(
             chunk_return(&Value::UserData(other)),

@@ -91,7 +91,7 @@ fn vm(this: &Lab, name: String, profile: Option<String>, opts: Option<Table>) ->
             this.check_new_name("vm", &name)?;
             let sizing = VmSizing::from_opts(opts.as_ref())?;
             let vm = Vm::create(this.0.env.clone(), name.clone(), profile, sizing)?;
-            this.0.state.lock().unwrap().vms.insert(name, vm.clone());
+            this.put_vm(name, &vm);
             Ok(vm)
         }
     }
@@ -114,7 +114,7 @@ fn bridge(this: &Lab, name: String, opts: Option<Table>) -> mlua::Result<Bridge>
     }
     this.check_new_name("bridge", &name)?;
     let b = Bridge::create(&this.0.env, &name);
-    this.0.state.lock().unwrap().bridges.insert(name, b.clone());
+    this.put_bridge(name, &b);
     Ok(b)
 }
 
@@ -127,12 +127,7 @@ fn sub_lab(this: &Lab, name: Option<String>) -> mlua::Result<Lab> {
     this.check_new_name("lab", &name)?;
     // Federation sub-labs have no parent chain: no fall-through.
     let lab = this.child(name.clone(), None);
-    this.0
-        .state
-        .lock()
-        .unwrap()
-        .sub_labs
-        .insert(name, lab.clone());
+    this.put_sub_lab(name, &lab);
     Ok(lab)
 }
 

@@ -160,35 +160,14 @@ mod test_utils {
 
     /// Puts `vm` in `lab` under its name, as `lab:vm(name, profile)` does.
     pub fn add_vm(lab: &Lab, vm: &Vm) {
-        lab.0
-            .state
-            .lock()
-            .unwrap()
-            .vms
-            .insert(vm.name().to_string(), vm.clone());
+        lab.put_vm(vm.name().to_string(), vm);
     }
 
     /// A new bridge `name` in `lab`, as `lab:bridge(name)` makes it.
     pub fn add_bridge(lab: &Lab, name: &str) -> Bridge {
         let b = Bridge::create(&lab.0.env, name);
-        lab.0
-            .state
-            .lock()
-            .unwrap()
-            .bridges
-            .insert(name.into(), b.clone());
+        lab.put_bridge(name.into(), &b);
         b
-    }
-
-    pub fn bridge_names(lab: &Lab) -> Vec<String> {
-        lab.0
-            .state
-            .lock()
-            .unwrap()
-            .bridges
-            .keys()
-            .cloned()
-            .collect()
     }
 }
 

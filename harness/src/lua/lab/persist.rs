@@ -160,12 +160,7 @@ impl Lab {
                         sizing,
                     )
                     .map_err(Failed)?;
-                    lab.0
-                        .state
-                        .lock()
-                        .unwrap()
-                        .vms
-                        .insert(v.name.clone(), vm.clone());
+                    lab.put_vm(v.name.clone(), &vm);
                     vm
                 }
             };
@@ -229,7 +224,7 @@ impl Lab {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_utils::{add_bridge, bridge_names, env, kvm_env};
+    use super::super::test_utils::{add_bridge, env, kvm_env};
     use super::*;
     use crate::runner::BackendKind;
 
@@ -248,12 +243,12 @@ mod tests {
             assert!(dir.join("lab.json").is_file());
             let fresh = Lab::root(env(backend));
             fresh.restore_from_dir(&dir).unwrap();
-            assert_eq!(bridge_names(&fresh), ["lan"]);
+            assert_eq!(fresh.bridge_names(), ["lan"]);
             let site = fresh.find_sub_lab("site").expect("the sub-lab comes back");
-            assert_eq!(bridge_names(&site), ["dmz"]);
+            assert_eq!(site.bridge_names(), ["dmz"]);
             // Restoring again reuses what is there.
             fresh.restore_from_dir(&dir).unwrap();
-            assert_eq!(bridge_names(&fresh), ["lan"]);
+            assert_eq!(fresh.bridge_names(), ["lan"]);
         }
     }
 
@@ -283,7 +278,7 @@ mod tests {
         let dir = root.0.file.baseline.lock().unwrap().clone().unwrap();
         assert!(dir.join("lab.json").is_file());
         root.restore_between_tests().unwrap();
-        assert_eq!(bridge_names(&root), ["lan"]);
+        assert_eq!(root.bridge_names(), ["lan"]);
         let lua = Lua::new();
         root.close_all(&lua);
         assert!(!dir.exists(), "the baseline goes with the file");

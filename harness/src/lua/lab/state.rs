@@ -26,20 +26,32 @@ pub(super) struct LabState {
 impl Lab {
     /// VMs of this lab and its sub-labs (downward), with their sub-lab path.
     pub(super) fn vms_downward(&self, path: &mut Vec<String>, out: &mut Vec<(Vec<String>, Vm)>) {
-        let (vms, subs): (Vec<Vm>, Vec<(String, Lab)>) = {
+        self.collect_downward(path, out, &|st| st.vms.values().cloned().collect());
+    }
+
+    /// What `pick` takes from this lab and from each sub-lab below it, depth
+    /// first in name order, each with its sub-lab path below this lab
+    /// (`path` is the prefix so far).
+    pub(super) fn collect_downward<T>(
+        &self,
+        path: &mut Vec<String>,
+        out: &mut Vec<(Vec<String>, T)>,
+        pick: &dyn Fn(&LabState) -> Vec<T>,
+    ) {
+        let (mine, subs): (Vec<T>, Vec<(String, Lab)>) = {
             let st = self.0.state.lock().unwrap();
             (
-                st.vms.values().cloned().collect(),
+                pick(&st),
                 st.sub_labs
                     .iter()
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
             )
         };
-        out.extend(vms.into_iter().map(|vm| (path.clone(), vm)));
+        out.extend(mine.into_iter().map(|x| (path.clone(), x)));
         for (name, lab) in subs {
             path.push(name);
-            lab.vms_downward(path, out);
+            lab.collect_downward(path, out, pick);
             path.pop();
         }
     }
@@ -54,12 +66,7 @@ impl Lab {
                 None => {
                     lab.check_new_name("lab", name)?;
                     let l = lab.child(name.clone(), None);
-                    lab.0
-                        .state
-                        .lock()
-                        .unwrap()
-                        .sub_labs
-                        .insert(name.clone(), l.clone());
+                    lab.put_sub_lab(name.clone(), &l);
                     l
                 }
             };
@@ -181,27 +188,42 @@ impl Lab {
         if let Ok(vm) = ud.borrow::<Vm>() {
             let name = vm.name().to_string();
             self.check_new_name("vm", &name)?;
-            self.0.state.lock().unwrap().vms.insert(name, vm.clone());
+            self.put_vm(name, &vm);
             return Ok(());
         }
         if let Ok(b) = ud.borrow::<Bridge>() {
             let name = b.name().to_string();
             self.check_new_name("bridge", &name)?;
-            self.0.state.lock().unwrap().bridges.insert(name, b.clone());
+            self.put_bridge(name, &b);
             return Ok(());
         }
         if let Ok(lab) = ud.borrow::<Lab>() {
             let name = lab.name().to_string();
             self.check_new_name("lab", &name)?;
-            self.0
-                .state
-                .lock()
-                .unwrap()
-                .sub_labs
-                .insert(name, lab.clone());
+            self.put_sub_lab(name, &lab);
             return Ok(());
         }
         Err(err("include: expected a VM, a Bridge or a Lab userdata"))
+    }
+
+    /// Put `vm` in this lab under `name` (the caller checked the name).
+    pub(super) fn put_vm(&self, name: String, vm: &Vm) {
+        self.0.state.lock().unwrap().vms.insert(name, vm.clone());
+    }
+
+    /// Put bridge `b` in this lab under `name` (the caller checked the name).
+    pub(super) fn put_bridge(&self, name: String, b: &Bridge) {
+        self.0.state.lock().unwrap().bridges.insert(name, b.clone());
+    }
+
+    /// Put `lab` in this lab as sub-lab `name` (the caller checked the name).
+    pub(super) fn put_sub_lab(&self, name: String, lab: &Lab) {
+        self.0
+            .state
+            .lock()
+            .unwrap()
+            .sub_labs
+            .insert(name, lab.clone());
     }
 
     /// A fresh `__lab_N` name for an anonymous sub-lab.

@@ -10,28 +10,13 @@ use crate::lua::vm::{RestoreError, Vm};
 
 impl Lab {
     /// Bridges of this lab and its sub-labs (downward), with their sub-lab
-    /// path.
+    /// path: the topology `lab:snapshot()` records.
     pub(super) fn bridges_downward(
         &self,
         path: &mut Vec<String>,
         out: &mut Vec<(Vec<String>, Bridge)>,
     ) {
-        let (bridges, subs): (Vec<Bridge>, Vec<(String, Lab)>) = {
-            let st = self.0.state.lock().unwrap();
-            (
-                st.bridges.values().cloned().collect(),
-                st.sub_labs
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect(),
-            )
-        };
-        out.extend(bridges.into_iter().map(|b| (path.clone(), b)));
-        for (name, lab) in subs {
-            path.push(name);
-            lab.bridges_downward(path, out);
-            path.pop();
-        }
+        self.collect_downward(path, out, &|st| st.bridges.values().cloned().collect());
     }
 
     /// The bridge a restored VM's NIC on bridge `name` joins, for a restore
@@ -54,12 +39,7 @@ impl Lab {
             )
         })?;
         let b = Bridge::create(&lab.0.env, name);
-        lab.0
-            .state
-            .lock()
-            .unwrap()
-            .bridges
-            .insert(name.to_string(), b.clone());
+        lab.put_bridge(name.to_string(), &b);
         Ok(b)
     }
 
@@ -112,7 +92,7 @@ impl Lab {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_utils::{bridge_names, kvm_env, vm};
+    use super::super::test_utils::{kvm_env, vm};
     use super::*;
     use crate::lua::snapshot::NicDecl;
 
@@ -143,7 +123,7 @@ mod tests {
         let mut n = nic("lan", "02:00:00:00:00:0a", None);
         n.connected = false;
         root.join_recorded_bridges(&v, &decl(vec![n])).unwrap();
-        assert_eq!(bridge_names(&root), ["lan"]);
+        assert_eq!(root.bridge_names(), ["lan"]);
         let lan = root.find_bridge("lan").unwrap();
         assert!(lan.has_vm(&v));
         assert_eq!(lan.mac_of("v").unwrap().to_string(), "02:00:00:00:00:0a");
@@ -155,7 +135,7 @@ mod tests {
         // Idempotent: already on a bridge of that name.
         root.join_recorded_bridges(&w, &decl(vec![nic("lan", "02:00:00:00:00:0b", None)]))
             .unwrap();
-        assert_eq!(bridge_names(&root), ["lan"]);
+        assert_eq!(root.bridge_names(), ["lan"]);
     }
 
     /// From a test scope the file's bridge of that name is found; a lab
@@ -164,12 +144,7 @@ mod tests {
     fn recorded_bridges_are_found_up_the_scope_chain_and_at_their_sub_lab() {
         let root = Lab::root(kvm_env());
         let lan = Bridge::create(&root.0.env, "lan");
-        root.0
-            .state
-            .lock()
-            .unwrap()
-            .bridges
-            .insert("lan".into(), lan.clone());
+        root.put_bridge("lan".into(), &lan);
         let scope = root.child("provium".into(), Some(root.clone()));
         let v = vm(&scope, "v");
         scope
@@ -177,7 +152,7 @@ mod tests {
             .unwrap();
         assert!(lan.has_vm(&v), "the file's bridge");
         assert!(
-            bridge_names(&scope).is_empty(),
+            scope.bridge_names().is_empty(),
             "no new bridge in the test scope"
         );
         let w = vm(&scope, "w");
@@ -188,17 +163,11 @@ mod tests {
             )
             .unwrap();
         let site = scope.find_sub_lab("site").expect("the sub-lab is made");
-        assert_eq!(bridge_names(&site), ["dmz"]);
+        assert_eq!(site.bridge_names(), ["dmz"]);
         assert!(site.find_bridge("dmz").unwrap().has_vm(&w));
         // A name taken by a VM of that lab cannot be a bridge: a mismatch.
         let x = vm(&scope, "x");
-        scope
-            .0
-            .state
-            .lock()
-            .unwrap()
-            .vms
-            .insert("wan".into(), x.clone());
+        scope.put_vm("wan".into(), &x);
         match scope.join_recorded_bridges(&x, &decl(vec![nic("wan", "02:00:00:00:00:0c", None)])) {
             Err(RestoreError::Mismatch(m)) => assert!(
                 m.contains("cannot make bridge `wan` for the restored NICs in lab `provium`"),
@@ -215,12 +184,7 @@ mod tests {
     fn a_vm_restored_by_its_lab_keeps_the_bridges_it_left() {
         let root = Lab::root(kvm_env());
         let lan = Bridge::create(&root.0.env, "lan");
-        root.0
-            .state
-            .lock()
-            .unwrap()
-            .bridges
-            .insert("lan".into(), lan.clone());
+        root.put_bridge("lan".into(), &lan);
         let site = root.sub_lab_at(&["site".into()]).unwrap();
         let v = vm(&site, "v");
         let mac = crate::lua::bridge::nic_mac("v", "lan", &[]);
@@ -228,7 +192,7 @@ mod tests {
         v.shutdown().unwrap();
         let devices = decl(vec![nic("lan", &mac.to_string(), None)]);
         site.join_recorded_bridges(&v, &devices).unwrap();
-        assert!(bridge_names(&site).is_empty(), "no second `lan`");
+        assert!(site.bridge_names().is_empty(), "no second `lan`");
         let ports = crate::lua::nic::restore_ports(&v, &devices.nics, &v.left_bridges()).unwrap();
         assert_eq!(ports.configs.len(), 1);
         assert!(lan.has_vm(&v), "back on the bridge it left");
@@ -239,20 +203,10 @@ mod tests {
     fn bridges_are_listed_with_their_sub_lab_paths() {
         let root = Lab::root(kvm_env());
         let lan = Bridge::create(&root.0.env, "lan");
-        root.0
-            .state
-            .lock()
-            .unwrap()
-            .bridges
-            .insert("lan".into(), lan.clone());
+        root.put_bridge("lan".into(), &lan);
         let site = root.sub_lab_at(&["site".into()]).unwrap();
         let dmz = Bridge::create(&root.0.env, "dmz");
-        site.0
-            .state
-            .lock()
-            .unwrap()
-            .bridges
-            .insert("dmz".into(), dmz.clone());
+        site.put_bridge("dmz".into(), &dmz);
         let mut out = Vec::new();
         root.bridges_downward(&mut Vec::new(), &mut out);
         let got: Vec<(Vec<String>, String)> = out
