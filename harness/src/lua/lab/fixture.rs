@@ -11,7 +11,8 @@ use mlua::{Lua, MultiValue, Value};
 use provium_snapshot::EntryKind;
 
 use super::Lab;
-use crate::fixture::{self, ChunkReturn, FixtureBuilder, RestoreFailure};
+use crate::error_chain::flatten;
+use crate::fixture::{self, ChunkReturn, FixtureBuilder, FixtureError, RestoreFailure};
 use crate::lua::snapshot::{self, LabSnapshotUd, SnapshotUd};
 use crate::lua::vm::{RestoreError, Vm, VmSizing};
 use crate::lua::{err, error_message};
@@ -90,7 +91,7 @@ impl Lab {
             Ok(vm)
         };
         fixture::obtain(&env, name, EntryKind::Vm, &mut restore, &ChunkBuilder)
-            .map_err(|e| err(format!("vm_fixture(\"{name}\"): {e}")))
+            .map_err(|e| err(format!("vm_fixture(\"{name}\"): {}", flatten(&e))))
     }
 
     /// A fresh sub-lab of this lab with fixture `name` restored into it.
@@ -111,7 +112,7 @@ impl Lab {
             Ok(lab)
         };
         fixture::obtain(&env, name, EntryKind::Lab, &mut restore, &ChunkBuilder)
-            .map_err(|e| err(format!("lab_fixture(\"{name}\"): {e}")))
+            .map_err(|e| err(format!("lab_fixture(\"{name}\"): {}", flatten(&e))))
     }
 
     /// `base` when it is free in this scope, else the first free
@@ -186,21 +187,28 @@ impl FixtureBuilder for ChunkBuilder {
         name: &str,
         source: &Path,
         rel: &str,
-        install: &mut dyn FnMut(ChunkReturn) -> Result<PathBuf, String>,
-    ) -> Result<PathBuf, String> {
-        let (lua, root) = crate::lua::new_state(env)
-            .map_err(|e| format!("fixture `{name}`: cannot set up a Lua state: {e}"))?;
-        let source = std::fs::read(source)
-            .map_err(|e| format!("fixture `{name}`: cannot read {}: {e}", source.display()))?;
+        install: &mut dyn FnMut(ChunkReturn) -> Result<PathBuf, FixtureError>,
+    ) -> Result<PathBuf, FixtureError> {
+        // The Lua side's errors become text here, flattened, as every error
+        // raised into or out of Lua does.
+        let (lua, root) = crate::lua::new_state(env).map_err(|e| {
+            FixtureError::Build(format!("fixture `{name}`: cannot set up a Lua state: {e}"))
+        })?;
+        let source = std::fs::read(source).map_err(|e| {
+            FixtureError::Build(format!(
+                "fixture `{name}`: cannot read {}: {e}",
+                source.display()
+            ))
+        })?;
         let result = lua
             .load(&source)
             .set_name(format!("@{rel}"))
             .eval::<Value>();
         let installed = match result {
-            Err(e) => Err(format!(
+            Err(e) => Err(FixtureError::Build(format!(
                 "fixture `{name}` failed to build: {}",
                 error_message(&e)
-            )),
+            ))),
             Ok(value) => install(chunk_return(&value)),
         };
         root.close_all(&lua);
