@@ -11,6 +11,7 @@
 //! --release --target x86_64-unknown-linux-gnu`.
 
 mod boot_timer;
+mod child;
 mod cli;
 mod clock;
 mod conn;

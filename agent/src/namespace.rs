@@ -21,10 +21,9 @@ use provium_protocol::op::{HandleId, StreamId};
 use provium_protocol::result::OpError;
 use provium_protocol::signal::SIGKILL;
 
-use crate::exec::kill_group;
+use crate::child::{kill_group, Process};
 use crate::locks::lock;
 use crate::op_error;
-use crate::process::Process;
 
 /// A stream the namespace ends when it closes: a tail (`tail.rs`). The
 /// namespace only needs its id and a way to stop it, so it does not depend
