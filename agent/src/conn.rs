@@ -66,6 +66,20 @@ impl Conn {
         }
     }
 
+    /// A connection over one end of a socket pair (the other end is
+    /// dropped: frames out go nowhere) whose requests run nowhere, for
+    /// handler tests.
+    #[cfg(test)]
+    pub fn for_tests() -> Arc<Conn> {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().expect("a socket pair");
+        let outbox = Arc::new(Outbox::new(Socket::from_fd(a.into())));
+        Arc::new(Conn::new(
+            outbox,
+            Arc::new(AgentConfig::default()),
+            |_, _, _, _, _| {},
+        ))
+    }
+
     pub fn outbox(&self) -> Arc<Outbox> {
         Arc::clone(&self.outbox)
     }

@@ -38,22 +38,11 @@ impl<'a> Ctx<'a> {
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::net::UnixStream;
-
     use super::*;
-    use crate::outbox::Outbox;
-    use crate::socket::Socket;
-    use crate::AgentConfig;
 
     #[test]
     fn a_batch_context_keeps_the_request_and_captures_output() {
-        let (a, _b) = UnixStream::pair().unwrap();
-        let outbox = Arc::new(Outbox::new(Socket::from_fd(a.into())));
-        let conn = Arc::new(Conn::new(
-            outbox,
-            Arc::new(AgentConfig::default()),
-            |_, _, _, _, _| {},
-        ));
+        let conn = Conn::for_tests();
         let ns = Namespace::new();
         let ctx = Ctx {
             conn: &conn,

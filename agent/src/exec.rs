@@ -81,28 +81,17 @@ pub fn exec(ctx: &Ctx<'_>, id: u64, spec: ExecSpec) -> Result<OpValue, OpError> 
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-    use std::os::unix::net::UnixStream;
-
     use provium_protocol::op::Command;
+    use std::collections::BTreeMap;
 
     use super::*;
     use crate::conn::Conn;
     use crate::namespace::Namespace;
-    use crate::outbox::Outbox;
-    use crate::socket::Socket;
-    use crate::AgentConfig;
 
     /// In a batch, exec captures both channels into its answer.
     #[test]
     fn a_batched_exec_captures_its_output() {
-        let (a, _b) = UnixStream::pair().unwrap();
-        let outbox = Arc::new(Outbox::new(Socket::from_fd(a.into())));
-        let conn = Arc::new(Conn::new(
-            outbox,
-            Arc::new(AgentConfig::default()),
-            |_, _, _, _, _| {},
-        ));
+        let conn = Conn::for_tests();
         let ns = Namespace::new();
         let ctx = Ctx {
             conn: &conn,
