@@ -13,7 +13,7 @@
 //! closed: processes killed, handles closed, streams ended.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use provium_protocol::frame::{read_message, DEFAULT_MAX_FRAME_BYTES};
@@ -22,7 +22,6 @@ use provium_protocol::op::{Op, StreamId, WorkerId};
 use provium_protocol::wire::{AgentFrame, Channel, HostFrame, Request, StdinData, StreamAck};
 use provium_protocol::OpValue;
 
-use crate::dispatch;
 use crate::locks::lock;
 use crate::namespace::Namespace;
 use crate::op_error;
@@ -30,8 +29,13 @@ use crate::outbox::Outbox;
 use crate::socket::Socket;
 use crate::stdin::{Pushed, StdinPipe};
 use crate::stream::StreamOut;
-use crate::worker::{self, Worker};
+use crate::worker::{self, Workers};
 use crate::AgentConfig;
+
+/// Runs one request in a namespace (the connection's own, or a worker's)
+/// and answers it: `dispatch::handle`, handed in by whoever serves the
+/// connection, so that this module does not depend on the dispatcher.
+pub type RunRequest = fn(&Arc<Conn>, &Arc<Namespace>, Option<WorkerId>, u64, Op);
 
 /// Connection-level requests running at once; beyond this a request is
 /// refused (each one holds a thread).
@@ -43,31 +47,53 @@ pub struct Conn {
     streams: Mutex<HashMap<(StreamId, Channel), Arc<StreamOut>>>,
     stdins: Mutex<HashMap<StreamId, Arc<StdinPipe>>>,
     pub root: Arc<Namespace>,
-    pub workers: Mutex<HashMap<WorkerId, Worker>>,
-    next_worker: AtomicU64,
+    pub workers: Workers,
+    run_request: RunRequest,
     in_flight: AtomicUsize,
 }
 
 impl Conn {
-    fn new(outbox: Arc<Outbox>, config: Arc<AgentConfig>) -> Self {
+    pub fn new(outbox: Arc<Outbox>, config: Arc<AgentConfig>, run_request: RunRequest) -> Self {
         Conn {
             outbox,
             config,
             streams: Mutex::new(HashMap::new()),
             stdins: Mutex::new(HashMap::new()),
             root: Namespace::new(),
-            workers: Mutex::new(HashMap::new()),
-            next_worker: AtomicU64::new(1),
+            workers: Workers::default(),
+            run_request,
             in_flight: AtomicUsize::new(0),
         }
+    }
+
+    /// A connection over one end of a socket pair (the other end is
+    /// dropped: frames out go nowhere) whose requests run nowhere, for
+    /// handler tests.
+    #[cfg(test)]
+    pub fn for_tests() -> Arc<Conn> {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().expect("a socket pair");
+        let outbox = Arc::new(Outbox::new(Socket::from_fd(a.into())));
+        Arc::new(Conn::new(
+            outbox,
+            Arc::new(AgentConfig::default()),
+            |_, _, _, _, _| {},
+        ))
     }
 
     pub fn outbox(&self) -> Arc<Outbox> {
         Arc::clone(&self.outbox)
     }
 
-    pub fn next_worker_id(&self) -> WorkerId {
-        self.next_worker.fetch_add(1, Ordering::Relaxed)
+    /// Run request `id` through the dispatcher this connection was served
+    /// with.
+    pub fn run_request(
+        self: &Arc<Self>,
+        ns: &Arc<Namespace>,
+        worker: Option<WorkerId>,
+        id: u64,
+        op: Op,
+    ) {
+        (self.run_request)(self, ns, worker, id, op);
     }
 
     /// Route acks for `s` to it until [`unregister_stream`](Self::unregister_stream).
@@ -125,7 +151,7 @@ impl Conn {
     fn on_request(self: &Arc<Self>, req: Request) {
         let Request { id, worker, op } = req;
         if let Some(w) = worker {
-            if let Err(e) = worker::submit(self, w, id, op) {
+            if let Err(e) = worker::submit(&self.workers, w, id, op) {
                 self.outbox.respond(id, Err(e));
             }
             return;
@@ -151,7 +177,7 @@ impl Conn {
             .name("provium-req".into())
             .spawn(move || {
                 let ns = Arc::clone(&conn.root);
-                dispatch::handle(&conn, &ns, None, id, op);
+                conn.run_request(&ns, None, id, op);
                 conn.in_flight.fetch_sub(1, Ordering::AcqRel);
             });
         if let Err(e) = spawned {
@@ -191,10 +217,7 @@ impl Conn {
     /// Close everything this connection owns.
     fn teardown(&self) {
         self.outbox.close();
-        let workers: Vec<Worker> = lock(&self.workers).drain().map(|(_, w)| w).collect();
-        for w in workers {
-            w.close();
-        }
+        self.workers.close_all();
         self.root.close();
         let streams: Vec<_> = lock(&self.streams).drain().map(|(_, s)| s).collect();
         for s in streams {
@@ -247,8 +270,9 @@ fn hello_ok(config: &AgentConfig) -> HelloOk {
     }
 }
 
-/// Serve one accepted connection until it closes.
-pub fn serve(sock: Socket, config: Arc<AgentConfig>) {
+/// Serve one accepted connection until it closes, running its requests
+/// with `run_request`.
+pub fn serve(sock: Socket, config: Arc<AgentConfig>, run_request: RunRequest) {
     let reader = match sock.try_clone() {
         Ok(r) => r,
         Err(e) => {
@@ -282,7 +306,7 @@ pub fn serve(sock: Socket, config: Arc<AgentConfig>) {
             return;
         }
     }
-    let conn = Arc::new(Conn::new(outbox, config));
+    let conn = Arc::new(Conn::new(outbox, config, run_request));
     if let Some(why) = conn.read_loop(&reader) {
         eprintln!("provium-agent: closing a connection: {why}");
     }

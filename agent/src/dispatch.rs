@@ -3,7 +3,8 @@
 //! [`handle`] answers exactly one `Response` per request, even if a handler
 //! panics (a bug): the panic becomes an `internal` error. Ops that stream after
 //! their answer (spawn, tail) return a [`Then`] that starts the stream once
-//! the answer is out.
+//! the answer is out. What a handler gets is [`Ctx`], in its own module so
+//! that handlers do not depend on this dispatcher.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -13,20 +14,9 @@ use provium_protocol::result::{OpError, OpResult};
 use provium_protocol::OpValue;
 
 use crate::conn::Conn;
+use crate::ctx::{Ctx, Then};
 use crate::namespace::Namespace;
 use crate::{clock, exec, files, op_error, process, syscall, tail, worker};
-
-/// Work to do after the answer was sent.
-pub type Then = Option<Box<dyn FnOnce() + Send>>;
-
-pub struct Ctx<'a> {
-    pub conn: &'a Arc<Conn>,
-    pub ns: &'a Arc<Namespace>,
-    /// The worker running this request (None: the connection's namespace).
-    pub worker: Option<WorkerId>,
-    /// Inside a batch: exec captures its output instead of streaming.
-    pub in_batch: bool,
-}
 
 /// Run request `id` in `ns` and answer it.
 pub fn handle(conn: &Arc<Conn>, ns: &Arc<Namespace>, worker: Option<WorkerId>, id: u64, op: Op) {
@@ -95,20 +85,32 @@ pub fn run_op(ctx: &Ctx<'_>, id: u64, op: Op) -> (Result<OpValue, OpError>, Then
         Op::ClockGet => clock::get(),
         Op::ClockSet { realtime_ns } => clock::set(no_clock, realtime_ns),
         Op::ClockAdvance { delta_ns } => clock::advance(no_clock, delta_ns),
-        Op::WorkerSpawn => worker::spawn(ctx.conn),
-        Op::WorkerJoin { worker } => worker::join(ctx.conn, worker, ctx.worker),
-        Op::WorkerKill { worker, signal } => worker::kill(ctx.conn, worker, signal),
-        Op::WorkerClose { worker } => worker::close(ctx.conn, worker),
+        Op::WorkerSpawn => spawn_worker(ctx),
+        Op::WorkerJoin { worker } => worker::join(&ctx.conn.workers, worker, ctx.worker),
+        Op::WorkerKill { worker, signal } => worker::kill(&ctx.conn.workers, worker, signal),
+        Op::WorkerClose { worker } => worker::close(&ctx.conn.workers, worker),
         Op::Batch { ops } => batch(ctx, id, ops),
     };
     (result, None)
+}
+
+/// `worker_spawn`: a worker whose requests run through [`handle`].
+fn spawn_worker(ctx: &Ctx<'_>) -> Result<OpValue, OpError> {
+    let conn = Arc::clone(ctx.conn);
+    worker::spawn(
+        &ctx.conn.workers,
+        ctx.conn.outbox(),
+        move |ns, w, id, op| {
+            handle(&conn, ns, Some(w), id, op);
+        },
+    )
 }
 
 /// `close_stream`: a tail ends; a spawned process's output stops (the
 /// process keeps running).
 fn close_stream(ctx: &Ctx<'_>, stream: StreamId) -> Result<OpValue, OpError> {
     if let Some(t) = ctx.ns.remove_tail(stream) {
-        t.stop();
+        t.stop_stream();
         return Ok(OpValue::Unit);
     }
     if let Ok(p) = ctx.ns.process(stream) {
@@ -119,12 +121,7 @@ fn close_stream(ctx: &Ctx<'_>, stream: StreamId) -> Result<OpValue, OpError> {
 }
 
 fn batch(ctx: &Ctx<'_>, id: u64, ops: Vec<Op>) -> Result<OpValue, OpError> {
-    let sub = Ctx {
-        conn: ctx.conn,
-        ns: ctx.ns,
-        worker: ctx.worker,
-        in_batch: true,
-    };
+    let sub = ctx.for_batch();
     let results = ops
         .into_iter()
         .map(|op| {

@@ -23,7 +23,7 @@ use provium_protocol::op::{HandleId, OpenMode, Whence};
 use provium_protocol::result::{DirEntry, EntryType, OpError, StatInfo};
 use provium_protocol::OpValue;
 
-use crate::dispatch::Ctx;
+use crate::ctx::Ctx;
 use crate::op_error::{self, MAX_ANSWER_BYTES};
 
 pub fn read_file(path: &str) -> Result<OpValue, OpError> {

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::conn;
+use crate::dispatch;
 use crate::socket::Socket;
 use crate::AgentConfig;
 
@@ -150,7 +151,7 @@ pub fn serve(listener: &Listener, config: &Arc<AgentConfig>) {
                 let config = Arc::clone(config);
                 let spawned = std::thread::Builder::new()
                     .name("provium-conn".into())
-                    .spawn(move || conn::serve(sock, config));
+                    .spawn(move || conn::serve(sock, config, dispatch::handle));
                 if let Err(e) = spawned {
                     eprintln!("provium-agent: cannot start a connection thread: {e}");
                 }

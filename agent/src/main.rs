@@ -11,9 +11,11 @@
 //! --release --target x86_64-unknown-linux-gnu`.
 
 mod boot_timer;
+mod child;
 mod cli;
 mod clock;
 mod conn;
+mod ctx;
 mod dispatch;
 mod exec;
 mod files;

@@ -21,18 +21,25 @@ use provium_protocol::op::{HandleId, StreamId};
 use provium_protocol::result::OpError;
 use provium_protocol::signal::SIGKILL;
 
-use crate::exec::kill_group;
+use crate::child::{kill_group, Process};
 use crate::locks::lock;
 use crate::op_error;
-use crate::process::Process;
-use crate::tail::Tail;
+
+/// A stream the namespace ends when it closes: a tail (`tail.rs`). The
+/// namespace only needs its id and a way to stop it, so it does not depend
+/// on the tail module, which depends on it.
+pub trait StoppableStream: Send + Sync {
+    fn stream_id(&self) -> StreamId;
+    /// End the stream (with `closed`).
+    fn stop_stream(&self);
+}
 
 #[derive(Default)]
 pub struct Namespace {
     closed: AtomicBool,
     handles: Mutex<HashMap<HandleId, Arc<File>>>,
     processes: Mutex<HashMap<StreamId, Arc<Process>>>,
-    tails: Mutex<HashMap<StreamId, Arc<Tail>>>,
+    tails: Mutex<HashMap<StreamId, Arc<dyn StoppableStream>>>,
     /// Running execs: request id -> process group id.
     execs: Mutex<HashMap<u64, u32>>,
 }
@@ -95,16 +102,16 @@ impl Namespace {
         lock(&self.processes).remove(&id)
     }
 
-    pub fn insert_tail(&self, t: Arc<Tail>) -> Result<(), OpError> {
+    pub fn insert_tail(&self, t: Arc<dyn StoppableStream>) -> Result<(), OpError> {
         let mut tails = lock(&self.tails);
         if self.is_closed() {
             return Err(closed_error());
         }
-        tails.insert(t.id(), t);
+        tails.insert(t.stream_id(), t);
         Ok(())
     }
 
-    pub fn remove_tail(&self, id: StreamId) -> Option<Arc<Tail>> {
+    pub fn remove_tail(&self, id: StreamId) -> Option<Arc<dyn StoppableStream>> {
         lock(&self.tails).remove(&id)
     }
 
@@ -150,7 +157,7 @@ impl Namespace {
         }
         let tails: Vec<_> = lock(&self.tails).drain().map(|(_, t)| t).collect();
         for t in tails {
-            t.stop();
+            t.stop_stream();
         }
         lock(&self.handles).clear();
     }
@@ -179,5 +186,35 @@ mod tests {
             ns.remove_handle(id).unwrap_err().code,
             ErrorCode::UnknownHandle
         );
+    }
+
+    struct FakeTail {
+        id: StreamId,
+        stopped: AtomicBool,
+    }
+
+    impl StoppableStream for FakeTail {
+        fn stream_id(&self) -> StreamId {
+            self.id
+        }
+        fn stop_stream(&self) {
+            self.stopped.store(true, Ordering::Release);
+        }
+    }
+
+    #[test]
+    fn closing_stops_the_tails_and_refuses_new_ones() {
+        let ns = Namespace::new();
+        let t = Arc::new(FakeTail {
+            id: 4,
+            stopped: AtomicBool::new(false),
+        });
+        ns.insert_tail(t.clone()).unwrap();
+        assert!(ns.remove_tail(4).is_some());
+        assert!(ns.remove_tail(4).is_none());
+        ns.insert_tail(t.clone()).unwrap();
+        ns.close();
+        assert!(t.stopped.load(Ordering::Acquire));
+        assert_eq!(ns.insert_tail(t).unwrap_err().code, ErrorCode::NotAllowed);
     }
 }

@@ -8,112 +8,26 @@
 //! `wait` answers once the process was reaped and the output already in its
 //! pipes was sent (or is held up only by host acks), so in the usual case all
 //! chunks precede the wait's answer. `wait` and `release` free the slot.
+//! The slot itself is [`Process`] (`child.rs`), which the namespace owns.
 
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use provium_protocol::op::{SpawnSpec, StreamId};
 use provium_protocol::result::{ExitInfo, OpError, ProcessState};
 use provium_protocol::signal::{SIGKILL, SIGTERM};
-use provium_protocol::wire::{Channel, StreamEndReason};
+use provium_protocol::wire::Channel;
 use provium_protocol::OpValue;
 
-use crate::dispatch::{Ctx, Then};
-use crate::exec::{build, kill_group, spawn_error, Pump, PumpEvents, Sink};
-use crate::locks::{lock, wait, wait_timeout};
+use crate::child::{build, kill_group, spawn_error, Process, Pump, Sink};
+use crate::ctx::{Ctx, Then};
 use crate::op_error;
-use crate::stdin::StdinPipe;
 use crate::stream::StreamOut;
 use crate::waker::Waker;
 
 /// How long `release` lets a process handle SIGTERM before SIGKILL.
 const RELEASE_GRACE: Duration = Duration::from_secs(2);
-
-pub struct Process {
-    pub id: StreamId,
-    pub pid: u32,
-    state: Mutex<ProcState>,
-    cv: Condvar,
-    outs: [Arc<StreamOut>; 2],
-    pub stdin: Arc<StdinPipe>,
-}
-
-#[derive(Default)]
-struct ProcState {
-    exit: Option<ExitInfo>,
-    settled: bool,
-}
-
-impl PumpEvents for Process {
-    fn exited(&self, exit: ExitInfo) {
-        lock(&self.state).exit = Some(exit);
-        self.cv.notify_all();
-    }
-    fn settled(&self) {
-        lock(&self.state).settled = true;
-        self.cv.notify_all();
-    }
-    /// A process that closes stdout (or stderr) and keeps running: that
-    /// stream ends now, not at exit (idempotent with `finish`).
-    fn output_ended(&self, i: usize) {
-        if let Some(o) = self.outs.get(i) {
-            o.end(StreamEndReason::Eof, None);
-        }
-    }
-}
-
-impl Process {
-    pub fn is_running(&self) -> bool {
-        lock(&self.state).exit.is_none()
-    }
-
-    /// Stop forwarding output: both channels end with `closed` and further
-    /// output is drained and dropped.
-    pub fn close_output(&self) {
-        for o in &self.outs {
-            o.end(StreamEndReason::Closed, None);
-        }
-    }
-
-    /// Close the output and stdin, then signal the group (if still running).
-    /// The output ends first, so the host always sees `closed` for a stream it
-    /// released, never the `eof` of a pipe the signal closed a moment later.
-    pub fn forget(&self, signal: i32) {
-        self.close_output();
-        self.stdin.close();
-        if self.is_running() {
-            let _ = kill_group(self.pid, signal);
-        }
-    }
-
-    /// Wait until reaped and settled, or `deadline`. None on timeout.
-    fn wait_exit(&self, deadline: Option<Instant>) -> Option<ExitInfo> {
-        let mut st = lock(&self.state);
-        loop {
-            if let (Some(exit), true) = (st.exit, st.settled) {
-                return Some(exit);
-            }
-            match deadline {
-                None => st = wait(&self.cv, st),
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return None;
-                    }
-                    st = wait_timeout(&self.cv, st, d - now);
-                }
-            }
-        }
-    }
-
-    fn finish(&self) {
-        for o in &self.outs {
-            o.end(StreamEndReason::Eof, None);
-        }
-        self.stdin.close();
-    }
-}
 
 /// `spawn`: start the process; the output pump starts after the answer.
 pub fn spawn(ctx: &Ctx<'_>, id: u64, spec: SpawnSpec) -> (Result<OpValue, OpError>, Then) {
@@ -141,14 +55,7 @@ fn start(ctx: &Ctx<'_>, id: u64, spec: SpawnSpec) -> Result<(u32, mpsc::Sender<(
     let pid = child.id();
     let outs = [Channel::Stdout, Channel::Stderr]
         .map(|ch| StreamOut::new(ctx.conn.outbox(), id, ch, Some(Arc::clone(&waker))));
-    let proc = Arc::new(Process {
-        id,
-        pid,
-        state: Mutex::new(ProcState::default()),
-        cv: Condvar::new(),
-        outs: outs.clone(),
-        stdin: StdinPipe::new(),
-    });
+    let proc = Arc::new(Process::new(id, pid, outs.clone()));
     let abandon = |child: &mut std::process::Child, e: OpError| {
         let _ = kill_group(pid, SIGKILL);
         let _ = child.wait();
@@ -247,7 +154,7 @@ pub fn signal(ctx: &Ctx<'_>, process: StreamId, signal: i32) -> Result<OpValue, 
 
 pub fn status(ctx: &Ctx<'_>, process: StreamId) -> Result<OpValue, OpError> {
     let p = ctx.ns.process(process)?;
-    let exit = lock(&p.state).exit;
+    let exit = p.exit();
     Ok(OpValue::ProcessStatus(ProcessState {
         running: exit.is_none(),
         pid: p.pid,

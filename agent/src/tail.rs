@@ -19,10 +19,10 @@ use provium_protocol::wire::{Channel, StreamEndReason};
 use provium_protocol::{OpValue, MAX_CHUNK_BYTES};
 
 use crate::conn::Conn;
-use crate::dispatch::{Ctx, Then};
+use crate::ctx::{Ctx, Then};
 use crate::files::open_for_tail;
 use crate::locks::{lock, wait_timeout};
-use crate::namespace::Namespace;
+use crate::namespace::{Namespace, StoppableStream};
 use crate::op_error;
 use crate::stream::{Room, StreamOut};
 
@@ -33,6 +33,16 @@ pub struct Tail {
     out: Arc<StreamOut>,
     stopped: Mutex<bool>,
     cv: Condvar,
+}
+
+impl StoppableStream for Tail {
+    fn stream_id(&self) -> StreamId {
+        self.id()
+    }
+
+    fn stop_stream(&self) {
+        self.stop();
+    }
 }
 
 impl Tail {
@@ -121,7 +131,7 @@ fn start_tail(
         stopped: Mutex::new(false),
         cv: Condvar::new(),
     });
-    ctx.ns.insert_tail(Arc::clone(&tail))?;
+    ctx.ns.insert_tail(tail.clone())?;
     ctx.conn.register_stream(&out);
     let (go_tx, go_rx) = mpsc::channel::<()>();
     let conn = Arc::clone(ctx.conn);

@@ -5,62 +5,10 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
-use common::read_events;
+use common::{exit_code, read_events, stderr, stdout, LocalProject};
 use provium_protocol::Event;
-
-struct Project {
-    dir: tempfile::TempDir,
-}
-
-impl Project {
-    fn new(files: &[(&str, &str)]) -> Project {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(
-            dir.path().join("provium.toml"),
-            "[provium]\nroots = [\"tests\"]\n\n[profiles.linux]\ncmdline = \"quiet\"\nguest_os = \"linux\"\n",
-        )
-        .unwrap();
-        let p = Project { dir };
-        for (name, body) in files {
-            p.write(&format!("tests/{name}"), body);
-        }
-        p
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn write(&self, rel: &str, body: &str) {
-        let p = self.path().join(rel);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, body).unwrap();
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_provium"))
-            .args(["--vmm", "local", "--no-preflight"])
-            .args(args)
-            .current_dir(self.path())
-            .env("PROVIUM_RERUN_STATE", self.path().join("rerun.json"))
-            .output()
-            .unwrap()
-    }
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn code(o: &Output) -> i32 {
-    o.status.code().unwrap_or(-1)
-}
 
 /// Eleven files over three directories, each with a passing test.
 fn eleven_files() -> Vec<(String, String)> {
@@ -76,7 +24,7 @@ fn eleven_files() -> Vec<(String, String)> {
 
 /// The file lines of `provium list` (tests are indented under them).
 fn listed_files(o: &Output) -> Vec<String> {
-    assert_eq!(code(o), 0, "{o:?}");
+    assert_eq!(exit_code(o), 0, "{o:?}");
     stdout(o)
         .lines()
         .filter(|l| !l.starts_with(' '))
@@ -91,7 +39,7 @@ fn shards_of_both_kinds_are_disjoint_and_cover_the_suite() {
         .iter()
         .map(|(a, b)| (a.as_str(), b.as_str()))
         .collect();
-    let p = Project::new(&refs);
+    let p = LocalProject::new(&refs);
     let all = listed_files(&p.run(&["list"]));
     assert_eq!(all.len(), 11);
     for kind in ["count", "hash"] {
@@ -128,7 +76,7 @@ fn shards_of_both_kinds_are_disjoint_and_cover_the_suite() {
         "--save-events",
         events.to_str().unwrap(),
     ]);
-    assert_eq!(code(&o), 0, "{o:?}");
+    assert_eq!(exit_code(&o), 0, "{o:?}");
     let ran: BTreeSet<String> = stdout(&o)
         .lines()
         .map(|l| {
@@ -157,7 +105,7 @@ fn shards_of_both_kinds_are_disjoint_and_cover_the_suite() {
 
 #[test]
 fn a_bad_partition_exits_2_naming_the_problem_and_the_form() {
-    let p = Project::new(&[("a.test.lua", "test('a', function() end)\n")]);
+    let p = LocalProject::new(&[("a.test.lua", "test('a', function() end)\n")]);
     for (spec, problem) in [
         ("0/3", "`0/3` has no kind"),
         (
@@ -173,7 +121,7 @@ fn a_bad_partition_exits_2_naming_the_problem_and_the_form() {
     ] {
         for args in [vec!["--partition", spec], vec!["list", "--partition", spec]] {
             let o = p.run(&args);
-            assert_eq!(code(&o), 2, "{spec}: {o:?}");
+            assert_eq!(exit_code(&o), 2, "{spec}: {o:?}");
             let e = stderr(&o);
             assert!(e.contains(problem), "{spec}: {e}");
             assert!(
@@ -185,8 +133,8 @@ fn a_bad_partition_exits_2_naming_the_problem_and_the_form() {
 }
 
 /// Five files: passes, failures, skips, logs and a chunk that fails to load.
-fn mixed_suite() -> Project {
-    Project::new(&[
+fn mixed_suite() -> LocalProject {
+    LocalProject::new(&[
         ("a.test.lua", "test('one', function(t) t:log('hello') end)\ntest('two', function(t) t:assert_eq(1, 1) end)\n"),
         ("b.test.lua", "test('ok', function() end)\ntest('bad', function(t) t:assert_eq(1, 2) end)\ntest('later', {skip = 'not yet'}, function() end)\n"),
         ("net/c.test.lua", "test('c1', function(t) t:log('from c') end)\n"),
@@ -235,7 +183,7 @@ fn a_merge_of_three_shards_equals_one_unsharded_run() {
     let p = mixed_suite();
     let whole_junit = p.path().join("whole.xml");
     let whole = p.run(&["--junit", whole_junit.to_str().unwrap()]);
-    assert_eq!(code(&whole), 1);
+    assert_eq!(exit_code(&whole), 1);
     let mut events = Vec::new();
     let mut jsons = Vec::new();
     for i in 1..=3 {
@@ -246,7 +194,7 @@ fn a_merge_of_three_shards_equals_one_unsharded_run() {
             "--save-events",
             ev.to_str().unwrap(),
         ]);
-        assert!(code(&o) <= 1, "{o:?}");
+        assert!(exit_code(&o) <= 1, "{o:?}");
         events.push(ev.to_str().unwrap().to_string());
         let js = p.path().join(format!("shard{i}.json"));
         let o = p.run(&["--partition", &format!("count:{i}/3"), "--json"]);
@@ -259,7 +207,7 @@ fn a_merge_of_three_shards_equals_one_unsharded_run() {
         let mut args = vec!["report", "merge", "--junit", merged_junit.to_str().unwrap()];
         args.extend(inputs.iter().map(String::as_str));
         let m = p.run(&args);
-        assert_eq!(code(&m), 1, "{m:?}");
+        assert_eq!(exit_code(&m), 1, "{m:?}");
         assert_eq!(summary(&stdout(&m)), summary(&stdout(&whole)));
         assert_eq!(
             summary(&stdout(&m)),
@@ -275,7 +223,7 @@ fn a_merge_of_three_shards_equals_one_unsharded_run() {
     }
     // A missing shard is named; a shard of another suite is refused.
     let m = p.run(&["report", "merge", &events[0], &events[2]]);
-    assert_eq!(code(&m), 2, "{m:?}");
+    assert_eq!(exit_code(&m), 2, "{m:?}");
     assert!(
         stderr(&m).contains("shard count:2/3 of suite"),
         "{}",
@@ -296,10 +244,10 @@ fn a_merge_of_three_shards_equals_one_unsharded_run() {
         other.to_str().unwrap(),
         &events[2],
     ]);
-    assert_eq!(code(&m), 2, "{m:?}");
+    assert_eq!(exit_code(&m), 2, "{m:?}");
     assert!(stderr(&m).contains("is from suite"), "{}", stderr(&m));
     // A clean suite merges to exit 0.
-    let clean = Project::new(&[
+    let clean = LocalProject::new(&[
         ("a.test.lua", "test('a', function() end)\n"),
         ("b.test.lua", "test('b', function() end)\n"),
     ]);
@@ -307,7 +255,7 @@ fn a_merge_of_three_shards_equals_one_unsharded_run() {
     for i in 1..=2 {
         let ev = clean.path().join(format!("s{i}.events"));
         assert_eq!(
-            code(&clean.run(&[
+            exit_code(&clean.run(&[
                 "--partition",
                 &format!("hash:{i}/2"),
                 "--save-events",
@@ -323,7 +271,7 @@ fn a_merge_of_three_shards_equals_one_unsharded_run() {
         inputs[0].to_str().unwrap(),
         inputs[1].to_str().unwrap(),
     ]);
-    assert_eq!(code(&m), 0, "{m:?}");
+    assert_eq!(exit_code(&m), 0, "{m:?}");
     assert_eq!(
         summary(&stdout(&m)),
         "2 file(s); 2 passed, 0 failed, 0 skipped"

@@ -2,55 +2,15 @@
 //! JUnit, the event stream's guarantees, selection flags, timeouts and the
 //! framework semantics that only show in a whole run.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::{exit_code, read_events, stdout, LocalProject};
 use provium_protocol::frame::{read_message, DEFAULT_MAX_FRAME_BYTES};
 use provium_protocol::{Event, EventFrame};
-
-struct Project {
-    dir: tempfile::TempDir,
-}
-
-impl Project {
-    fn new(files: &[(&str, &str)]) -> Project {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(
-            dir.path().join("provium.toml"),
-            "[provium]\nroots = [\"tests\"]\n\n[profiles.linux]\ncmdline = \"quiet\"\nguest_os = \"linux\"\n",
-        )
-        .unwrap();
-        for (name, body) in files {
-            let p = dir.path().join("tests").join(name);
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(p, body).unwrap();
-        }
-        Project { dir }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_provium"))
-            .args(["--vmm", "local", "--no-preflight"])
-            .args(args)
-            .current_dir(self.path())
-            .env("PROVIUM_RERUN_STATE", self.path().join("rerun.json"))
-            .output()
-            .unwrap()
-    }
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn code(o: &Output) -> i32 {
-    o.status.code().unwrap_or(-1)
-}
 
 const PASSING: &str = r#"
 test("one", function(t) t:assert_eq(1, 1) end)
@@ -65,19 +25,19 @@ test("skipped", {skip = "later"}, function(t) end)
 
 #[test]
 fn exit_codes_zero_one_two() {
-    let p = Project::new(&[("a.test.lua", PASSING)]);
-    assert_eq!(code(&p.run(&[])), 0);
-    let p = Project::new(&[("a.test.lua", PASSING), ("b.test.lua", FAILING)]);
-    assert_eq!(code(&p.run(&[])), 1);
+    let p = LocalProject::new(&[("a.test.lua", PASSING)]);
+    assert_eq!(exit_code(&p.run(&[])), 0);
+    let p = LocalProject::new(&[("a.test.lua", PASSING), ("b.test.lua", FAILING)]);
+    assert_eq!(exit_code(&p.run(&[])), 1);
     std::fs::write(p.path().join("provium.toml"), "[provium\n").unwrap();
     let o = p.run(&[]);
-    assert_eq!(code(&o), 2);
+    assert_eq!(exit_code(&o), 2);
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("parse `provium.toml`"),
         "{o:?}"
     );
     let o = p.run(&["--config", "missing.toml"]);
-    assert_eq!(code(&o), 2);
+    assert_eq!(exit_code(&o), 2);
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("read `missing.toml`"),
         "{o:?}"
@@ -88,17 +48,20 @@ fn exit_codes_zero_one_two() {
     )
     .unwrap();
     let o = p.run(&[]);
-    assert_eq!(code(&o), 2);
+    assert_eq!(exit_code(&o), 2);
     assert!(String::from_utf8_lossy(&o.stderr)
         .contains("invalid config in `provium.toml`: profile `x` has empty cmdline"));
-    assert_eq!(code(&Project::new(&[]).run(&["--tag-meta", "novalue"])), 2);
+    assert_eq!(
+        exit_code(&LocalProject::new(&[]).run(&["--tag-meta", "novalue"])),
+        2
+    );
 }
 
 /// An unknown key is ignored with a warning naming the file and the key
 /// path; the run goes on (it used to be a parse error, exit 2).
 #[test]
 fn unknown_config_keys_warn_with_their_path() {
-    let p = Project::new(&[("a.test.lua", PASSING)]);
+    let p = LocalProject::new(&[("a.test.lua", PASSING)]);
     std::fs::write(
         p.path().join("provium.toml"),
         "[provium]\nrootz = []\n[profiles.x]\ncmdline = \"q\"\nkernal = \"k\"\n",
@@ -106,7 +69,7 @@ fn unknown_config_keys_warn_with_their_path() {
     .unwrap();
     let o = p.run(&[]);
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(code(&o), 0, "{o:?}");
+    assert_eq!(exit_code(&o), 0, "{o:?}");
     for key in ["provium.rootz", "profiles.x.kernal"] {
         assert!(
             stderr.contains(&format!(
@@ -119,7 +82,7 @@ fn unknown_config_keys_warn_with_their_path() {
 
 #[test]
 fn plain_verbose_and_quiet_shapes() {
-    let p = Project::new(&[("a.test.lua", PASSING), ("b.test.lua", FAILING)]);
+    let p = LocalProject::new(&[("a.test.lua", PASSING), ("b.test.lua", FAILING)]);
     let out = stdout(&p.run(&[]));
     assert!(
         out.contains("PASS a.test.lua (2 passed, 0 failed, 0 skipped)\n"),
@@ -146,12 +109,16 @@ fn plain_verbose_and_quiet_shapes() {
         !q.contains("a.test.lua") && q.contains("FAIL b.test.lua"),
         "{q}"
     );
-    assert_eq!(code(&p.run(&["-q", "-v"])), 2, "-q and -v are exclusive");
+    assert_eq!(
+        exit_code(&p.run(&["-q", "-v"])),
+        2,
+        "-q and -v are exclusive"
+    );
 }
 
 #[test]
 fn json_objects_follow_the_schema() {
-    let p = Project::new(&[("a.test.lua", PASSING), ("b.test.lua", FAILING)]);
+    let p = LocalProject::new(&[("a.test.lua", PASSING), ("b.test.lua", FAILING)]);
     let out = stdout(&p.run(&["--json"]));
     let objs: Vec<serde_json::Value> = out
         .lines()
@@ -186,7 +153,7 @@ fn json_objects_follow_the_schema() {
 #[test]
 fn junit_parses_back() {
     use quick_xml::events::Event as X;
-    let p = Project::new(&[("a.test.lua", PASSING), ("b.test.lua", FAILING)]);
+    let p = LocalProject::new(&[("a.test.lua", PASSING), ("b.test.lua", FAILING)]);
     let xml_path = p.path().join("junit.xml");
     p.run(&["--junit", xml_path.to_str().unwrap()]);
     let xml = std::fs::read_to_string(&xml_path).unwrap();
@@ -217,16 +184,6 @@ fn junit_parses_back() {
     }
     assert_eq!((suites, cases, failures, skipped), (2, 5, 1, 1));
     assert_eq!(failure_msg, "1 ~= 2");
-}
-
-fn read_events(path: &Path) -> Vec<EventFrame> {
-    let bytes = std::fs::read(path).unwrap();
-    let mut r = &bytes[..];
-    let mut out = Vec::new();
-    while let Some(f) = read_message::<EventFrame, _>(&mut r, DEFAULT_MAX_FRAME_BYTES).unwrap() {
-        out.push(f);
-    }
-    out
 }
 
 /// Every guarantee of the reference's Events page, checked on a real stream.
@@ -322,7 +279,7 @@ fn check_guarantees(events: &[EventFrame]) {
 #[test]
 fn saved_event_stream_keeps_every_guarantee() {
     let claim = "provium:claim({memory = \"64M\", cpus = 1})\n".to_string() + PASSING;
-    let p = Project::new(&[
+    let p = LocalProject::new(&[
         ("a.test.lua", &claim),
         ("b.test.lua", FAILING),
         ("c.test.lua", "syntax error here"),
@@ -363,7 +320,7 @@ fn saved_event_stream_keeps_every_guarantee() {
 
 #[test]
 fn events_stdout_moves_human_output_to_stderr() {
-    let p = Project::new(&[("a.test.lua", PASSING)]);
+    let p = LocalProject::new(&[("a.test.lua", PASSING)]);
     let o = p.run(&["--events-stdout"]);
     let mut r = &o.stdout[..];
     let mut n = 0;
@@ -373,7 +330,7 @@ fn events_stdout_moves_human_output_to_stderr() {
     assert!(n >= 5, "{n} frames");
     assert!(String::from_utf8_lossy(&o.stderr).contains("PASS a.test.lua"));
     assert_eq!(
-        code(&p.run(&["--events-stdout", "--json"])),
+        exit_code(&p.run(&["--events-stdout", "--json"])),
         2,
         "--json and --events-stdout are exclusive"
     );
@@ -381,7 +338,7 @@ fn events_stdout_moves_human_output_to_stderr() {
 
 #[test]
 fn a_chunk_error_does_not_stop_the_other_files() {
-    let p = Project::new(&[
+    let p = LocalProject::new(&[
         ("a.test.lua", PASSING),
         (
             "bad.test.lua",
@@ -389,7 +346,7 @@ fn a_chunk_error_does_not_stop_the_other_files() {
         ),
     ]);
     let o = p.run(&["--json"]);
-    assert_eq!(code(&o), 1);
+    assert_eq!(exit_code(&o), 1);
     let objs: Vec<serde_json::Value> = stdout(&o)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -410,7 +367,7 @@ fn a_chunk_error_does_not_stop_the_other_files() {
 
 #[test]
 fn framework_semantics_that_need_a_whole_run() {
-    let p = Project::new(&[
+    let p = LocalProject::new(&[
         (
             "sticky.test.lua",
             r#"
@@ -452,7 +409,7 @@ test("skip inside pcall is still a skip", function(t) pcall(function() t:skip("w
 
 #[test]
 fn tag_filters_select_tests() {
-    let p = Project::new(&[(
+    let p = LocalProject::new(&[(
         "tags.test.lua",
         r#"
 test("smoke", {tags = {"smoke"}}, function() end)
@@ -498,8 +455,8 @@ test("plain", function() end)
 
 #[test]
 fn rerun_failed_and_since() {
-    let p = Project::new(&[("a.test.lua", PASSING), ("b.test.lua", FAILING)]);
-    assert_eq!(code(&p.run(&[])), 1);
+    let p = LocalProject::new(&[("a.test.lua", PASSING), ("b.test.lua", FAILING)]);
+    assert_eq!(exit_code(&p.run(&[])), 1);
     let state: Vec<PathBuf> =
         serde_json::from_str(&std::fs::read_to_string(p.path().join("rerun.json")).unwrap())
             .unwrap();
@@ -512,7 +469,7 @@ fn rerun_failed_and_since() {
     );
     // A clean run leaves the state alone.
     std::fs::write(p.path().join("tests/b.test.lua"), PASSING).unwrap();
-    assert_eq!(code(&p.run(&["--rerun-failed"])), 0);
+    assert_eq!(exit_code(&p.run(&["--rerun-failed"])), 0);
     assert!(std::fs::read_to_string(p.path().join("rerun.json"))
         .unwrap()
         .contains("b.test.lua"));
@@ -541,7 +498,7 @@ fn rerun_failed_and_since() {
 
 #[test]
 fn timeouts_per_test_and_per_file() {
-    let p = Project::new(&[
+    let p = LocalProject::new(&[
         (
             "per_test.test.lua",
             r#"
@@ -556,7 +513,7 @@ test("still runs afterwards", function(t) t:assert(true) end)
         ("forever.test.lua", "test('a', function() end)\ntest('b', function() while true do end end)\n"),
     ]);
     let o = p.run(&["--json", "--timeout", "2s"]);
-    assert_eq!(code(&o), 1);
+    assert_eq!(exit_code(&o), 1);
     let objs: BTreeMap<String, serde_json::Value> = stdout(&o)
         .lines()
         .map(|l| {
@@ -590,14 +547,14 @@ fn fail_fast_stops_dispatching() {
     // Each file claims the single vCPU, so they run one at a time.
     let claim = "provium:claim({cpus = 1})\n";
     let (a, b) = (format!("{claim}{FAILING}"), format!("{claim}{PASSING}"));
-    let p = Project::new(&[("a.test.lua", &a), ("b.test.lua", &b), ("c.test.lua", &b)]);
+    let p = LocalProject::new(&[("a.test.lua", &a), ("b.test.lua", &b), ("c.test.lua", &b)]);
     let out = stdout(&p.run(&["--fail-fast", "--cpus", "1", "--json"]));
     assert_eq!(out.lines().count(), 1, "{out}");
 }
 
 #[test]
 fn list_and_lsp_setup() {
-    let p = Project::new(&[
+    let p = LocalProject::new(&[
         ("a.test.lua", PASSING),
         ("sub/b.test.lua", PASSING),
         ("base.fixture.lua", "return 1"),
@@ -623,7 +580,7 @@ fn list_and_lsp_setup() {
         .current_dir(p.path())
         .output()
         .unwrap();
-    assert_eq!(code(&o), 0);
+    assert_eq!(exit_code(&o), 0);
     assert!(
         std::fs::read_to_string(p.path().join(".provium-meta/types.lua"))
             .unwrap()
@@ -640,32 +597,32 @@ fn list_and_lsp_setup() {
         .current_dir(p.path())
         .output()
         .unwrap();
-    assert_eq!(code(&o), 2);
+    assert_eq!(exit_code(&o), 2);
     assert!(String::from_utf8_lossy(&o.stderr)
         .contains("provium prepare: profile `nope` not found in provium.toml"));
 }
 
 #[test]
 fn a_failing_build_command_aborts_with_exit_two() {
-    let p = Project::new(&[("a.test.lua", PASSING)]);
+    let p = LocalProject::new(&[("a.test.lua", PASSING)]);
     std::fs::write(
         p.path().join("provium.toml"),
         "[provium]\nroots = [\"tests\"]\n[profiles.linux]\ncmdline = \"q\"\nbuild = \"echo {out} > built; exit 3\"\nbuild_out = \"out\"\n",
     )
     .unwrap();
     let o = p.run(&[]);
-    assert_eq!(code(&o), 2);
+    assert_eq!(exit_code(&o), 2);
     assert!(String::from_utf8_lossy(&o.stderr).contains("build command failed"));
     assert!(std::fs::read_to_string(p.path().join("built"))
         .unwrap()
         .trim()
         .ends_with("/out"));
-    assert_eq!(code(&p.run(&["--no-build"])), 0);
+    assert_eq!(exit_code(&p.run(&["--no-build"])), 0);
 }
 
 #[test]
 fn repl_and_console_run_the_profiles_build_first() {
-    let p = Project::new(&[("a.test.lua", PASSING)]);
+    let p = LocalProject::new(&[("a.test.lua", PASSING)]);
     std::fs::write(
         p.path().join("provium.toml"),
         "[provium]\nroots = [\"tests\"]\n[profiles.linux]\ncmdline = \"q\"\nbuild = \"echo $PPID >> built; exit 3\"\nbuild_out = \"out\"\n",
@@ -674,7 +631,7 @@ fn repl_and_console_run_the_profiles_build_first() {
     for args in [&["repl", "linux"][..], &["console", "linux"][..]] {
         let _ = std::fs::remove_file(p.path().join("built"));
         let o = p.run(args);
-        assert_eq!(code(&o), 2, "{args:?}: {o:?}");
+        assert_eq!(exit_code(&o), 2, "{args:?}: {o:?}");
         let e = String::from_utf8_lossy(&o.stderr);
         assert!(
             e.contains("profile `linux`: build command failed"),
@@ -689,9 +646,9 @@ fn repl_and_console_run_the_profiles_build_first() {
 
 #[test]
 fn rerun_failed_without_recorded_state_prints_the_notice_and_runs_nothing() {
-    let p = Project::new(&[("a.test.lua", PASSING)]);
+    let p = LocalProject::new(&[("a.test.lua", PASSING)]);
     let o = p.run(&["--rerun-failed"]);
-    assert_eq!(code(&o), 0, "{o:?}");
+    assert_eq!(exit_code(&o), 0, "{o:?}");
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(
         e.contains("provium: --rerun-failed: no failed files recorded (no state at ")
@@ -705,7 +662,7 @@ fn rerun_failed_without_recorded_state_prints_the_notice_and_runs_nothing() {
 fn events_socket_serves_the_stream() {
     use std::io::Read;
     use std::os::unix::net::UnixStream;
-    let p = Project::new(&[(
+    let p = LocalProject::new(&[(
         "slow.test.lua",
         // Give the test a moment to connect before the first test runs.
         "local t0 = os.clock()\nwhile os.clock() - t0 < 0.5 do end\ntest('a', function() end)\n",
@@ -750,7 +707,7 @@ fn events_socket_serves_the_stream() {
 
 #[test]
 fn coverage_hook_runs_and_its_failure_counts() {
-    let p = Project::new(&[("a.test.lua", PASSING)]);
+    let p = LocalProject::new(&[("a.test.lua", PASSING)]);
     let bin = p.path().join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     let hook = bin.join("provium-coverage");
@@ -776,18 +733,22 @@ fn coverage_hook_runs_and_its_failure_counts() {
             .unwrap()
     };
     let o = run("0");
-    assert_eq!(code(&o), 0, "{o:?}");
+    assert_eq!(exit_code(&o), 0, "{o:?}");
     let logged = std::fs::read_to_string(&log).unwrap();
     assert!(logged.starts_with("--from "), "{logged}");
     let size: u64 = logged.lines().nth(1).unwrap().trim().parse().unwrap();
     assert!(size > 0, "the hook saw an empty event stream");
-    assert_eq!(code(&run("3")), 1, "a failing coverage hook fails the run");
+    assert_eq!(
+        exit_code(&run("3")),
+        1,
+        "a failing coverage hook fails the run"
+    );
 }
 
 #[test]
 fn repl_evaluates_lines_against_a_vm() {
     use std::io::Write;
-    let p = Project::new(&[]);
+    let p = LocalProject::new(&[]);
     let mut child = Command::new(env!("CARGO_BIN_EXE_provium"))
         .args(["--vmm", "local", "repl", "linux", "--name", "box"])
         .current_dir(p.path())
@@ -803,7 +764,7 @@ fn repl_evaluates_lines_against_a_vm() {
         .write_all(b"vm:state()\nvm:run('hostname').stdout\nnot_a_thing()\n")
         .unwrap();
     let o = child.wait_with_output().unwrap();
-    assert_eq!(code(&o), 0, "{o:?}");
+    assert_eq!(exit_code(&o), 0, "{o:?}");
     assert_eq!(stdout(&o), "booted\nbox\n\n");
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("error: "),
@@ -814,7 +775,7 @@ fn repl_evaluates_lines_against_a_vm() {
 #[test]
 fn watch_reruns_when_a_file_changes() {
     use std::io::{BufRead, BufReader};
-    let p = Project::new(&[("a.test.lua", PASSING)]);
+    let p = LocalProject::new(&[("a.test.lua", PASSING)]);
     let mut child = Command::new(env!("CARGO_BIN_EXE_provium"))
         .args(["--vmm", "local", "--no-preflight", "--watch", "-q"])
         .current_dir(p.path())
@@ -845,7 +806,7 @@ fn watch_reruns_when_a_file_changes() {
 #[test]
 fn repl_resumes_from_a_fixture() {
     use std::io::Write;
-    let p = Project::new(&[(
+    let p = LocalProject::new(&[(
         "base.fixture.lua",
         "local vm = provium:vm('base', 'linux'):boot()\nvm:write_file('/etc/marker', 'from fixture')\nreturn vm:snapshot()\n",
     )]);
@@ -865,14 +826,14 @@ fn repl_resumes_from_a_fixture() {
         .write_all(b"vm:read_file('/etc/marker')\nvm:name()\n")
         .unwrap();
     let o = child.wait_with_output().unwrap();
-    assert_eq!(code(&o), 0, "{o:?}");
+    assert_eq!(exit_code(&o), 0, "{o:?}");
     assert_eq!(stdout(&o), "from fixture\nbase\n", "{o:?}");
 }
 
 #[test]
 fn events_socket_outlives_watch_iterations() {
     use std::os::unix::net::UnixStream;
-    let p = Project::new(&[("a.test.lua", PASSING)]);
+    let p = LocalProject::new(&[("a.test.lua", PASSING)]);
     let sock = p.path().join("watch.sock");
     let mut child = Command::new(env!("CARGO_BIN_EXE_provium"))
         .args([

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use provium_vmm::{ConsoleRead, VmState};
 
+use super::load_config;
 use super::preflight::kvm_usable;
-use super::run::load_config;
 use super::RunArgs;
 use crate::backend::kvm::{KvmBootOpts, KvmMachine};
 use crate::config::parse_size;

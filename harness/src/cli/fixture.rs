@@ -6,11 +6,12 @@ use std::sync::Arc;
 
 use provium_snapshot::{EntryKind, FixtureCache};
 
-use super::run::{choose_backend, load_config};
+use super::{choose_backend, load_config};
 use super::{FixtureOp, RunArgs, EXIT_FAILED, EXIT_OK};
 use crate::config::Config;
 use crate::events::EventSender;
 use crate::fixture::{self, transfer};
+use crate::lua::lab::ChunkBuilder;
 use crate::runner::FileEnv;
 
 fn mib(bytes: u64) -> String {
@@ -112,7 +113,7 @@ pub fn run(args: &RunArgs, op: FixtureOp) -> Result<i32, String> {
                 path.into_iter().collect()
             };
             for path in names {
-                if fixture::build_for_cli(&env, &path, false)? {
+                if fixture::build_for_cli(&env, &path, false, &ChunkBuilder)? {
                     println!("built: {path}");
                 } else {
                     println!("already built: {path}");
@@ -165,7 +166,7 @@ pub fn run(args: &RunArgs, op: FixtureOp) -> Result<i32, String> {
         }
         FixtureOp::Rebuild { path } => {
             let env = cli_env(args, config);
-            fixture::build_for_cli(&env, &path, true)?;
+            fixture::build_for_cli(&env, &path, true, &ChunkBuilder)?;
             println!("rebuilt: {path}");
             Ok(EXIT_OK)
         }

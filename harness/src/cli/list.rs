@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 
 use regex::Regex;
 
-use super::run::load_config;
+use super::load_config;
 use super::EXIT_OK;
 use crate::discover::discover;
 use crate::partition::Partition;

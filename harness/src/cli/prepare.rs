@@ -1,6 +1,7 @@
 //! `provium prepare [PROFILE]`: run the profiles' build commands only.
 
-use super::run::{load_config, run_builds};
+use super::load_config;
+use super::run::run_builds;
 use super::EXIT_OK;
 
 pub fn run(

@@ -4,7 +4,7 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::run::{choose_backend, load_config};
+use super::{choose_backend, load_config};
 use super::{RunArgs, EXIT_OK};
 use crate::events::EventSender;
 use crate::lua;

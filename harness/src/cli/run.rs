@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use provium_protocol::event::{Event, FileDiscovered, ResourceAmount, RunStarted};
 
-use super::{preflight, RunArgs, VmmChoice, EXIT_FAILED, EXIT_INTERNAL, EXIT_OK};
+use super::{choose_backend, load_config, preflight, RunArgs, EXIT_FAILED, EXIT_INTERNAL, EXIT_OK};
 use crate::config::{parse_size, Config};
 use crate::discover::{discover, TestFile};
 use crate::events::{EventBus, EventSocket};
@@ -17,15 +17,6 @@ use crate::runner::filter::{parse_key_values, TestFilter};
 use crate::runner::scheduler::{run_jobs, Job, PsiMonitor, SchedulerOptions};
 use crate::runner::{BackendKind, FileEnv};
 use crate::settings::Settings;
-
-/// Load provium.toml: a missing default file means defaults; a missing
-/// explicit `--config` is an error.
-pub fn load_config(path: &Path, settings: &Settings) -> Result<Config, String> {
-    if path == Path::new("provium.toml") && !path.exists() {
-        return Ok(Config::defaults(Path::new("."), settings));
-    }
-    Config::load(path, settings).map_err(|e| crate::error_chain::flatten(&e))
-}
 
 /// `$PROVIUM_RERUN_STATE`, else `~/.cache/provium/rerun.json`, else
 /// `/tmp/provium-rerun.json`.
@@ -52,67 +43,6 @@ fn write_rerun_state(settings: &Settings, failed: &[PathBuf]) -> Result<(), Stri
     }
     let text = serde_json::to_string_pretty(failed).unwrap_or_default();
     std::fs::write(&path, text).map_err(|e| format!("rerun state `{}`: {e}", path.display()))
-}
-
-/// Choose the backend; `auto` says which it picked, and why, on stderr.
-pub fn choose_backend(choice: VmmChoice, config: &Config) -> BackendKind {
-    match choice {
-        VmmChoice::Local => BackendKind::Local,
-        VmmChoice::Kvm => BackendKind::Kvm,
-        VmmChoice::Auto => {
-            let (kind, why) = auto_backend(
-                preflight::kvm_usable().map_err(|e| crate::error_chain::flatten(&e)),
-                config,
-            );
-            eprintln!(
-                "provium: --vmm auto: using the {} backend ({why})",
-                kind.as_str()
-            );
-            kind
-        }
-    }
-}
-
-/// `--vmm auto`: kvm when /dev/kvm is usable (`kvm`) and a profile's kernel
-/// exists, with its initrd if it sets one; else local. Returns the reason
-/// too, for the stderr line.
-pub fn auto_backend(kvm: Result<(), String>, config: &Config) -> (BackendKind, String) {
-    if let Err(e) = kvm {
-        return (BackendKind::Local, e);
-    }
-    let mut missing = None;
-    for (name, p) in &config.profiles {
-        let Some(kernel) = p.kernel.as_ref().filter(|k| k.is_file()) else {
-            continue;
-        };
-        match &p.initrd {
-            Some(i) if !i.is_file() => {
-                missing.get_or_insert_with(|| {
-                    format!("profile `{name}`'s initrd {} does not exist", i.display())
-                });
-            }
-            Some(_) => {
-                return (
-                    BackendKind::Kvm,
-                    format!(
-                        "/dev/kvm is usable and profile `{name}`'s kernel {} and initrd exist",
-                        kernel.display()
-                    ),
-                )
-            }
-            None => {
-                return (
-                    BackendKind::Kvm,
-                    format!(
-                        "/dev/kvm is usable and profile `{name}`'s kernel {} exists",
-                        kernel.display()
-                    ),
-                )
-            }
-        }
-    }
-    let why = missing.unwrap_or_else(|| "no profile's kernel exists".into());
-    (BackendKind::Local, why)
 }
 
 fn build_filter(args: &RunArgs) -> Result<TestFilter, String> {
@@ -560,50 +490,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn auto_picks_kvm_only_with_a_usable_kvm_and_a_bootable_profile() {
-        let d = tempfile::tempdir().unwrap();
-        let kernel = d.path().join("bzImage");
-        std::fs::write(&kernel, b"k").unwrap();
-        let mut config = Config::defaults(d.path(), &Settings::default());
-        let (kind, why) = auto_backend(Ok(()), &config);
+    fn the_seed_comes_from_the_flag_then_the_environment() {
+        assert_eq!(run_seed(Some(7), Some("9")), Ok(7));
+        assert_eq!(run_seed(None, Some(" 9 ")), Ok(9));
         assert_eq!(
-            (kind, why.as_str()),
-            (BackendKind::Local, "no profile's kernel exists")
-        );
-        let mut p = crate::config::Profile {
-            name: "p".into(),
-            kernel: Some(kernel.clone()),
-            initrd: Some(d.path().join("initrd.cpio")),
-            cmdline: String::new(),
-            cmdline_file: None,
-            guest_os: "linux".into(),
-            inject_agent: true,
-            agent_overlay_path: None,
-            build: None,
-            build_out: d.path().into(),
-        };
-        config.profiles.insert("p".into(), p.clone());
-        let (kind, why) = auto_backend(Ok(()), &config);
-        assert_eq!(kind, BackendKind::Local);
-        assert!(
-            why.contains("profile `p`'s initrd") && why.contains("does not exist"),
-            "{why}"
-        );
-        p.initrd = None;
-        config.profiles.insert("p".into(), p.clone());
-        let (kind, why) = auto_backend(Ok(()), &config);
-        assert_eq!(kind, BackendKind::Kvm);
-        assert_eq!(
-            why,
-            format!(
-                "/dev/kvm is usable and profile `p`'s kernel {} exists",
-                kernel.display()
+            run_seed(None, Some("x")),
+            Err(
+                "PROVIUM_SEED=`x` is not an unsigned 64-bit integer (unset it for a random seed)"
+                    .into()
             )
         );
-        let (kind, why) = auto_backend(Err("/dev/kvm is not usable: gone".into()), &config);
-        assert_eq!(
-            (kind, why.as_str()),
-            (BackendKind::Local, "/dev/kvm is not usable: gone")
-        );
+        assert!(run_seed(None, None).unwrap() < 1 << 63);
     }
 }

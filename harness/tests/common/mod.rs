@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 use provium::backend::local;
 use provium::settings::Settings;
@@ -178,4 +178,71 @@ pub fn outside_tmp(what: &str) -> PathBuf {
     let d = PathBuf::from(format!("/var/tmp/{prefix}{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+/// The `provium.toml` of a [`LocalProject`]: tests under `tests/`, one
+/// `linux` profile (the local backend boots no kernel).
+pub const LOCAL_PROJECT_TOML: &str =
+    "[provium]\nroots = [\"tests\"]\n\n[profiles.linux]\ncmdline = \"quiet\"\nguest_os = \"linux\"\n";
+
+/// A throwaway project for running the `provium` binary end to end with
+/// the local backend.
+pub struct LocalProject {
+    dir: tempfile::TempDir,
+}
+
+impl LocalProject {
+    /// A project with [`LOCAL_PROJECT_TOML`] and `files` (name, body)
+    /// under `tests/`.
+    pub fn new(files: &[(&str, &str)]) -> LocalProject {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("provium.toml"), LOCAL_PROJECT_TOML).unwrap();
+        let p = LocalProject { dir };
+        for (name, body) in files {
+            p.write(&format!("tests/{name}"), body);
+        }
+        p
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Write `body` at `rel` inside the project, making its directories.
+    pub fn write(&self, rel: &str, body: &str) {
+        let p = self.path().join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, body).unwrap();
+    }
+
+    /// [`provium_local`] in this project.
+    pub fn run(&self, args: &[&str]) -> Output {
+        provium_local(self.path(), args)
+    }
+}
+
+/// Run the `provium` binary in `dir` with `--vmm local --no-preflight` and
+/// `args`, its rerun state kept inside `dir` (`rerun.json`) so runs never
+/// share one.
+pub fn provium_local(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_provium"))
+        .args(["--vmm", "local", "--no-preflight"])
+        .args(args)
+        .current_dir(dir)
+        .env("PROVIUM_RERUN_STATE", dir.join("rerun.json"))
+        .output()
+        .unwrap()
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The exit code, or -1 when a signal ended the process.
+pub fn exit_code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
 }

@@ -16,7 +16,7 @@ use super::stats::{Phase, Unit};
 use super::{console_tail, RUN_INIT_TEXT};
 use crate::backend::kvm::config::{self as kvm_config, locate_guest_agent, KvmBootOpts};
 use crate::backend::kvm::KvmMachine;
-use crate::cli::run::load_config;
+use crate::cli::load_config;
 use crate::cli::RunArgs;
 use crate::config::Profile;
 

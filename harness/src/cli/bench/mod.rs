@@ -32,7 +32,7 @@ mod stats;
 
 use provium_vmm::Vm;
 
-use super::run::choose_backend;
+use super::choose_backend;
 use super::{RunArgs, VmmChoice, EXIT_FAILED, EXIT_OK};
 use crate::runner::BackendKind;
 

@@ -10,7 +10,7 @@ use super::host::host_info;
 use super::local_backend;
 use super::render::Report;
 use super::stats::{Phase, Unit};
-use crate::cli::run::load_config;
+use crate::cli::load_config;
 use crate::cli::RunArgs;
 use crate::client::AgentOps;
 use crate::machine::{BootSpec, Machine};

@@ -15,8 +15,8 @@ use super::console_tail;
 use super::host::host_info;
 use super::render::Report;
 use super::stats::{Phase, Unit};
-use crate::cli::run::{choose_backend, load_config};
 use crate::cli::RunArgs;
+use crate::cli::{choose_backend, load_config};
 use crate::client::AgentOps;
 use crate::host_memory::mapping_memory;
 use crate::machine::{BootSpec, Machine};
@@ -294,7 +294,7 @@ pub(super) fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, S
             fixture_name
         ));
     }
-    if fixture::build_for_cli(&env, &fixture_name, false)? {
+    if fixture::build_for_cli(&env, &fixture_name, false, &crate::lua::lab::ChunkBuilder)? {
         eprintln!(
             "provium bench: built fixture `{}` (it was not cached)",
             fixture_name
