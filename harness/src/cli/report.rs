@@ -25,7 +25,9 @@ use provium_protocol::frame::{read_message, DEFAULT_MAX_FRAME_BYTES};
 use provium_protocol::{Event, EventFrame};
 
 use super::{EXIT_FAILED, EXIT_OK};
+use crate::events::FileReport;
 use crate::partition::{Partition, PartitionKind};
+use crate::report::human::{self, Totals};
 use crate::report::{self, RunIdentity, Verbosity};
 use crate::runner::outcome::{FileOutcome, TestOutcome, TestStatus};
 
@@ -60,14 +62,15 @@ pub fn run(op: ReportOp) -> Result<i32, String> {
                 .map(|p| read_shard(p))
                 .collect::<Result<Vec<_>, _>>()?;
             let merged = merge(shards)?;
+            let reports: Vec<FileReport> = merged.files.iter().map(FileOutcome::report).collect();
             let mut out = String::new();
-            for f in &merged.files {
-                out += &report::plain::render_file(f, Verbosity::Normal);
+            for f in &reports {
+                out += &human::render_file(f, Verbosity::Normal);
             }
-            out += &report::plain::render_summary(&merged.files, merged.elapsed);
+            out += &human::render_summary(&Totals::of(&reports), merged.elapsed);
             print!("{out}");
             if let Some(path) = junit {
-                std::fs::write(&path, report::junit::render(&merged.files))
+                std::fs::write(&path, report::junit::render(&reports))
                     .map_err(|e| format!("--junit `{}`: {e}", path.display()))?;
             }
             Ok(if merged.files.iter().all(FileOutcome::passed) {

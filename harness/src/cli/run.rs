@@ -12,10 +12,15 @@ use crate::config::{parse_size, Config};
 use crate::discover::{discover, TestFile};
 use crate::events::{EventBus, EventSocket};
 use crate::lua::duration::parse_duration_str;
-use crate::report::{self, new_run_id, progress::Progress, suite_id, RunIdentity, Verbosity};
+use crate::lua::test_file::LuaRuntimeFactory;
+use crate::report::human::HumanReporter;
+use crate::report::json::JsonReporter;
+use crate::report::junit::JunitReporter;
+use crate::report::{new_run_id, progress::Progress, suite_id, Reporters, RunIdentity, Verbosity};
 use crate::runner::filter::{parse_key_values, TestFilter};
-use crate::runner::scheduler::{run_jobs, Job, PsiMonitor, SchedulerOptions};
 use crate::runner::{BackendKind, FileEnv};
+use crate::scheduler::dispatcher::{Dispatcher, DispatcherOptions, Job, PsiMonitor};
+use crate::scheduler::executor::ExecutorContext;
 
 /// Load provium.toml: a missing default file means defaults; a missing
 /// explicit `--config` is an error.
@@ -382,7 +387,7 @@ fn run_once(
         Verbosity::Normal
     };
     // Human/JSON output goes to stderr when stdout carries event frames.
-    let mut out: Box<dyn Write> = if args.events_stdout {
+    let out: Box<dyn Write> = if args.events_stdout {
         Box::new(std::io::stderr())
     } else {
         Box::new(std::io::stdout())
@@ -413,44 +418,44 @@ fn run_once(
             vms: f.vm_estimate,
         })
         .collect();
-    let progress =
-        std::cell::RefCell::new(Progress::new(jobs.len(), !args.json && !args.events_stdout));
-    let opts = SchedulerOptions {
+    // Only the dispatcher calls the reporters; --json replaces the human
+    // lines (and their progress line and summary).
+    let mut reporters = Reporters::default();
+    if args.json {
+        reporters.push(JsonReporter::new(out, run.clone()));
+    } else {
+        let progress = Progress::new(jobs.len(), !args.events_stdout);
+        reporters.push(HumanReporter::new(out, verbosity, progress));
+    }
+    if let Some(path) = &args.junit {
+        reporters.push(JunitReporter::new(path.clone()));
+    }
+    let opts = DispatcherOptions {
         pool,
         fail_fast: args.fail_fast,
-        file_timeout: timeout,
         emulated_vm_slots: emulated_vm_slots(backend),
+        run_started: started,
     };
-    let outcomes = run_jobs(
-        jobs,
-        filter.clone(),
-        &opts,
-        &events,
+    let executor = ExecutorContext {
+        filter: filter.clone(),
+        file_timeout: timeout,
+        runtimes: Arc::new(LuaRuntimeFactory),
+    };
+    let summary = Dispatcher::new(
+        opts,
+        executor,
+        events.clone(),
         &mut PsiMonitor::new("/proc/pressure"),
-        |_| progress.borrow_mut().started_file(),
-        |o| {
-            progress.borrow().clear();
-            let text = if args.json {
-                report::json::render_file(o, &run)
-            } else {
-                report::plain::render_file(o, verbosity)
-            };
-            let _ = out.write_all(text.as_bytes());
-            let _ = out.flush();
-            progress.borrow_mut().finished_file();
-        },
-    );
-    progress.borrow().clear();
-    if !args.json {
-        let _ =
-            out.write_all(report::plain::render_summary(&outcomes, started.elapsed()).as_bytes());
-    }
+        &mut reporters,
+    )
+    .run(jobs);
+    drop(reporters);
     drop(events);
     bus.finish().map_err(|e| format!("writing events: {e}"))?;
-    if let Some(path) = &args.junit {
-        std::fs::write(path, report::junit::render(&outcomes))
-            .map_err(|e| format!("--junit `{}`: {e}", path.display()))?;
+    if let Some(e) = summary.report_error {
+        return Err(crate::error_chain::flatten(&e));
     }
+    let outcomes = summary.outcomes;
     let failed: Vec<PathBuf> = outcomes
         .iter()
         .filter(|o| !o.passed())

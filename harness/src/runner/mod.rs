@@ -1,11 +1,14 @@
-//! Running test files: the per-file environment, the file runner, the
-//! watchdog, and the scheduler that dispatches files against the pool.
+//! What one test file needs from the run, shared by the scheduler
+//! (`crate::scheduler`) and the Lua layer: the per-file environment
+//! ([`FileEnv`]: paths, config, events, cancellation, auto-close scopes),
+//! the test filter, the outcome types, the interrupt flag, and the
+//! [`file::FileRuntime`] contract a file's runtime fulfils. Nothing here
+//! names mlua: the Lua layer converts [`RunnerError`] into its own errors.
 
 pub mod file;
 pub mod filter;
 pub mod interrupt;
 pub mod outcome;
-pub mod scheduler;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -103,6 +106,19 @@ impl CancelReason {
             ),
         }
     }
+}
+
+/// What the runner's own calls can fail with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RunnerError {
+    /// The watchdog cancelled the file's work (a timeout or a signal); the
+    /// message says which, and what was torn down.
+    #[error("{}", .0.message())]
+    Cancelled(CancelReason),
+    /// Cancelled, but the reason was cleared in between (the next test
+    /// already started).
+    #[error("cancelled")]
+    CancelledWithoutReason,
 }
 
 /// Everything one file's Lua state needs from the run.
@@ -226,20 +242,19 @@ impl FileEnv {
         self.cancel_reason.lock().unwrap().clone()
     }
 
-    /// An error to raise in Lua when the watchdog fired.
-    pub fn check_cancelled(&self) -> mlua::Result<()> {
+    /// [`RunnerError::Cancelled`] once the watchdog fired, for calls to
+    /// stop at (the Lua layer raises it as a Lua error).
+    pub fn check_cancelled(&self) -> Result<(), RunnerError> {
         if self.cancelled.load(Ordering::SeqCst) {
-            let msg = self
+            return Err(self
                 .cancel_reason()
-                .map(|r| r.message())
-                .unwrap_or_else(|| "cancelled".into());
-            return Err(mlua::Error::runtime(msg));
+                .map_or(RunnerError::CancelledWithoutReason, RunnerError::Cancelled));
         }
         Ok(())
     }
 
     /// Sleep that wakes early (with an error) when the watchdog fires.
-    pub fn sleep(&self, d: Duration) -> mlua::Result<()> {
+    pub fn sleep(&self, d: Duration) -> Result<(), RunnerError> {
         let end = Instant::now() + d;
         loop {
             self.check_cancelled()?;

@@ -5,22 +5,8 @@ use std::time::Duration;
 use provium_protocol::event::FileStatus;
 use provium_protocol::meta::MetaMap;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TestStatus {
-    Passed,
-    Failed,
-    Skipped,
-}
-
-impl TestStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TestStatus::Passed => "passed",
-            TestStatus::Failed => "failed",
-            TestStatus::Skipped => "skipped",
-        }
-    }
-}
+pub use crate::events::TestStatus;
+use crate::events::{FileReport, TestReport};
 
 #[derive(Debug, Clone)]
 pub struct TestOutcome {
@@ -61,6 +47,30 @@ impl FileOutcome {
             && self.count(TestStatus::Failed) == 0
     }
 
+    /// What reporters render of this file: its decided status, errors and
+    /// tests.
+    pub fn report(&self) -> FileReport {
+        FileReport {
+            path: self.path.clone(),
+            status: self.status(),
+            timed_out: self.timed_out,
+            chunk_error: self.chunk_error.clone(),
+            crash: self.crashed.clone(),
+            tests: self
+                .tests
+                .iter()
+                .map(|t| TestReport {
+                    name: t.name.clone(),
+                    status: t.status,
+                    message: t.message.clone(),
+                    log: t.log.clone(),
+                    duration: t.duration,
+                })
+                .collect(),
+            duration: self.duration,
+        }
+    }
+
     pub fn status(&self) -> FileStatus {
         if self.crashed.is_some() {
             FileStatus::Crashed
@@ -71,5 +81,50 @@ impl FileOutcome {
         } else {
             FileStatus::Failed
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(tests: &[TestStatus]) -> FileOutcome {
+        FileOutcome {
+            path: "a.test.lua".into(),
+            abs_path: "/t/a.test.lua".into(),
+            timed_out: false,
+            chunk_error: None,
+            crashed: None,
+            tests: tests
+                .iter()
+                .map(|&status| TestOutcome {
+                    name: status.as_str().into(),
+                    status,
+                    message: None,
+                    log: vec![],
+                    duration: Duration::ZERO,
+                    meta: MetaMap::default(),
+                })
+                .collect(),
+            duration: Duration::from_millis(5),
+        }
+    }
+
+    #[test]
+    fn a_crash_outranks_a_timeout_and_a_failure_fails_the_file() {
+        assert_eq!(file(&[TestStatus::Passed]).status(), FileStatus::Passed);
+        assert_eq!(
+            file(&[TestStatus::Passed, TestStatus::Failed]).status(),
+            FileStatus::Failed
+        );
+        let mut f = file(&[TestStatus::Skipped]);
+        f.timed_out = true;
+        assert_eq!(f.status(), FileStatus::TimedOut);
+        f.crashed = Some("panic".into());
+        assert_eq!(f.status(), FileStatus::Crashed);
+        let r = f.report();
+        assert!(r.timed_out && !r.passed());
+        assert_eq!(r.status, FileStatus::Crashed);
+        assert_eq!(r.count(TestStatus::Skipped), 1);
     }
 }
