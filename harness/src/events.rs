@@ -14,6 +14,7 @@ use std::sync::mpsc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use provium_protocol::event::FileStatus;
+use provium_protocol::meta::MetaMap;
 
 use provium_protocol::{Event, EventFrame};
 
@@ -157,8 +158,8 @@ impl TestStatus {
     }
 }
 
-/// One test of a finished file, as reporters show it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// How one test ended: what the executor records and reporters show.
+#[derive(Debug, Clone, PartialEq)]
 pub struct TestReport {
     pub name: String,
     pub status: TestStatus,
@@ -167,10 +168,12 @@ pub struct TestReport {
     /// The test's `t:log` lines.
     pub log: Vec<String>,
     pub duration: Duration,
+    /// The test's meta, as its events carry it.
+    pub meta: MetaMap,
 }
 
 /// A finished file, as reporters show it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct FileReport {
     /// Test-root-relative path.
     pub path: String,
@@ -200,7 +203,7 @@ impl FileReport {
 
 /// What the dispatcher tells reporters, in this order: `RunStarted`, then
 /// `FileStarted` / `FileFinished` per file (files overlap), `RunFinished`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum RunEvent {
     /// Before the first dispatch.
     RunStarted {

@@ -29,7 +29,7 @@ use crate::events::FileReport;
 use crate::partition::{Partition, PartitionKind};
 use crate::report::human::{self, Totals};
 use crate::report::{self, RunIdentity, Verbosity};
-use crate::runner::outcome::{FileOutcome, TestOutcome, TestStatus};
+use crate::runner::outcome::{FileOutcome, TestReport, TestStatus};
 
 #[derive(Debug, Subcommand)]
 pub enum ReportOp {
@@ -222,7 +222,7 @@ fn shard_from_events(path: &Path, bytes: &[u8]) -> Result<Shard, String> {
         tests: Vec::new(),
         duration: Duration::ZERO,
     };
-    let test = |name: &str, status, message: Option<String>, ns: u64, meta| TestOutcome {
+    let test = |name: &str, status, message: Option<String>, ns: u64, meta| TestReport {
         name: name.to_string(),
         status,
         message,
@@ -369,7 +369,7 @@ fn shard_from_json(path: &Path, bytes: &[u8]) -> Result<Shard, String> {
                 Some("skipped") => TestStatus::Skipped,
                 other => return Err(bad(&format!("unknown test status {other:?}"))),
             };
-            tests.push(TestOutcome {
+            tests.push(TestReport {
                 name: str_of(&t["name"]).ok_or_else(|| bad("a test without a name"))?,
                 status,
                 message: str_of(&t["message"]),

@@ -55,22 +55,11 @@ mod tests {
     use provium_protocol::event::{Event, FixtureCacheHit};
     use provium_protocol::frame::read_message;
 
-    #[derive(Clone, Default)]
-    struct Shared(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Shared {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use super::super::test_utils::SharedBuffer;
 
     #[test]
     fn frames_read_back_and_a_closed_dashboard_is_dropped() {
-        let out = Shared::default();
+        let out = SharedBuffer::default();
         let (ours, theirs) = UnixStream::pair().unwrap();
         drop(theirs);
         let clients: SocketClients = Arc::new(Mutex::new(vec![ours]));
@@ -84,7 +73,7 @@ mod tests {
         w.write(&frame).unwrap();
         w.flush().unwrap();
         assert!(clients.lock().unwrap().is_empty());
-        let bytes = out.0.lock().unwrap().clone();
+        let bytes = out.bytes();
         let mut r = bytes.as_slice();
         for _ in 0..2 {
             let back = read_message::<EventFrame, _>(&mut r, DEFAULT_MAX_FRAME_BYTES)

@@ -168,23 +168,10 @@ impl Reporter for HumanReporter {
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_utils::SharedBuffer;
     use super::*;
     use crate::events::TestReport;
     use provium_protocol::event::FileStatus;
-
-    /// A `Write` the test reads back after the reporter is done.
-    #[derive(Clone, Default)]
-    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-    impl Write for Captured {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
 
     fn test(name: &str, status: TestStatus, message: Option<&str>, log: &[&str]) -> TestReport {
         TestReport {
@@ -193,6 +180,7 @@ mod tests {
             message: message.map(str::to_string),
             log: log.iter().map(|l| l.to_string()).collect(),
             duration: Duration::from_millis(12),
+            meta: Default::default(),
         }
     }
 
@@ -302,13 +290,12 @@ mod tests {
     }
 
     fn render(verbosity: Verbosity) -> String {
-        let out = Captured::default();
+        let out = SharedBuffer::default();
         let mut r = HumanReporter::new(Box::new(out.clone()), verbosity, Progress::new(0, false));
         for e in a_run() {
             r.report(&e).unwrap();
         }
-        let bytes = out.0.lock().unwrap().clone();
-        String::from_utf8(bytes).unwrap()
+        out.text()
     }
 
     #[test]

@@ -132,6 +132,7 @@ mod tests {
                     message: None,
                     log: vec!["l1".into(), "l\n2".into()],
                     duration: Duration::ZERO,
+                    meta: Default::default(),
                 },
                 TestReport {
                     name: "t2".into(),
@@ -139,6 +140,7 @@ mod tests {
                     message: Some("slow".into()),
                     log: vec![],
                     duration: Duration::ZERO,
+                    meta: Default::default(),
                 },
             ],
             duration: Duration::ZERO,

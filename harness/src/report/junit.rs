@@ -140,6 +140,7 @@ mod tests {
                     message: Some("got \"x\"\u{1}".into()),
                     log: vec!["one".into(), "two".into()],
                     duration: Duration::from_millis(1500),
+                    meta: Default::default(),
                 },
                 TestReport {
                     name: "skips".into(),
@@ -147,6 +148,7 @@ mod tests {
                     message: Some("slow".into()),
                     log: vec![],
                     duration: Duration::ZERO,
+                    meta: Default::default(),
                 },
             ],
             duration: Duration::from_secs(2),

@@ -9,6 +9,8 @@ pub mod human;
 pub mod json;
 pub mod junit;
 pub mod progress;
+#[cfg(test)]
+pub mod test_utils;
 
 use std::path::PathBuf;
 
@@ -107,10 +109,11 @@ pub fn new_run_id() -> String {
 mod tests {
     use super::*;
 
-    struct Failing(usize);
+    /// Counts its calls in a shared cell, and always fails.
+    struct Failing(std::rc::Rc<std::cell::Cell<usize>>);
     impl Reporter for Failing {
         fn report(&mut self, _: &RunEvent) -> Result<(), ReportError> {
-            self.0 += 1;
+            self.0.set(self.0.get() + 1);
             Err(ReportError::Junit {
                 path: "x".into(),
                 source: std::io::Error::other("full"),
@@ -120,14 +123,15 @@ mod tests {
 
     #[test]
     fn every_reporter_sees_the_event_despite_an_error() {
+        let calls = std::rc::Rc::new(std::cell::Cell::new(0));
         let mut all = Reporters::default();
-        all.push(Failing(0));
-        all.push(Failing(0));
+        all.push(Failing(calls.clone()));
+        all.push(Failing(calls.clone()));
         let e = all
             .report(&RunEvent::RunStarted { file_count: 0 })
             .unwrap_err();
         assert_eq!(crate::error_chain::flatten(&e), "--junit `x`: full");
-        assert_eq!(all.0.len(), 2);
+        assert_eq!(calls.get(), 2);
     }
 
     #[test]

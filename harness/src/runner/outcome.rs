@@ -1,23 +1,12 @@
-//! What a file run produces: one [`FileOutcome`] with a [`TestOutcome`] per test.
+//! What a file run produces: one [`FileOutcome`] with a [`TestReport`] per
+//! test; reporters get it as a `FileReport`, its status decided.
 
 use std::time::Duration;
 
 use provium_protocol::event::FileStatus;
-use provium_protocol::meta::MetaMap;
 
-pub use crate::events::TestStatus;
-use crate::events::{FileReport, TestReport};
-
-#[derive(Debug, Clone)]
-pub struct TestOutcome {
-    pub name: String,
-    pub status: TestStatus,
-    /// Failure message or skip reason.
-    pub message: Option<String>,
-    pub log: Vec<String>,
-    pub duration: Duration,
-    pub meta: MetaMap,
-}
+use crate::events::FileReport;
+pub use crate::events::{TestReport, TestStatus};
 
 #[derive(Debug, Clone)]
 pub struct FileOutcome {
@@ -30,7 +19,7 @@ pub struct FileOutcome {
     pub chunk_error: Option<String>,
     /// The runner itself failed (panic, infrastructure error).
     pub crashed: Option<String>,
-    pub tests: Vec<TestOutcome>,
+    pub tests: Vec<TestReport>,
     pub duration: Duration,
 }
 
@@ -56,17 +45,7 @@ impl FileOutcome {
             timed_out: self.timed_out,
             chunk_error: self.chunk_error.clone(),
             crash: self.crashed.clone(),
-            tests: self
-                .tests
-                .iter()
-                .map(|t| TestReport {
-                    name: t.name.clone(),
-                    status: t.status,
-                    message: t.message.clone(),
-                    log: t.log.clone(),
-                    duration: t.duration,
-                })
-                .collect(),
+            tests: self.tests.clone(),
             duration: self.duration,
         }
     }
@@ -87,6 +66,7 @@ impl FileOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use provium_protocol::meta::MetaMap;
 
     fn file(tests: &[TestStatus]) -> FileOutcome {
         FileOutcome {
@@ -97,7 +77,7 @@ mod tests {
             crashed: None,
             tests: tests
                 .iter()
-                .map(|&status| TestOutcome {
+                .map(|&status| TestReport {
                     name: status.as_str().into(),
                     status,
                     message: None,

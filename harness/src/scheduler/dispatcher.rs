@@ -343,53 +343,8 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::events::EventBus;
-    use crate::runner::file::{
-        FileRuntime, FileRuntimeFactory, LoadFailure, LoadedFile, RuntimeSetupError, TestRun,
-    };
-    use crate::runner::outcome::TestStatus;
     use crate::runner::BackendKind;
-    use provium_protocol::meta::MetaMap;
-
-    /// Every file holds one test, `t`, which passes.
-    struct OnePassingTest;
-
-    impl FileRuntime for OnePassingTest {
-        fn load(&mut self) -> Result<LoadedFile, LoadFailure> {
-            Ok(LoadedFile {
-                test_names: vec!["t".into()],
-                todo: None,
-            })
-        }
-        fn test_meta(&self, _: usize) -> MetaMap {
-            MetaMap::default()
-        }
-        fn test_timeout(&self, _: usize) -> Result<Option<Duration>, String> {
-            Ok(None)
-        }
-        fn enter_test_scope(&mut self) {}
-        fn run_test(&self, _: usize) -> Result<TestRun, String> {
-            // Long enough for files to overlap, so the pool fills.
-            std::thread::sleep(Duration::from_millis(50));
-            Ok(TestRun {
-                status: TestStatus::Passed,
-                message: None,
-                log: vec![],
-            })
-        }
-        fn leave_test_scope(&mut self) -> Result<(), String> {
-            Ok(())
-        }
-        fn restore_between_tests(&self) -> Result<(), String> {
-            Ok(())
-        }
-        fn close_all(&mut self) {}
-    }
-
-    impl FileRuntimeFactory for OnePassingTest {
-        fn open(&self, _: Arc<FileEnv>) -> Result<Box<dyn FileRuntime>, RuntimeSetupError> {
-            Ok(Box::new(OnePassingTest))
-        }
-    }
+    use crate::scheduler::test_utils::{passed, Scripted, ScriptedFactory};
 
     /// docs/harness.md states the per-file reservation; it must be the code's.
     #[test]
@@ -484,7 +439,11 @@ mod tests {
         let executor = ExecutorContext {
             filter: Arc::default(),
             file_timeout: None,
-            runtimes: Arc::new(OnePassingTest),
+            // Long enough for files to overlap, so the pool fills.
+            runtimes: Arc::new(ScriptedFactory::every_file(Scripted {
+                run_time: Duration::from_millis(50),
+                ..Scripted::new(&["t"], vec![passed()])
+            })),
         };
         let mut recorder = Recorder::default();
         let out = Dispatcher::new(

@@ -15,7 +15,7 @@ use provium_protocol::event::{Event, TestFailed, TestPassed, TestSkipped, TestSt
 use super::messages::{ExecutorMessage, Reservation};
 use crate::runner::file::{FileRuntimeFactory, LoadFailure, TestRun, POISONED};
 use crate::runner::filter::TestFilter;
-use crate::runner::outcome::{FileOutcome, TestOutcome, TestStatus};
+use crate::runner::outcome::{FileOutcome, TestReport, TestStatus};
 use crate::runner::{interrupt, CancelReason, FileEnv};
 
 /// How the watchdog polls its deadlines and the interrupt flag.
@@ -221,7 +221,7 @@ fn run_file_inner(env: Arc<FileEnv>, ctx: &ExecutorContext) -> FileOutcome {
                 console_excerpt: String::new(),
                 meta: meta.clone(),
             }));
-            outcome.tests.push(TestOutcome {
+            outcome.tests.push(TestReport {
                 name,
                 status: TestStatus::Failed,
                 message: Some(message),
@@ -252,7 +252,7 @@ fn run_file_inner(env: Arc<FileEnv>, ctx: &ExecutorContext) -> FileOutcome {
                 reason: reason.clone(),
                 meta: meta.clone(),
             }));
-            outcome.tests.push(TestOutcome {
+            outcome.tests.push(TestReport {
                 name,
                 status: TestStatus::Skipped,
                 message: Some(reason),
@@ -363,7 +363,7 @@ fn run_file_inner(env: Arc<FileEnv>, ctx: &ExecutorContext) -> FileOutcome {
         emit_test_end(&env, &name, status, &message, duration, &meta, || {
             excerpt.take().unwrap_or_else(|| console_excerpt(&env))
         });
-        outcome.tests.push(TestOutcome {
+        outcome.tests.push(TestReport {
             name,
             status,
             message,
@@ -443,68 +443,8 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::events::EventSender;
-    use crate::runner::file::{FileRuntime, LoadedFile, RuntimeSetupError};
     use crate::runner::BackendKind;
-    use provium_protocol::meta::MetaMap;
-
-    /// A runtime whose tests return what the test says, or panic.
-    struct Scripted {
-        load: Result<LoadedFile, LoadFailure>,
-        runs: Vec<Result<TestRun, &'static str>>,
-        leave_fails: bool,
-        closed: Arc<AtomicBool>,
-    }
-
-    impl FileRuntime for Scripted {
-        fn load(&mut self) -> Result<LoadedFile, LoadFailure> {
-            self.load.clone()
-        }
-        fn test_meta(&self, _: usize) -> MetaMap {
-            MetaMap::default()
-        }
-        fn test_timeout(&self, _: usize) -> Result<Option<Duration>, String> {
-            Ok(None)
-        }
-        fn enter_test_scope(&mut self) {}
-        fn run_test(&self, index: usize) -> Result<TestRun, String> {
-            match &self.runs[index] {
-                Ok(r) => Ok(r.clone()),
-                Err(panic) => panic!("{panic}"),
-            }
-        }
-        fn leave_test_scope(&mut self) -> Result<(), String> {
-            if self.leave_fails {
-                Err("closing vm `a` failed".into())
-            } else {
-                Ok(())
-            }
-        }
-        fn restore_between_tests(&self) -> Result<(), String> {
-            Ok(())
-        }
-        fn close_all(&mut self) {
-            self.closed.store(true, Ordering::SeqCst);
-        }
-    }
-
-    struct Factory(Mutex<Option<Scripted>>);
-
-    impl FileRuntimeFactory for Factory {
-        fn open(&self, _: Arc<FileEnv>) -> Result<Box<dyn FileRuntime>, RuntimeSetupError> {
-            match self.0.lock().unwrap().take() {
-                Some(s) => Ok(Box::new(s)),
-                None => Err(RuntimeSetupError("no more runtimes".into())),
-            }
-        }
-    }
-
-    fn passed() -> Result<TestRun, &'static str> {
-        Ok(TestRun {
-            status: TestStatus::Passed,
-            message: None,
-            log: vec!["hello".into()],
-        })
-    }
+    use crate::scheduler::test_utils::{passed, Scripted, ScriptedFactory};
 
     fn run(script: Option<Scripted>) -> FileOutcome {
         let dir = tempfile::tempdir().unwrap();
@@ -519,21 +459,9 @@ mod tests {
         let ctx = ExecutorContext {
             filter: Arc::default(),
             file_timeout: None,
-            runtimes: Arc::new(Factory(Mutex::new(script))),
+            runtimes: Arc::new(ScriptedFactory::once(script)),
         };
         run_file(Arc::new(env), &ctx)
-    }
-
-    fn script(names: &[&str], runs: Vec<Result<TestRun, &'static str>>) -> Scripted {
-        Scripted {
-            load: Ok(LoadedFile {
-                test_names: names.iter().map(|n| n.to_string()).collect(),
-                todo: None,
-            }),
-            runs,
-            leave_fails: false,
-            closed: Arc::default(),
-        }
     }
 
     #[test]
@@ -541,7 +469,7 @@ mod tests {
         let closed = Arc::new(AtomicBool::new(false));
         let s = Scripted {
             closed: closed.clone(),
-            ..script(&["a", "b", "c"], vec![passed(), Err("kaboom"), passed()])
+            ..Scripted::new(&["a", "b", "c"], vec![passed(), Err("kaboom"), passed()])
         };
         let o = run(Some(s));
         let statuses: Vec<_> = o.tests.iter().map(|t| t.status).collect();
@@ -563,7 +491,7 @@ mod tests {
     fn an_auto_close_failure_fails_a_passing_test() {
         let s = Scripted {
             leave_fails: true,
-            ..script(&["a"], vec![passed()])
+            ..Scripted::new(&["a"], vec![passed()])
         };
         let o = run(Some(s));
         assert_eq!(o.tests[0].status, TestStatus::Failed);
@@ -577,7 +505,7 @@ mod tests {
         let s = Scripted {
             load: Err(LoadFailure::Chunk("syntax error near `end`".into())),
             closed: closed.clone(),
-            ..script(&[], vec![])
+            ..Scripted::new(&[], vec![])
         };
         let o = run(Some(s));
         assert_eq!(o.chunk_error.as_deref(), Some("syntax error near `end`"));

@@ -14,3 +14,5 @@
 pub mod dispatcher;
 pub mod executor;
 pub mod messages;
+#[cfg(test)]
+pub mod test_utils;
