@@ -239,7 +239,7 @@ pub fn main() -> i32 {
         }
     };
     let result = match cli.command {
-        None => run::run(&cli.run),
+        None => run::run(&cli.run).map_err(String::from),
         Some(Command::Prepare { profile }) => prepare::run(&cli.run.config, profile.as_deref()),
         Some(Command::Repl {
             profile,
