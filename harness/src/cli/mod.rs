@@ -268,7 +268,9 @@ pub fn main() -> i32 {
             fixtures,
             partition,
         }) => list::run(&cli.run.config, &paths, fixtures, partition),
-        Some(Command::Report { op }) => report::run(op),
+        Some(Command::Report { op }) => {
+            report::run(op).map_err(|e| crate::error_chain::flatten(&e))
+        }
         Some(Command::LspSetup { dir, force }) => lsp_setup::run(dir, force),
         Some(Command::Bench { op }) => bench::run(&cli.run, op),
     };
