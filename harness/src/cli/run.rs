@@ -20,7 +20,7 @@ use crate::report::{
     new_run_id, progress::Progress, suite_id, ReportError, Reporters, RunIdentity, Verbosity,
 };
 use crate::runner::filter::{parse_key_values, FilterError, TestFilter};
-use crate::runner::{BackendKind, FileEnv};
+use crate::runner::{BackendKind, FileEnv, RunResources};
 use crate::scheduler::dispatcher::{Dispatcher, DispatcherOptions, Job, PsiMonitor};
 use crate::scheduler::executor::ExecutorContext;
 
@@ -487,6 +487,7 @@ fn run_once(
     } else {
         config.roots.clone()
     };
+    let run_resources = RunResources::default();
     let jobs: Vec<Job> = files
         .iter()
         .map(|f| Job {
@@ -502,7 +503,8 @@ fn run_once(
                     backend,
                     events.clone(),
                 )
-                .with_run_seed(run_seed),
+                .with_run_seed(run_seed)
+                .with_run_resources(run_resources.clone()),
             ),
             claim: f.declared_claim,
             vms: f.vm_estimate,
@@ -525,6 +527,7 @@ fn run_once(
         fail_fast: args.fail_fast,
         emulated_vm_slots: emulated_vm_slots(backend),
         run_started: started,
+        run_resources,
     };
     let executor = ExecutorContext {
         filter: filter.clone(),

@@ -27,7 +27,7 @@ use super::messages::{ExecutorMessage, Reservation};
 use crate::events::{EventSender, RunEvent};
 use crate::report::{ReportError, Reporter};
 use crate::runner::outcome::FileOutcome;
-use crate::runner::{interrupt, FileEnv};
+use crate::runner::{interrupt, FileEnv, RunResources};
 
 /// What running one file costs besides its claim (the reference's per-file
 /// default: a Lua state and a thread, no vCPU).
@@ -108,6 +108,8 @@ pub struct DispatcherOptions {
     pub emulated_vm_slots: Option<u32>,
     /// When the run began (the summary's elapsed time counts from here).
     pub run_started: Instant,
+    /// Every live resource of the run, torn down on a signal.
+    pub run_resources: RunResources,
 }
 
 /// One file to run.
@@ -238,7 +240,7 @@ impl<'a> Dispatcher<'a> {
             self.stop = true;
             self.interrupted = true;
             // Fixture builds' VMs too, which no file's watchdog tracks.
-            crate::runner::tear_down_everything();
+            self.opts.run_resources.tear_down_all();
         }
     }
 
@@ -435,6 +437,7 @@ mod tests {
             fail_fast: false,
             emulated_vm_slots,
             run_started: Instant::now(),
+            run_resources: RunResources::default(),
         };
         let executor = ExecutorContext {
             filter: Arc::default(),
