@@ -139,24 +139,8 @@ impl EventBus {
     }
 }
 
-/// How a test ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TestStatus {
-    Passed,
-    Failed,
-    Skipped,
-}
-
-impl TestStatus {
-    /// The `--json` and framework spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TestStatus::Passed => "passed",
-            TestStatus::Failed => "failed",
-            TestStatus::Skipped => "skipped",
-        }
-    }
-}
+/// How a test ended (`passed`, `failed`, `skipped`: the `--json` spelling).
+pub use provium_protocol::json_line::TestStatus;
 
 /// How one test ended: what the executor records and reporters show.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,86 +1,48 @@
 //! `--json`: one object per file, line-delimited: the reference's schema;
 //! under `--partition`, plus `"run"` ([`RunIdentity`]: run id, suite id,
-//! suite size, partition), which `provium report merge` reads.
-//!
-//! The line is [`FileLine`] serialised. Its fields, and those of
-//! [`TestLine`] and [`RunLine`], are declared in alphabetical order: that is
-//! the order the reference's lines have always had (serde_json's sorted
-//! maps), and `--json` is API, so it must not move.
+//! suite size, partition), which `provium report merge` reads. The shape
+//! is `protocol::json_line`'s, where it is pinned; this fills it in.
 
 use std::io::Write;
 
-use serde::Serialize;
+use provium_protocol::json_line::{FileLine, RunLine, TestLine, Timeliness};
 
 use super::{ReportError, Reporter, RunIdentity};
-use crate::events::{FileReport, RunEvent, TestReport};
+use crate::events::{FileReport, RunEvent};
 
-/// One `--json` line.
-#[derive(Debug, Serialize)]
-pub struct FileLine<'a> {
-    /// The chunk error, else the runner's crash message, else null.
-    pub chunk_error: Option<&'a str>,
-    pub passed: bool,
-    pub path: &'a str,
-    /// Only a shard's lines carry the run: an unsharded run keeps the
-    /// reference's schema exactly.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub run: Option<RunLine<'a>>,
-    pub tests: Vec<TestLine<'a>>,
-    /// `timed_out` or `in_time`.
-    pub timeout: &'static str,
-}
-
-/// One test in a [`FileLine`].
-#[derive(Debug, Serialize)]
-pub struct TestLine<'a> {
-    pub log: &'a [String],
-    pub message: Option<&'a str>,
-    pub name: &'a str,
-    /// `passed`, `failed` or `skipped`.
-    pub status: &'static str,
-}
-
-/// A shard's run, in each of its [`FileLine`]s.
-#[derive(Debug, Serialize)]
-pub struct RunLine<'a> {
-    pub id: &'a str,
-    pub partition: Option<&'a str>,
-    pub suite: &'a str,
-    pub suite_files: u32,
-}
-
-impl<'a> FileLine<'a> {
-    pub fn new(f: &'a FileReport, run: &'a RunIdentity) -> Self {
-        FileLine {
-            chunk_error: f.chunk_error.as_deref().or(f.crash.as_deref()),
-            passed: f.passed(),
-            path: &f.path,
-            run: run.partition.as_deref().map(|partition| RunLine {
-                id: &run.run_id,
-                partition: Some(partition),
-                suite: &run.suite_id,
-                suite_files: run.suite_files,
-            }),
-            tests: f.tests.iter().map(TestLine::new).collect(),
-            timeout: if f.timed_out { "timed_out" } else { "in_time" },
-        }
-    }
-}
-
-impl<'a> TestLine<'a> {
-    fn new(t: &'a TestReport) -> Self {
-        TestLine {
-            log: &t.log,
-            message: t.message.as_deref(),
-            name: &t.name,
-            status: t.status.as_str(),
-        }
+/// `f` as a `--json` line's value.
+pub fn file_line(f: &FileReport, run: &RunIdentity) -> FileLine {
+    FileLine {
+        chunk_error: f.chunk_error.clone().or_else(|| f.crash.clone()),
+        passed: f.passed(),
+        path: f.path.clone(),
+        run: run.partition.as_ref().map(|partition| RunLine {
+            id: run.run_id.clone(),
+            partition: Some(partition.clone()),
+            suite: run.suite_id.clone(),
+            suite_files: run.suite_files,
+        }),
+        tests: f
+            .tests
+            .iter()
+            .map(|t| TestLine {
+                log: t.log.clone(),
+                message: t.message.clone(),
+                name: t.name.clone(),
+                status: t.status,
+            })
+            .collect(),
+        timeout: if f.timed_out {
+            Timeliness::TimedOut
+        } else {
+            Timeliness::InTime
+        },
     }
 }
 
 /// `f`'s line, newline included.
 pub fn render_file(f: &FileReport, run: &RunIdentity) -> String {
-    let mut line = serde_json::to_string(&FileLine::new(f, run))
+    let mut line = serde_json::to_string(&file_line(f, run))
         .expect("a FileLine has only strings, bools and numbers");
     line.push('\n');
     line
@@ -113,7 +75,7 @@ impl Reporter for JsonReporter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::events::TestStatus;
+    use crate::events::{TestReport, TestStatus};
     use provium_protocol::event::FileStatus;
     use serde_json::json;
     use std::time::Duration;
