@@ -216,6 +216,20 @@ mod tests {
     }
 
     #[test]
+    fn a_cancellation_is_raised_into_lua_with_its_message() {
+        use crate::runner::{CancelReason, RunnerError};
+        let e = mlua::Error::from(RunnerError::Cancelled(CancelReason::Interrupted(
+            libc::SIGINT,
+        )));
+        assert_eq!(
+            error_message(&e),
+            "the run was interrupted by SIGINT; the file's lab was torn down"
+        );
+        let e = mlua::Error::from(RunnerError::CancelledWithoutReason);
+        assert_eq!(error_message(&e), "cancelled");
+    }
+
+    #[test]
     fn says_which_stage_of_loading_failed() {
         let dir = tempfile::tempdir().unwrap();
         let mut f = file(dir.path(), "error('top level')");

@@ -3,7 +3,7 @@
 //! ([`FileEnv`]: paths, config, events, cancellation, auto-close scopes),
 //! the test filter, the outcome types, the interrupt flag, and the
 //! [`file::FileRuntime`] contract a file's runtime fulfils. Nothing here
-//! names mlua: the Lua layer converts [`RunnerError`] into its own errors.
+//! names a Lua type: the Lua layer converts [`RunnerError`] into its own errors.
 
 pub mod file;
 pub mod filter;
