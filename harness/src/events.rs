@@ -1,15 +1,24 @@
-//! The event stream: producers (file runners, the scheduler) send events to
-//! one [`EventBus`], which stamps them and fans them out to the configured
-//! outputs (`--save-events`, `--events-stdout`, `--events-socket`).
+//! The run's two event flows.
+//!
+//! - The wire stream: producers (executors, the dispatcher, the Lua layer)
+//!   send `protocol::Event`s to one [`EventBus`], which stamps them and fans
+//!   them out to the configured outputs (`--save-events`, `--events-stdout`,
+//!   `--events-socket`) through `report::event_stream`.
+//! - The reporters' events, [`RunEvent`]: what the dispatcher tells the
+//!   human, `--json` and JUnit renderers, in order. Each carries outcomes
+//!   already decided ([`FileReport::status`]), so renderers only render.
 
-use std::io::Write;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::Path;
-use std::sync::{mpsc, Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::mpsc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use provium_protocol::frame::{write_frame, DEFAULT_MAX_FRAME_BYTES};
-use provium_protocol::{encode, Event, EventFrame};
+use provium_protocol::event::FileStatus;
+use provium_protocol::meta::MetaMap;
+
+use provium_protocol::{Event, EventFrame};
+
+use crate::report::event_stream::{EventStreamWriter, Sink, SocketClients as Clients};
 
 /// A cheap, cloneable handle producers use to emit events.
 #[derive(Clone)]
@@ -33,8 +42,6 @@ impl EventSender {
     }
 }
 
-type Sink = Box<dyn Write + Send>;
-
 /// Owns the outputs; `finish` flushes everything that was emitted.
 pub struct EventBus {
     sender: EventSender,
@@ -43,7 +50,7 @@ pub struct EventBus {
 
 /// Subscribers of `--events-socket`, fed by the bus worker.
 #[derive(Clone, Default)]
-struct SocketClients(Arc<Mutex<Vec<UnixStream>>>);
+struct SocketClients(Clients);
 
 /// The `--events-socket` listener. Bound once per `provium` invocation, so
 /// a dashboard stays connected across `--watch` iterations.
@@ -99,26 +106,15 @@ impl EventBus {
         }
         let (tx, rx) = mpsc::channel::<EventFrame>();
         let worker = std::thread::spawn(move || {
+            let mut writer = EventStreamWriter::new(sinks, clients.0);
             let mut kept = Vec::new();
             for frame in rx {
-                let body = encode(&frame).map_err(std::io::Error::other)?;
-                for s in sinks.iter_mut() {
-                    write_frame(s, &body, DEFAULT_MAX_FRAME_BYTES)
-                        .map_err(std::io::Error::other)?;
-                }
-                // A dashboard that went away is dropped, not fatal.
-                clients
-                    .0
-                    .lock()
-                    .unwrap()
-                    .retain_mut(|c| write_frame(c, &body, DEFAULT_MAX_FRAME_BYTES).is_ok());
+                writer.write(&frame)?;
                 if keep {
                     kept.push(frame);
                 }
             }
-            for s in sinks.iter_mut() {
-                s.flush()?;
-            }
+            writer.flush()?;
             Ok(kept)
         });
         Ok(EventBus {
@@ -140,5 +136,99 @@ impl EventBus {
                 .unwrap_or_else(|_| Err(std::io::Error::other("event writer panicked"))),
             None => Ok(Vec::new()),
         }
+    }
+}
+
+/// How a test ended (`passed`, `failed`, `skipped`: the `--json` spelling).
+pub use provium_protocol::json_line::TestStatus;
+
+/// How one test ended: what the executor records and reporters show.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TestReport {
+    pub name: String,
+    pub status: TestStatus,
+    /// Failure message or skip reason.
+    pub message: Option<String>,
+    /// The test's `t:log` lines.
+    pub log: Vec<String>,
+    pub duration: Duration,
+    /// The test's meta, as its events carry it.
+    pub meta: MetaMap,
+}
+
+/// A finished file, as reporters show it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FileReport {
+    /// Test-root-relative path.
+    pub path: String,
+    /// The decided outcome (the `file_completed` status).
+    pub status: FileStatus,
+    /// The file ran past `--timeout` (a crashed file can have timed out too).
+    pub timed_out: bool,
+    /// The chunk failed to load or run.
+    pub chunk_error: Option<String>,
+    /// The runner itself failed (a panic, an infrastructure error).
+    pub crash: Option<String>,
+    /// In declaration order.
+    pub tests: Vec<TestReport>,
+    pub duration: Duration,
+}
+
+impl FileReport {
+    pub fn passed(&self) -> bool {
+        self.status == FileStatus::Passed
+    }
+
+    /// How many of its tests ended `status`.
+    pub fn count(&self, status: TestStatus) -> usize {
+        self.tests.iter().filter(|t| t.status == status).count()
+    }
+}
+
+/// What the dispatcher tells reporters, in this order: `RunStarted`, then
+/// `FileStarted` / `FileFinished` per file (files overlap), `RunFinished`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunEvent {
+    /// Before the first dispatch.
+    RunStarted {
+        file_count: usize,
+    },
+    /// A file was dispatched to an executor.
+    FileStarted {
+        path: String,
+    },
+    FileFinished(FileReport),
+    /// Every file that will run has finished; `elapsed` since the run began.
+    RunFinished {
+        elapsed: Duration,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use provium_protocol::event::FixtureCacheHit;
+
+    #[test]
+    fn the_bus_keeps_every_frame_in_order_and_a_disabled_sender_drops() {
+        let bus = EventBus::start(None, false, None, true).unwrap();
+        let tx = bus.sender();
+        for p in ["a", "b"] {
+            tx.emit(Event::FixtureCacheHit(FixtureCacheHit { path: p.into() }));
+        }
+        EventSender::disabled().emit(Event::FixtureCacheHit(FixtureCacheHit {
+            path: "lost".into(),
+        }));
+        drop(tx);
+        let paths: Vec<String> = bus
+            .finish()
+            .unwrap()
+            .into_iter()
+            .map(|f| match f.event {
+                Event::FixtureCacheHit(h) => h.path,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(paths, ["a", "b"]);
     }
 }

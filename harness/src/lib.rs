@@ -6,8 +6,10 @@
 //!   (namespaces over an overlay root, filesystem snapshots) and `kvm` (a
 //!   Linux guest on the in-process microVMM, with memory snapshots and
 //!   restores); [`machine`] puts both behind one type.
-//! - [`lua`]: the Lua API and test framework; [`runner`]: files, tests,
-//!   the pool and the scheduler; [`fixture`]: the fixture cache;
+//! - [`lua`]: the Lua API and test framework; [`runner`]: what a file
+//!   needs from the run (its environment, filter, outcome);
+//!   [`scheduler`]: the dispatcher (the pool) and the executor (one
+//!   file's run); [`fixture`]: the fixture cache;
 //!   [`report`] and [`events`]: output and the event stream; [`cli`]: the
 //!   subcommands.
 //! - [`config`]: provium.toml, one module per table; [`settings`]: the
@@ -29,4 +31,5 @@ pub mod machine;
 pub mod partition;
 pub mod report;
 pub mod runner;
+pub mod scheduler;
 pub mod settings;

@@ -1,6 +1,9 @@
 //! The Provium wire protocol: host <-> agent frames, the observability event
 //! stream, and the framing both share.
 //!
+//! [`json_line`] holds the shape of `provium run --json`'s lines, the other
+//! machine output.
+//!
 //! Every frame on the wire is a 4-byte big-endian length followed by a msgpack
 //! body ([`frame`]). Structs are encoded as msgpack maps keyed by field name,
 //! enums as adjacently tagged maps, bytes as msgpack `bin`. Decoding is strict:
@@ -16,6 +19,7 @@ mod closed_enum;
 pub mod event;
 pub mod frame;
 pub mod handshake;
+pub mod json_line;
 pub mod meta;
 pub mod op;
 pub mod result;

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
 use crate::runner::BackendKind;
 use crate::settings::Settings;
 
@@ -235,11 +235,11 @@ pub enum FixtureOp {
 
 /// Load provium.toml: a missing default file means defaults; a missing
 /// explicit `--config` is an error.
-pub fn load_config(path: &Path, settings: &Settings) -> Result<Config, String> {
+pub fn load_config(path: &Path, settings: &Settings) -> Result<Config, ConfigError> {
     if path == Path::new("provium.toml") && !path.exists() {
         return Ok(Config::defaults(Path::new("."), settings));
     }
-    Config::load(path, settings).map_err(|e| crate::error_chain::flatten(&e))
+    Config::load(path, settings)
 }
 
 /// Choose the backend; `auto` says which it picked, and why, on stderr.
@@ -319,7 +319,7 @@ pub fn main() -> i32 {
     };
     cli.run.settings = crate::settings::Settings::from_env();
     let result = match cli.command {
-        None => run::run(&cli.run),
+        None => run::run(&cli.run).map_err(String::from),
         Some(Command::Prepare { profile }) => {
             prepare::run(&cli.run.config, &cli.run.settings, profile.as_deref())
         }
@@ -356,7 +356,9 @@ pub fn main() -> i32 {
             fixtures,
             partition,
         ),
-        Some(Command::Report { op }) => report::run(op),
+        Some(Command::Report { op }) => {
+            report::run(op).map_err(|e| crate::error_chain::flatten(&e))
+        }
         Some(Command::LspSetup { dir, force }) => lsp_setup::run(dir, force),
         Some(Command::Bench { op }) => bench::run(&cli.run, op),
     };

@@ -25,9 +25,11 @@ use provium_protocol::frame::{read_message, DEFAULT_MAX_FRAME_BYTES};
 use provium_protocol::{Event, EventFrame};
 
 use super::{EXIT_FAILED, EXIT_OK};
-use crate::partition::{Partition, PartitionKind};
+use crate::events::FileReport;
+use crate::partition::{Partition, PartitionError, PartitionKind};
+use crate::report::human::{self, Totals};
 use crate::report::{self, RunIdentity, Verbosity};
-use crate::runner::outcome::{FileOutcome, TestOutcome, TestStatus};
+use crate::runner::outcome::{FileOutcome, TestReport, TestStatus};
 
 #[derive(Debug, Subcommand)]
 pub enum ReportOp {
@@ -43,6 +45,114 @@ pub enum ReportOp {
     },
 }
 
+/// Why shards could not be merged; each names the input and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum MergeError {
+    #[error("report merge: no inputs")]
+    NoInputs,
+    #[error("`{}` records partition `{partition}`, which does not parse", input.display())]
+    BadPartition {
+        input: PathBuf,
+        partition: String,
+        #[source]
+        source: PartitionError,
+    },
+    #[error(
+        "`{}` is from suite {suite} ({suite_files} files) but `{}` is from suite {first_suite} \
+         ({first_suite_files} files): merge only shards of one suite (run every shard from the \
+         same checkout with the same paths and selection flags)",
+        input.display(),
+        first_input.display()
+    )]
+    OtherSuite {
+        input: PathBuf,
+        suite: String,
+        suite_files: u32,
+        first_input: PathBuf,
+        first_suite: String,
+        first_suite_files: u32,
+    },
+    #[error(
+        "`{}` is shard {part} but `{}` is shard {first_part}: merge shards of one partition \
+         scheme (the same KIND and N on every shard)",
+        input.display(),
+        first_input.display()
+    )]
+    OtherScheme {
+        input: PathBuf,
+        part: Partition,
+        first_input: PathBuf,
+        first_part: Partition,
+    },
+    #[error(
+        "shard {part} is given twice: `{}` (run {first_run}) and `{}` (run {run}); pass each \
+         shard once",
+        first_input.display(),
+        input.display()
+    )]
+    GivenTwice {
+        part: Partition,
+        first_input: PathBuf,
+        first_run: String,
+        input: PathBuf,
+        run: String,
+    },
+    #[error(
+        "shard {} of suite {suite} is missing: pass every shard's --save-events or --json output \
+         (got {got} of {total})",
+        missing.join(", ")
+    )]
+    Missing {
+        missing: Vec<String>,
+        suite: String,
+        got: usize,
+        total: u32,
+    },
+    #[error("report merge: `{}`", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "report merge: `{}` is empty (give a shard's --save-events file or --json output)",
+        path.display()
+    )]
+    Empty { path: PathBuf },
+    #[error(
+        "report merge: `{}` is neither --json lines nor a readable event stream (frame {frame})",
+        path.display()
+    )]
+    NotEvents {
+        path: PathBuf,
+        frame: usize,
+        #[source]
+        source: provium_protocol::ProtocolError,
+    },
+    #[error(
+        "report merge: `{}` has no run_started event, so its run and suite are unknown (save it \
+         with this provium's --save-events)",
+        path.display()
+    )]
+    NoRunStarted { path: PathBuf },
+    #[error("report merge: `{}` is not UTF-8 JSON", path.display())]
+    NotUtf8 { path: PathBuf },
+    /// A `--json` line that is not what `provium run --json` writes.
+    #[error(
+        "report merge: `{}` line {line}: {what} (give a shard's --json output)",
+        path.display()
+    )]
+    BadJsonLine {
+        path: PathBuf,
+        line: usize,
+        what: String,
+    },
+    #[error("report merge: `{}` has no lines", path.display())]
+    NoLines { path: PathBuf },
+    #[error(transparent)]
+    Report(#[from] report::ReportError),
+}
+
 /// One shard's report, as read back.
 #[derive(Debug)]
 pub struct Shard {
@@ -52,7 +162,7 @@ pub struct Shard {
     pub elapsed: Duration,
 }
 
-pub fn run(op: ReportOp) -> Result<i32, String> {
+pub fn run(op: ReportOp) -> Result<i32, MergeError> {
     match op {
         ReportOp::Merge { inputs, junit } => {
             let shards = inputs
@@ -60,15 +170,16 @@ pub fn run(op: ReportOp) -> Result<i32, String> {
                 .map(|p| read_shard(p))
                 .collect::<Result<Vec<_>, _>>()?;
             let merged = merge(shards)?;
+            let reports: Vec<FileReport> = merged.files.iter().map(FileOutcome::report).collect();
             let mut out = String::new();
-            for f in &merged.files {
-                out += &report::plain::render_file(f, Verbosity::Normal);
+            for f in &reports {
+                out += &human::render_file(f, Verbosity::Normal);
             }
-            out += &report::plain::render_summary(&merged.files, merged.elapsed);
+            out += &human::render_summary(&Totals::of(&reports), merged.elapsed);
             print!("{out}");
             if let Some(path) = junit {
-                std::fs::write(&path, report::junit::render(&merged.files))
-                    .map_err(|e| format!("--junit `{}`: {e}", path.display()))?;
+                std::fs::write(&path, report::junit::render(&reports))
+                    .map_err(|source| report::ReportError::Junit { path, source })?;
             }
             Ok(if merged.files.iter().all(FileOutcome::passed) {
                 EXIT_OK
@@ -87,58 +198,54 @@ pub struct Merged {
     pub elapsed: Duration,
 }
 
-fn shard_of(s: &Shard) -> Result<Partition, String> {
+fn shard_of(s: &Shard) -> Result<Partition, MergeError> {
     match &s.run.partition {
         None => Ok(Partition {
             kind: PartitionKind::Count,
             index: 1,
             total: 1,
         }),
-        Some(p) => p.parse().map_err(|e| {
-            format!(
-                "`{}` records partition `{p}`, which does not parse: {e}",
-                s.input.display()
-            )
+        Some(p) => p.parse().map_err(|source| MergeError::BadPartition {
+            input: s.input.clone(),
+            partition: p.clone(),
+            source,
         }),
     }
 }
 
 /// Check that `shards` are exactly the shards of one suite, then combine.
-pub fn merge(shards: Vec<Shard>) -> Result<Merged, String> {
-    let first = shards.first().ok_or("report merge: no inputs")?;
+pub fn merge(shards: Vec<Shard>) -> Result<Merged, MergeError> {
+    let first = shards.first().ok_or(MergeError::NoInputs)?;
     let first_part = shard_of(first)?;
     let mut by_index: BTreeMap<u32, &Shard> = BTreeMap::new();
     for s in &shards {
         if s.run.suite_id != first.run.suite_id || s.run.suite_files != first.run.suite_files {
-            return Err(format!(
-                "`{}` is from suite {} ({} files) but `{}` is from suite {} ({} files): merge only \
-                 shards of one suite (run every shard from the same checkout with the same paths \
-                 and selection flags)",
-                s.input.display(),
-                s.run.suite_id,
-                s.run.suite_files,
-                first.input.display(),
-                first.run.suite_id,
-                first.run.suite_files
-            ));
+            return Err(MergeError::OtherSuite {
+                input: s.input.clone(),
+                suite: s.run.suite_id.clone(),
+                suite_files: s.run.suite_files,
+                first_input: first.input.clone(),
+                first_suite: first.run.suite_id.clone(),
+                first_suite_files: first.run.suite_files,
+            });
         }
         let part = shard_of(s)?;
         if part.kind != first_part.kind || part.total != first_part.total {
-            return Err(format!(
-                "`{}` is shard {part} but `{}` is shard {first_part}: merge shards of one \
-                 partition scheme (the same KIND and N on every shard)",
-                s.input.display(),
-                first.input.display()
-            ));
+            return Err(MergeError::OtherScheme {
+                input: s.input.clone(),
+                part,
+                first_input: first.input.clone(),
+                first_part,
+            });
         }
         if let Some(other) = by_index.insert(part.index, s) {
-            return Err(format!(
-                "shard {part} is given twice: `{}` (run {}) and `{}` (run {}); pass each shard once",
-                other.input.display(),
-                other.run.run_id,
-                s.input.display(),
-                s.run.run_id
-            ));
+            return Err(MergeError::GivenTwice {
+                part,
+                first_input: other.input.clone(),
+                first_run: other.run.run_id.clone(),
+                input: s.input.clone(),
+                run: s.run.run_id.clone(),
+            });
         }
     }
     let missing: Vec<String> = (1..=first_part.total)
@@ -152,14 +259,12 @@ pub fn merge(shards: Vec<Shard>) -> Result<Merged, String> {
         })
         .collect();
     if !missing.is_empty() {
-        return Err(format!(
-            "shard {} of suite {} is missing: pass every shard's --save-events or --json output \
-             (got {} of {})",
-            missing.join(", "),
-            first.run.suite_id,
-            by_index.len(),
-            first_part.total
-        ));
+        return Err(MergeError::Missing {
+            missing,
+            suite: first.run.suite_id.clone(),
+            got: by_index.len(),
+            total: first_part.total,
+        });
     }
     let suite_files = first.run.suite_files;
     let elapsed = shards.iter().map(|s| s.elapsed).max().unwrap_or_default();
@@ -177,33 +282,31 @@ pub fn merge(shards: Vec<Shard>) -> Result<Merged, String> {
 }
 
 /// Read one input, events or JSON lines.
-pub fn read_shard(path: &Path) -> Result<Shard, String> {
-    let bytes =
-        std::fs::read(path).map_err(|e| format!("report merge: `{}`: {e}", path.display()))?;
+pub fn read_shard(path: &Path) -> Result<Shard, MergeError> {
+    let bytes = std::fs::read(path).map_err(|source| MergeError::Read {
+        path: path.into(),
+        source,
+    })?;
     match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
-        None => Err(format!(
-            "report merge: `{}` is empty (give a shard's --save-events file or --json output)",
-            path.display()
-        )),
+        None => Err(MergeError::Empty { path: path.into() }),
         Some(b'{') => shard_from_json(path, &bytes),
         Some(_) => shard_from_events(path, &bytes),
     }
 }
 
-fn shard_from_events(path: &Path, bytes: &[u8]) -> Result<Shard, String> {
+fn shard_from_events(path: &Path, bytes: &[u8]) -> Result<Shard, MergeError> {
     let mut r = bytes;
     let mut frames: Vec<EventFrame> = Vec::new();
     loop {
         match read_message::<EventFrame, _>(&mut r, DEFAULT_MAX_FRAME_BYTES) {
             Ok(Some(f)) => frames.push(f),
             Ok(None) => break,
-            Err(e) => {
-                return Err(format!(
-                    "report merge: `{}` is neither --json lines nor a readable event stream \
-                     (frame {}: {e})",
-                    path.display(),
-                    frames.len() + 1
-                ))
+            Err(source) => {
+                return Err(MergeError::NotEvents {
+                    path: path.into(),
+                    frame: frames.len() + 1,
+                    source,
+                })
             }
         }
     }
@@ -219,7 +322,7 @@ fn shard_from_events(path: &Path, bytes: &[u8]) -> Result<Shard, String> {
         tests: Vec::new(),
         duration: Duration::ZERO,
     };
-    let test = |name: &str, status, message: Option<String>, ns: u64, meta| TestOutcome {
+    let test = |name: &str, status, message: Option<String>, ns: u64, meta| TestReport {
         name: name.to_string(),
         status,
         message,
@@ -295,13 +398,7 @@ fn shard_from_events(path: &Path, bytes: &[u8]) -> Result<Shard, String> {
             _ => {}
         }
     }
-    let run = run.ok_or_else(|| {
-        format!(
-            "report merge: `{}` has no run_started event, so its run and suite are unknown \
-             (save it with this provium's --save-events)",
-            path.display()
-        )
-    })?;
+    let run = run.ok_or_else(|| MergeError::NoRunStarted { path: path.into() })?;
     let elapsed = match (frames.first(), frames.last()) {
         (Some(a), Some(b)) => {
             Duration::from_nanos(u64::try_from(b.ts.saturating_sub(a.ts)).unwrap_or(0))
@@ -317,9 +414,8 @@ fn shard_from_events(path: &Path, bytes: &[u8]) -> Result<Shard, String> {
     })
 }
 
-fn shard_from_json(path: &Path, bytes: &[u8]) -> Result<Shard, String> {
-    let text = std::str::from_utf8(bytes)
-        .map_err(|_| format!("report merge: `{}` is not UTF-8 JSON", path.display()))?;
+fn shard_from_json(path: &Path, bytes: &[u8]) -> Result<Shard, MergeError> {
+    let text = std::str::from_utf8(bytes).map_err(|_| MergeError::NotUtf8 { path: path.into() })?;
     let mut run: Option<RunIdentity> = None;
     let mut files = Vec::new();
     for (n, line) in text
@@ -327,12 +423,10 @@ fn shard_from_json(path: &Path, bytes: &[u8]) -> Result<Shard, String> {
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
     {
-        let bad = |what: &str| {
-            format!(
-                "report merge: `{}` line {}: {what} (give a shard's --json output)",
-                path.display(),
-                n + 1
-            )
+        let bad = |what: &str| MergeError::BadJsonLine {
+            path: path.into(),
+            line: n + 1,
+            what: what.to_string(),
         };
         let v: serde_json::Value =
             serde_json::from_str(line).map_err(|e| bad(&format!("not JSON: {e}")))?;
@@ -366,7 +460,7 @@ fn shard_from_json(path: &Path, bytes: &[u8]) -> Result<Shard, String> {
                 Some("skipped") => TestStatus::Skipped,
                 other => return Err(bad(&format!("unknown test status {other:?}"))),
             };
-            tests.push(TestOutcome {
+            tests.push(TestReport {
                 name: str_of(&t["name"]).ok_or_else(|| bad("a test without a name"))?,
                 status,
                 message: str_of(&t["message"]),
@@ -388,7 +482,7 @@ fn shard_from_json(path: &Path, bytes: &[u8]) -> Result<Shard, String> {
             duration: Duration::ZERO,
         });
     }
-    let run = run.ok_or_else(|| format!("report merge: `{}` has no lines", path.display()))?;
+    let run = run.ok_or_else(|| MergeError::NoLines { path: path.into() })?;
     Ok(Shard {
         input: path.to_path_buf(),
         run,
@@ -427,8 +521,37 @@ mod tests {
     }
 
     #[test]
+    fn unreadable_inputs_name_the_file_and_chain_the_cause() {
+        let d = tempfile::tempdir().unwrap();
+        let absent = d.path().join("absent");
+        let e = read_shard(&absent).unwrap_err();
+        assert!(matches!(e, MergeError::Read { .. }), "{e:?}");
+        assert_eq!(
+            crate::error_chain::messages(&e)[0],
+            format!("report merge: `{}`", absent.display())
+        );
+        let junk = d.path().join("junk");
+        std::fs::write(&junk, b"\x00\x00\x00\x02\xc1\xc1").unwrap();
+        let e = read_shard(&junk).unwrap_err();
+        assert!(matches!(e, MergeError::NotEvents { frame: 1, .. }), "{e:?}");
+        assert!(std::error::Error::source(&e).is_some());
+        let empty = d.path().join("empty");
+        std::fs::write(&empty, b"  \n").unwrap();
+        assert!(crate::error_chain::flatten(&read_shard(&empty).unwrap_err()).contains("is empty"));
+        let bad = d.path().join("bad.json");
+        std::fs::write(&bad, b"{\"path\": 1}\n").unwrap();
+        assert_eq!(
+            read_shard(&bad).unwrap_err().to_string(),
+            format!(
+                "report merge: `{}` line 1: no run.id (give a shard's --json output)",
+                bad.display()
+            )
+        );
+    }
+
+    #[test]
     fn refuses_other_suites_other_schemes_twice_given_and_missing_shards() {
-        let err = |s: Vec<Shard>| merge(s).unwrap_err();
+        let err = |s: Vec<Shard>| crate::error_chain::flatten(&merge(s).unwrap_err());
         let e = err(vec![
             shard("a", "s1", Some("count:1/2"), &["x"]),
             shard("b", "s2", Some("count:2/2"), &["y"]),

@@ -8,15 +8,101 @@ use std::time::{Duration, Instant, SystemTime};
 use provium_protocol::event::{Event, FileDiscovered, ResourceAmount, RunStarted};
 
 use super::{choose_backend, load_config, preflight, RunArgs, EXIT_FAILED, EXIT_INTERNAL, EXIT_OK};
-use crate::config::{parse_size, Config};
+use crate::config::{parse_size, Config, ConfigError};
 use crate::discover::{discover, TestFile};
 use crate::events::{EventBus, EventSocket};
 use crate::lua::duration::parse_duration_str;
-use crate::report::{self, new_run_id, progress::Progress, suite_id, RunIdentity, Verbosity};
-use crate::runner::filter::{parse_key_values, TestFilter};
-use crate::runner::scheduler::{run_jobs, Job, PsiMonitor, SchedulerOptions};
-use crate::runner::{BackendKind, FileEnv};
+use crate::lua::test_file::LuaRuntimeFactory;
+use crate::report::human::HumanReporter;
+use crate::report::json::JsonReporter;
+use crate::report::junit::JunitReporter;
+use crate::report::{
+    new_run_id, progress::Progress, suite_id, ReportError, Reporters, RunIdentity, Verbosity,
+};
+use crate::runner::filter::{parse_key_values, FilterError, TestFilter};
+use crate::runner::{BackendKind, FileEnv, RunResources};
+use crate::scheduler::dispatcher::{Dispatcher, DispatcherOptions, Job, PsiMonitor};
+use crate::scheduler::executor::ExecutorContext;
 use crate::settings::Settings;
+
+/// What a run can fail with before or after its tests (a test's failure is
+/// an outcome, not an error).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// provium.toml could not be loaded (its causes chain on).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("rerun state `{}`", path.display())]
+    RerunState {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Filter(#[from] FilterError),
+    /// `--mem` does not parse (the size parser's message).
+    #[error("--mem")]
+    Mem(#[source] crate::config::SizeError),
+    /// `--timeout` does not parse (the duration parser's message).
+    #[error("--timeout: {0}")]
+    Timeout(String),
+    #[error("profile `{profile}`: create build_out `{}`", path.display())]
+    BuildOut {
+        profile: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("profile `{profile}`: cannot run build command")]
+    BuildSpawn {
+        profile: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("profile `{profile}`: build command failed ({status}); not using stale artifacts")]
+    BuildFailed {
+        profile: String,
+        status: std::process::ExitStatus,
+    },
+    #[error("--since `{}`", path.display())]
+    Since {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The preflight refused the backend (its message names the fix).
+    #[error("{0}")]
+    Preflight(String),
+    /// Discovering the test files failed (its message names the path).
+    #[error("{0}")]
+    Discover(String),
+    /// `--events-socket` or `--save-events` could not be opened; the error
+    /// names the flag and path.
+    #[error(transparent)]
+    EventOutput(std::io::Error),
+    #[error("--coverage: cannot write marker `{}`", path.display())]
+    CoverageMarker {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("writing events")]
+    WritingEvents(#[source] std::io::Error),
+    #[error(transparent)]
+    Report(#[from] ReportError),
+    #[error(
+        "PROVIUM_SEED=`{value}` is not an unsigned 64-bit integer (unset it for a random seed)"
+    )]
+    Seed { value: String },
+}
+
+/// For the subcommands that still report errors as text: the chain,
+/// flattened once.
+impl From<RunError> for String {
+    fn from(e: RunError) -> String {
+        crate::error_chain::flatten(&e)
+    }
+}
 
 /// `$PROVIUM_RERUN_STATE`, else `~/.cache/provium/rerun.json`, else
 /// `/tmp/provium-rerun.json`.
@@ -35,17 +121,16 @@ fn read_rerun_state(settings: &Settings) -> Option<Vec<PathBuf>> {
     serde_json::from_str::<Vec<PathBuf>>(&text).ok()
 }
 
-fn write_rerun_state(settings: &Settings, failed: &[PathBuf]) -> Result<(), String> {
+fn write_rerun_state(settings: &Settings, failed: &[PathBuf]) -> Result<(), RunError> {
     let path = rerun_state_path(settings);
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("rerun state `{}`: {e}", path.display()))?;
-    }
     let text = serde_json::to_string_pretty(failed).unwrap_or_default();
-    std::fs::write(&path, text).map_err(|e| format!("rerun state `{}`: {e}", path.display()))
+    path.parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|()| std::fs::write(&path, text))
+        .map_err(|source| RunError::RerunState { path, source })
 }
 
-fn build_filter(args: &RunArgs) -> Result<TestFilter, String> {
+fn build_filter(args: &RunArgs) -> Result<TestFilter, RunError> {
     Ok(TestFilter {
         include_slow: args.include_slow,
         tags: args.tags.clone(),
@@ -55,9 +140,9 @@ fn build_filter(args: &RunArgs) -> Result<TestFilter, String> {
     })
 }
 
-fn pool_from(args: &RunArgs) -> Result<ResourceAmount, String> {
+fn pool_from(args: &RunArgs) -> Result<ResourceAmount, RunError> {
     let memory_bytes = match &args.mem {
-        Some(m) => parse_size(m).map_err(|e| format!("--mem: {e}"))?,
+        Some(m) => parse_size(m).map_err(RunError::Mem)?,
         None => host_memory_bytes() / 10 * 8,
     };
     let cpus = args
@@ -90,23 +175,22 @@ fn host_memory_bytes() -> u64 {
         .map_or(8 << 30, |kb| kb * 1024)
 }
 
-fn file_timeout(args: &RunArgs) -> Result<Option<Duration>, String> {
-    let d = parse_duration_str(&args.timeout).map_err(|e| format!("--timeout: {e}"))?;
+fn file_timeout(args: &RunArgs) -> Result<Option<Duration>, RunError> {
+    let d = parse_duration_str(&args.timeout).map_err(RunError::Timeout)?;
     Ok(if d.is_zero() { None } else { Some(d) })
 }
 
 /// Run the profiles' `build` commands (once, before anything boots).
-pub fn run_builds(config: &Config, only: Option<&str>) -> Result<(), String> {
+pub fn run_builds(config: &Config, only: Option<&str>) -> Result<(), RunError> {
     for (name, p) in &config.profiles {
         if only.is_some_and(|o| o != name) {
             continue;
         }
         let Some(cmd) = &p.build else { continue };
-        std::fs::create_dir_all(&p.build_out).map_err(|e| {
-            format!(
-                "profile `{name}`: create build_out `{}`: {e}",
-                p.build_out.display()
-            )
+        std::fs::create_dir_all(&p.build_out).map_err(|source| RunError::BuildOut {
+            profile: name.clone(),
+            path: p.build_out.clone(),
+            source,
         })?;
         eprintln!("provium: building profile `{name}`: {cmd}");
         let status = std::process::Command::new("sh")
@@ -114,17 +198,21 @@ pub fn run_builds(config: &Config, only: Option<&str>) -> Result<(), String> {
             .arg(cmd)
             .current_dir(&config.base_dir)
             .status()
-            .map_err(|e| format!("profile `{name}`: cannot run build command: {e}"))?;
+            .map_err(|source| RunError::BuildSpawn {
+                profile: name.clone(),
+                source,
+            })?;
         if !status.success() {
-            return Err(format!(
-                "profile `{name}`: build command failed ({status}); not using stale artifacts"
-            ));
+            return Err(RunError::BuildFailed {
+                profile: name.clone(),
+                status,
+            });
         }
     }
     Ok(())
 }
 
-fn select(files: Vec<TestFile>, args: &RunArgs) -> Result<Vec<TestFile>, String> {
+fn select(files: Vec<TestFile>, args: &RunArgs) -> Result<Vec<TestFile>, RunError> {
     let mut files: Vec<TestFile> = match &args.filter {
         Some(f) => files
             .into_iter()
@@ -141,7 +229,10 @@ fn select(files: Vec<TestFile>, args: &RunArgs) -> Result<Vec<TestFile>, String>
     if let Some(reference) = &args.since {
         let t = std::fs::metadata(reference)
             .and_then(|m| m.modified())
-            .map_err(|e| format!("--since `{}`: {e}", reference.display()))?;
+            .map_err(|source| RunError::Since {
+                path: reference.clone(),
+                source,
+            })?;
         files.retain(|f| {
             std::fs::metadata(&f.abs)
                 .and_then(|m| m.modified())
@@ -160,7 +251,7 @@ pub fn no_rerun_state_notice(path: &Path) -> String {
     )
 }
 
-pub fn run(args: &RunArgs) -> Result<i32, String> {
+pub fn run(args: &RunArgs) -> Result<i32, RunError> {
     let config = Arc::new(load_config(&args.config, &args.settings)?);
     if args.rerun_failed && !args.watch && read_rerun_state(&args.settings).is_none() {
         eprintln!(
@@ -175,7 +266,8 @@ pub fn run(args: &RunArgs) -> Result<i32, String> {
     let backend = choose_backend(args.vmm, &config);
     crate::runner::interrupt::install();
     if !args.no_preflight {
-        preflight::check(backend, args.coverage, &args.settings).map_err(|e| e.to_string())?;
+        preflight::check(backend, args.coverage, &args.settings)
+            .map_err(|e| RunError::Preflight(crate::error_chain::flatten(&e)))?;
     }
     if !args.no_build {
         run_builds(&config, None)?;
@@ -193,7 +285,7 @@ pub fn run(args: &RunArgs) -> Result<i32, String> {
         vec![PathBuf::from(".")]
     };
     let socket = match &args.events_socket {
-        Some(p) => Some(EventSocket::bind(p).map_err(|e| e.to_string())?),
+        Some(p) => Some(EventSocket::bind(p).map_err(RunError::EventOutput)?),
         None => None,
     };
     if !args.watch {
@@ -269,10 +361,13 @@ fn run_once(
     backend: BackendKind,
     paths: &[PathBuf],
     socket: Option<&EventSocket>,
-) -> Result<i32, String> {
+) -> Result<i32, RunError> {
     let started = Instant::now();
     let run_seed = run_seed(args.seed, args.settings.seed.as_deref())?;
-    let files = select(discover(paths, &config.roots)?, args)?;
+    let files = select(
+        discover(paths, &config.roots).map_err(RunError::Discover)?,
+        args,
+    )?;
     let run = RunIdentity {
         run_id: new_run_id(),
         suite_id: suite_id(files.iter().map(|f| f.rel.as_str())),
@@ -289,16 +384,16 @@ fn run_once(
     if let Some(tmp) = &coverage_tmp {
         // The sibling marker proves the temp file is ours (run_coverage).
         let marker = coverage_marker(tmp);
-        std::fs::write(&marker, std::process::id().to_string()).map_err(|e| {
-            format!(
-                "--coverage: cannot write marker `{}`: {e}",
-                marker.display()
-            )
+        std::fs::write(&marker, std::process::id().to_string()).map_err(|source| {
+            RunError::CoverageMarker {
+                path: marker.clone(),
+                source,
+            }
         })?;
     }
     let save_to = args.save_events.clone().or(coverage_tmp.clone());
     let bus = EventBus::start(save_to.as_deref(), args.events_stdout, socket, false)
-        .map_err(|e| e.to_string())?;
+        .map_err(RunError::EventOutput)?;
     let events = bus.sender();
     events.emit(Event::RunStarted(RunStarted {
         run_id: run.run_id.clone(),
@@ -321,7 +416,7 @@ fn run_once(
         Verbosity::Normal
     };
     // Human/JSON output goes to stderr when stdout carries event frames.
-    let mut out: Box<dyn Write> = if args.events_stdout {
+    let out: Box<dyn Write> = if args.events_stdout {
         Box::new(std::io::stderr())
     } else {
         Box::new(std::io::stdout())
@@ -331,6 +426,7 @@ fn run_once(
     } else {
         config.roots.clone()
     };
+    let run_resources = RunResources::default();
     let jobs: Vec<Job> = files
         .iter()
         .map(|f| Job {
@@ -346,50 +442,52 @@ fn run_once(
                     backend,
                     events.clone(),
                 )
-                .with_run_seed(run_seed),
+                .with_run_seed(run_seed)
+                .with_run_resources(run_resources.clone()),
             ),
             claim: f.declared_claim,
             vms: f.vm_estimate,
         })
         .collect();
-    let progress =
-        std::cell::RefCell::new(Progress::new(jobs.len(), !args.json && !args.events_stdout));
-    let opts = SchedulerOptions {
+    // Only the dispatcher calls the reporters; --json replaces the human
+    // lines (and their progress line and summary).
+    let mut reporters = Reporters::default();
+    if args.json {
+        reporters.push(JsonReporter::new(out, run.clone()));
+    } else {
+        let progress = Progress::new(jobs.len(), !args.events_stdout);
+        reporters.push(HumanReporter::new(out, verbosity, progress));
+    }
+    if let Some(path) = &args.junit {
+        reporters.push(JunitReporter::new(path.clone()));
+    }
+    let opts = DispatcherOptions {
         pool,
         fail_fast: args.fail_fast,
-        file_timeout: timeout,
         emulated_vm_slots: emulated_vm_slots(backend, &args.settings),
+        run_started: started,
+        run_resources,
     };
-    let outcomes = run_jobs(
-        jobs,
-        filter.clone(),
-        &opts,
-        &events,
+    let executor = ExecutorContext {
+        filter: filter.clone(),
+        file_timeout: timeout,
+        runtimes: Arc::new(LuaRuntimeFactory),
+    };
+    let summary = Dispatcher::new(
+        opts,
+        executor,
+        events.clone(),
         &mut PsiMonitor::new("/proc/pressure"),
-        |_| progress.borrow_mut().started_file(),
-        |o| {
-            progress.borrow().clear();
-            let text = if args.json {
-                report::json::render_file(o, &run)
-            } else {
-                report::plain::render_file(o, verbosity)
-            };
-            let _ = out.write_all(text.as_bytes());
-            let _ = out.flush();
-            progress.borrow_mut().finished_file();
-        },
-    );
-    progress.borrow().clear();
-    if !args.json {
-        let _ =
-            out.write_all(report::plain::render_summary(&outcomes, started.elapsed()).as_bytes());
-    }
+        &mut reporters,
+    )
+    .run(jobs);
+    drop(reporters);
     drop(events);
-    bus.finish().map_err(|e| format!("writing events: {e}"))?;
-    if let Some(path) = &args.junit {
-        std::fs::write(path, report::junit::render(&outcomes))
-            .map_err(|e| format!("--junit `{}`: {e}", path.display()))?;
+    bus.finish().map_err(RunError::WritingEvents)?;
+    if let Some(e) = summary.report_error {
+        return Err(e.into());
     }
+    let outcomes = summary.outcomes;
     let failed: Vec<PathBuf> = outcomes
         .iter()
         .filter(|o| !o.passed())
@@ -461,15 +559,13 @@ fn coverage_marker(events: &Path) -> PathBuf {
 
 /// The run seed: `--seed`, else `PROVIUM_SEED` (read once, by the caller),
 /// else a fresh random one below 2^63 (so Lua shows it as an integer).
-pub fn run_seed(flag: Option<u64>, env: Option<&str>) -> Result<u64, String> {
+pub fn run_seed(flag: Option<u64>, env: Option<&str>) -> Result<u64, RunError> {
     if let Some(s) = flag {
         return Ok(s);
     }
     if let Some(v) = env {
-        return v.trim().parse::<u64>().map_err(|_| {
-            format!(
-                "PROVIUM_SEED=`{v}` is not an unsigned 64-bit integer (unset it for a random seed)"
-            )
+        return v.trim().parse::<u64>().map_err(|_| RunError::Seed {
+            value: v.to_string(),
         });
     }
     let mut b = [0u8; 8];
@@ -490,16 +586,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_seed_comes_from_the_flag_then_the_environment() {
-        assert_eq!(run_seed(Some(7), Some("9")), Ok(7));
-        assert_eq!(run_seed(None, Some(" 9 ")), Ok(9));
+    fn run_errors_name_the_value_and_print_their_cause_once() {
+        let e = run_seed(None, Some("12x")).unwrap_err();
         assert_eq!(
-            run_seed(None, Some("x")),
-            Err(
-                "PROVIUM_SEED=`x` is not an unsigned 64-bit integer (unset it for a random seed)"
-                    .into()
-            )
+            String::from(e),
+            "PROVIUM_SEED=`12x` is not an unsigned 64-bit integer (unset it for a random seed)"
         );
-        assert!(run_seed(None, None).unwrap() < 1 << 63);
+        assert_eq!(run_seed(Some(3), Some("12x")).unwrap(), 3);
+        assert_eq!(run_seed(None, Some(" 7 ")).unwrap(), 7);
+        let e = RunError::Since {
+            path: "ref".into(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        };
+        assert_eq!(String::from(e), "--since `ref`: entity not found");
+        let d = tempfile::tempdir().unwrap();
+        let absent = d.path().join("absent.toml");
+        let e = RunError::from(load_config(&absent, &Settings::default()).unwrap_err());
+        assert!(matches!(e, RunError::Config(_)), "{e:?}");
+        // The cause (the i/o error) is chained, and printed once.
+        let text = String::from(e);
+        assert_eq!(
+            text.matches("No such file or directory").count(),
+            1,
+            "{text}"
+        );
+        assert!(text.contains("absent.toml"), "{text}");
     }
 }

@@ -51,6 +51,14 @@ pub enum ConfigError {
     },
 }
 
+/// For the subcommands that still report errors as text: the chain,
+/// flattened once.
+impl From<ConfigError> for String {
+    fn from(e: ConfigError) -> String {
+        crate::error_chain::flatten(&e)
+    }
+}
+
 /// The whole file as written; each table's fields live in its own module.
 #[derive(Debug, Default, Deserialize)]
 struct ConfigFile {

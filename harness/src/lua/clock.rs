@@ -87,7 +87,7 @@ impl UserData for ClockUd {
         });
         m.add_method("sleep", |_, this, v: Value| {
             let d = duration::from_lua(&v, "clock:sleep")?;
-            this.vm.env().sleep(d)
+            Ok(this.vm.env().sleep(d)?)
         });
     }
 }

@@ -18,6 +18,7 @@ pub mod process;
 pub mod run_result;
 pub mod snapshot;
 pub mod stream;
+pub mod test_file;
 pub mod vm;
 pub mod worker;
 
@@ -26,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use mlua::{Lua, Value};
 
-use crate::runner::FileEnv;
+use crate::runner::{FileEnv, RunnerError};
 
 const FRAMEWORK: &str = include_str!("framework.lua");
 
@@ -81,7 +82,7 @@ pub fn new_state(env: Arc<FileEnv>) -> mlua::Result<(Lua, lab::Lab)> {
     json::install(&lua)?;
     // Debug builds only: a way for the integration tests to make the
     // runner panic inside a test, which poisons the rest of the file
-    // (runner/file.rs). Release builds have no such global.
+    // (scheduler/executor.rs). Release builds have no such global.
     #[cfg(debug_assertions)]
     globals.set(
         "_provium_test_panic",
@@ -92,6 +93,14 @@ pub fn new_state(env: Arc<FileEnv>) -> mlua::Result<(Lua, lab::Lab)> {
     let root = lab::Lab::root(env);
     globals.set("provium", root.clone())?;
     Ok((lua, root))
+}
+
+/// The runner's errors (a cancelled file's work) raised into Lua with
+/// their message, as the test author reads them.
+impl From<RunnerError> for mlua::Error {
+    fn from(e: RunnerError) -> Self {
+        mlua::Error::runtime(crate::error_chain::flatten(&e))
+    }
 }
 
 /// A Lua error carrying a message, for userdata methods.

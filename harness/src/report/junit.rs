@@ -1,9 +1,12 @@
 //! `--junit PATH`: JUnit XML, one `<testsuite>` per file; failures and skips
-//! as child elements, the test's log as `<system-out>`.
+//! as child elements, the test's log as `<system-out>`. [`JunitReporter`]
+//! collects the run's files and writes the file when the run finishes.
 
 use std::fmt::Write as _;
+use std::path::PathBuf;
 
-use crate::runner::outcome::{FileOutcome, TestStatus};
+use super::{ReportError, Reporter};
+use crate::events::{FileReport, RunEvent, TestStatus};
 
 fn esc(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -24,11 +27,11 @@ fn esc(s: &str) -> String {
     out
 }
 
-pub fn render(files: &[FileOutcome]) -> String {
+pub fn render(files: &[FileReport]) -> String {
     let mut x =
         String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"provium\">\n");
     for f in files {
-        let errors = usize::from(f.chunk_error.is_some() || f.crashed.is_some() || f.timed_out);
+        let errors = usize::from(f.chunk_error.is_some() || f.crash.is_some() || f.timed_out);
         writeln!(
             x,
             "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" errors=\"{}\" skipped=\"{}\" time=\"{:.3}\">",
@@ -43,7 +46,7 @@ pub fn render(files: &[FileOutcome]) -> String {
         let file_error = f
             .chunk_error
             .as_deref()
-            .or(f.crashed.as_deref())
+            .or(f.crash.as_deref())
             .or(f.timed_out.then_some("file timed out"));
         if let Some(e) = file_error {
             writeln!(
@@ -84,4 +87,109 @@ pub fn render(files: &[FileOutcome]) -> String {
     }
     x += "</testsuites>\n";
     x
+}
+
+/// Collects every finished file; writes `path` at the end of the run.
+pub struct JunitReporter {
+    path: PathBuf,
+    files: Vec<FileReport>,
+}
+
+impl JunitReporter {
+    pub fn new(path: PathBuf) -> Self {
+        JunitReporter {
+            path,
+            files: Vec::new(),
+        }
+    }
+}
+
+impl Reporter for JunitReporter {
+    fn report(&mut self, event: &RunEvent) -> Result<(), ReportError> {
+        match event {
+            RunEvent::FileFinished(f) => self.files.push(f.clone()),
+            RunEvent::RunFinished { .. } => std::fs::write(&self.path, render(&self.files))
+                .map_err(|source| ReportError::Junit {
+                    path: self.path.clone(),
+                    source,
+                })?,
+            RunEvent::RunStarted { .. } | RunEvent::FileStarted { .. } => {}
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::TestReport;
+    use provium_protocol::event::FileStatus;
+    use std::time::Duration;
+
+    fn file() -> FileReport {
+        FileReport {
+            path: "a<b>.test.lua".into(),
+            status: FileStatus::Failed,
+            timed_out: false,
+            chunk_error: None,
+            crash: None,
+            tests: vec![
+                TestReport {
+                    name: "fails".into(),
+                    status: TestStatus::Failed,
+                    message: Some("got \"x\"\u{1}".into()),
+                    log: vec!["one".into(), "two".into()],
+                    duration: Duration::from_millis(1500),
+                    meta: Default::default(),
+                },
+                TestReport {
+                    name: "skips".into(),
+                    status: TestStatus::Skipped,
+                    message: Some("slow".into()),
+                    log: vec![],
+                    duration: Duration::ZERO,
+                    meta: Default::default(),
+                },
+            ],
+            duration: Duration::from_secs(2),
+        }
+    }
+
+    #[test]
+    fn renders_failures_skips_and_logs_escaped() {
+        let x = render(&[file()]);
+        assert!(x.contains(
+            "<testsuite name=\"a&lt;b&gt;.test.lua\" tests=\"2\" failures=\"1\" errors=\"0\" skipped=\"1\" time=\"2.000\">"
+        ), "{x}");
+        assert!(
+            x.contains("<failure message=\"got &quot;x&quot;\\x01\">"),
+            "{x}"
+        );
+        assert!(x.contains("<skipped message=\"slow\"/>"), "{x}");
+        assert!(x.contains("<system-out>one\ntwo</system-out>"), "{x}");
+    }
+
+    #[test]
+    fn the_reporter_writes_at_run_end_and_names_an_unwritable_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("junit.xml");
+        let mut r = JunitReporter::new(path.clone());
+        r.report(&RunEvent::FileFinished(file())).unwrap();
+        assert!(!path.exists());
+        r.report(&RunEvent::RunFinished {
+            elapsed: Duration::ZERO,
+        })
+        .unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), render(&[file()]));
+        let bad = dir.path().join("missing/junit.xml");
+        let e = JunitReporter::new(bad.clone())
+            .report(&RunEvent::RunFinished {
+                elapsed: Duration::ZERO,
+            })
+            .unwrap_err();
+        assert!(
+            crate::error_chain::flatten(&e).starts_with(&format!("--junit `{}`: ", bad.display())),
+            "{e}"
+        );
+    }
 }

@@ -1,10 +1,62 @@
-//! Renderers of a run: plain text (default, -v, -q), line-delimited JSON,
-//! JUnit XML, and a live progress line on a terminal.
+//! Renderers of a run. Each renders the typed events it is given and
+//! decides nothing: human text (default, -v, -q) with a live progress line
+//! on a terminal, line-delimited `--json`, JUnit XML, and the msgpack event
+//! stream. The dispatcher (`crate::scheduler::dispatcher`) is the only
+//! caller of a [`Reporter`].
 
+pub mod event_stream;
+pub mod human;
 pub mod json;
 pub mod junit;
-pub mod plain;
 pub mod progress;
+#[cfg(test)]
+pub mod test_utils;
+
+use std::path::PathBuf;
+
+use crate::events::RunEvent;
+
+/// A renderer of the run's [`RunEvent`]s, called in order, synchronously,
+/// by the dispatcher (so a slow output slows dispatching instead of
+/// piling up).
+pub trait Reporter {
+    fn report(&mut self, event: &RunEvent) -> Result<(), ReportError>;
+}
+
+/// What a reporter can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// The JUnit file could not be written.
+    #[error("--junit `{}`", path.display())]
+    Junit {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Several reporters fed the same events, in order.
+#[derive(Default)]
+pub struct Reporters(Vec<Box<dyn Reporter>>);
+
+impl Reporters {
+    pub fn push(&mut self, r: impl Reporter + 'static) {
+        self.0.push(Box::new(r));
+    }
+}
+
+impl Reporter for Reporters {
+    /// Every reporter sees every event; the first error is returned.
+    fn report(&mut self, event: &RunEvent) -> Result<(), ReportError> {
+        let mut first = None;
+        for r in &mut self.0 {
+            if let Err(e) = r.report(event) {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+}
 
 /// How much the plain renderer shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +108,31 @@ pub fn new_run_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Counts its calls in a shared cell, and always fails.
+    struct Failing(std::rc::Rc<std::cell::Cell<usize>>);
+    impl Reporter for Failing {
+        fn report(&mut self, _: &RunEvent) -> Result<(), ReportError> {
+            self.0.set(self.0.get() + 1);
+            Err(ReportError::Junit {
+                path: "x".into(),
+                source: std::io::Error::other("full"),
+            })
+        }
+    }
+
+    #[test]
+    fn every_reporter_sees_the_event_despite_an_error() {
+        let calls = std::rc::Rc::new(std::cell::Cell::new(0));
+        let mut all = Reporters::default();
+        all.push(Failing(calls.clone()));
+        all.push(Failing(calls.clone()));
+        let e = all
+            .report(&RunEvent::RunStarted { file_count: 0 })
+            .unwrap_err();
+        assert_eq!(crate::error_chain::flatten(&e), "--junit `x`: full");
+        assert_eq!(calls.get(), 2);
+    }
 
     #[test]
     fn suite_ids_follow_the_file_list_and_run_ids_differ() {

@@ -57,3 +57,22 @@ impl Progress {
         let _ = std::io::stderr().flush();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_running_and_done_files_even_when_silent() {
+        let mut p = Progress::new(3, false);
+        assert!(!p.enabled, "never drawn off a terminal");
+        p.started_file();
+        p.started_file();
+        p.finished_file();
+        assert_eq!((p.done, p.running, p.total), (1, 1, 3));
+        p.finished_file();
+        p.finished_file();
+        assert_eq!((p.done, p.running), (3, 0), "never below zero");
+        p.clear();
+    }
+}

@@ -15,16 +15,27 @@ pub struct TestFilter {
     pub no_tag_meta: BTreeMap<String, Vec<String>>,
 }
 
+/// A selection flag that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FilterError {
+    /// `--tag-meta` / `--no-tag-meta` without `=`.
+    #[error("{flag} `{item}`: expected KEY=VALUE, e.g. {flag} subsystems=net")]
+    NotKeyValue { flag: String, item: String },
+}
+
 /// Parse `KEY=VALUE` flags into a key -> values map.
 pub fn parse_key_values(
     flag: &str,
     items: &[String],
-) -> Result<BTreeMap<String, Vec<String>>, String> {
+) -> Result<BTreeMap<String, Vec<String>>, FilterError> {
     let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for item in items {
-        let (k, v) = item.split_once('=').ok_or_else(|| {
-            format!("{flag} `{item}`: expected KEY=VALUE, e.g. {flag} subsystems=net")
-        })?;
+        let (k, v) = item
+            .split_once('=')
+            .ok_or_else(|| FilterError::NotKeyValue {
+                flag: flag.to_string(),
+                item: item.clone(),
+            })?;
         out.entry(k.to_string()).or_default().push(v.to_string());
     }
     Ok(out)
@@ -203,6 +214,7 @@ mod tests {
             .is_some());
         assert!(parse_key_values("--tag-meta", &["novalue".to_string()])
             .unwrap_err()
+            .to_string()
             .contains("KEY=VALUE"));
     }
 }

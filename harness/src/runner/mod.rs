@@ -1,11 +1,14 @@
-//! Running test files: the per-file environment, the file runner, the
-//! watchdog, and the scheduler that dispatches files against the pool.
+//! What one test file needs from the run, shared by the scheduler
+//! (`crate::scheduler`) and the Lua layer: the per-file environment
+//! ([`FileEnv`]: paths, config, events, cancellation, auto-close scopes),
+//! the test filter, the outcome types, the interrupt flag, and the
+//! [`file::FileRuntime`] contract a file's runtime fulfils. Nothing here
+//! names a Lua type: the Lua layer converts [`RunnerError`] into its own errors.
 
 pub mod file;
 pub mod filter;
 pub mod interrupt;
 pub mod outcome;
-pub mod scheduler;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,21 +42,40 @@ pub trait LiveResource: Send + Sync {
     fn console_excerpt(&self) -> Option<String>;
 }
 
-/// Every resource any [`FileEnv`] tracks, fixture builds' included (their
-/// build-time environments have no watchdog of their own), for
-/// [`tear_down_everything`].
-static ALL_LIVE: Mutex<Vec<Weak<dyn LiveResource>>> = Mutex::new(Vec::new());
+/// Every live resource of one run, fixture builds' included (their
+/// build-time environments have no watchdog of their own), so an interrupt
+/// can tear them all down at once. One per run, shared by each of its
+/// [`FileEnv`]s (and handed on to the environments derived from them); no
+/// process-wide list.
+#[derive(Clone, Default)]
+pub struct RunResources(Arc<Mutex<Vec<Weak<dyn LiveResource>>>>);
 
-/// Tear down every live resource of the run (the run was interrupted).
-pub fn tear_down_everything() {
-    let live: Vec<Arc<dyn LiveResource>> = ALL_LIVE
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .filter_map(Weak::upgrade)
-        .collect();
-    for r in live {
-        r.teardown();
+impl std::fmt::Debug for RunResources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0.lock().map_or(0, |l| l.len());
+        write!(f, "RunResources({n} tracked)")
+    }
+}
+
+impl RunResources {
+    fn track(&self, r: Weak<dyn LiveResource>) {
+        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        all.retain(|w| w.strong_count() > 0);
+        all.push(r);
+    }
+
+    /// Tear down every live resource of the run (the run was interrupted).
+    pub fn tear_down_all(&self) {
+        let live: Vec<Arc<dyn LiveResource>> = self
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for r in live {
+            r.teardown();
+        }
     }
 }
 
@@ -105,6 +127,19 @@ impl CancelReason {
     }
 }
 
+/// What the runner's own calls can fail with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RunnerError {
+    /// The watchdog cancelled the file's work (a timeout or a signal); the
+    /// message says which, and what was torn down.
+    #[error("{}", .0.message())]
+    Cancelled(CancelReason),
+    /// Cancelled, but the reason was cleared in between (the next test
+    /// already started).
+    #[error("cancelled")]
+    CancelledWithoutReason,
+}
+
 /// Everything one file's Lua state needs from the run.
 pub struct FileEnv {
     /// Test-root-relative path (shown in output and events).
@@ -117,6 +152,8 @@ pub struct FileEnv {
     /// The run seed: every bridge's drop pattern derives from it (and the
     /// bridge name), so the same seed reproduces the same drops.
     pub run_seed: u64,
+    /// The run's resources, which this file's join.
+    run_resources: RunResources,
     cancelled: AtomicBool,
     cancel_reason: Mutex<Option<CancelReason>>,
     live: Mutex<Vec<Weak<dyn LiveResource>>>,
@@ -141,6 +178,7 @@ impl FileEnv {
             backend,
             events,
             run_seed: 0,
+            run_resources: RunResources::default(),
             cancelled: AtomicBool::new(false),
             cancel_reason: Mutex::new(None),
             live: Mutex::new(Vec::new()),
@@ -152,6 +190,19 @@ impl FileEnv {
     pub fn with_run_seed(mut self, seed: u64) -> Self {
         self.run_seed = seed;
         self
+    }
+
+    /// Joins the run's resources (see [`RunResources`]); without it the
+    /// file's resources are its own.
+    pub fn with_run_resources(mut self, resources: RunResources) -> Self {
+        self.run_resources = resources;
+        self
+    }
+
+    /// The run's resources, for an environment derived from this one (a
+    /// fixture build's).
+    pub fn run_resources(&self) -> &RunResources {
+        &self.run_resources
     }
 
     /// Register something to auto-close at the end of the current scope.
@@ -187,11 +238,7 @@ impl FileEnv {
 
     /// Register a resource for watchdog teardown and console excerpts.
     pub fn track(&self, r: Weak<dyn LiveResource>) {
-        {
-            let mut all = ALL_LIVE.lock().unwrap_or_else(|p| p.into_inner());
-            all.retain(|w| w.strong_count() > 0);
-            all.push(r.clone());
-        }
+        self.run_resources.track(r.clone());
         let mut live = self.live.lock().unwrap();
         live.retain(|w| w.strong_count() > 0);
         live.push(r);
@@ -226,20 +273,19 @@ impl FileEnv {
         self.cancel_reason.lock().unwrap().clone()
     }
 
-    /// An error to raise in Lua when the watchdog fired.
-    pub fn check_cancelled(&self) -> mlua::Result<()> {
+    /// [`RunnerError::Cancelled`] once the watchdog fired, for calls to
+    /// stop at (the Lua layer raises it as a Lua error).
+    pub fn check_cancelled(&self) -> Result<(), RunnerError> {
         if self.cancelled.load(Ordering::SeqCst) {
-            let msg = self
+            return Err(self
                 .cancel_reason()
-                .map(|r| r.message())
-                .unwrap_or_else(|| "cancelled".into());
-            return Err(mlua::Error::runtime(msg));
+                .map_or(RunnerError::CancelledWithoutReason, RunnerError::Cancelled));
         }
         Ok(())
     }
 
     /// Sleep that wakes early (with an error) when the watchdog fires.
-    pub fn sleep(&self, d: Duration) -> mlua::Result<()> {
+    pub fn sleep(&self, d: Duration) -> Result<(), RunnerError> {
         let end = Instant::now() + d;
         loop {
             self.check_cancelled()?;
@@ -249,5 +295,70 @@ impl FileEnv {
             }
             std::thread::sleep((end - now).min(Duration::from_millis(20)));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// Counts its teardowns.
+    #[derive(Default)]
+    struct Counted(AtomicUsize);
+    impl LiveResource for Counted {
+        fn teardown(&self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+        fn console_excerpt(&self) -> Option<String> {
+            None
+        }
+    }
+
+    fn env(resources: &RunResources) -> FileEnv {
+        FileEnv::new(
+            "f.test.lua".into(),
+            "/f.test.lua".into(),
+            vec![],
+            Arc::new(Config::defaults(
+                std::path::Path::new("/"),
+                &Default::default(),
+            )),
+            BackendKind::Local,
+            EventSender::disabled(),
+        )
+        .with_run_resources(resources.clone())
+    }
+
+    #[test]
+    fn a_run_tears_down_only_its_own_resources() {
+        let (ours, theirs) = (RunResources::default(), RunResources::default());
+        let a = Arc::new(Counted::default());
+        let b = Arc::new(Counted::default());
+        let a_dyn: Arc<dyn LiveResource> = a.clone();
+        let b_dyn: Arc<dyn LiveResource> = b.clone();
+        env(&ours).track(Arc::downgrade(&a_dyn));
+        env(&theirs).track(Arc::downgrade(&b_dyn));
+        ours.tear_down_all();
+        assert_eq!(a.0.load(Ordering::SeqCst), 1);
+        assert_eq!(b.0.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn cancelling_raises_the_reason_until_cleared() {
+        let e = env(&RunResources::default());
+        assert_eq!(e.check_cancelled(), Ok(()));
+        e.cancel(CancelReason::FileTimeout(Duration::from_secs(2)));
+        let err = e.check_cancelled().unwrap_err();
+        assert_eq!(err.to_string(), "file timed out after 2.000s (--timeout)");
+        assert!(
+            e.sleep(Duration::from_secs(60)).is_err(),
+            "sleep wakes early"
+        );
+        assert_eq!(
+            e.clear_cancel(),
+            Some(CancelReason::FileTimeout(Duration::from_secs(2)))
+        );
+        assert_eq!(e.check_cancelled(), Ok(()));
     }
 }

@@ -1,37 +1,12 @@
-//! What a file run produces: one [`FileOutcome`] with a [`TestOutcome`] per test.
+//! What a file run produces: one [`FileOutcome`] with a [`TestReport`] per
+//! test; reporters get it as a `FileReport`, its status decided.
 
 use std::time::Duration;
 
 use provium_protocol::event::FileStatus;
-use provium_protocol::meta::MetaMap;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TestStatus {
-    Passed,
-    Failed,
-    Skipped,
-}
-
-impl TestStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TestStatus::Passed => "passed",
-            TestStatus::Failed => "failed",
-            TestStatus::Skipped => "skipped",
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct TestOutcome {
-    pub name: String,
-    pub status: TestStatus,
-    /// Failure message or skip reason.
-    pub message: Option<String>,
-    pub log: Vec<String>,
-    pub duration: Duration,
-    pub meta: MetaMap,
-}
+use crate::events::FileReport;
+pub use crate::events::{TestReport, TestStatus};
 
 #[derive(Debug, Clone)]
 pub struct FileOutcome {
@@ -44,7 +19,7 @@ pub struct FileOutcome {
     pub chunk_error: Option<String>,
     /// The runner itself failed (panic, infrastructure error).
     pub crashed: Option<String>,
-    pub tests: Vec<TestOutcome>,
+    pub tests: Vec<TestReport>,
     pub duration: Duration,
 }
 
@@ -61,6 +36,20 @@ impl FileOutcome {
             && self.count(TestStatus::Failed) == 0
     }
 
+    /// What reporters render of this file: its decided status, errors and
+    /// tests.
+    pub fn report(&self) -> FileReport {
+        FileReport {
+            path: self.path.clone(),
+            status: self.status(),
+            timed_out: self.timed_out,
+            chunk_error: self.chunk_error.clone(),
+            crash: self.crashed.clone(),
+            tests: self.tests.clone(),
+            duration: self.duration,
+        }
+    }
+
     pub fn status(&self) -> FileStatus {
         if self.crashed.is_some() {
             FileStatus::Crashed
@@ -71,5 +60,51 @@ impl FileOutcome {
         } else {
             FileStatus::Failed
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use provium_protocol::meta::MetaMap;
+
+    fn file(tests: &[TestStatus]) -> FileOutcome {
+        FileOutcome {
+            path: "a.test.lua".into(),
+            abs_path: "/t/a.test.lua".into(),
+            timed_out: false,
+            chunk_error: None,
+            crashed: None,
+            tests: tests
+                .iter()
+                .map(|&status| TestReport {
+                    name: status.as_str().into(),
+                    status,
+                    message: None,
+                    log: vec![],
+                    duration: Duration::ZERO,
+                    meta: MetaMap::default(),
+                })
+                .collect(),
+            duration: Duration::from_millis(5),
+        }
+    }
+
+    #[test]
+    fn a_crash_outranks_a_timeout_and_a_failure_fails_the_file() {
+        assert_eq!(file(&[TestStatus::Passed]).status(), FileStatus::Passed);
+        assert_eq!(
+            file(&[TestStatus::Passed, TestStatus::Failed]).status(),
+            FileStatus::Failed
+        );
+        let mut f = file(&[TestStatus::Skipped]);
+        f.timed_out = true;
+        assert_eq!(f.status(), FileStatus::TimedOut);
+        f.crashed = Some("panic".into());
+        assert_eq!(f.status(), FileStatus::Crashed);
+        let r = f.report();
+        assert!(r.timed_out && !r.passed());
+        assert_eq!(r.status, FileStatus::Crashed);
+        assert_eq!(r.count(TestStatus::Skipped), 1);
     }
 }

@@ -1,0 +1,541 @@
+//! The dispatcher owns the run's state: the queue, the pool, each running
+//! file's reservation, PSI and cancellation. Files run in FIFO order
+//! against a pool of memory and vCPUs. Each file reserves the runner
+//! overhead plus its declared claim; a file that does not fit waits
+//! (`file_blocked`), and `pool_state` is emitted once a second. Executors
+//! report back through [`ExecutorMessage`]; the dispatcher is the only
+//! caller of the reporters.
+//!
+//! Where guest kernel code is emulated (kvm_pvm, DESIGN.md "This machine's
+//! KVM") a VM needs a host core to itself: two emulated VMs on one core
+//! each run at half speed, and a booting kernel that slow misses every
+//! timeout. There the dispatcher also counts VMs against
+//! `emulated_vm_slots` (one per host core), and a file that would exceed
+//! them waits with `file_blocked` reason `emulated_vm_slots`.
+
+use std::collections::VecDeque;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use provium_protocol::event::{
+    Event, FileBlocked, FileCompleted, FileDispatched, PoolState, ResourceAmount,
+};
+
+use super::executor::{self, ExecutorContext};
+use super::messages::{ExecutorMessage, Reservation};
+use crate::events::{EventSender, RunEvent};
+use crate::report::{ReportError, Reporter};
+use crate::runner::outcome::FileOutcome;
+use crate::runner::{interrupt, FileEnv, RunResources};
+
+/// What running one file costs besides its claim (the reference's per-file
+/// default: a Lua state and a thread, no vCPU).
+pub const RUNNER_OVERHEAD: ResourceAmount = ResourceAmount {
+    memory_bytes: 50 << 20,
+    cpus: 0,
+};
+
+/// Some-pressure (avg10, percent) above which new dispatches pause.
+pub const PSI_THRESHOLD: f64 = 10.0;
+
+/// The `file_blocked` reason for a file that waits for a host core for each
+/// of its VMs (emulated kvm only).
+pub const EMULATED_VM_SLOTS_REASON: &str = "emulated_vm_slots";
+
+/// How often `pool_state` is emitted while files run.
+const POOL_STATE_EVERY: Duration = Duration::from_secs(1);
+
+/// How long the dispatcher waits for an executor before it looks at the
+/// interrupt flag and the pool again.
+const DISPATCH_TICK: Duration = Duration::from_millis(250);
+
+/// Where pressure readings come from: the kernel's PSI files, or a test's.
+pub trait Pressure: Send {
+    /// `true` when the host is too loaded to start another file.
+    fn high(&mut self) -> bool;
+}
+
+/// `/proc/pressure/{cpu,memory}`, read at most once a second.
+pub struct PsiMonitor {
+    dir: std::path::PathBuf,
+    last_read: Option<Instant>,
+    high: bool,
+}
+
+impl PsiMonitor {
+    pub fn new(dir: impl Into<std::path::PathBuf>) -> Self {
+        PsiMonitor {
+            dir: dir.into(),
+            last_read: None,
+            high: false,
+        }
+    }
+
+    /// The `some avg10=` value of one PSI file, if present.
+    pub fn some_avg10(text: &str) -> Option<f64> {
+        let line = text.lines().find(|l| l.starts_with("some "))?;
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix("avg10=")?.parse().ok())
+    }
+}
+
+impl Pressure for PsiMonitor {
+    fn high(&mut self) -> bool {
+        if self
+            .last_read
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+        {
+            self.last_read = Some(Instant::now());
+            // Hosts without PSI never throttle.
+            self.high = ["cpu", "memory"].iter().any(|f| {
+                std::fs::read_to_string(self.dir.join(f))
+                    .ok()
+                    .and_then(|t| Self::some_avg10(&t))
+                    .is_some_and(|v| v > PSI_THRESHOLD)
+            });
+        }
+        self.high
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct DispatcherOptions {
+    pub pool: ResourceAmount,
+    pub fail_fast: bool,
+    /// Host cores for emulated VMs: `Some(n)` where each running VM needs a
+    /// core to itself (the kvm backend on kvm_pvm), `None` elsewhere.
+    pub emulated_vm_slots: Option<u32>,
+    /// When the run began (the summary's elapsed time counts from here).
+    pub run_started: Instant,
+    /// Every live resource of the run, torn down on a signal.
+    pub run_resources: RunResources,
+}
+
+/// One file to run.
+pub struct Job {
+    pub env: Arc<FileEnv>,
+    pub claim: Option<ResourceAmount>,
+    /// The VMs the file creates (`discover::vm_estimate`).
+    pub vms: u32,
+}
+
+/// What the run produced.
+#[derive(Debug)]
+pub struct RunSummary {
+    /// In completion order.
+    pub outcomes: Vec<FileOutcome>,
+    /// The first reporter error (the run itself went on).
+    pub report_error: Option<ReportError>,
+}
+
+fn add(a: ResourceAmount, b: ResourceAmount) -> ResourceAmount {
+    ResourceAmount {
+        memory_bytes: a.memory_bytes + b.memory_bytes,
+        cpus: a.cpus + b.cpus,
+    }
+}
+
+fn sub(a: ResourceAmount, b: ResourceAmount) -> ResourceAmount {
+    ResourceAmount {
+        memory_bytes: a.memory_bytes.saturating_sub(b.memory_bytes),
+        cpus: a.cpus.saturating_sub(b.cpus),
+    }
+}
+
+fn fits(used: ResourceAmount, want: ResourceAmount, pool: ResourceAmount) -> bool {
+    used.memory_bytes + want.memory_bytes <= pool.memory_bytes && used.cpus + want.cpus <= pool.cpus
+}
+
+/// The run's state between messages.
+pub struct Dispatcher<'a> {
+    opts: DispatcherOptions,
+    executor: ExecutorContext,
+    events: EventSender,
+    pressure: &'a mut dyn Pressure,
+    reporter: &'a mut dyn Reporter,
+    queue: VecDeque<Job>,
+    used: Reservation,
+    running: usize,
+    outcomes: Vec<FileOutcome>,
+    report_error: Option<ReportError>,
+    /// The (file, reason) last announced as blocked, so a wait is said once.
+    blocked_reported: Option<(String, &'static str)>,
+    /// No new files: `--fail-fast` saw a failure, or the run was interrupted.
+    stop: bool,
+    interrupted: bool,
+}
+
+impl<'a> Dispatcher<'a> {
+    pub fn new(
+        opts: DispatcherOptions,
+        executor: ExecutorContext,
+        events: EventSender,
+        pressure: &'a mut dyn Pressure,
+        reporter: &'a mut dyn Reporter,
+    ) -> Self {
+        Dispatcher {
+            opts,
+            executor,
+            events,
+            pressure,
+            reporter,
+            queue: VecDeque::new(),
+            used: Reservation::default(),
+            running: 0,
+            outcomes: Vec::new(),
+            report_error: None,
+            blocked_reported: None,
+            stop: false,
+            interrupted: false,
+        }
+    }
+
+    /// Run every job; returns the outcomes in completion order.
+    pub fn run(mut self, jobs: Vec<Job>) -> RunSummary {
+        self.report(RunEvent::RunStarted {
+            file_count: jobs.len(),
+        });
+        self.queue = jobs.into();
+        let (tx, rx) = mpsc::channel::<ExecutorMessage>();
+        let mut last_pool_state = Instant::now() - POOL_STATE_EVERY;
+        loop {
+            self.check_interrupt();
+            self.dispatch_what_fits(&tx);
+            if self.running == 0 && (self.queue.is_empty() || self.stop) {
+                break;
+            }
+            if last_pool_state.elapsed() >= POOL_STATE_EVERY {
+                self.events.emit(Event::PoolState(PoolState {
+                    used: self.used.resources,
+                    available: sub(self.opts.pool, self.used.resources),
+                }));
+                last_pool_state = Instant::now();
+            }
+            match rx.recv_timeout(DISPATCH_TICK) {
+                Ok(message) => self.handle(message),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        self.report(RunEvent::RunFinished {
+            elapsed: self.opts.run_started.elapsed(),
+        });
+        RunSummary {
+            outcomes: self.outcomes,
+            report_error: self.report_error,
+        }
+    }
+
+    fn report(&mut self, event: RunEvent) {
+        if let Err(e) = self.reporter.report(&event) {
+            self.report_error.get_or_insert(e);
+        }
+    }
+
+    /// SIGINT/SIGTERM: no new files; the running ones stop (their
+    /// watchdogs cancel them) and report.
+    fn check_interrupt(&mut self) {
+        if interrupt::received().is_some() && !self.interrupted {
+            self.stop = true;
+            self.interrupted = true;
+            // Fixture builds' VMs too, which no file's watchdog tracks.
+            self.opts.run_resources.tear_down_all();
+        }
+    }
+
+    /// Why the queue's head must wait, if it must.
+    fn wait_reason(&mut self, want: ResourceAmount, want_vm_slots: u32) -> Option<&'static str> {
+        // A file bigger than the whole pool still runs, alone; pressure
+        // pauses new dispatches only while something else is running
+        // (load from outside Provium must not stall the run forever).
+        let slots_free = self
+            .opts
+            .emulated_vm_slots
+            .is_none_or(|slots| self.used.emulated_vm_slots + want_vm_slots <= slots);
+        if !(fits(self.used.resources, want, self.opts.pool) || self.running == 0) {
+            Some("pool_full")
+        } else if !slots_free && self.running > 0 {
+            Some(EMULATED_VM_SLOTS_REASON)
+        } else if self.running > 0 && self.opts.emulated_vm_slots.is_none() && self.pressure.high()
+        {
+            // (With emulated VMs the slots are the CPU gate: each running
+            // VM keeps its core 100 % busy by design, so CPU pressure is
+            // always high and would serialise every file.)
+            Some("psi_pressure")
+        } else {
+            None
+        }
+    }
+
+    /// Dispatch as many queued files as fit, in order.
+    fn dispatch_what_fits(&mut self, tx: &mpsc::Sender<ExecutorMessage>) {
+        while !self.stop {
+            let Some(job) = self.queue.front() else {
+                return;
+            };
+            let want = add(RUNNER_OVERHEAD, job.claim.unwrap_or_default());
+            let want_vm_slots = self
+                .opts
+                .emulated_vm_slots
+                .map_or(0, |slots| job.vms.min(slots));
+            let path = job.env.rel_path.clone();
+            if let Some(reason) = self.wait_reason(want, want_vm_slots) {
+                let key = (path, reason);
+                if self.blocked_reported.as_ref() != Some(&key) {
+                    self.events.emit(Event::FileBlocked(FileBlocked {
+                        path: key.0.clone(),
+                        waiting_for: want,
+                        reason: reason.into(),
+                    }));
+                    self.blocked_reported = Some(key);
+                }
+                return;
+            }
+            let job = self
+                .queue
+                .pop_front()
+                .expect("the queue's front was just read");
+            let reservation = Reservation {
+                resources: want,
+                emulated_vm_slots: want_vm_slots,
+            };
+            self.used = Reservation {
+                resources: add(self.used.resources, want),
+                emulated_vm_slots: self.used.emulated_vm_slots + want_vm_slots,
+            };
+            self.running += 1;
+            self.events.emit(Event::FileDispatched(FileDispatched {
+                path: path.clone(),
+                reservation: want,
+            }));
+            self.report(RunEvent::FileStarted { path });
+            executor::spawn(job.env, reservation, self.executor.clone(), tx.clone());
+        }
+    }
+
+    fn handle(&mut self, message: ExecutorMessage) {
+        match message {
+            ExecutorMessage::FileFinished {
+                outcome,
+                reservation,
+            } => {
+                self.used = Reservation {
+                    resources: sub(self.used.resources, reservation.resources),
+                    emulated_vm_slots: self.used.emulated_vm_slots - reservation.emulated_vm_slots,
+                };
+                self.running -= 1;
+                self.events.emit(Event::FileCompleted(FileCompleted {
+                    path: outcome.path.clone(),
+                    status: outcome.status(),
+                    duration_ns: outcome.duration.as_nanos() as u64,
+                }));
+                if self.opts.fail_fast && !outcome.passed() {
+                    self.stop = true;
+                }
+                self.report(RunEvent::FileFinished(outcome.report()));
+                self.outcomes.push(outcome);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::events::EventBus;
+    use crate::runner::BackendKind;
+    use crate::scheduler::test_utils::{passed, Scripted, ScriptedFactory};
+
+    /// docs/harness.md states the per-file reservation; it must be the code's.
+    #[test]
+    fn the_docs_state_the_per_file_reservation() {
+        let doc = include_str!("../../../docs/harness.md");
+        let text = doc.split_whitespace().collect::<Vec<_>>().join(" ");
+        let want = format!(
+            "Each file reserves {} MiB and {} vCPU",
+            RUNNER_OVERHEAD.memory_bytes >> 20,
+            RUNNER_OVERHEAD.cpus
+        );
+        assert!(text.contains(&want), "docs/harness.md must say: {want}");
+    }
+
+    struct Fixed(bool);
+    impl Pressure for Fixed {
+        fn high(&mut self) -> bool {
+            self.0
+        }
+    }
+
+    /// Records the events it is given.
+    #[derive(Default)]
+    struct Recorder(Vec<RunEvent>);
+    impl Reporter for Recorder {
+        fn report(&mut self, event: &RunEvent) -> Result<(), ReportError> {
+            self.0.push(event.clone());
+            Ok(())
+        }
+    }
+
+    fn jobs(
+        dir: &std::path::Path,
+        n: usize,
+        claim: Option<ResourceAmount>,
+        events: &EventSender,
+    ) -> Vec<Job> {
+        (0..n)
+            .map(|i| {
+                let p = dir.join(format!("f{i}.test.lua"));
+                let env = FileEnv::new(
+                    format!("f{i}.test.lua"),
+                    p,
+                    vec![],
+                    Arc::new(Config::defaults(dir, &Default::default())),
+                    BackendKind::Local,
+                    events.clone(),
+                );
+                Job {
+                    env: Arc::new(env),
+                    claim,
+                    vms: 1,
+                }
+            })
+            .collect()
+    }
+
+    fn blocked_reasons(kept: &[provium_protocol::EventFrame]) -> Vec<String> {
+        kept.iter()
+            .filter_map(|f| match &f.event {
+                Event::FileBlocked(b) => Some(b.reason.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn run(
+        n: usize,
+        claim: Option<ResourceAmount>,
+        pool: ResourceAmount,
+        high: bool,
+    ) -> Vec<String> {
+        run_with_slots(n, claim, pool, high, None)
+    }
+
+    fn run_with_slots(
+        n: usize,
+        claim: Option<ResourceAmount>,
+        pool: ResourceAmount,
+        high: bool,
+        emulated_vm_slots: Option<u32>,
+    ) -> Vec<String> {
+        let dir = tempfile::tempdir().unwrap();
+        let bus = EventBus::start(None, false, None, true).unwrap();
+        let events = bus.sender();
+        let opts = DispatcherOptions {
+            pool,
+            fail_fast: false,
+            emulated_vm_slots,
+            run_started: Instant::now(),
+            run_resources: RunResources::default(),
+        };
+        let executor = ExecutorContext {
+            filter: Arc::default(),
+            file_timeout: None,
+            // Long enough for files to overlap, so the pool fills.
+            runtimes: Arc::new(ScriptedFactory::every_file(Scripted {
+                run_time: Duration::from_millis(50),
+                ..Scripted::new(&["t"], vec![passed()])
+            })),
+        };
+        let mut recorder = Recorder::default();
+        let out = Dispatcher::new(
+            opts,
+            executor,
+            events.clone(),
+            &mut Fixed(high),
+            &mut recorder,
+        )
+        .run(jobs(dir.path(), n, claim, &events));
+        assert_eq!(out.outcomes.len(), n);
+        assert!(out.outcomes.iter().all(|o| o.passed()));
+        assert!(out.report_error.is_none());
+        // Reporters hear of every file, between the run's start and end.
+        let r = &recorder.0;
+        assert_eq!(r.first(), Some(&RunEvent::RunStarted { file_count: n }));
+        assert!(matches!(r.last(), Some(RunEvent::RunFinished { .. })));
+        let started = r
+            .iter()
+            .filter(|e| matches!(e, RunEvent::FileStarted { .. }))
+            .count();
+        let finished = r
+            .iter()
+            .filter(|e| matches!(e, RunEvent::FileFinished(f) if f.passed()))
+            .count();
+        assert_eq!((started, finished), (n, n));
+        drop(events);
+        blocked_reasons(&bus.finish().unwrap())
+    }
+
+    #[test]
+    fn parses_psi_lines() {
+        let text = "some avg10=12.50 avg60=1.00 avg300=0.00 total=1\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n";
+        assert_eq!(PsiMonitor::some_avg10(text), Some(12.5));
+        assert_eq!(PsiMonitor::some_avg10("garbage"), None);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("cpu"), text).unwrap();
+        assert!(PsiMonitor::new(dir.path()).high());
+        assert!(!PsiMonitor::new(dir.path().join("absent")).high());
+    }
+
+    #[test]
+    fn emulated_vms_get_a_host_core_each() {
+        let pool = ResourceAmount {
+            memory_bytes: 64 << 30,
+            cpus: 64,
+        };
+        // Three one-VM files, two cores: the third waits for a slot, and
+        // says so; the roomy pool never blocks anything.
+        let reasons = run_with_slots(3, None, pool, false, Some(2));
+        assert!(
+            !reasons.is_empty() && reasons.iter().all(|r| r == EMULATED_VM_SLOTS_REASON),
+            "{reasons:?}"
+        );
+        // Without slots (hardware KVM, local) all three go at once.
+        assert!(run_with_slots(3, None, pool, false, None).is_empty());
+        // One slot: every file waits for the one before it, but all run.
+        let reasons = run_with_slots(3, None, pool, false, Some(1));
+        assert!(!reasons.is_empty(), "{reasons:?}");
+        // CPU pressure (which emulated VMs cause themselves) does not
+        // serialise files that have a slot each.
+        assert!(run_with_slots(2, None, pool, true, Some(2)).is_empty());
+    }
+
+    #[test]
+    fn a_full_pool_blocks_in_fifo_order() {
+        let claim = ResourceAmount {
+            memory_bytes: 1 << 30,
+            cpus: 2,
+        };
+        let pool = ResourceAmount {
+            memory_bytes: 3 << 30,
+            cpus: 2,
+        };
+        let reasons = run(3, Some(claim), pool, false);
+        assert!(
+            !reasons.is_empty() && reasons.iter().all(|r| r == "pool_full"),
+            "{reasons:?}"
+        );
+    }
+
+    #[test]
+    fn pressure_pauses_new_dispatches_but_never_stalls() {
+        let pool = ResourceAmount {
+            memory_bytes: 8 << 30,
+            cpus: 8,
+        };
+        let reasons = run(3, None, pool, true);
+        assert!(reasons.iter().any(|r| r == "psi_pressure"), "{reasons:?}");
+        assert!(run(3, None, pool, false).is_empty());
+    }
+}

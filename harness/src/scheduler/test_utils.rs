@@ -1,0 +1,147 @@
+//! Test doubles for the scheduler: a scripted [`FileRuntime`] and the
+//! factory that hands it out, so the dispatcher and executor are tested
+//! without Lua.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use provium_protocol::meta::MetaMap;
+
+use crate::runner::file::{
+    FileRuntime, FileRuntimeFactory, LoadFailure, LoadedFile, RuntimeSetupError, TestRun,
+};
+use crate::runner::outcome::TestStatus;
+use crate::runner::FileEnv;
+
+/// A runtime whose tests return what the script says; an `Err` run panics
+/// with its text.
+#[derive(Clone)]
+pub struct Scripted {
+    pub load: Result<LoadedFile, LoadFailure>,
+    pub runs: Vec<Result<TestRun, &'static str>>,
+    /// How long each test body takes.
+    pub run_time: Duration,
+    pub leave_fails: bool,
+    /// Set by `close_all`.
+    pub closed: Arc<AtomicBool>,
+}
+
+impl Scripted {
+    /// Tests `names`, running `runs` in order.
+    pub fn new(names: &[&str], runs: Vec<Result<TestRun, &'static str>>) -> Self {
+        Scripted {
+            load: Ok(LoadedFile {
+                test_names: names.iter().map(|n| n.to_string()).collect(),
+                todo: None,
+            }),
+            runs,
+            run_time: Duration::ZERO,
+            leave_fails: false,
+            closed: Arc::default(),
+        }
+    }
+}
+
+/// A passing run that logged `hello`.
+pub fn passed() -> Result<TestRun, &'static str> {
+    Ok(TestRun {
+        status: TestStatus::Passed,
+        message: None,
+        log: vec!["hello".into()],
+    })
+}
+
+impl FileRuntime for Scripted {
+    fn load(&mut self) -> Result<LoadedFile, LoadFailure> {
+        self.load.clone()
+    }
+    fn test_meta(&self, _: usize) -> MetaMap {
+        MetaMap::default()
+    }
+    fn test_timeout(&self, _: usize) -> Result<Option<Duration>, String> {
+        Ok(None)
+    }
+    fn enter_test_scope(&mut self) {}
+    fn run_test(&self, index: usize) -> Result<TestRun, String> {
+        std::thread::sleep(self.run_time);
+        match &self.runs[index] {
+            Ok(r) => Ok(r.clone()),
+            Err(panic) => panic!("{panic}"),
+        }
+    }
+    fn leave_test_scope(&mut self) -> Result<(), String> {
+        if self.leave_fails {
+            Err("closing vm `a` failed".into())
+        } else {
+            Ok(())
+        }
+    }
+    fn restore_between_tests(&self) -> Result<(), String> {
+        Ok(())
+    }
+    fn close_all(&mut self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Hands out one [`Scripted`] per file: the same script every time
+/// (`every_file`), or one script once (`once`); none left is a setup error.
+pub struct ScriptedFactory {
+    script: Mutex<Option<Scripted>>,
+    reuse: bool,
+}
+
+impl ScriptedFactory {
+    pub fn every_file(script: Scripted) -> Self {
+        ScriptedFactory {
+            script: Mutex::new(Some(script)),
+            reuse: true,
+        }
+    }
+
+    pub fn once(script: Option<Scripted>) -> Self {
+        ScriptedFactory {
+            script: Mutex::new(script),
+            reuse: false,
+        }
+    }
+}
+
+impl FileRuntimeFactory for ScriptedFactory {
+    fn open(&self, _: Arc<FileEnv>) -> Result<Box<dyn FileRuntime>, RuntimeSetupError> {
+        let mut slot = self.script.lock().unwrap();
+        let script = if self.reuse {
+            slot.clone()
+        } else {
+            slot.take()
+        };
+        match script {
+            Some(s) => Ok(Box::new(s)),
+            None => Err(RuntimeSetupError("no more runtimes".into())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_once_factory_runs_out() {
+        let f = ScriptedFactory::once(Some(Scripted::new(&[], vec![])));
+        let env = Arc::new(FileEnv::new(
+            "f".into(),
+            "/f".into(),
+            vec![],
+            Arc::new(crate::config::Config::defaults(
+                std::path::Path::new("/"),
+                &Default::default(),
+            )),
+            crate::runner::BackendKind::Local,
+            crate::events::EventSender::disabled(),
+        ));
+        assert!(f.open(env.clone()).is_ok());
+        assert!(f.open(env).is_err());
+    }
+}
