@@ -106,17 +106,30 @@ impl Project {
         cmd.spawn().unwrap()
     }
 
-    fn names(&self, rel: &str) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(self.path(rel))
-            .map(|d| {
-                d.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.sort();
-        v
+    /// The fixture cache's lock files (`locks`), or all its other files.
+    fn cache_files(&self, locks: bool) -> Vec<String> {
+        self.names("cache")
+            .into_iter()
+            .filter(|n| n.ends_with(".lock") == locks)
+            .collect()
     }
+
+    fn names(&self, rel: &str) -> Vec<String> {
+        sorted_names(&self.path(rel))
+    }
+}
+
+/// The names in directory `dir`, sorted; none if it cannot be read.
+fn sorted_names(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
 }
 
 fn mounts() -> Vec<String> {
@@ -171,13 +184,13 @@ fn kill_and_check(p: &Project, mut child: Child, mounts_before: &[String]) {
     // No cache entry, partial or whole: only lock files (and temporaries of
     // the dead writer, which the next run sweeps).
     let entries: Vec<String> = p
-        .names("cache")
+        .cache_files(false)
         .into_iter()
-        .filter(|n| !n.ends_with(".lock") && !n.starts_with('.'))
+        .filter(|n| !n.starts_with('.'))
         .collect();
     assert_eq!(entries, Vec::<String>::new(), "cache entry after SIGKILL");
     // No stale lock: every lock can be taken at once.
-    for n in p.names("cache").iter().filter(|n| n.ends_with(".lock")) {
+    for n in &p.cache_files(true) {
         let f = std::fs::File::open(p.path("cache").join(n)).unwrap();
         // SAFETY: flock on a descriptor we own.
         let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
@@ -197,11 +210,7 @@ fn next_run_is_clean(p: &Project, killed_pid: u32) {
         Some(0),
         "stdout:\n{stdout}\nstderr:\n{stderr}"
     );
-    let entries: Vec<String> = p
-        .names("cache")
-        .into_iter()
-        .filter(|n| !n.ends_with(".lock"))
-        .collect();
+    let entries: Vec<String> = p.cache_files(false);
     assert_eq!(entries.len(), 1, "one installed entry: {entries:?}");
     assert!(!entries[0].starts_with('.'), "{entries:?}");
     let dead = format!("-{killed_pid}-");
@@ -390,18 +399,10 @@ fn processes_in(dir: &std::path::Path) -> Vec<u32> {
 
 /// The host's network devices and named network namespaces.
 fn network_state() -> (Vec<String>, Vec<String>) {
-    let names = |dir: &str| {
-        let mut v: Vec<String> = std::fs::read_dir(dir)
-            .map(|d| {
-                d.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.sort();
-        v
-    };
-    (names("/sys/class/net"), names("/run/netns"))
+    (
+        sorted_names("/sys/class/net".as_ref()),
+        sorted_names("/run/netns".as_ref()),
+    )
 }
 
 /// Spawns a kvm run, waits until its VM's vCPU exists, lets the boot run
@@ -421,11 +422,7 @@ fn kill_kvm_boot(p: &Project, into_boot: Duration) -> (u32, String) {
         "the run ended within {into_boot:?} of the VM's spawn: no boot to kill"
     );
     // The build holds the fixture's lock while its VM boots.
-    let locks: Vec<String> = p
-        .names("cache")
-        .into_iter()
-        .filter(|n| n.ends_with(".lock"))
-        .collect();
+    let locks: Vec<String> = p.cache_files(true);
     assert_eq!(locks.len(), 1, "one build lock: {locks:?}");
     let lock = std::fs::File::open(p.path("cache").join(&locks[0])).unwrap();
     // SAFETY: flock on a descriptor we own.
@@ -449,11 +446,7 @@ fn kill_kvm_boot(p: &Project, into_boot: Duration) -> (u32, String) {
     );
     // Killed before any snapshot: not even a temporary in the fixture
     // cache (only lock files) or the temp directory.
-    let cache: Vec<String> = p
-        .names("cache")
-        .into_iter()
-        .filter(|n| !n.ends_with(".lock"))
-        .collect();
+    let cache: Vec<String> = p.cache_files(false);
     assert_eq!(cache, Vec::<String>::new(), "fixture cache after SIGKILL");
     assert_eq!(
         p.names("tmp"),

@@ -96,6 +96,21 @@ fn send(a: &mut Asm, op: u32, len: u32) {
     a.call("vs_send");
 }
 
+/// Emits the take of the next packet the device put in RX (RDI = the RX
+/// queue page): jumps to `none` when there is none, else counts it taken
+/// and leaves its buffer's address in EAX.
+fn take_rx(a: &mut Asm, none: &'static str) {
+    a.movzx_r32_mem16(Reg::Rax, Reg::Rdi, USED + 2);
+    a.cmp_r16_mem(Reg::Rax, Reg::Rdi, RX_TAKEN);
+    a.jcc(Cond::Z, none);
+    a.movzx_r32_mem16(Reg::Rax, Reg::Rdi, RX_TAKEN);
+    a.inc_word_mem(Reg::Rdi, RX_TAKEN);
+    // Heads 0-3 are used in turn: the buffer is the taken count mod 4.
+    a.and_r32_imm(Reg::Rax, 3);
+    a.shl_r32(Reg::Rax, 8);
+    a.add_r32_imm(Reg::Rax, RXBUF);
+}
+
 /// Emits the handlers (each ends with `jmp main_loop`).
 pub fn emit(a: &mut Asm) {
     // vs_send: EAX = op, EDX = payload length; sends `vs_pkt` on TX and
@@ -122,14 +137,7 @@ pub fn emit(a: &mut Asm) {
     a.mov_mem_ax(Reg::Rdi, AVAIL + 2);
     a.mov_mem_imm32(Reg::Rsi, 0x50, 0);
     a.label("vs_next_wait");
-    a.movzx_r32_mem16(Reg::Rax, Reg::Rdi, USED + 2);
-    a.cmp_r16_mem(Reg::Rax, Reg::Rdi, RX_TAKEN);
-    a.jcc(Cond::Z, "vs_next_wait");
-    a.movzx_r32_mem16(Reg::Rax, Reg::Rdi, RX_TAKEN);
-    a.inc_word_mem(Reg::Rdi, RX_TAKEN);
-    a.and_r32_imm(Reg::Rax, 3);
-    a.shl_r32(Reg::Rax, 8);
-    a.add_r32_imm(Reg::Rax, RXBUF);
+    take_rx(a, "vs_next_wait");
     a.push(Reg::Rax);
     // `<label><field of the header, hex>`; RBX = the buffer again after.
     for (label, field, wide) in [("s_vs_rx", OP, false), ("s_vs_port", DST_PORT, true)] {
@@ -300,14 +308,15 @@ fn flood(a: &mut Asm) {
     a.mov_r32_rip("vs_flood_seen", Reg::Rax);
     a.cmp_eax(FLOOD_CONNECTIONS);
     a.jcc(Cond::Nz, "vs_flood_wait");
-    a.lea_rip(Reg::Rbx, "s_vs_flood");
-    a.call("puts");
-    a.mov_r32_rip("vs_flood_resp", Reg::Rax);
-    a.call("puthex32");
-    a.lea_rip(Reg::Rbx, "s_vs_flood_rst");
-    a.call("puts");
-    a.mov_r32_rip("vs_flood_rst", Reg::Rax);
-    a.call("puthex32");
+    for (label, count) in [
+        ("s_vs_flood", "vs_flood_resp"),
+        ("s_vs_flood_rst", "vs_flood_rst"),
+    ] {
+        a.lea_rip(Reg::Rbx, label);
+        a.call("puts");
+        a.mov_r32_rip(count, Reg::Rax);
+        a.call("puthex32");
+    }
     a.mov_al(b'\n');
     a.call("putc");
     a.jmp("main_loop");
@@ -319,14 +328,7 @@ fn flood(a: &mut Asm) {
     a.label("vs_drain");
     a.mov_r32_imm(Reg::Rdi, RXQ);
     a.label("vs_drain_loop");
-    a.movzx_r32_mem16(Reg::Rax, Reg::Rdi, USED + 2);
-    a.cmp_r16_mem(Reg::Rax, Reg::Rdi, RX_TAKEN);
-    a.jcc(Cond::Z, "vs_drain_offer");
-    a.movzx_r32_mem16(Reg::Rax, Reg::Rdi, RX_TAKEN);
-    a.inc_word_mem(Reg::Rdi, RX_TAKEN);
-    a.and_r32_imm(Reg::Rax, 3);
-    a.shl_r32(Reg::Rax, 8);
-    a.add_r32_imm(Reg::Rax, RXBUF);
+    take_rx(a, "vs_drain_offer");
     a.movzx_r32_mem8(Reg::Rax, Reg::Rax, OP);
     a.inc_qword_rip("vs_flood_seen");
     a.cmp_al(OP_RESPONSE as u8);

@@ -16,6 +16,8 @@
 //! Needs /dev/kvm; with `PROVIUM_SKIP_KVM=1` on a machine without it, the
 //! test prints why it skipped and passes.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -64,12 +66,7 @@ fn vm_with_vsock(host: &VsockHost) -> Option<Vm> {
 }
 
 fn wait_console(vm: &Vm, needle: &str, count: usize) {
-    let c = vm.console();
-    assert!(
-        c.wait_for(needle.as_bytes(), count, WAIT),
-        "expected {needle:?} x{count} on the console within {WAIT:?}; log:\n{}",
-        c.log_string()
-    );
+    common::wait_console_within(vm, needle, count, WAIT);
 }
 
 /// Open descriptors of this process.
@@ -87,6 +84,14 @@ fn vm_hwm_kib() -> u64 {
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .expect("VmHWM in /proc/self/status")
+}
+
+/// `peak` is at most `before + allowed` descriptors (and `FD_SLACK`).
+fn assert_fds_within(peak: usize, before: usize, allowed: usize, what: &str) {
+    assert!(
+        peak <= before + allowed + FD_SLACK,
+        "{what}: peak {peak} descriptors, {before} before, {allowed} allowed"
+    );
 }
 
 /// Polls the descriptor count until stopped; the highest count seen.
@@ -169,6 +174,34 @@ fn flood(vm: &Vm, mode: u8, n: usize) -> (usize, usize) {
     (resp, rst)
 }
 
+/// Runs flood `n` in `mode` against a listener that does not accept:
+/// `LISTEN_BACKLOG` requests are answered OP_RESPONSE, the rest OP_RST, and
+/// the descriptors peak within `fds_per_waiting` per backlog slot. Returns
+/// the peak.
+fn backlog_flood(
+    vm: &Vm,
+    mode: u8,
+    n: usize,
+    sampler: &FdSampler,
+    fds_before: usize,
+    fds_per_waiting: usize,
+) -> usize {
+    let requests = usize::try_from(VSOCK_FLOOD_CONNECTIONS).expect("small");
+    assert_eq!(
+        flood(vm, mode, n),
+        (LISTEN_BACKLOG, requests - LISTEN_BACKLOG),
+        "the backlog's worth accepted, the rest refused"
+    );
+    let peak = sampler.take_peak();
+    assert_fds_within(
+        peak,
+        fds_before,
+        fds_per_waiting * LISTEN_BACKLOG,
+        "the backlog bounds the descriptors",
+    );
+    peak
+}
+
 /// Accepts what waits in `listener` now; each stream is returned.
 fn accept_waiting(
     listener: &provium_vmm::devices::virtio::vsock::VsockListener,
@@ -207,25 +240,18 @@ fn a_guest_connection_flood_is_refused_within_bounds_and_the_device_keeps_workin
     let (resp, rst) = flood(&vm, VSOCK_FLOOD_UNLISTENED, 1);
     assert_eq!((resp, rst), (0, flood_requests), "all refused");
     let peak_unlistened = sampler.take_peak();
-    assert!(
-        peak_unlistened <= fds_before + FD_SLACK,
-        "refused connects hold no descriptors: peak {peak_unlistened}, before {fds_before}"
+    assert_fds_within(
+        peak_unlistened,
+        fds_before,
+        0,
+        "refused connects hold no descriptors",
     );
 
     // 2. Connect and reset at once, the host not accepting: the listener's
     //    backlog fills with dead connections, then the rest are refused.
     //    Before the backlog had a bound, each of the 4096 left a socketpair
     //    end waiting in the listener.
-    let (resp, rst) = flood(&vm, VSOCK_FLOOD_CHURN, 2);
-    assert_eq!(
-        (resp, rst),
-        (LISTEN_BACKLOG, flood_requests - LISTEN_BACKLOG)
-    );
-    let peak_churn = sampler.take_peak();
-    assert!(
-        peak_churn <= fds_before + LISTEN_BACKLOG + FD_SLACK,
-        "the backlog bounds the descriptors: peak {peak_churn}, before {fds_before}"
-    );
+    let peak_churn = backlog_flood(&vm, VSOCK_FLOOD_CHURN, 2, &sampler, fds_before, 1);
     let dead = accept_waiting(&listener);
     assert_eq!(
         dead.len(),
@@ -240,16 +266,7 @@ fn a_guest_connection_flood_is_refused_within_bounds_and_the_device_keeps_workin
     }
 
     // 3. Connections kept open, the host not accepting: the backlog again.
-    let (resp, rst) = flood(&vm, VSOCK_FLOOD_HOLD, 3);
-    assert_eq!(
-        (resp, rst),
-        (LISTEN_BACKLOG, flood_requests - LISTEN_BACKLOG)
-    );
-    let peak_hold = sampler.take_peak();
-    assert!(
-        peak_hold <= fds_before + 2 * LISTEN_BACKLOG + FD_SLACK,
-        "two ends per waiting connection: peak {peak_hold}, before {fds_before}"
-    );
+    let peak_hold = backlog_flood(&vm, VSOCK_FLOOD_HOLD, 3, &sampler, fds_before, 2);
 
     // 4. Kept open, the host accepting all the while: the device's
     //    connection limit refuses the rest.
@@ -283,9 +300,11 @@ fn a_guest_connection_flood_is_refused_within_bounds_and_the_device_keeps_workin
         "every answered connection reached the host"
     );
     let peak_full = sampler.take_peak();
-    assert!(
-        peak_full <= fds_before + 2 * MAX_CONNECTIONS + FD_SLACK,
-        "two ends per connection, at most {MAX_CONNECTIONS}: peak {peak_full}, before {fds_before}"
+    assert_fds_within(
+        peak_full,
+        fds_before,
+        2 * MAX_CONNECTIONS,
+        "two ends per connection, at most MAX_CONNECTIONS of them",
     );
     drop(sampler);
     let hwm_after = vm_hwm_kib();
