@@ -1,14 +1,19 @@
 //! SIGKILL of `provium` in the middle of a fixture build and in the middle
-//! of a snapshot write (local backend) leaves no process, mount, stale lock
-//! or partial cache entry, and the next run starts clean: it builds the
+//! of a snapshot write (local backend), and in the middle of a kvm boot (a
+//! fixture build booting a Linux guest), leaves no process, mount, network
+//! device or namespace, stale lock, temporary file or partial cache entry,
+//! and the next run starts clean: on the local backend it builds the
 //! fixture, installs it and passes, and removes what the killed run left
-//! (its sandbox directory, its temporary snapshot files).
+//! (its sandbox directory, its temporary snapshot files); on kvm it takes
+//! the build lock at once and boots a fresh VM (see
+//! `sigkill_mid_kvm_boot_leaves_nothing_and_the_next_run_boots_at_once`).
 //!
 //! "Middle": the fixture's VM runs a `sleep` (build) or the run's temporary
 //! snapshot file appears while a 256 MiB sandbox is written (snapshot); a
 //! host-side marker file, visible inside the sandbox through its overlay
-//! root, makes the first run slow and the second one quick. Needs root (the
-//! local backend), as in CI.
+//! root, makes the first run slow and the second one quick. On kvm, a few
+//! seconds after the VM's vCPU exists, long before an emulated kernel
+//! reaches init. Needs root (the local backend) and /dev/kvm, as in CI.
 mod common;
 
 use common::{sandbox_dirs, sandbox_pids};
@@ -21,6 +26,8 @@ use std::time::{Duration, Instant};
 struct Project {
     dir: tempfile::TempDir,
     vm: String,
+    /// `--vmm`: "local" or "kvm".
+    vmm: &'static str,
 }
 
 impl Project {
@@ -38,7 +45,11 @@ impl Project {
             .tempdir_in(&base)
             .unwrap();
         let vm = format!("kill-{kind}-{:x}", std::process::id());
-        let p = Project { dir, vm };
+        let p = Project {
+            dir,
+            vm,
+            vmm: "local",
+        };
         std::fs::write(
             p.path("provium.toml"),
             "[provium]\nroots = [\".\"]\ncache_dir = \"cache\"\n\n[profiles.linux]\ncmdline = \"quiet\"\nguest_os = \"linux\"\n",
@@ -73,36 +84,52 @@ impl Project {
     }
 
     fn spawn(&self) -> Child {
-        Command::new(env!("CARGO_BIN_EXE_provium"))
-            .args([
-                "--vmm",
-                "local",
-                "--no-preflight",
-                "--config",
-                "provium.toml",
-            ])
-            .current_dir(self.dir.path())
-            .env("PROVIUM_AGENT", common::agent())
-            .env("PROVIUM_RERUN_STATE", self.path("rerun.json"))
-            // Temporary snapshots go here, where the test can see them.
-            .env("TMPDIR", self.path("tmp"))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_provium"));
+        cmd.args([
+            "--vmm",
+            self.vmm,
+            "--no-preflight",
+            "--config",
+            "provium.toml",
+        ])
+        .current_dir(self.dir.path())
+        .env("PROVIUM_RERUN_STATE", self.path("rerun.json"))
+        // Temporary snapshots go here, where the test can see them.
+        .env("TMPDIR", self.path("tmp"))
+        // The kvm backend's merged initrds (agent overlay) too.
+        .env("PROVIUM_OVERLAY_CACHE", self.path("overlay-cache"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        if self.vmm == "local" {
+            cmd.env("PROVIUM_AGENT", common::agent());
+        }
+        cmd.spawn().unwrap()
+    }
+
+    /// The fixture cache's lock files (`locks`), or all its other files.
+    fn cache_files(&self, locks: bool) -> Vec<String> {
+        self.names("cache")
+            .into_iter()
+            .filter(|n| n.ends_with(".lock") == locks)
+            .collect()
     }
 
     fn names(&self, rel: &str) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(self.path(rel))
-            .map(|d| {
-                d.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.sort();
-        v
+        sorted_names(&self.path(rel))
     }
+}
+
+/// The names in directory `dir`, sorted; none if it cannot be read.
+fn sorted_names(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
 }
 
 fn mounts() -> Vec<String> {
@@ -157,13 +184,13 @@ fn kill_and_check(p: &Project, mut child: Child, mounts_before: &[String]) {
     // No cache entry, partial or whole: only lock files (and temporaries of
     // the dead writer, which the next run sweeps).
     let entries: Vec<String> = p
-        .names("cache")
+        .cache_files(false)
         .into_iter()
-        .filter(|n| !n.ends_with(".lock") && !n.starts_with('.'))
+        .filter(|n| !n.starts_with('.'))
         .collect();
     assert_eq!(entries, Vec::<String>::new(), "cache entry after SIGKILL");
     // No stale lock: every lock can be taken at once.
-    for n in p.names("cache").iter().filter(|n| n.ends_with(".lock")) {
+    for n in &p.cache_files(true) {
         let f = std::fs::File::open(p.path("cache").join(n)).unwrap();
         // SAFETY: flock on a descriptor we own.
         let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
@@ -183,11 +210,7 @@ fn next_run_is_clean(p: &Project, killed_pid: u32) {
         Some(0),
         "stdout:\n{stdout}\nstderr:\n{stderr}"
     );
-    let entries: Vec<String> = p
-        .names("cache")
-        .into_iter()
-        .filter(|n| !n.ends_with(".lock"))
-        .collect();
+    let entries: Vec<String> = p.cache_files(false);
     assert_eq!(entries.len(), 1, "one installed entry: {entries:?}");
     assert!(!entries[0].starts_with('.'), "{entries:?}");
     let dead = format!("-{killed_pid}-");
@@ -252,4 +275,215 @@ fn sigkill_mid_snapshot_write_leaves_nothing_and_the_next_run_builds() {
     );
     // …and the next run sweeps it.
     next_run_is_clean(&p, pid);
+}
+
+/// The Linux guest the kvm case boots: `PROVIUM_TEST_KERNEL` and
+/// `PROVIUM_TEST_INITRD`, or the probe kernel and busybox initrd `.ci/run`
+/// builds (as the real-guest tier, `real_kernel.rs`, finds them). Missing,
+/// the test fails saying how to build them, unless
+/// `PROVIUM_SKIP_REAL_GUEST=1` (or no /dev/kvm and `PROVIUM_SKIP_KVM=1`):
+/// then `None`, after printing why.
+fn linux_guest(test: &str) -> Option<(PathBuf, PathBuf)> {
+    if let Some(kernel) = std::env::var_os("PROVIUM_TEST_KERNEL") {
+        let initrd = std::env::var_os("PROVIUM_TEST_INITRD").unwrap_or_else(|| {
+            panic!("{test}: PROVIUM_TEST_KERNEL is set but PROVIUM_TEST_INITRD is not; set both")
+        });
+        return Some((PathBuf::from(kernel), PathBuf::from(initrd)));
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| common::repo_root().join("target"));
+    let wanted = [
+        (
+            target.join("probe-kernel/vmlinux"),
+            "scripts/build-probe-kernel.sh",
+        ),
+        (
+            target.join("guest-initrd/initrd.cpio"),
+            "scripts/build-guest-initrd.sh",
+        ),
+    ];
+    let missing: Vec<String> = wanted
+        .iter()
+        .filter(|(p, _)| !p.is_file())
+        .map(|(p, script)| format!("{} (build it with `{script}`)", p.display()))
+        .collect();
+    if missing.is_empty() {
+        let [(kernel, _), (initrd, _)] = wanted;
+        return Some((
+            kernel.canonicalize().unwrap(),
+            initrd.canonicalize().unwrap(),
+        ));
+    }
+    let why = format!(
+        "a kvm boot to kill needs {} (.ci/run builds both), or PROVIUM_TEST_KERNEL and PROVIUM_TEST_INITRD",
+        missing.join(" and ")
+    );
+    if common::env_is_1("PROVIUM_SKIP_REAL_GUEST") {
+        eprintln!("SKIP {test}: {why} (PROVIUM_SKIP_REAL_GUEST=1)");
+        return None;
+    }
+    if !common::kvm_or_skip(test) {
+        return None;
+    }
+    panic!("{test}: {why}; set PROVIUM_SKIP_REAL_GUEST=1 to skip it");
+}
+
+impl Project {
+    /// The fixture `fixtures/fx` boots VM `vm` on the kvm backend from
+    /// `kernel` and `initrd`, then snapshots it.
+    fn kvm(kernel: &std::path::Path, initrd: &std::path::Path) -> Project {
+        let base = common::outside_tmp("killed-runs");
+        std::fs::create_dir_all(&base).unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("kvm-boot-")
+            .tempdir_in(&base)
+            .unwrap();
+        let p = Project {
+            dir,
+            vm: format!("kill-kvm-{:x}", std::process::id()),
+            vmm: "kvm",
+        };
+        std::fs::write(
+            p.path("provium.toml"),
+            format!(
+                "[provium]\nroots = [\".\"]\ncache_dir = \"cache\"\n\n[profiles.linux]\nkernel = {:?}\ninitrd = {:?}\ncmdline = \"console=ttyS0\"\nguest_os = \"linux\"\n",
+                kernel.display().to_string(),
+                initrd.display().to_string(),
+            ),
+        )
+        .unwrap();
+        for d in ["fixtures", "tmp", "overlay-cache"] {
+            std::fs::create_dir_all(p.path(d)).unwrap();
+        }
+        std::fs::write(
+            p.path("fixtures/fx.fixture.lua"),
+            format!(
+                "local vm = provium:vm(\"{}\", \"linux\"):boot()\nreturn vm:snapshot()\n",
+                p.vm
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            p.path("uses.test.lua"),
+            "test(\"uses the fixture\", function(t)\n  t:assert(provium:vm_fixture(\"fixtures/fx\"))\nend)\n",
+        )
+        .unwrap();
+        p
+    }
+}
+
+/// Whether process `pid` holds a vCPU of a KVM VM (the VMM runs in
+/// `provium`'s process: a vCPU fd means the VM was built and is booting).
+fn has_vcpu(pid: u32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|d| {
+        d.flatten().any(|e| {
+            std::fs::read_link(e.path())
+                .is_ok_and(|t| t.to_string_lossy().starts_with("anon_inode:kvm-vcpu"))
+        })
+    })
+}
+
+/// Processes whose working directory is in `dir` (the runs' cwd is the
+/// project directory; whatever they spawned inherits it).
+fn processes_in(dir: &std::path::Path) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|c| c.starts_with(dir))
+        })
+        .collect()
+}
+
+/// The host's network devices and named network namespaces.
+fn network_state() -> (Vec<String>, Vec<String>) {
+    (
+        sorted_names("/sys/class/net".as_ref()),
+        sorted_names("/run/netns".as_ref()),
+    )
+}
+
+/// Spawns a kvm run, waits until its VM's vCPU exists, lets the boot run
+/// for `into_boot`, checks the run is still going, and SIGKILLs it; then
+/// checks it left nothing. Returns the run's pid and stderr.
+fn kill_kvm_boot(p: &Project, into_boot: Duration) -> (u32, String) {
+    let mounts_before = mounts();
+    let network_before = network_state();
+    let started = Instant::now();
+    let mut child = p.spawn();
+    let pid = child.id();
+    wait_until("the fixture's VM was spawned", &mut child, || has_vcpu(pid));
+    let spawned = started.elapsed();
+    std::thread::sleep(into_boot);
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the run ended within {into_boot:?} of the VM's spawn: no boot to kill"
+    );
+    // The build holds the fixture's lock while its VM boots.
+    let locks: Vec<String> = p.cache_files(true);
+    assert_eq!(locks.len(), 1, "one build lock: {locks:?}");
+    let lock = std::fs::File::open(p.path("cache").join(&locks[0])).unwrap();
+    // SAFETY: flock on a descriptor we own.
+    let rc = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    assert_eq!(rc, -1, "the booting build does not hold its lock");
+    drop(lock);
+    let mut stderr = child.stderr.take().unwrap();
+    kill_and_check(p, child, &mounts_before);
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut err).unwrap();
+    eprintln!("kvm run {pid}: VM spawned {spawned:?} after the start, killed {into_boot:?} later");
+    assert_eq!(
+        processes_in(p.dir.path()),
+        Vec::<u32>::new(),
+        "processes left"
+    );
+    assert_eq!(
+        network_state(),
+        network_before,
+        "network devices or namespaces left"
+    );
+    // Killed before any snapshot: not even a temporary in the fixture
+    // cache (only lock files) or the temp directory.
+    let cache: Vec<String> = p.cache_files(false);
+    assert_eq!(cache, Vec::<String>::new(), "fixture cache after SIGKILL");
+    assert_eq!(
+        p.names("tmp"),
+        Vec::<String>::new(),
+        "temporaries after SIGKILL"
+    );
+    // The overlay cache holds whole merged initrds only (written under a
+    // temporary name and renamed into place before the VM is built).
+    let overlays = p.names("overlay-cache");
+    assert!(
+        !overlays.is_empty()
+            && overlays
+                .iter()
+                .all(|n| n.ends_with(".cpio") && !n.starts_with('.')),
+        "overlay cache after SIGKILL: {overlays:?}"
+    );
+    (pid, err)
+}
+
+#[test]
+fn sigkill_mid_kvm_boot_leaves_nothing_and_the_next_run_boots_at_once() {
+    let test = "sigkill_mid_kvm_boot_leaves_nothing_and_the_next_run_boots_at_once";
+    let Some((kernel, initrd)) = linux_guest(test) else {
+        return;
+    };
+    let p = Project::kvm(&kernel, &initrd);
+    let (_, first_err) = kill_kvm_boot(&p, Duration::from_secs(3));
+    assert!(!first_err.contains("panicked"), "{first_err}");
+    // The next run starts clean. Its only VM is the fixture's, which it
+    // boots only once it holds the build lock (a lock still held would
+    // have it wait and retry, forever), and the cache holds no entry it
+    // could restore instead; so its vCPU appearing, with the lock file the
+    // killed run held now held by it (checked in `kill_kvm_boot`), proves
+    // the lock was free and nothing of the killed run was in the way. It is
+    // killed in turn, which leaves nothing either. (Its full boot, minutes
+    // of emulated kernel on kvm_pvm, is not waited for: the real-guest tier
+    // boots, snapshots and restores through this fixture path.)
+    let (_, second_err) = kill_kvm_boot(&p, Duration::from_secs(1));
+    assert!(!second_err.contains("panicked"), "{second_err}");
 }

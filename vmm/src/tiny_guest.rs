@@ -60,6 +60,28 @@ pub const CMD_VSOCK_RECV: u8 = b'X';
 /// OP_REQUEST), print it as [`CMD_VSOCK_RECV`] does, accept the connection
 /// and send [`VSOCK_TX_PAYLOAD`] on it.
 pub const CMD_VSOCK_ACCEPT: u8 = b'A';
+/// Console input byte: send [`VSOCK_TX_PAYLOAD`] again on
+/// [`CMD_VSOCK_CONNECT`]'s connection (no device reset).
+pub const CMD_VSOCK_SEND_AGAIN: u8 = b'S';
+/// Console input byte, followed by a mode byte ([`VSOCK_FLOOD_HOLD`],
+/// [`VSOCK_FLOOD_CHURN`], [`VSOCK_FLOOD_UNLISTENED`]): send
+/// [`VSOCK_FLOOD_CONNECTIONS`] OP_REQUESTs as fast as the device takes them,
+/// each from a guest port no earlier flood used, draining RX between them;
+/// then print `VSOCK-FLOOD resp=<OP_RESPONSEs, 8 hex digits> rst=<OP_RSTs>`
+/// (`vmm/guest/tiny_vsock.rs`).
+pub const CMD_VSOCK_FLOOD: u8 = b'F';
+/// Flood mode: requests to [`VSOCK_HOST_PORT`], kept open.
+pub const VSOCK_FLOOD_HOLD: u8 = b'h';
+/// Flood mode: requests to [`VSOCK_HOST_PORT`], each followed by OP_RST.
+pub const VSOCK_FLOOD_CHURN: u8 = b'c';
+/// Flood mode: requests to [`VSOCK_FLOOD_UNLISTENED_PORT`].
+pub const VSOCK_FLOOD_UNLISTENED: u8 = b'u';
+/// Requests per flood.
+pub const VSOCK_FLOOD_CONNECTIONS: u32 = 4096;
+/// The host port [`VSOCK_FLOOD_UNLISTENED`] floods.
+pub const VSOCK_FLOOD_UNLISTENED_PORT: u32 = VSOCK_HOST_PORT + 1;
+/// Prefix of the line a flood ends with.
+pub const VSOCK_FLOOD_LINE: &str = "VSOCK-FLOOD ";
 /// The host port [`CMD_VSOCK_CONNECT`] connects to.
 pub const VSOCK_HOST_PORT: u32 = 1024;
 /// The guest port it connects from.
@@ -136,6 +158,7 @@ mod tests {
         assert!(hay.contains(READY));
         assert!(hay.contains(NET_TX_PAYLOAD), "the net check's frame");
         assert!(hay.contains(VSOCK_TX_PAYLOAD), "the vsock check's payload");
+        assert!(hay.contains(VSOCK_FLOOD_LINE), "the vsock flood's answer");
         for answer in ["BLK-RW w=", "BLK-ID s=", "BLK-HOSTILE oob=", "RNG len="] {
             assert!(hay.contains(answer), "{answer}");
         }

@@ -7,6 +7,8 @@
 //! Nothing here asserts timings: waits poll the console or guest memory against
 //! generous deadlines (the guest's kernel-mode code is emulated on kvm_pvm).
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use provium_vmm::tiny_guest::{self, BANNER, CMD_POWER_OFF, CMD_RESET, COUNTER_GPA, READY};
@@ -74,12 +76,7 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 fn wait_console(vm: &Vm, needle: &str, count: usize) {
-    let c = vm.console();
-    assert!(
-        c.wait_for(needle.as_bytes(), count, WAIT),
-        "expected {needle:?} x{count} on the console within {WAIT:?}; log:\n{}",
-        c.log_string()
-    );
+    common::wait_console_within(vm, needle, count, WAIT);
 }
 
 fn boot_ready(vm: &Vm) {

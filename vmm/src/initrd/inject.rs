@@ -13,6 +13,9 @@
 //!   left as is;
 //! - the merged initrd is cached by the SHA-256 of its content (the base
 //!   initrd and the overlay), so a second boot of the same pair only hashes;
+//!   it is written as `.merge-<pid>-<random>.tmp` and renamed into place, and
+//!   a merge that writes deletes the temporaries of processes that are gone
+//!   (a run killed mid-write; the cache directory is shared between runs);
 //! - with `inject_agent = false` the caller passes no `AgentInjection` and the
 //!   boot source is used unchanged.
 
@@ -198,6 +201,30 @@ fn pad_to_4(len: u64) -> usize {
     usize::try_from((4 - len % 4) % 4).expect("below 4")
 }
 
+/// How a merge's temporary file in the cache directory starts, before
+/// `<pid>-`: the pid says whether its writer is still alive.
+const MERGE_TMP_PREFIX: &str = ".merge-";
+
+/// Deletes the merge temporaries in `cache_dir` whose writing process is
+/// gone. A pid reused since only delays that to the next merge after it.
+fn remove_dead_merges(cache_dir: &Path) {
+    let Ok(entries) = fs::read_dir(cache_dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(MERGE_TMP_PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok());
+        if pid.is_some_and(|pid| !Path::new("/proc").join(pid.to_string()).exists()) {
+            // Best effort: another merge may have removed it first.
+            let _ = fs::remove_file(e.path());
+        }
+    }
+}
+
 /// Writes `base` (may be absent) + padding + `overlay` into the cache dir,
 /// named by the SHA-256 of the merged bytes, unless it is there already.
 /// Returns its path. The write goes to a temporary file renamed into place,
@@ -242,7 +269,12 @@ pub fn merged_initrd(
         return Ok(dest);
     }
     fs::create_dir_all(cache_dir).map_err(cache_err)?;
-    let mut tmp = tempfile::NamedTempFile::new_in(cache_dir).map_err(cache_err)?;
+    remove_dead_merges(cache_dir);
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!("{MERGE_TMP_PREFIX}{}-", std::process::id()))
+        .suffix(".tmp")
+        .tempfile_in(cache_dir)
+        .map_err(cache_err)?;
     if let Some(p) = base {
         let mut f = File::open(p).map_err(|e| read_err(p, e))?;
         let copied = io::copy(&mut f, tmp.as_file_mut()).map_err(cache_err)?;
@@ -356,6 +388,37 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn a_merge_deletes_the_temporaries_of_dead_writers_only() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let cache = dir.path().join("cache");
+        fs::create_dir_all(&cache).expect("cache");
+        // Above any pid_max (2^22): no such process.
+        let dead = cache.join(format!("{MERGE_TMP_PREFIX}{}-abc.tmp", u32::MAX));
+        let alive = cache.join(format!("{MERGE_TMP_PREFIX}{}-abc.tmp", std::process::id()));
+        let other = cache.join(".not-a-merge");
+        for f in [&dead, &alive, &other] {
+            fs::write(f, b"half an initrd").expect("write");
+        }
+        let overlay = overlay_cpio(b"agent", &[]).expect("overlay");
+        let merged = merged_initrd(None, &overlay, &cache).expect("merge");
+        assert!(!dead.exists(), "a dead writer's temporary is deleted");
+        assert!(alive.exists(), "a live writer's is kept");
+        assert!(other.exists(), "other files are not touched");
+        let mut names: Vec<String> = fs::read_dir(&cache)
+            .expect("list")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        let merged_name = merged
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
+        assert_eq!(names.len(), 3, "no temporary of this merge left: {names:?}");
+        assert!(names.contains(&merged_name));
     }
 
     #[test]

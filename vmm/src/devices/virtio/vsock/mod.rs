@@ -20,7 +20,8 @@
 //!
 //! The guest is hostile: packets are parsed by virtio-vsock with a 64 KiB cap
 //! on payloads; a guest that overruns its credit is reset; connections are
-//! capped at `MAX_CONNECTIONS`; replies the device owes the guest are capped at
+//! capped at `MAX_CONNECTIONS`, and those waiting in a host listener at
+//! `LISTEN_BACKLOG`; replies the device owes the guest are capped at
 //! `MAX_PENDING_REPLIES`, beyond which the TX queue is left unread until the
 //! guest supplies RX buffers (backpressure, no unbounded growth).
 
@@ -56,7 +57,8 @@ pub trait VsockBackend: Send + Sync {
     fn take_connects(&self) -> Vec<ConnectRequest>;
     /// The guest asks to connect to host `port`: the device's end of a new
     /// connection (the host got the other), or `None` when nothing listens
-    /// there (the guest is answered RST).
+    /// there or its backlog (`defs::LISTEN_BACKLOG`) is full (the guest is
+    /// answered RST).
     fn accept_guest_connect(&self, port: u32) -> Option<UnixStream>;
     /// The guest driver is running (DRIVER_OK) or went away (reset, device
     /// dropped: connects still waiting are dropped, their callers told).
@@ -152,6 +154,13 @@ pub mod defs {
     pub const CONN_BUF_BYTES: u32 = 256 << 10;
     /// Most open connections.
     pub const MAX_CONNECTIONS: usize = 1024;
+    /// Most guest connections waiting in one host listener for the host to
+    /// accept them (`VsockListener::accept_timeout`); beyond it the guest is
+    /// answered RST, as Linux answers a connect to a full accept queue. Each
+    /// waiting connection holds a socketpair (two fds) even after the guest
+    /// reset it, so without this a guest that connects and resets in a loop
+    /// grows the VMM's fds and memory until the host accepts.
+    pub const LISTEN_BACKLOG: usize = 128;
     /// Most control packets (RESPONSE, RST, ...) waiting for RX buffers.
     pub const MAX_PENDING_REPLIES: usize = 256;
     /// Event-queue event id: the transport was reset (virtio 1.2, 5.10.6.6).

@@ -7,12 +7,15 @@
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{
+    channel, sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError,
+};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use vmm_sys_util::eventfd::EventFd;
 
+use super::defs::LISTEN_BACKLOG;
 use super::{ConnectRequest, VsockBackend, VsockConnectError};
 
 #[derive(Default)]
@@ -20,7 +23,8 @@ pub(crate) struct HostState {
     /// True while a device worker runs (the guest driver set DRIVER_OK).
     pub active: bool,
     pub connects: Vec<ConnectRequest>,
-    pub listeners: HashMap<u32, Sender<UnixStream>>,
+    /// Each listened port's backlog, at most `LISTEN_BACKLOG` connections.
+    pub listeners: HashMap<u32, SyncSender<UnixStream>>,
 }
 
 struct HostInner {
@@ -119,8 +123,10 @@ impl VsockHost {
     }
 
     /// Accepts guest connections to host `port` until the listener drops.
+    /// At most `LISTEN_BACKLOG` of them wait to be accepted; the guest's
+    /// connects beyond that are refused (RST).
     pub fn listen(&self, port: u32) -> Result<VsockListener, VsockConnectError> {
-        let (tx, rx) = channel();
+        let (tx, rx) = sync_channel(LISTEN_BACKLOG);
         let mut st = self.state();
         if st.listeners.contains_key(&port) {
             return Err(VsockConnectError::PortInUse(port));
@@ -155,12 +161,16 @@ impl VsockBackend for VsockHost {
     fn accept_guest_connect(&self, port: u32) -> Option<UnixStream> {
         let listener = self.state().listeners.get(&port).cloned()?;
         let (mine, theirs) = UnixStream::pair().ok()?;
-        if listener.send(theirs).is_err() {
-            // The listener was dropped: nobody listens there any more.
-            self.state().listeners.remove(&port);
-            return None;
+        match listener.try_send(theirs) {
+            Ok(()) => Some(mine),
+            // The backlog is full: refused; both ends close here.
+            Err(TrySendError::Full(_)) => None,
+            Err(TrySendError::Disconnected(_)) => {
+                // The listener was dropped: nobody listens there any more.
+                self.state().listeners.remove(&port);
+                None
+            }
         }
-        Some(mine)
     }
 
     fn set_active(&self, active: bool) {
@@ -213,5 +223,29 @@ mod tests {
         assert!(host.accept_guest_connect(80).is_none(), "listener gone");
         host.set_active(false);
         assert!(host.take_connects().is_empty());
+    }
+
+    #[test]
+    fn a_full_backlog_refuses_guest_connects_until_the_host_accepts() {
+        let host = VsockHost::new(3).expect("host");
+        let l = host.listen(80).expect("listen");
+        // Connections the guest reset at once still wait in the backlog
+        // (the host reads EOF on them): the device's ends are dropped here.
+        for _ in 0..LISTEN_BACKLOG {
+            assert!(host.accept_guest_connect(80).is_some());
+        }
+        assert!(
+            host.accept_guest_connect(80).is_none(),
+            "backlog of {LISTEN_BACKLOG} full: refused"
+        );
+        let mut s = l.accept_timeout(Duration::from_secs(5)).expect("waiting");
+        let mut rest = Vec::new();
+        std::io::Read::read_to_end(&mut s, &mut rest).expect("EOF: the device end is gone");
+        assert!(
+            host.accept_guest_connect(80).is_some(),
+            "room for one again"
+        );
+        assert!(host.accept_guest_connect(80).is_none());
+        assert!(host.state().listeners.contains_key(&80), "still listening");
     }
 }
