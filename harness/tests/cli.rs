@@ -49,11 +49,33 @@ fn exit_codes_zero_one_two() {
     .unwrap();
     let o = p.run(&[]);
     assert_eq!(exit_code(&o), 2);
+    // main prints the chain once, a layer per numbered line.
     assert!(String::from_utf8_lossy(&o.stderr)
-        .contains("invalid config in `provium.toml`: profile `x` has empty cmdline"));
+        .contains("invalid config in `provium.toml`\n  2: profile `x` has empty cmdline"));
     assert_eq!(
         exit_code(&LocalProject::new(&[]).run(&["--tag-meta", "novalue"])),
         2
+    );
+}
+
+/// A failure with causes prints as one chain, once: the outermost message
+/// after `provium: `, then each cause on its own numbered line, none of
+/// them repeated inside another.
+#[test]
+fn an_error_chain_is_printed_once_numbered() {
+    let p = LocalProject::new(&[("a.test.lua", PASSING)]);
+    let o = p.run(&["--config", "absent.toml"]);
+    assert_eq!(exit_code(&o), 2, "{o:?}");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "provium: cannot load the configuration",
+            "  1: read `absent.toml`",
+            "  2: No such file or directory (os error 2)",
+        ],
+        "{stderr}"
     );
 }
 

@@ -319,15 +319,16 @@ pub fn main() -> i32 {
     };
     cli.run.settings = crate::settings::Settings::from_env();
     let result = match cli.command {
-        None => run::run(&cli.run).map_err(String::from),
+        None => run::run(&cli.run).map_err(CliError::from),
         Some(Command::Prepare { profile }) => {
             prepare::run(&cli.run.config, &cli.run.settings, profile.as_deref())
+                .map_err(CliError::from)
         }
         Some(Command::Repl {
             profile,
             name,
             fixture,
-        }) => repl::run(&cli.run, profile, &name, fixture),
+        }) => repl::run(&cli.run, profile, &name, fixture).map_err(CliError::from),
         Some(Command::Console {
             profile,
             mem,
@@ -343,8 +344,9 @@ pub fn main() -> i32 {
                 cmdline,
                 agent,
             },
-        ),
-        Some(Command::Fixture { op }) => fixture::run(&cli.run, op),
+        )
+        .map_err(CliError::from),
+        Some(Command::Fixture { op }) => fixture::run(&cli.run, op).map_err(CliError::from),
         Some(Command::List {
             paths,
             fixtures,
@@ -355,19 +357,40 @@ pub fn main() -> i32 {
             &paths,
             fixtures,
             partition,
-        ),
-        Some(Command::Report { op }) => {
-            report::run(op).map_err(|e| crate::error_chain::flatten(&e))
+        )
+        .map_err(CliError::from),
+        Some(Command::Report { op }) => report::run(op).map_err(CliError::from),
+        Some(Command::LspSetup { dir, force }) => {
+            lsp_setup::run(dir, force).map_err(CliError::from)
         }
-        Some(Command::LspSetup { dir, force }) => lsp_setup::run(dir, force),
-        Some(Command::Bench { op }) => bench::run(&cli.run, op),
+        Some(Command::Bench { op }) => bench::run(&cli.run, op).map_err(CliError::from),
     };
     match result {
         Ok(code) => code,
-        Err(msg) => {
-            eprintln!("provium: {msg}");
+        Err(e) => {
+            // The chain, once: each layer's message on its own numbered line.
+            eprintln!("provium: {}", crate::error_chain::numbered(&e));
             EXIT_INTERNAL
         }
+    }
+}
+
+/// What a subcommand failed with, as `main` prints it (exit 2). Typed
+/// errors keep their `source()` chain, which `main` prints once, numbered;
+/// subcommands that still report text are a one-line `Message`.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Run(#[from] run::RunError),
+    #[error(transparent)]
+    Report(#[from] report::MergeError),
+    #[error("{0}")]
+    Message(String),
+}
+
+impl From<String> for CliError {
+    fn from(message: String) -> CliError {
+        CliError::Message(message)
     }
 }
 

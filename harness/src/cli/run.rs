@@ -30,7 +30,7 @@ use crate::settings::Settings;
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     /// provium.toml could not be loaded (its causes chain on).
-    #[error(transparent)]
+    #[error("cannot load the configuration")]
     Config(#[from] ConfigError),
     #[error("rerun state `{}`", path.display())]
     RerunState {
