@@ -1,6 +1,6 @@
 //! Start-up checks of what the chosen backend needs, each with its recovery line.
 
-use crate::backend::local::locate_agent;
+use crate::backend::locate_local_agent as locate_agent;
 use crate::runner::BackendKind;
 
 pub fn kvm_usable() -> Result<(), String> {

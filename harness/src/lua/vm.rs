@@ -17,9 +17,10 @@ use super::snapshot::{VmDecl, VmDevices};
 use super::stream::{ByteSource, Stream};
 use super::worker::WorkerUd;
 use super::{err, guest::client_err};
+use crate::backend::{Capabilities, Guest, MachineSpec};
 use crate::client::{AgentClient, ClientError};
 use crate::config::parse_size;
-use crate::machine::{BootSpec, Machine};
+use crate::error_chain::flatten;
 use crate::runner::{CloseKind, Closeable, FileEnv, LiveResource};
 
 pub const DEFAULT_MEMORY_BYTES: u64 = 512 << 20;
@@ -199,7 +200,7 @@ pub struct VmInner {
     env: Arc<FileEnv>,
     state: Mutex<VmState>,
     /// Held only briefly, so the watchdog can always reach the kill switch.
-    machine: Mutex<Option<Arc<Machine>>>,
+    machine: Mutex<Option<Arc<dyn Guest>>>,
     open_files: Arc<AtomicUsize>,
     open_streams: Arc<AtomicUsize>,
     /// Streams opened on this VM, so a snapshot can name the live ones.
@@ -365,7 +366,7 @@ impl Vm {
     }
 
     /// The machine, while booted (for creating NICs).
-    pub fn running_machine(&self) -> Option<Arc<Machine>> {
+    pub fn running_machine(&self) -> Option<Arc<dyn Guest>> {
         if self.phase() != Phase::Booted {
             return None;
         }
@@ -487,18 +488,21 @@ impl Vm {
         self.0.sizing
     }
 
-    /// What a restore (or a snapshot's shape) needs: sizing only, no boot opts.
-    fn restore_spec(&self) -> BootSpec {
-        BootSpec {
-            vm_name: self.0.name.clone(),
-            profile: self.0.env.config.profiles.get(&self.0.profile).cloned(),
-            profile_name: self.0.profile.clone(),
-            memory_bytes: self.0.sizing.memory_bytes,
-            cpus: self.0.sizing.cpus,
-            kernel_cmdline: None,
-            rng_seed: None,
-            initial_time: None,
-        }
+    /// What every guest of this file's backend can do.
+    pub fn capabilities(&self) -> Capabilities {
+        self.0.env.machines().capabilities()
+    }
+
+    /// The spec of this VM's declaration: sizing and profile, no boot opts
+    /// or devices (what a restore starts from).
+    fn declared_spec(&self) -> MachineSpec {
+        MachineSpec::for_profile(
+            &self.0.name,
+            &self.0.profile,
+            self.0.env.config.profiles.get(&self.0.profile).cloned(),
+            self.0.sizing.memory_bytes,
+            self.0.sizing.cpus,
+        )
     }
 
     /// `vm:snapshot(path)`: write a snapshot of this booted VM to `path`;
@@ -532,7 +536,6 @@ impl Vm {
             )));
         }
         let machine = self.machine()?;
-        let shape = Machine::snapshot_shape(self.0.env.backend, &self.restore_spec());
         let decl = VmDecl {
             name: self.0.name.clone(),
             profile: self.0.profile.clone(),
@@ -544,13 +547,18 @@ impl Vm {
         machine
             .snapshot_to(
                 path,
-                shape,
                 &[
                     (super::snapshot::VM_DECL_SECTION, decl.to_json()),
                     (super::snapshot::VM_DEVICES_SECTION, devices.to_json()),
                 ],
             )
-            .map_err(|e| err(format!("vm:snapshot: vm `{}`: {e}", self.0.name)))
+            .map_err(|e| {
+                err(format!(
+                    "vm:snapshot: vm `{}`: {}",
+                    self.0.name,
+                    flatten(&e)
+                ))
+            })
     }
 
     /// `vm:restore(path)`: from created or shutdown to booted, running the
@@ -605,9 +613,9 @@ impl Vm {
                 "created or shutdown (call vm:shutdown() first)",
             )));
         }
-        let kvm = self.0.env.backend == crate::runner::BackendKind::Kvm;
+        let caps = self.capabilities();
         let name = self.0.name.clone();
-        let devices = if kvm {
+        let devices = if caps.device_snapshots {
             VmDevices::read_if_present(path)
                 .map_err(|e| Failed(err(format!("vm:restore: vm `{name}`: {e}"))))?
         } else {
@@ -615,13 +623,14 @@ impl Vm {
         };
         let (want_disks, want_nics) =
             devices.map_or((None, None), |d| (Some(d.disks), Some(d.nics)));
-        if kvm {
+        if caps.seeded_rng {
             self.adopt_recorded_rng_seed(path)?;
         }
         // kvm: the snapshot's virtio-net devices need their ports again (as
         // at boot, before the state lock; dropped, so detached, if the
         // restore is refused).
-        let nics = match (&want_nics, kvm) {
+        let vmm_nics = caps.has_vmm_nics();
+        let nics = match (&want_nics, vmm_nics) {
             (_, false) => VmmNics::default(),
             (Some(want), true) => {
                 super::nic::restore_ports(self, want, &self.left_bridges()).map_err(|e| {
@@ -639,10 +648,10 @@ impl Vm {
             lone,
             added,
         } = nics;
-        // Local: the sandbox comes back on the bridges it left when it was
-        // shut down (its NICs, and the interface configuration its
+        // Host TAPs: the guest comes back on the bridges it left when it
+        // was shut down (its NICs, and the interface configuration its
         // snapshot holds, are put back once it runs).
-        if !kvm {
+        if !vmm_nics {
             for b in self.left_bridges().into_iter().filter(|b| !b.is_closed()) {
                 b.attach_vm(self).map_err(|e| {
                     Failed(err(format!(
@@ -669,17 +678,17 @@ impl Vm {
         }
         let has_nics = r?;
         self.0.left_bridges.lock().unwrap().clear();
-        // The restored NICs' members are realised (as after a boot); a
-        // local sandbox's TAPs are made now, then its interface
-        // configuration goes back on them.
-        if has_nics || (!kvm && !self.bridges().is_empty()) {
+        // The restored NICs' members are realised (as after a boot); host
+        // TAPs are made now, then the interface configuration the snapshot
+        // holds goes back on them.
+        if has_nics || (!vmm_nics && !self.bridges().is_empty()) {
             super::nic::realise_all(self).map_err(Failed)?;
         }
-        if !kvm {
+        if !vmm_nics {
             self.machine()
                 .map_err(Failed)?
                 .apply_restored_net()
-                .map_err(|e| Failed(err(format!("vm:restore: vm `{name}`: {e}"))))?;
+                .map_err(|e| Failed(err(format!("vm:restore: vm `{name}`: {}", flatten(&e)))))?;
         }
         Ok(())
     }
@@ -717,12 +726,12 @@ impl Vm {
             ))));
         }
         let env = &self.0.env;
-        let kvm = env.backend == crate::runner::BackendKind::Kvm;
+        let caps = self.capabilities();
         // A pinned rng_seed (vm:boot opts given before the restore) keeps
         // the restored rng's stream deterministic; without one it is reseeded.
-        let spec = BootSpec {
-            rng_seed: st.pending.rng_seed.filter(|_| kvm),
-            ..self.restore_spec()
+        let mut spec = MachineSpec {
+            rng_seed: st.pending.rng_seed.filter(|_| caps.seeded_rng),
+            ..self.declared_spec()
         };
         // The restored VM's disks (their devices are in the snapshot; the
         // images are not: they are used as they are now).
@@ -730,7 +739,7 @@ impl Vm {
         let (drives, new_disks) = {
             let disks = self.0.disks.lock().unwrap();
             let failed = |e: String| Failed(err(format!("vm:restore: {e}")));
-            match want_disks.filter(|_| kvm) {
+            match want_disks.filter(|_| caps.device_snapshots) {
                 Some(want) => {
                     let live: Vec<Disk> =
                         disks.iter().filter(|d| !d.is_detached()).cloned().collect();
@@ -765,16 +774,16 @@ impl Vm {
                 ),
             }
         };
-        let machine = Arc::new(
-            Machine::restore_with_devices(env.backend, &spec, path, &drives.drives, nics).map_err(
-                |e| {
-                    Failed(err(format!(
-                        "vm:restore: vm `{name}` from {}: {e}",
-                        path.display()
-                    )))
-                },
-            )?,
-        );
+        spec.drives = drives.drives.clone();
+        spec.nics = nics;
+        let machine: Arc<dyn Guest> =
+            Arc::from(env.machines().restore(&spec, path).map_err(|e| {
+                Failed(err(format!(
+                    "vm:restore: vm `{name}` from {}: {}",
+                    path.display(),
+                    flatten(&e)
+                )))
+            })?);
         *built = true;
         if !new_disks.is_empty() {
             // The snapshot's disks replace the detached ones of those ids.
@@ -795,7 +804,8 @@ impl Vm {
                 machine.kill();
                 st.phase = Phase::Dead;
                 return Err(Failed(err(format!(
-                    "vm:restore: vm `{name}`: the agent did not answer: {e}"
+                    "vm:restore: vm `{name}`: the agent did not answer: {}",
+                    flatten(&e)
                 ))));
             }
         };
@@ -807,7 +817,7 @@ impl Vm {
             vm_name: self.0.name.clone(),
             profile: self.0.profile.clone(),
             memory_bytes: self.0.sizing.memory_bytes,
-            cid: machine.cid(),
+            cid: machine.cid().unwrap_or(0),
         }));
         Ok(has_nics)
     }
@@ -819,9 +829,7 @@ impl Vm {
         // boot is refused below, dropping them detaches the ports.
         // (A VM past Created gets the wrong-state error below, with no port
         // attached.)
-        let nics = if self.0.env.backend == crate::runner::BackendKind::Kvm
-            && self.phase() == Phase::Created
-        {
+        let nics = if self.capabilities().has_vmm_nics() && self.phase() == Phase::Created {
             super::nic::vmm_ports(self)?
         } else {
             VmmNics::default()
@@ -843,25 +851,21 @@ impl Vm {
             st.pending.merge(o)?;
         }
         let env = &self.0.env;
-        let spec = BootSpec {
-            vm_name: self.0.name.clone(),
-            profile: env.config.profiles.get(&self.0.profile).cloned(),
-            profile_name: self.0.profile.clone(),
-            memory_bytes: self.0.sizing.memory_bytes,
-            cpus: self.0.sizing.cpus,
-            kernel_cmdline: st.pending.kernel_cmdline.clone(),
-            rng_seed: st.pending.rng_seed,
-            initial_time: st.pending.initial_time,
-        };
-        let boot_err = |e: String| err(format!("vm:boot: vm `{}`: {e}", self.0.name));
         let drives = {
             let disks = self.0.disks.lock().unwrap();
             super::disk::boot_drives(&self.0.name, &disks)
                 .map_err(|e| err(format!("vm:boot: {e}")))?
         };
-        let machine = Arc::new(
-            Machine::boot_with_devices(env.backend, &spec, &st.pending.files, &drives.drives, nics)
-                .map_err(boot_err)?,
+        let spec = boot_spec(
+            self.declared_spec(),
+            &st.pending,
+            drives.drives.clone(),
+            nics,
+        );
+        let machine: Arc<dyn Guest> = Arc::from(
+            env.machines()
+                .boot(&spec)
+                .map_err(|e| err(format!("vm:boot: vm `{}`: {}", self.0.name, flatten(&e))))?,
         );
         drives.given_to_guest();
         *self.0.machine_disks.lock().unwrap() = drives.disks().to_vec();
@@ -873,8 +877,9 @@ impl Vm {
                 machine.kill();
                 st.phase = Phase::Dead;
                 return Err(err(format!(
-                    "vm:boot: vm `{}`: the agent did not answer: {e}",
-                    self.0.name
+                    "vm:boot: vm `{}`: the agent did not answer: {}",
+                    self.0.name,
+                    flatten(&e)
                 )));
             }
         };
@@ -895,7 +900,7 @@ impl Vm {
             vm_name: self.0.name.clone(),
             profile: self.0.profile.clone(),
             memory_bytes: self.0.sizing.memory_bytes,
-            cid: machine.cid(),
+            cid: machine.cid().unwrap_or(0),
         }));
         // NICs of bridges attached before boot (eth0, eth1, … by bridge name).
         drop(st);
@@ -912,7 +917,7 @@ impl Vm {
             c.close();
         }
         if let Some(m) = self.0.machine.lock().unwrap().take() {
-            m.shutdown();
+            m.kill();
         }
         let was_up = st.booted_at.take();
         st.phase = Phase::Shutdown;
@@ -944,14 +949,8 @@ impl Vm {
     /// `vm:attach_disk(opts)`: kvm only, before boot (see `lua::disk`).
     pub fn attach_disk(&self, opts: &Value) -> mlua::Result<Disk> {
         const M: &str = "vm:attach_disk";
-        let backend = self.0.env.backend;
-        if backend != crate::runner::BackendKind::Kvm {
-            return Err(err(format!(
-                "{M}: vm `{}`: the {} backend has no block devices (a sandbox shares the host's kernel, \
-                 so there is no virtio-blk disk to give it); run with --vmm kvm",
-                self.0.name,
-                backend.as_str()
-            )));
+        if let Some(why) = self.capabilities().disks.refusal() {
+            return Err(err(format!("{M}: vm `{}`: {why}", self.0.name)));
         }
         let opts = AttachOpts::parse(&self.0.name, opts)?;
         let phase = self.phase();
@@ -1000,7 +999,7 @@ impl Vm {
         }
         self.machine()?
             .pause()
-            .map_err(|e| err(format!("vm:pause: {e}")))?;
+            .map_err(|e| err(format!("vm:pause: {}", flatten(&e))))?;
         st.phase = Phase::Paused;
         Ok(())
     }
@@ -1012,7 +1011,7 @@ impl Vm {
         }
         self.machine()?
             .resume()
-            .map_err(|e| err(format!("vm:resume: {e}")))?;
+            .map_err(|e| err(format!("vm:resume: {}", flatten(&e))))?;
         st.phase = Phase::Booted;
         Ok(())
     }
@@ -1023,7 +1022,7 @@ impl Vm {
     pub fn reset(&self) -> mlua::Result<()> {
         let machine = self.booted_machine("reset")?;
         // A backend that cannot reset refuses before anything changes.
-        if let Some(why) = machine.reset_refusal() {
+        if let Some(why) = machine.capabilities().reset.refusal() {
             return Err(err(format!("vm:reset: vm `{}`: {why}", self.0.name)));
         }
         let mut st = self.0.state.lock().unwrap();
@@ -1042,12 +1041,16 @@ impl Vm {
             Err(e) => {
                 machine.kill();
                 st.phase = Phase::Dead;
-                Err(err(format!("vm:reset: vm `{}`: {e}", self.0.name)))
+                Err(err(format!(
+                    "vm:reset: vm `{}`: {}",
+                    self.0.name,
+                    flatten(&e)
+                )))
             }
         }
     }
 
-    fn machine(&self) -> mlua::Result<Arc<Machine>> {
+    fn machine(&self) -> mlua::Result<Arc<dyn Guest>> {
         self.0
             .machine
             .lock()
@@ -1056,12 +1059,31 @@ impl Vm {
             .ok_or_else(|| err(format!("vm `{}` has no running machine", self.0.name)))
     }
 
-    fn booted_machine(&self, method: &str) -> mlua::Result<Arc<Machine>> {
+    fn booted_machine(&self, method: &str) -> mlua::Result<Arc<dyn Guest>> {
         let phase = self.phase();
         if phase != Phase::Booted {
             return Err(self.wrong_state(method, phase, "booted"));
         }
         self.machine()
+    }
+}
+
+/// The spec a boot builds: the declaration's, with the `vm:boot` opts and
+/// the VM's disks and (VMM-device) NICs.
+fn boot_spec(
+    declared: MachineSpec,
+    opts: &BootOpts,
+    drives: Vec<provium_vmm::vmm_config::DriveConfig>,
+    nics: Vec<provium_vmm::vmm_config::NetConfig>,
+) -> MachineSpec {
+    MachineSpec {
+        kernel_cmdline: opts.kernel_cmdline.clone(),
+        rng_seed: opts.rng_seed,
+        initial_time: opts.initial_time,
+        files: opts.files.clone(),
+        drives,
+        nics,
+        ..declared
     }
 }
 
@@ -1093,14 +1115,20 @@ impl UserData for Vm {
         m.add_method("power_button", |_, this, ()| {
             let machine = this.booted_machine("power_button")?;
             // A backend without a power button refuses with the VM as it was.
-            if let Some(why) = machine.power_button_refusal() {
+            if let Some(why) = machine.capabilities().power_button.refusal() {
                 return Err(err(format!("vm:power_button: vm `{}`: {why}", this.0.name)));
             }
             let pressed = machine.power_button();
             // Shutdown either way (the reference's post-state); a guest that
             // did not power off is still an error, with what it did instead.
             this.shutdown()?;
-            pressed.map_err(|e| err(format!("vm:power_button: vm `{}`: {e}", this.0.name)))
+            pressed.map_err(|e| {
+                err(format!(
+                    "vm:power_button: vm `{}`: {}",
+                    this.0.name,
+                    flatten(&e)
+                ))
+            })
         });
         m.add_method("snapshot", |_, this, path: Option<String>| {
             use super::snapshot::{delete_at_scope_end, temp_path, SnapshotUd};
@@ -1182,7 +1210,7 @@ impl UserData for Vm {
                 .lock()
                 .unwrap()
                 .as_ref()
-                .map(|m| m.cid())
+                .and_then(|m| m.cid())
                 .filter(|c| *c != 0))
         });
         m.add_method("is_quiescent", |_, this, ()| {

@@ -1,4 +1,5 @@
-//! A profile + boot options → the VMM's `VmConfig`: kernel, initrd (with the
+//! A profile + [`MachineSpec`] → the VMM's `VmConfig` (the one place the
+//! harness's shape becomes the VMM's): kernel, initrd (with the
 //! agent injected unless the profile says `inject_agent = false`), command
 //! line (the reference's rules; on kvm_pvm also the words a Linux guest
 //! needs there, [`KVM_PVM_CMDLINE_WORDS`]), sizing, rng seed, the VM's disks
@@ -14,35 +15,16 @@ use std::sync::Once;
 
 use provium_vmm::initrd::inject::{cmdline_words, merged_initrd, InjectError};
 use provium_vmm::initrd::{inject_agent, AgentInjection, BootFile, CpioWriter};
-use provium_vmm::vmm_config::{DriveConfig, NetConfig, RngConfig, VsockHost};
+use provium_vmm::vmm_config::{RngConfig, VsockHost};
 use provium_vmm::{BootSource, KernelImage, MachineConfig, VmConfig};
 
 use crate::backend::local::locate_agent;
+use crate::backend::MachineSpec;
 use crate::config::Profile;
 
-/// What a kvm boot needs beyond the profile.
-#[derive(Debug, Clone, Default)]
-pub struct KvmBootOpts {
-    pub memory_bytes: u64,
-    pub cpus: u32,
-    /// `kernel_cmdline`: replaces the profile's cmdline / cmdline_file.
-    pub kernel_cmdline: Option<String>,
-    pub rng_seed: Option<u64>,
-    /// Boot opts `files`: (absolute guest path, contents), mode 0644.
-    pub files: Vec<(String, Vec<u8>)>,
-    /// Inject the agent (the profile's `inject_agent`; `provium console`
-    /// only with `--agent`).
-    pub inject_agent: bool,
-    /// virtio-net devices, one per attached bridge in bridge-name order
-    /// (the guest's eth0, eth1, …); their ports are already on the switches.
-    pub nics: Vec<NetConfig>,
-    /// The VM's disks in attach order (the guest's vda, vdb, …); each
-    /// carries its Disk userdata's fault set (`lua::disk::boot_drives`).
-    pub drives: Vec<DriveConfig>,
-    /// The VMM boot timer to attach (`provium bench boot` reads its marks:
-    /// first KVM_RUN, console, the agent's ready write); none for tests.
-    pub boot_timer: Option<provium_vmm::boot_timer::BootTimer>,
-}
+/// The name `provium bench` builds kvm boots with; the one shape is
+/// [`MachineSpec`] (the VM's name and `initial_time` are not read here).
+pub type KvmBootOpts = MachineSpec;
 
 /// Where merged initrds are cached (content-addressed, so sharing is safe).
 pub fn overlay_cache_dir() -> PathBuf {
@@ -54,7 +36,7 @@ pub fn overlay_cache_dir() -> PathBuf {
 /// The VMM config for `profile`, and the vsock handle (guest `cid`) to reach it.
 pub fn vm_config(
     profile: &Profile,
-    opts: &KvmBootOpts,
+    opts: &MachineSpec,
     cid: u32,
 ) -> Result<(VmConfig, VsockHost), String> {
     vm_config_with(
@@ -71,7 +53,7 @@ pub fn vm_config(
 /// host's KVM is kvm_pvm given.
 pub fn vm_config_with(
     profile: &Profile,
-    opts: &KvmBootOpts,
+    opts: &MachineSpec,
     cid: u32,
     agent: &dyn Fn() -> Result<PathBuf, String>,
     cache: &Path,
@@ -380,6 +362,7 @@ pub fn is_static_elf(path: &Path) -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use provium_vmm::vmm_config::NetConfig;
 
     fn no_agent() -> Result<PathBuf, String> {
         Err("no agent in this test".into())
@@ -387,7 +370,7 @@ mod tests {
 
     fn cfg(
         p: &Profile,
-        opts: &KvmBootOpts,
+        opts: &MachineSpec,
         cid: u32,
         dir: &Path,
     ) -> Result<(VmConfig, VsockHost), String> {
@@ -415,11 +398,11 @@ mod tests {
     fn sizing_seed_vsock_and_cmdline() {
         let d = tempfile::tempdir().unwrap();
         let p = profile(d.path());
-        let opts = KvmBootOpts {
+        let opts = MachineSpec {
             memory_bytes: (256 << 20) + 1,
             cpus: 2,
             rng_seed: Some(7),
-            ..KvmBootOpts::default()
+            ..MachineSpec::default()
         };
         let (c, vsock) = cfg(&p, &opts, 9, d.path()).unwrap();
         assert_eq!(c.machine.mem_size_mib, 257);
@@ -428,11 +411,11 @@ mod tests {
         assert_eq!(vsock.guest_cid(), 9);
         assert_eq!(c.boot.cmdline, "quiet console=ttyS0");
         assert!(c.boot.initrd.is_none());
-        let opts = KvmBootOpts {
+        let opts = MachineSpec {
             kernel_cmdline: Some("x=1".into()),
             memory_bytes: 64 << 20,
             cpus: 1,
-            ..KvmBootOpts::default()
+            ..MachineSpec::default()
         };
         assert_eq!(
             cfg(&p, &opts, 3, d.path()).unwrap().0.boot.cmdline,
@@ -449,11 +432,11 @@ mod tests {
         let agent = d.path().join("provium-agent");
         std::fs::write(&agent, b"not really an agent").unwrap();
         let found = || Ok(agent.clone());
-        let with = KvmBootOpts {
+        let with = MachineSpec {
             memory_bytes: 64 << 20,
             cpus: 1,
             inject_agent: true,
-            ..KvmBootOpts::default()
+            ..MachineSpec::default()
         };
         let (c, _) = vm_config_with(&p, &with, 3, &found, &d.path().join("cache"), false).unwrap();
         assert!(
@@ -462,7 +445,7 @@ mod tests {
             c.boot.cmdline
         );
         assert!(c.boot.cmdline.contains("rdinit="), "{}", c.boot.cmdline);
-        let without = KvmBootOpts {
+        let without = MachineSpec {
             inject_agent: false,
             ..with
         };
@@ -491,12 +474,12 @@ mod tests {
         let overlay = d.path().join("agent-overlay.cpio");
         std::fs::write(&overlay, w.finish()).unwrap();
         p.agent_overlay_path = Some(overlay.clone());
-        let opts = KvmBootOpts {
+        let opts = MachineSpec {
             memory_bytes: 64 << 20,
             cpus: 1,
             inject_agent: true,
             files: vec![("/etc/x.conf".into(), b"k=v\n".to_vec())],
-            ..KvmBootOpts::default()
+            ..MachineSpec::default()
         };
         // `no_agent`: the built agent is never looked for.
         let (c, _) = cfg(&p, &opts, 3, d.path()).unwrap();
@@ -539,11 +522,11 @@ mod tests {
                 b.attach("v", MacAddr::local(2)).unwrap(),
             )),
         ];
-        let opts = KvmBootOpts {
+        let opts = MachineSpec {
             memory_bytes: 64 << 20,
             cpus: 1,
             nics,
-            ..KvmBootOpts::default()
+            ..MachineSpec::default()
         };
         let (c, _) = cfg(&p, &opts, 3, d.path()).unwrap();
         let got: Vec<(MacAddr, &str)> = c.nets.iter().map(|n| (n.mac, n.port.bridge())).collect();
@@ -554,11 +537,11 @@ mod tests {
     fn files_without_agent_still_reach_the_initrd() {
         let d = tempfile::tempdir().unwrap();
         let p = profile(d.path());
-        let opts = KvmBootOpts {
+        let opts = MachineSpec {
             memory_bytes: 64 << 20,
             cpus: 1,
             files: vec![("/etc/x.conf".into(), b"k=v\n".to_vec())],
-            ..KvmBootOpts::default()
+            ..MachineSpec::default()
         };
         let (c, _) = cfg(&p, &opts, 3, d.path()).unwrap();
         let initrd = std::fs::read(c.boot.initrd.unwrap()).unwrap();
@@ -578,11 +561,11 @@ mod tests {
         std::fs::write(&agent, b"\x7fELF").unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let opts = KvmBootOpts {
+        let opts = MachineSpec {
             memory_bytes: 64 << 20,
             cpus: 1,
             inject_agent: true,
-            ..KvmBootOpts::default()
+            ..MachineSpec::default()
         };
         let with_agent = || Ok(agent.clone());
         let e =
@@ -649,11 +632,11 @@ mod tests {
         let disks = ["data", "logs", "gone"].map(|id| vm.disk(id).unwrap());
         disks[2].detach();
         let boot = boot_drives("v", &disks).unwrap();
-        let opts = KvmBootOpts {
+        let opts = MachineSpec {
             memory_bytes: 64 << 20,
             cpus: 1,
             drives: boot.drives.clone(),
-            ..KvmBootOpts::default()
+            ..MachineSpec::default()
         };
         let (c, _) = cfg(&p, &opts, 3, d.path()).unwrap();
         assert_eq!(disks[0].guest_device(), None, "not before the VM is built");
@@ -740,10 +723,10 @@ mod tests {
     fn kvm_pvm_hosts_get_the_words_in_the_vm_config() {
         let d = tempfile::tempdir().unwrap();
         let p = profile(d.path());
-        let opts = KvmBootOpts {
+        let opts = MachineSpec {
             memory_bytes: 64 << 20,
             cpus: 1,
-            ..KvmBootOpts::default()
+            ..MachineSpec::default()
         };
         let cache = d.path().join("cache");
         let (c, _) = vm_config_with(&p, &opts, 3, &no_agent, &cache, true).unwrap();

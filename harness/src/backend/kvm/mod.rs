@@ -25,19 +25,62 @@
 //! guest to power off, saying what happened when it does not.
 
 pub mod config;
+pub mod guest;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use provium_protocol::AGENT_VSOCK_PORT;
 use provium_vmm::devices::virtio::vsock::VsockConnectError;
 use provium_vmm::vmm_config::VsockHost;
-use provium_vmm::{Console, StopReason, Vm, VmState};
+use provium_vmm::{Console, StopReason, Vm, VmError, VmState};
 
-use crate::client::{AgentClient, AgentOps, ClientOptions};
+use crate::backend::{CidAllocator, MachineSpec};
+use crate::client::{AgentClient, AgentOps, ClientError, ClientOptions};
 use crate::config::Profile;
 pub use config::{vm_config, KvmBootOpts};
+pub use guest::KvmBackend;
+
+/// What the kvm backend fails with.
+#[derive(Debug, thiserror::Error)]
+pub enum KvmError {
+    #[error(
+        "the kvm backend boots a profile's kernel, and profile `{profile}` is not in provium.toml"
+    )]
+    NoProfileToBoot { profile: String },
+    #[error("the kvm backend restores into profile `{profile}`, which is not in provium.toml")]
+    NoProfileToRestore { profile: String },
+    /// The profile and spec make no VM config (kernel, initrd, agent,
+    /// sizing); the text names the value and the fix.
+    #[error("{0}")]
+    Config(String),
+    /// A setting from the environment is invalid (the text names it).
+    #[error("{0}")]
+    Setting(String),
+    /// What the VMM said (boxed: a VMM error is large, and every call
+    /// here returns this).
+    #[error(transparent)]
+    Vmm(Box<VmError>),
+    /// No agent answered; the text says what the console shows.
+    #[error("{0}")]
+    NoAgent(String),
+    #[error("initial_time")]
+    InitialTime(#[source] ClientError),
+    /// A reset ran, and then no agent answered (the inner error says why).
+    #[error("the guest was reset, but {}", crate::error_chain::flatten(.0.as_ref()))]
+    ResetUnanswered(Box<KvmError>),
+    /// The power button did not power the guest off; the text says what
+    /// it did instead.
+    #[error("{0}")]
+    PowerButton(String),
+    #[error(
+        "NIC {ifname}: a booted kvm VM cannot get a new NIC: its virtio-net devices are \
+         virtio-mmio, which a guest without ACPI finds only on its kernel command line at \
+         boot (no hotplug); attach the bridge before vm:boot()"
+    )]
+    NicAfterBoot { ifname: String },
+}
 
 /// Overrides how long `connect` waits for the agent's Hello (seconds).
 pub const AGENT_TIMEOUT_ENV: &str = "PROVIUM_KVM_AGENT_TIMEOUT";
@@ -57,10 +100,6 @@ pub const KERNEL_POWER_DOWN: &str = "reboot: Power down";
 pub const KERNEL_HALTED: &str = "reboot: System halted";
 /// How long `power_button` waits for the guest to power off.
 pub const DEFAULT_POWER_OFF_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Guest CIDs: 0-2 are reserved; each VM of this process gets the next one.
-/// Our vsock is userspace (per device), so CIDs never collide across processes.
-static NEXT_CID: AtomicU32 = AtomicU32::new(3);
 
 /// The agent timeout: `PROVIUM_KVM_AGENT_TIMEOUT` (seconds), else 60 s
 /// ([`DEFAULT_AGENT_TIMEOUT_KVM_PVM`] on kvm_pvm).
@@ -90,6 +129,12 @@ pub fn host_is_kvm_pvm() -> bool {
     }
 }
 
+impl From<VmError> for KvmError {
+    fn from(e: VmError) -> Self {
+        KvmError::Vmm(Box::new(e))
+    }
+}
+
 /// A guest on the microVMM.
 pub struct KvmMachine {
     name: String,
@@ -106,57 +151,49 @@ pub struct KvmMachine {
 }
 
 impl KvmMachine {
-    /// Builds and boots the VM (returns once the vCPUs run; `connect` waits
-    /// for the agent).
-    pub fn boot(
-        name: &str,
-        profile: &Profile,
-        opts: &KvmBootOpts,
-        initial_time: Option<f64>,
-    ) -> Result<KvmMachine, String> {
-        let m = KvmMachine::create(name, profile, opts, initial_time)?;
-        m.start()?;
-        Ok(m)
-    }
-
-    /// Prepares the VM without running it (subscribe to its console first,
-    /// then `start`).
-    pub fn create(
-        name: &str,
-        profile: &Profile,
-        opts: &KvmBootOpts,
-        initial_time: Option<f64>,
-    ) -> Result<KvmMachine, String> {
-        let agent_timeout = agent_timeout()?;
-        let cid = NEXT_CID.fetch_add(1, Ordering::Relaxed);
-        let (cfg, vsock) = config::vm_config(profile, opts, cid)?;
-        let vm = Vm::new(cfg).map_err(|e| crate::error_chain::flatten(&e))?;
+    /// Prepares the VM of `spec` on `profile` with guest CID `cid`, without
+    /// running it (subscribe to its console first, then `start`, or
+    /// `restore_from` a snapshot).
+    pub fn build(spec: &MachineSpec, profile: &Profile, cid: u32) -> Result<KvmMachine, KvmError> {
+        let agent_timeout = agent_timeout().map_err(KvmError::Setting)?;
+        let (cfg, vsock) = config::vm_config(profile, spec, cid).map_err(KvmError::Config)?;
+        let vm = Vm::new(cfg)?;
         Ok(KvmMachine {
-            name: name.to_string(),
+            name: spec.vm_name.clone(),
             vm,
             vsock,
             cid,
             killed: AtomicBool::new(false),
             agent_timeout,
             power_off_timeout: DEFAULT_POWER_OFF_TIMEOUT,
-            initial_time,
+            initial_time: spec.initial_time,
             boot_log_mark: AtomicU64::new(0),
         })
     }
 
-    /// A VM made by `create`, running the snapshot at `path` instead of
-    /// booting (`connect` then reaches its agent anew: vsock connections do
-    /// not survive a restore).
-    pub fn restore(
+    /// [`KvmMachine::build`] for `provium bench boot`, which makes one VM
+    /// at a time (so CID [`CidAllocator::FIRST`]) and reads errors as text.
+    /// Kept until bench goes through [`crate::backend::Backend`].
+    pub fn create(
         name: &str,
         profile: &Profile,
         opts: &KvmBootOpts,
-        path: &std::path::Path,
+        initial_time: Option<f64>,
     ) -> Result<KvmMachine, String> {
-        let m = KvmMachine::create(name, profile, opts, None)?;
-        m.vm.restore(path)
-            .map_err(|e| crate::error_chain::flatten(&e))?;
-        Ok(m)
+        let spec = MachineSpec {
+            vm_name: name.to_string(),
+            initial_time,
+            ..opts.clone()
+        };
+        KvmMachine::build(&spec, profile, CidAllocator::FIRST)
+            .map_err(|e| crate::error_chain::flatten(&e))
+    }
+
+    /// Runs the snapshot at `path` in a VM made by `build` instead of
+    /// booting it (`connect` then reaches its agent anew: vsock
+    /// connections do not survive a restore).
+    pub fn restore_from(&self, path: &std::path::Path) -> Result<(), KvmError> {
+        Ok(self.vm.restore(path)?)
     }
 
     /// Writes a snapshot of the running VM to `path` with the caller's
@@ -165,11 +202,8 @@ impl KvmMachine {
         &self,
         path: &std::path::Path,
         extra: &[(&str, Vec<u8>)],
-    ) -> Result<u64, String> {
-        self.vm
-            .snapshot_with(path, extra)
-            .map(|s| s.file_bytes)
-            .map_err(|e| crate::error_chain::flatten(&e))
+    ) -> Result<u64, KvmError> {
+        Ok(self.vm.snapshot_with(path, extra).map(|s| s.file_bytes)?)
     }
 
     /// Replaces the agent timeout (`PROVIUM_KVM_AGENT_TIMEOUT` otherwise).
@@ -184,9 +218,9 @@ impl KvmMachine {
         self
     }
 
-    /// Boots a VM made by `create`.
-    pub fn start(&self) -> Result<(), String> {
-        self.vm.boot().map_err(|e| crate::error_chain::flatten(&e))
+    /// Boots a VM made by `build`.
+    pub fn start(&self) -> Result<(), KvmError> {
+        Ok(self.vm.boot()?)
     }
 
     /// The VMM's VM (lifecycle, console, memory).
@@ -232,17 +266,17 @@ impl KvmMachine {
 
     /// Reaches the agent over vsock and does the handshake, retrying until
     /// the agent timeout; then applies `initial_time`.
-    pub fn connect(&self) -> Result<AgentClient, String> {
+    pub fn connect(&self) -> Result<AgentClient, KvmError> {
         let start = Instant::now();
         let deadline = start + self.agent_timeout;
         let mut init_seen: Option<String> = None;
         let mut last = String::from("no attempt yet");
         loop {
             if self.killed.load(Ordering::SeqCst) {
-                return Err(format!(
+                return Err(KvmError::NoAgent(format!(
                     "vm `{}` was stopped while waiting for its agent",
                     self.name
-                ));
+                )));
             }
             match self.vm.state() {
                 VmState::Booted => {}
@@ -258,13 +292,15 @@ impl KvmMachine {
                     if internal && after_init && host_is_kvm_pvm() {
                         e.push_str(&format!("\n{KVM_PVM_INTERNAL_ERROR_HINT}"));
                     }
-                    return Err(e);
+                    return Err(KvmError::NoAgent(e));
                 }
             }
             let now = Instant::now();
             let left = deadline.saturating_duration_since(now);
             if left.is_zero() {
-                return Err(self.no_hello(&last, init_seen.as_deref()));
+                return Err(KvmError::NoAgent(
+                    self.no_hello(&last, init_seen.as_deref()),
+                ));
             }
             match self
                 .vsock
@@ -299,11 +335,11 @@ impl KvmMachine {
             if log.contains("Kernel panic") {
                 // Let the rest of the panic message arrive.
                 std::thread::sleep(Duration::from_secs(1));
-                return Err(panic_message(
+                return Err(KvmError::NoAgent(panic_message(
                     &self.boot_log(),
                     host_is_kvm_pvm(),
                     &self.last_lines(ERROR_CONSOLE_LINES),
-                ));
+                )));
             }
             if init_seen.is_none() {
                 init_seen = init_line(&log);
@@ -334,12 +370,11 @@ impl KvmMachine {
         })
     }
 
-    fn after_hello(&self, client: AgentClient) -> Result<AgentClient, String> {
+    fn after_hello(&self, client: AgentClient) -> Result<AgentClient, KvmError> {
         if let Some(t) = self.initial_time {
             let ns = (t * 1e9) as i64;
             let ops: &dyn AgentOps = &client;
-            ops.clock_set(ns)
-                .map_err(|e| format!("initial_time: {}", crate::error_chain::flatten(&e)))?;
+            ops.clock_set(ns).map_err(KvmError::InitialTime)?;
         }
         Ok(client)
     }
@@ -350,27 +385,23 @@ impl KvmMachine {
         let _ = self.vm.shutdown();
     }
 
-    pub fn pause(&self) -> Result<(), String> {
-        self.vm.pause().map_err(|e| crate::error_chain::flatten(&e))
+    pub fn pause(&self) -> Result<(), KvmError> {
+        Ok(self.vm.pause()?)
     }
 
-    pub fn resume(&self) -> Result<(), String> {
-        self.vm
-            .resume()
-            .map_err(|e| crate::error_chain::flatten(&e))
+    pub fn resume(&self) -> Result<(), KvmError> {
+        Ok(self.vm.resume()?)
     }
 
     /// Warm reset through the boot path, then a new agent connection: the
     /// agent restarts with the guest, so the old connection is gone. Fails
     /// like `connect` (with this boot's console) when no Hello comes.
-    pub fn reset(&self) -> Result<AgentClient, String> {
+    pub fn reset(&self) -> Result<AgentClient, KvmError> {
         self.boot_log_mark
             .store(self.vm.console().total_bytes(), Ordering::SeqCst);
-        self.vm
-            .reset()
-            .map_err(|e| crate::error_chain::flatten(&e))?;
+        self.vm.reset()?;
         self.connect()
-            .map_err(|e| format!("the guest was reset, but {e}"))
+            .map_err(|e| KvmError::ResetUnanswered(Box::new(e)))
     }
 
     /// `vm:power_button()`: Ctrl+Alt+Del on the i8042 (no ACPI here; see
@@ -378,11 +409,9 @@ impl KvmMachine {
     /// power off: a write to the PM1a control port, or the kernel's
     /// "reboot: Power down" (then it halts, and the VM is shut down here).
     /// The error says what the guest did instead.
-    pub fn power_button(&self) -> Result<(), String> {
+    pub fn power_button(&self) -> Result<(), KvmError> {
         let boots = self.vm.boot_count();
-        self.vm
-            .power_button()
-            .map_err(|e| crate::error_chain::flatten(&e))?;
+        self.vm.power_button()?;
         let deadline = Instant::now() + self.power_off_timeout;
         loop {
             let state = self
@@ -393,7 +422,9 @@ impl KvmMachine {
                     return Ok(())
                 }
                 VmState::Shutdown | VmState::Dead => {
-                    return Err(self.stopped("after the power button without powering off", state))
+                    return Err(KvmError::PowerButton(
+                        self.stopped("after the power button without powering off", state),
+                    ))
                 }
                 _ => {}
             }
@@ -403,28 +434,25 @@ impl KvmMachine {
             // power-off.
             let log = self.boot_log();
             if log.contains(KERNEL_POWER_DOWN) || log.contains(KERNEL_HALTED) {
-                return self
-                    .vm
-                    .shutdown()
-                    .map_err(|e| crate::error_chain::flatten(&e));
+                return Ok(self.vm.shutdown()?);
             }
             if self.vm.boot_count() != boots {
-                return Err(format!(
+                return Err(KvmError::PowerButton(format!(
                     "the guest rebooted instead of powering off: its kernel took Ctrl+Alt+Del \
                      as a reboot because init left it on (an init that handles the power button \
                      calls reboot(LINUX_REBOOT_CMD_CAD_OFF) and powers off on SIGINT; \
                      provium-agent as PID 1 does); last console lines:\n{}",
                     self.last_lines(ERROR_CONSOLE_LINES)
-                ));
+                )));
             }
             if Instant::now() >= deadline {
-                return Err(format!(
+                return Err(KvmError::PowerButton(format!(
                     "the guest did not power off within {:?} of the power button (Ctrl+Alt+Del \
                      with IRQ 1 on the i8042: the kernel needs SERIO_I8042, KEYBOARD_ATKBD and \
                      VT, and init must power off on SIGINT); last console lines:\n{}",
                     self.power_off_timeout,
                     self.last_lines(ERROR_CONSOLE_LINES)
-                ));
+                )));
             }
         }
     }
@@ -616,8 +644,7 @@ mod tests {
             eprintln!("SKIP tiny_guest_snapshot_restores_into_a_new_machine: no /dev/kvm");
             return;
         }
-        use crate::machine::{BootSpec, Machine};
-        use crate::runner::BackendKind;
+        use crate::backend::Backend;
         let d = tempfile::tempdir().unwrap();
         let kernel = d.path().join("bzImage");
         std::fs::write(&kernel, provium_vmm::tiny_guest::BZIMAGE).unwrap();
@@ -633,14 +660,19 @@ mod tests {
             build: None,
             build_out: d.path().into(),
         };
-        let opts = KvmBootOpts {
+        let backend = KvmBackend::new(CidAllocator::new());
+        let spec = MachineSpec {
+            vm_name: "a".into(),
+            profile_name: "tiny".into(),
+            profile: Some(profile.clone()),
             memory_bytes: 32 << 20,
             cpus: 1,
-            ..KvmBootOpts::default()
+            ..MachineSpec::default()
         };
-        let a = KvmMachine::boot("a", &profile, &opts, None).unwrap();
+        let a = backend.boot(&spec).unwrap();
         let ready = provium_vmm::tiny_guest::READY.as_bytes();
-        assert!(a.console().wait_for(ready, 1, Duration::from_secs(60)));
+        let a_console = a.console().expect("kvm has a console");
+        assert!(a_console.wait_for(ready, 1, Duration::from_secs(60)));
         let path = d.path().join("a.snap");
         let decl = crate::lua::snapshot::VmDecl {
             name: "a".into(),
@@ -660,21 +692,12 @@ mod tests {
             "the declaration reads back whole, rng_seed included"
         );
 
-        let spec = BootSpec {
+        let spec = MachineSpec {
             vm_name: "b".into(),
-            profile_name: "tiny".into(),
-            profile: Some(profile.clone()),
-            memory_bytes: 32 << 20,
-            cpus: 1,
-            kernel_cmdline: None,
-            rng_seed: None,
-            initial_time: None,
+            ..spec
         };
-        let b = Machine::restore(BackendKind::Kvm, &spec, &path).unwrap();
-        let Machine::Kvm(k) = &b else {
-            unreachable!("kvm restore makes a kvm machine")
-        };
-        assert_ne!(k.cid(), a.cid(), "a restored VM gets its own CID");
+        let b = backend.restore(&spec, &path).unwrap();
+        assert_ne!(b.cid(), a.cid(), "a restored VM gets its own CID");
         let console = b.console().expect("kvm has a console");
         assert!(console.log_string().contains("READY"), "tail restored");
         console.write_input(b"restored-echo").unwrap();
@@ -684,13 +707,15 @@ mod tests {
             console.log_string()
         );
         // Another shape is refused by name.
-        let bigger = BootSpec {
+        let bigger = MachineSpec {
             memory_bytes: 64 << 20,
             ..spec
         };
-        let e = Machine::restore(BackendKind::Kvm, &bigger, &path)
+        let e = backend
+            .restore(&bigger, &path)
             .err()
             .expect("64 MiB VM from a 32 MiB snapshot");
+        let e = crate::error_chain::flatten(&e);
         assert!(e.contains("different VM shape"), "{e}");
         b.kill();
     }
