@@ -26,6 +26,45 @@ use crate::config::Profile;
 /// [`MachineSpec`] (the VM's name and `initial_time` are not read here).
 pub type KvmBootOpts = MachineSpec;
 
+/// Why a profile and spec make no VM config: each names the value and
+/// the fix; causes are sources.
+#[derive(Debug, thiserror::Error)]
+pub enum VmConfigError {
+    #[error(
+        "profile `{profile}` has no kernel: set `kernel = \"/path/to/bzImage\"` in provium.toml"
+    )]
+    NoKernel { profile: String },
+    #[error("profile `{profile}`: kernel `{}` does not exist (build it, or fix the path)", path.display())]
+    KernelMissing { profile: String, path: PathBuf },
+    #[error("profile `{profile}`: initrd `{}` does not exist", path.display())]
+    InitrdMissing { profile: String, path: PathBuf },
+    #[error("profile `{profile}`")]
+    Cmdline {
+        profile: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// No agent to inject (the locator's text says what was tried and the fix).
+    #[error("{0}")]
+    Agent(String),
+    #[error(transparent)]
+    Inject(#[from] InjectError),
+    #[error(
+        "agent_overlay_path `{}` is unreadable (fix the path, unset PROVIUM_OVERLAY, or remove \
+         the field to use the built agent)",
+        path.display()
+    )]
+    Overlay {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cpus = {cpus} is more than this VMM supports")]
+    TooManyCpus { cpus: u32 },
+    #[error("cannot set up the vsock device")]
+    Vsock(#[source] std::io::Error),
+}
+
 /// Where merged initrds are cached (content-addressed, so sharing is safe).
 pub fn overlay_cache_dir() -> PathBuf {
     std::env::var_os("PROVIUM_OVERLAY_CACHE")
@@ -38,7 +77,7 @@ pub fn vm_config(
     profile: &Profile,
     opts: &MachineSpec,
     cid: u32,
-) -> Result<(VmConfig, VsockHost), String> {
+) -> Result<(VmConfig, VsockHost), VmConfigError> {
     vm_config_with(
         profile,
         opts,
@@ -58,32 +97,33 @@ pub fn vm_config_with(
     agent: &dyn Fn() -> Result<PathBuf, String>,
     cache: &Path,
     kvm_pvm: bool,
-) -> Result<(VmConfig, VsockHost), String> {
-    let kernel = profile.kernel.clone().ok_or_else(|| {
-        format!(
-            "profile `{}` has no kernel: set `kernel = \"/path/to/bzImage\"` in provium.toml",
-            profile.name
-        )
-    })?;
+) -> Result<(VmConfig, VsockHost), VmConfigError> {
+    let kernel = profile
+        .kernel
+        .clone()
+        .ok_or_else(|| VmConfigError::NoKernel {
+            profile: profile.name.clone(),
+        })?;
     if !kernel.is_file() {
-        return Err(format!(
-            "profile `{}`: kernel `{}` does not exist (build it, or fix the path)",
-            profile.name,
-            kernel.display()
-        ));
+        return Err(VmConfigError::KernelMissing {
+            profile: profile.name.clone(),
+            path: kernel,
+        });
     }
     if let Some(i) = &profile.initrd {
         if !i.is_file() {
-            return Err(format!(
-                "profile `{}`: initrd `{}` does not exist",
-                profile.name,
-                i.display()
-            ));
+            return Err(VmConfigError::InitrdMissing {
+                profile: profile.name.clone(),
+                path: i.clone(),
+            });
         }
     }
     let cmdline = profile
         .kernel_cmdline(opts.kernel_cmdline.as_deref())
-        .map_err(|e| format!("profile `{}`: {e}", profile.name))?;
+        .map_err(|source| VmConfigError::Cmdline {
+            profile: profile.name.clone(),
+            source,
+        })?;
     let cmdline = if kvm_pvm {
         let (line, added) = with_missing_words(&cmdline, KVM_PVM_CMDLINE_WORDS);
         if !added.is_empty() {
@@ -111,11 +151,11 @@ pub fn vm_config_with(
         prebuilt_overlay_boot(&boot, overlay, &files, cache)?
     } else if opts.inject_agent {
         let inj = AgentInjection {
-            agent: agent()?,
+            agent: agent().map_err(VmConfigError::Agent)?,
             files,
             cache_dir: cache.to_path_buf(),
         };
-        let mut boot = inject_agent(&boot, &inj).map_err(|e| crate::error_chain::flatten(&e))?;
+        let mut boot = inject_agent(&boot, &inj)?;
         // Tell the agent where the VMM's boot timer is: it writes the
         // "ready" mark there once it can take our Hello, which is what
         // `provium bench boot --until ready` times. Appended last so it
@@ -128,9 +168,8 @@ pub fn vm_config_with(
         boot
     } else if !files.is_empty() {
         // No agent, but the files must still be there before init runs.
-        let overlay = files_cpio(&files).map_err(|e| crate::error_chain::flatten(&e))?;
-        let initrd = merged_initrd(boot.initrd.as_deref(), &overlay, cache)
-            .map_err(|e| crate::error_chain::flatten(&e))?;
+        let overlay = files_cpio(&files)?;
+        let initrd = merged_initrd(boot.initrd.as_deref(), &overlay, cache)?;
         BootSource {
             initrd: Some(initrd),
             ..boot
@@ -139,10 +178,9 @@ pub fn vm_config_with(
         boot
     };
     let mem_size_mib = opts.memory_bytes.div_ceil(1 << 20);
-    let vcpu_count = u8::try_from(opts.cpus)
-        .map_err(|_| format!("cpus = {} is more than this VMM supports", opts.cpus))?;
-    let vsock = VsockHost::new(u64::from(cid))
-        .map_err(|e| format!("cannot set up the vsock device: {e}"))?;
+    let vcpu_count =
+        u8::try_from(opts.cpus).map_err(|_| VmConfigError::TooManyCpus { cpus: opts.cpus })?;
+    let vsock = VsockHost::new(u64::from(cid)).map_err(VmConfigError::Vsock)?;
     let mut cfg = VmConfig::new(boot);
     cfg.machine = MachineConfig {
         vcpu_count,
@@ -230,22 +268,18 @@ fn prebuilt_overlay_boot(
     overlay: &Path,
     files: &[BootFile],
     cache: &Path,
-) -> Result<BootSource, String> {
-    let mut bytes = std::fs::read(overlay).map_err(|e| {
-        format!(
-            "agent_overlay_path `{}`: {e} (fix the path, unset PROVIUM_OVERLAY, or remove the field to use the built agent)",
-            overlay.display()
-        )
+) -> Result<BootSource, VmConfigError> {
+    let mut bytes = std::fs::read(overlay).map_err(|source| VmConfigError::Overlay {
+        path: overlay.to_path_buf(),
+        source,
     })?;
     if !files.is_empty() {
         let pad = (4 - bytes.len() % 4) % 4;
         bytes.extend(std::iter::repeat_n(0u8, pad));
-        bytes.extend(files_cpio(files).map_err(|e| crate::error_chain::flatten(&e))?);
+        bytes.extend(files_cpio(files)?);
     }
-    let cmdline = provium_vmm::initrd::inject::inject_cmdline(&boot.cmdline)
-        .map_err(|e| crate::error_chain::flatten(&e))?;
-    let initrd = merged_initrd(boot.initrd.as_deref(), &bytes, cache)
-        .map_err(|e| crate::error_chain::flatten(&e))?;
+    let cmdline = provium_vmm::initrd::inject::inject_cmdline(&boot.cmdline)?;
+    let initrd = merged_initrd(boot.initrd.as_deref(), &bytes, cache)?;
     Ok(BootSource {
         kernel: boot.kernel.clone(),
         initrd: Some(initrd),
@@ -375,6 +409,7 @@ mod tests {
         dir: &Path,
     ) -> Result<(VmConfig, VsockHost), String> {
         vm_config_with(p, opts, cid, &no_agent, &dir.join("cache"), false)
+            .map_err(|e| crate::error_chain::flatten(&e))
     }
 
     fn profile(dir: &Path) -> Profile {
@@ -568,8 +603,9 @@ mod tests {
             ..MachineSpec::default()
         };
         let with_agent = || Ok(agent.clone());
-        let e =
-            vm_config_with(&p, &opts, 3, &with_agent, &d.path().join("cache"), false).unwrap_err();
+        let e = vm_config_with(&p, &opts, 3, &with_agent, &d.path().join("cache"), false)
+            .map_err(|e| crate::error_chain::flatten(&e))
+            .unwrap_err();
         assert!(
             e.contains("rdinit=/bin/sh") && e.contains("inject_agent = false"),
             "{e}"

@@ -51,10 +51,8 @@ pub enum KvmError {
     NoProfileToBoot { profile: String },
     #[error("the kvm backend restores into profile `{profile}`, which is not in provium.toml")]
     NoProfileToRestore { profile: String },
-    /// The profile and spec make no VM config (kernel, initrd, agent,
-    /// sizing); the text names the value and the fix.
-    #[error("{0}")]
-    Config(String),
+    #[error(transparent)]
+    Config(#[from] config::VmConfigError),
     /// A setting from the environment is invalid (the text names it).
     #[error("{0}")]
     Setting(String),
@@ -156,7 +154,7 @@ impl KvmMachine {
     /// `restore_from` a snapshot).
     pub fn build(spec: &MachineSpec, profile: &Profile, cid: u32) -> Result<KvmMachine, KvmError> {
         let agent_timeout = agent_timeout().map_err(KvmError::Setting)?;
-        let (cfg, vsock) = config::vm_config(profile, spec, cid).map_err(KvmError::Config)?;
+        let (cfg, vsock) = config::vm_config(profile, spec, cid)?;
         let vm = Vm::new(cfg)?;
         Ok(KvmMachine {
             name: spec.vm_name.clone(),
