@@ -111,8 +111,12 @@ pub enum LocalError {
         #[source]
         source: ClientError,
     },
-    #[error("sandbox `{name}`: restoring its network configuration: {detail}")]
-    RestoreNet { name: String, detail: String },
+    #[error("sandbox `{name}`: restoring its network configuration")]
+    RestoreNet {
+        name: String,
+        #[source]
+        source: netconfig::NetConfigError,
+    },
     #[error("sandbox `{name}` is shut down")]
     ShutDown { name: String },
     #[error("cannot remove sandbox directory {path}")]
@@ -390,9 +394,9 @@ impl LocalSandbox {
     pub fn apply_restored_net(&mut self) -> Result<(), LocalError> {
         match self.restored_net.take() {
             Some(net) => {
-                netconfig::apply(self.init_pid, &net).map_err(|detail| LocalError::RestoreNet {
+                netconfig::apply(self.init_pid, &net).map_err(|source| LocalError::RestoreNet {
                     name: self.name.clone(),
-                    detail,
+                    source,
                 })
             }
             None => Ok(()),
