@@ -601,4 +601,46 @@ mod tests {
             "{e}"
         );
     }
+
+    /// A backend error with causes reaches Lua as its chain, each level
+    /// once: the boot, the profile, the file the profile names.
+    #[test]
+    fn a_boot_error_carries_its_chain_once() {
+        let d = tempfile::tempdir().unwrap();
+        let kernel = d.path().join("bzImage");
+        std::fs::write(&kernel, provium_vmm::tiny_guest::BZIMAGE).unwrap();
+        let missing = d.path().join("missing.cmdline");
+        let mut config = crate::config::Config::default();
+        config.profiles.insert(
+            "p".into(),
+            crate::config::Profile {
+                name: "p".into(),
+                kernel: Some(kernel),
+                initrd: None,
+                cmdline: "quiet".into(),
+                cmdline_file: Some(missing.clone()),
+                guest_os: "linux".into(),
+                inject_agent: false,
+                agent_overlay_path: None,
+                build: None,
+                build_out: d.path().into(),
+            },
+        );
+        let env = Arc::new(FileEnv::new(
+            "t.test.lua".into(),
+            "/t.test.lua".into(),
+            Vec::new(),
+            Arc::new(config),
+            BackendKind::Kvm,
+            crate::events::EventSender::disabled(),
+        ));
+        let e = message(vm(&env).boot(None).err().unwrap());
+        let want = format!(
+            "vm:boot: vm `v`: profile `p`: cmdline_file `{}`: No such file or directory (os error 2)",
+            missing.display()
+        );
+        assert!(e.contains(&want), "{e}");
+        assert_eq!(e.matches("profile `p`").count(), 1, "{e}");
+        assert_eq!(e.matches("No such file").count(), 1, "{e}");
+    }
 }
