@@ -60,18 +60,48 @@ pub enum KvmError {
     /// here returns this).
     #[error(transparent)]
     Vmm(Box<VmError>),
-    /// No agent answered; the text says what the console shows.
+    #[error("vm `{vm}` was stopped while waiting for its agent")]
+    KilledWaiting { vm: String },
+    /// The VM stopped on its own (`when` says during what); `hint` is what
+    /// a known cause on this host needs.
+    #[error(
+        "the VM stopped {when} ({why}); last console lines:\n{console_tail}{}",
+        hint.map(|h| format!("\n{h}")).unwrap_or_default()
+    )]
+    GuestStopped {
+        when: &'static str,
+        why: String,
+        console_tail: String,
+        hint: Option<&'static str>,
+    },
+    /// No Hello within the agent timeout ([`no_hello_message`]: what was
+    /// tried, how far the kernel got, what to check).
     #[error("{0}")]
-    NoAgent(String),
+    NoHello(String),
+    /// The guest kernel panicked first ([`panic_message`]).
+    #[error("{0}")]
+    Panicked(String),
     #[error("initial_time")]
     InitialTime(#[source] ClientError),
     /// A reset ran, and then no agent answered (the inner error says why).
     #[error("the guest was reset, but {}", crate::error_chain::flatten(.0.as_ref()))]
     ResetUnanswered(Box<KvmError>),
-    /// The power button did not power the guest off; the text says what
-    /// it did instead.
-    #[error("{0}")]
-    PowerButton(String),
+    #[error(
+        "the guest rebooted instead of powering off: its kernel took Ctrl+Alt+Del \
+         as a reboot because init left it on (an init that handles the power button \
+         calls reboot(LINUX_REBOOT_CMD_CAD_OFF) and powers off on SIGINT; \
+         provium-agent as PID 1 does); last console lines:\n{console_tail}"
+    )]
+    RebootedOnPowerButton { console_tail: String },
+    #[error(
+        "the guest did not power off within {timeout:?} of the power button (Ctrl+Alt+Del \
+         with IRQ 1 on the i8042: the kernel needs SERIO_I8042, KEYBOARD_ATKBD and \
+         VT, and init must power off on SIGINT); last console lines:\n{console_tail}"
+    )]
+    NoPowerOff {
+        timeout: Duration,
+        console_tail: String,
+    },
     #[error(
         "NIC {ifname}: a booted kvm VM cannot get a new NIC: its virtio-net devices are \
          virtio-mmio, which a guest without ACPI finds only on its kernel command line at \
@@ -271,10 +301,9 @@ impl KvmMachine {
         let mut last = String::from("no attempt yet");
         loop {
             if self.killed.load(Ordering::SeqCst) {
-                return Err(KvmError::NoAgent(format!(
-                    "vm `{}` was stopped while waiting for its agent",
-                    self.name
-                )));
+                return Err(KvmError::KilledWaiting {
+                    vm: self.name.clone(),
+                });
             }
             match self.vm.state() {
                 VmState::Booted => {}
@@ -283,20 +312,18 @@ impl KvmMachine {
                     continue;
                 }
                 s => {
-                    let mut e = self.stopped("before its agent answered", s);
                     let internal =
                         matches!(self.vm.stop_reason(), Some(StopReason::InternalError(_)));
                     let after_init = init_line(&self.boot_log()).is_some();
-                    if internal && after_init && host_is_kvm_pvm() {
-                        e.push_str(&format!("\n{KVM_PVM_INTERNAL_ERROR_HINT}"));
-                    }
-                    return Err(KvmError::NoAgent(e));
+                    let hint = (internal && after_init && host_is_kvm_pvm())
+                        .then_some(KVM_PVM_INTERNAL_ERROR_HINT);
+                    return Err(self.stopped("before its agent answered", s, hint));
                 }
             }
             let now = Instant::now();
             let left = deadline.saturating_duration_since(now);
             if left.is_zero() {
-                return Err(KvmError::NoAgent(
+                return Err(KvmError::NoHello(
                     self.no_hello(&last, init_seen.as_deref()),
                 ));
             }
@@ -333,7 +360,7 @@ impl KvmMachine {
             if log.contains("Kernel panic") {
                 // Let the rest of the panic message arrive.
                 std::thread::sleep(Duration::from_secs(1));
-                return Err(KvmError::NoAgent(panic_message(
+                return Err(KvmError::Panicked(panic_message(
                     &self.boot_log(),
                     host_is_kvm_pvm(),
                     &self.last_lines(ERROR_CONSOLE_LINES),
@@ -345,16 +372,17 @@ impl KvmMachine {
         }
     }
 
-    /// "The VM stopped WHEN (its stop reason); last console lines: ...".
-    fn stopped(&self, when: &str, state: VmState) -> String {
-        let why = self
-            .vm
-            .stop_reason()
-            .map_or_else(|| state.to_string(), |r| r.to_string());
-        format!(
-            "the VM stopped {when} ({why}); last console lines:\n{}",
-            self.last_lines(ERROR_CONSOLE_LINES)
-        )
+    /// The VM stopped `when`, in `state`: its stop reason and console.
+    fn stopped(&self, when: &'static str, state: VmState, hint: Option<&'static str>) -> KvmError {
+        KvmError::GuestStopped {
+            when,
+            why: self
+                .vm
+                .stop_reason()
+                .map_or_else(|| state.to_string(), |r| r.to_string()),
+            console_tail: self.last_lines(ERROR_CONSOLE_LINES),
+            hint,
+        }
     }
 
     fn no_hello(&self, last: &str, init: Option<&str>) -> String {
@@ -420,8 +448,10 @@ impl KvmMachine {
                     return Ok(())
                 }
                 VmState::Shutdown | VmState::Dead => {
-                    return Err(KvmError::PowerButton(
-                        self.stopped("after the power button without powering off", state),
+                    return Err(self.stopped(
+                        "after the power button without powering off",
+                        state,
+                        None,
                     ))
                 }
                 _ => {}
@@ -435,22 +465,15 @@ impl KvmMachine {
                 return Ok(self.vm.shutdown()?);
             }
             if self.vm.boot_count() != boots {
-                return Err(KvmError::PowerButton(format!(
-                    "the guest rebooted instead of powering off: its kernel took Ctrl+Alt+Del \
-                     as a reboot because init left it on (an init that handles the power button \
-                     calls reboot(LINUX_REBOOT_CMD_CAD_OFF) and powers off on SIGINT; \
-                     provium-agent as PID 1 does); last console lines:\n{}",
-                    self.last_lines(ERROR_CONSOLE_LINES)
-                )));
+                return Err(KvmError::RebootedOnPowerButton {
+                    console_tail: self.last_lines(ERROR_CONSOLE_LINES),
+                });
             }
             if Instant::now() >= deadline {
-                return Err(KvmError::PowerButton(format!(
-                    "the guest did not power off within {:?} of the power button (Ctrl+Alt+Del \
-                     with IRQ 1 on the i8042: the kernel needs SERIO_I8042, KEYBOARD_ATKBD and \
-                     VT, and init must power off on SIGINT); last console lines:\n{}",
-                    self.power_off_timeout,
-                    self.last_lines(ERROR_CONSOLE_LINES)
-                )));
+                return Err(KvmError::NoPowerOff {
+                    timeout: self.power_off_timeout,
+                    console_tail: self.last_lines(ERROR_CONSOLE_LINES),
+                });
             }
         }
     }
@@ -619,6 +642,36 @@ mod tests {
                 "the guest kernel panicked before its agent answered; last console lines:\ntail"
             );
         }
+    }
+
+    #[test]
+    fn a_stopped_guest_says_when_why_and_what_fixes_it() {
+        let e = KvmError::GuestStopped {
+            when: "before its agent answered",
+            why: "KVM internal error".into(),
+            console_tail: "[ 1.0] last".into(),
+            hint: Some("the hint"),
+        };
+        assert_eq!(
+            e.to_string(),
+            "the VM stopped before its agent answered (KVM internal error); last console \
+             lines:\n[ 1.0] last\nthe hint"
+        );
+        let e = KvmError::NoPowerOff {
+            timeout: Duration::from_secs(2),
+            console_tail: "tail".into(),
+        };
+        let m = e.to_string();
+        assert!(
+            m.starts_with("the guest did not power off within 2s of the power button"),
+            "{m}"
+        );
+        assert!(m.ends_with("last console lines:\ntail"), "{m}");
+        let e = KvmError::ResetUnanswered(Box::new(KvmError::KilledWaiting { vm: "v".into() }));
+        assert_eq!(
+            e.to_string(),
+            "the guest was reset, but vm `v` was stopped while waiting for its agent"
+        );
     }
 
     #[test]
