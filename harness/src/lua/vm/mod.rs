@@ -1,11 +1,13 @@
 //! The VM userdata: its state, accessors, the ops on a booted VM (pause,
 //! reset, snapshot, disks) and (through `guest`) every guest operation.
-//! The pieces: `phase` (the reference's state machine and its hints),
+//! The pieces: `methods` (the Lua methods), `phase` (the reference's
+//! state machine and its hints),
 //! `opts` (sizing and `vm:boot` options, and the backend spec they make),
 //! `lifecycle` (boot, restore, shutdown). What the VM can do is what its
 //! backend's [`Capabilities`] say; no code here knows which backend runs.
 
 mod lifecycle;
+mod methods;
 mod opts;
 mod phase;
 #[cfg(test)]
@@ -15,21 +17,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use mlua::{Lua, Table, UserData, UserDataMethods, Value};
+use mlua::{Lua, Value};
 
 pub use lifecycle::RestoreError;
 pub use opts::{BootOpts, VmSizing, DEFAULT_CPUS, DEFAULT_MEMORY_BYTES};
 pub use phase::Phase;
 
 use super::bridge::{Bridge, WeakBridge};
-use super::clock::ClockUd;
 use super::disk::{AttachOpts, Disk, DiskList};
 use super::err;
-use super::guest::{add_guest_methods, client_err, GuestTarget, Ops};
+use super::guest::{client_err, GuestTarget, Ops};
 use super::nic::MachineNic;
 use super::snapshot::{VmDecl, VmDevices};
 use super::stream::{ByteSource, Stream};
-use super::worker::WorkerUd;
 use crate::backend::{Capabilities, Guest, MachineSpec};
 use crate::client::{AgentClient, ClientError};
 use crate::error_chain::flatten;
@@ -522,139 +522,6 @@ impl GuestTarget for Vm {
     }
 }
 
-impl UserData for Vm {
-    fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
-        m.add_method("boot", |_, this, opts: Option<Table>| this.boot(opts));
-        m.add_method("pause", |_, this, ()| this.pause());
-        m.add_method("resume", |_, this, ()| this.resume());
-        m.add_method("shutdown", |_, this, ()| this.shutdown());
-        m.add_method("close", |_, this, ()| this.shutdown());
-        m.add_method("reset", |_, this, ()| this.reset());
-        m.add_method("power_button", |_, this, ()| {
-            let machine = this.booted_machine("power_button")?;
-            // A backend without a power button refuses with the VM as it was.
-            if let Some(why) = machine.capabilities().power_button.refusal() {
-                return Err(err(format!("vm:power_button: vm `{}`: {why}", this.0.name)));
-            }
-            let pressed = machine.power_button();
-            // Shutdown either way (the reference's post-state); a guest that
-            // did not power off is still an error, with what it did instead.
-            this.shutdown()?;
-            pressed.map_err(|e| {
-                err(format!(
-                    "vm:power_button: vm `{}`: {}",
-                    this.0.name,
-                    flatten(&e)
-                ))
-            })
-        });
-        m.add_method("snapshot", |_, this, path: Option<String>| {
-            use super::snapshot::{delete_at_scope_end, temp_path, SnapshotUd};
-            let (path, temp) = match path {
-                Some(p) => (std::path::PathBuf::from(p), false),
-                None => (temp_path(".snap"), true),
-            };
-            this.snapshot_to(&path)?;
-            if temp {
-                delete_at_scope_end(&this.0.env, &path);
-            }
-            Ok(SnapshotUd { path })
-        });
-        m.add_method("restore", |_, this, v: Value| {
-            let path = super::snapshot::snapshot_path_arg(&v, "vm:restore")?;
-            this.restore_from(&path)?;
-            Ok(this.clone())
-        });
-        // Always succeeds (the reference): a backend without a console
-        // refuses at the console's first use.
-        m.add_method("console", |_, this, ()| {
-            let vm = this.clone();
-            let machine = move || vm.0.machine.lock().unwrap().clone();
-            Ok(super::console::ConsoleUd::new(
-                this.clone(),
-                Box::new(machine),
-            ))
-        });
-        m.add_method("clock", |_, this, ()| Ok(ClockUd::new(this.clone())));
-        m.add_method("spawn_worker", |_, this, opts: Option<Table>| {
-            if let Some(o) = opts {
-                for pair in o.pairs::<Value, Value>() {
-                    let (k, v) = pair?;
-                    match (k.to_string()?.as_str(), v) {
-                        ("thread", Value::Boolean(false) | Value::Nil) => {}
-                        ("thread", Value::Boolean(true)) => {
-                            return Err(err("vm:spawn_worker: {thread = true} is future work (thread-mode workers are not supported yet); omit it or pass {thread = false}"));
-                        }
-                        ("thread", other) => {
-                            return Err(err(format!(
-                                "vm:spawn_worker: `thread` must be a boolean, got {}",
-                                other.type_name()
-                            )));
-                        }
-                        (key, _) => {
-                            return Err(err(format!(
-                                "vm:spawn_worker: unknown option `{key}` (accepted: thread)"
-                            )));
-                        }
-                    }
-                }
-            }
-            let client = this.client("vm:spawn_worker")?;
-            let w = this.guard_op("vm:spawn_worker", || client.spawn_worker())?;
-            Ok(WorkerUd::new(this.clone(), w))
-        });
-        m.add_method("nic", |_, this, name: String| {
-            super::nic::vm_nic(this, &name)
-        });
-        m.add_method("disk", |_, this, id: Value| {
-            let Value::String(id) = &id else {
-                return Err(err(format!(
-                    "vm:disk: the id must be a string, got {}",
-                    id.type_name()
-                )));
-            };
-            this.disk(&id.to_str()?)
-        });
-        m.add_method("attach_disk", |_, this, opts: Value| {
-            this.attach_disk(&opts)
-        });
-        m.add_method("name", |_, this, ()| Ok(this.0.name.clone()));
-        m.add_method("profile", |_, this, ()| Ok(this.0.profile.clone()));
-        m.add_method("state", |_, this, ()| Ok(this.phase().as_str()));
-        m.add_method("cid", |_, this, ()| {
-            Ok(this
-                .0
-                .machine
-                .lock()
-                .unwrap()
-                .as_ref()
-                .and_then(|m| m.cid())
-                .filter(|c| *c != 0))
-        });
-        m.add_method("is_quiescent", |_, this, ()| {
-            Ok(this.0.in_flight.load(Ordering::SeqCst) == 0
-                && this.0.open_files.load(Ordering::SeqCst) == 0
-                && this.0.open_streams.load(Ordering::SeqCst) == 0)
-        });
-        m.add_method("open_file_count", |_, this, ()| {
-            Ok(this.0.open_files.load(Ordering::SeqCst))
-        });
-        m.add_method("open_stream_count", |_, this, ()| {
-            Ok(this.0.open_streams.load(Ordering::SeqCst))
-        });
-        add_guest_methods::<Vm, M>(m);
-        m.add_meta_method(mlua::MetaMethod::ToString, |_, this, ()| {
-            Ok(format!("VM({}, {})", this.0.name, this.phase().as_str()))
-        });
-        m.add_meta_method(mlua::MetaMethod::Eq, |_, this, other: mlua::AnyUserData| {
-            Ok(other
-                .borrow::<Vm>()
-                .map(|o| Arc::ptr_eq(&o.0, &this.0))
-                .unwrap_or(false))
-        });
-    }
-}
-
 /// Errors about the agent or its connection rather than an op the agent
 /// ran and reported failed.
 fn blames_the_agent(e: &ClientError) -> bool {
@@ -674,6 +541,7 @@ mod tests {
     use super::test_utils::{env, message, vm};
     use super::*;
     use crate::runner::BackendKind;
+    use mlua::Table;
 
     fn vm_on(backend: BackendKind) -> Vm {
         vm(&env(backend))
