@@ -1,7 +1,7 @@
 //! What a machine costs the host in memory, read from /proc: resident
 //! (Rss) and proportional (Pss, shared pages split between sharers) bytes,
 //! for a local sandbox's processes or a kvm VM's guest RAM mappings in this
-//! process. Used by `provium bench` and [`crate::machine::Machine::resident_memory`].
+//! process. Used by `provium bench` and [`crate::backend::Guest::resident_memory`].
 
 /// Resident and proportional memory of a set of processes, from /proc.
 pub fn memory_of(pids: &[i32]) -> (u64, u64) {

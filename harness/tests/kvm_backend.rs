@@ -333,16 +333,16 @@ fn tiny_profile(dir: &Path) -> provium::config::Profile {
     }
 }
 
-/// The kvm backend's NIC path below Lua: `KvmBootOpts::nics` become
+/// The kvm backend's NIC path below Lua: `MachineSpec::nics` become
 /// virtio-net devices of the booted VM. The tiny guest (no agent) drives its
 /// device from console commands: its frame reaches the switch with the MAC
 /// the harness chose, and a switch-side disconnect is the guest's link down.
 /// A booted kvm machine refuses a new NIC, naming the fix.
 #[test]
 fn kvm_machine_nic_sends_to_the_switch_and_follows_the_link() {
-    use provium::backend::kvm::{KvmBootOpts, KvmMachine};
+    use provium::backend::{self, BackendKind, MachineSpec};
+    use provium::error_chain::flatten;
     use provium::lua::bridge::nic_mac;
-    use provium::machine::Machine;
     use provium_netsetup::{Switch, SwitchConfig};
     use provium_vmm::vmm_config::NetConfig;
     use std::sync::Arc;
@@ -360,15 +360,22 @@ fn kvm_machine_nic_sends_to_the_switch_and_follows_the_link() {
     let peer = lan
         .attach("peer", "02:00:00:00:00:99".parse().unwrap())
         .unwrap();
-    let opts = KvmBootOpts {
+    let bare = MachineSpec {
+        vm_name: "v".into(),
+        profile_name: "tiny".into(),
+        profile: Some(profile.clone()),
         memory_bytes: 64 << 20,
         cpus: 1,
-        nics: vec![NetConfig::on_port(port)],
         settings: provium::settings::Settings::from_env(),
-        ..KvmBootOpts::default()
+        ..MachineSpec::default()
     };
-    let m = KvmMachine::boot("v", &profile, &opts, None).unwrap();
-    let c = m.console();
+    let spec = MachineSpec {
+        nics: vec![NetConfig::on_port(port)],
+        ..bare.clone()
+    };
+    let kvm = backend::for_kind(BackendKind::Kvm);
+    let m = kvm.boot(&spec).unwrap();
+    let c = m.console().expect("kvm has a console");
     let wait = |s: &str, n: usize| {
         assert!(
             c.wait_for(s.as_bytes(), n, Duration::from_secs(60)),
@@ -397,9 +404,8 @@ fn kvm_machine_nic_sends_to_the_switch_and_follows_the_link() {
     c.write_input(&[tiny_guest::CMD_NET_LINK]).unwrap();
     wait("NET-LINK cfg-irq=02 status=00\n", 1);
 
-    let machine = Machine::Kvm(m);
-    assert!(machine.has_vmm_nics());
-    let e = machine.open_nic("eth1", mac).unwrap_err();
+    assert!(m.capabilities().has_vmm_nics());
+    let e = flatten(&m.open_nic("eth1", mac).unwrap_err());
     assert!(
         e.contains("no hotplug") && e.contains("attach the bridge before vm:boot()"),
         "{e}"
@@ -409,32 +415,20 @@ fn kvm_machine_nic_sends_to_the_switch_and_follows_the_link() {
     // vm:restore() does for a VM attached to bridges): the guest's posted
     // RX buffer takes a frame from the new switch.
     lan.reconnect("v").unwrap();
-    let Machine::Kvm(k) = &machine else {
-        unreachable!("made as kvm above")
-    };
-    k.pause().unwrap();
+    m.pause().unwrap();
     let snap = d.path().join("v.snap");
-    k.snapshot_to(&snap, &[]).unwrap();
-    machine.kill();
+    m.snapshot_to(&snap, &[]).unwrap();
+    m.kill();
     let lan2 = Switch::new("lan2", SwitchConfig::default());
     let peer2 = lan2
         .attach("peer", "02:00:00:00:00:98".parse().unwrap())
         .unwrap();
-    let spec = provium::machine::BootSpec {
-        vm_name: "v".into(),
-        profile_name: "tiny".into(),
-        profile: Some(profile.clone()),
-        memory_bytes: 64 << 20,
-        cpus: 1,
-        kernel_cmdline: None,
-        rng_seed: None,
-        initial_time: None,
-        settings: provium::settings::Settings::from_env(),
-    };
     let nic2 = NetConfig::on_port(Arc::new(lan2.attach("v", mac).unwrap()));
-    let restored =
-        Machine::restore_with_nics(provium::runner::BackendKind::Kvm, &spec, &snap, vec![nic2])
-            .unwrap();
+    let with_nic2 = MachineSpec {
+        nics: vec![nic2],
+        ..bare.clone()
+    };
+    let restored = kvm.restore(&with_nic2, &snap).unwrap();
     let c2 = restored.console().expect("kvm has a console");
     let mut to_guest = mac.0.to_vec();
     to_guest.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x98, 0x88, 0xb5]);
@@ -448,7 +442,7 @@ fn kvm_machine_nic_sends_to_the_switch_and_follows_the_link() {
         c2.log_string()
     );
     // Without its NIC the snapshot's device list does not match.
-    let e = Machine::restore(provium::runner::BackendKind::Kvm, &spec, &snap).err();
+    let e = kvm.restore(&bare, &snap).err().map(|e| flatten(&e));
     assert!(
         e.as_deref()
             .is_some_and(|e| e.contains("virtio devices in the snapshot")),
@@ -539,7 +533,7 @@ mod machine_level {
         let t0 = Instant::now();
         let e = match m.reset() {
             Ok(_) => panic!("the tiny guest has no agent: no Hello after a reset"),
-            Err(e) => e,
+            Err(e) => provium::error_chain::flatten(&e),
         };
         assert_eq!(m.vm().boot_count(), 2, "the boot path ran again");
         for want in [
@@ -606,7 +600,8 @@ mod machine_level {
         };
         let e = m
             .power_button()
-            .expect_err("the guest ignores its keyboard");
+            .expect_err("the guest ignores its keyboard")
+            .to_string();
         for want in [
             "did not power off within 2s",
             "SERIO_I8042",
@@ -670,6 +665,7 @@ mod restored_devices {
         let opts = KvmBootOpts {
             memory_bytes: 64 << 20,
             cpus: 1,
+            settings: provium::settings::Settings::from_env(),
             nics: vec![NetConfig::on_port(Arc::new(lan.attach("v", mac).unwrap()))],
             drives: vec![DriveConfig {
                 path: image.to_path_buf(),
@@ -677,10 +673,10 @@ mod restored_devices {
                 id: "vda".into(),
                 faults: Default::default(),
             }],
-            settings: provium::settings::Settings::from_env(),
             ..KvmBootOpts::default()
         };
-        let m = KvmMachine::boot("v", &profile, &opts, None).unwrap();
+        let m = KvmMachine::create("v", &profile, &opts, None).unwrap();
+        m.start().unwrap();
         let c = m.console();
         assert!(
             c.wait_for(tiny_guest::READY.as_bytes(), 1, Duration::from_secs(60)),

@@ -1,5 +1,206 @@
 //! Backends: the ways a test VM is created. `local` runs the agent in fresh
 //! namespaces on the host; `kvm` (the product) boots a guest on our VMM.
+//!
+//! This module is the boundary the rest of the harness sees: a [`Backend`]
+//! boots or restores one [`MachineSpec`] into a [`Guest`] handle, and both
+//! report their [`Capabilities`], so a caller asks "can this guest take a
+//! disk after boot?" rather than "is this kvm?". [`for_kind`] is the only
+//! place that turns the user's `--vmm` choice ([`BackendKind`]) into a
+//! concrete backend; outside `backend/` no code names one
+//! (`harness/tests/workspace_edges.rs` holds that).
 
+pub mod capabilities;
+pub mod cid;
+pub mod error;
 pub mod kvm;
 pub mod local;
+pub mod spec;
+
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::sync::Arc;
+
+pub use capabilities::{Capabilities, NicKind, Support};
+pub use cid::CidAllocator;
+pub use error::BackendError;
+pub use spec::MachineSpec;
+
+use crate::client::AgentClient;
+
+/// Which backend creates VMs for this run (the user's `--vmm` choice).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    Local,
+    Kvm,
+}
+
+impl BackendKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Local => "local",
+            BackendKind::Kvm => "kvm",
+        }
+    }
+}
+
+/// Makes guests from specs. One value serves a whole run (it holds the
+/// run's guest CID allocator), shared by every file's environment.
+pub trait Backend: Send + Sync {
+    /// What every guest of this backend can do (known before any boots).
+    fn capabilities(&self) -> Capabilities;
+
+    /// Builds a guest ready to [`Guest::start`] (subscribe to its console
+    /// first and nothing is missed). A backend with no separate start (a
+    /// sandbox runs once made) returns it running.
+    fn create(&self, spec: &MachineSpec) -> Result<Box<dyn Guest>, BackendError>;
+
+    /// Builds and starts a guest (returns once it runs; [`Guest::connect`]
+    /// waits for its agent).
+    fn boot(&self, spec: &MachineSpec) -> Result<Box<dyn Guest>, BackendError> {
+        let guest = self.create(spec)?;
+        guest.start()?;
+        Ok(guest)
+    }
+
+    /// A new guest running the snapshot at `path` (validated: version,
+    /// checksums, shape, before anything boots). `spec` sizes it and gives
+    /// its devices, which must match the snapshot's.
+    fn restore(&self, spec: &MachineSpec, path: &Path) -> Result<Box<dyn Guest>, BackendError>;
+}
+
+/// Why a guest is no longer running.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stopped {
+    /// Its stop reason (or state), as the VMM or sandbox says it.
+    pub why: String,
+    /// Whether it shut down cleanly (powered off) rather than died.
+    pub clean: bool,
+}
+
+/// A running guest, whatever backend made it.
+pub trait Guest: Send + Sync {
+    /// What this guest can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Runs a guest [`Backend::create`] made (a no-op where it runs already).
+    fn start(&self) -> Result<(), BackendError>;
+
+    /// `None` while it runs (or is paused); else why it stopped.
+    fn stopped(&self) -> Option<Stopped>;
+
+    /// A new agent connection, Hello done (waits for a booting agent).
+    fn connect(&self) -> Result<AgentClient, BackendError>;
+
+    /// The guest's vsock CID, where it has one.
+    fn cid(&self) -> Option<u32>;
+
+    /// What this guest holds of the host's memory now, as (resident,
+    /// proportional) bytes.
+    fn resident_memory(&self) -> (u64, u64);
+
+    /// Stops it now (watchdog, failed boot, shutdown); safe to call more
+    /// than once, from any thread.
+    fn kill(&self);
+
+    /// Freezes every process of the guest (the agent included) until resume.
+    fn pause(&self) -> Result<(), BackendError>;
+
+    fn resume(&self) -> Result<(), BackendError>;
+
+    /// Warm reset; returns the agent connection of the new boot. Refused
+    /// (nothing changed) where [`Capabilities::reset`] says so.
+    fn reset(&self) -> Result<AgentClient, BackendError>;
+
+    /// Presses the power button and waits for the guest to power off.
+    fn power_button(&self) -> Result<(), BackendError>;
+
+    /// Creates NIC `ifname` with `mac` inside the guest after boot and
+    /// returns the fd of its host end, for a bridge's switch to hold (only
+    /// where [`Capabilities::nics`] is [`NicKind::HostTaps`]).
+    fn open_nic(
+        &self,
+        ifname: &str,
+        mac: provium_netsetup::MacAddr,
+    ) -> Result<OwnedFd, BackendError>;
+
+    /// Puts back the interface configuration a restore captured, once the
+    /// restored guest's NICs are on their bridges again (a guest whose
+    /// memory holds its own has nothing to do).
+    fn apply_restored_net(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    /// Writes a snapshot of the running guest to `path` (atomically) with
+    /// the caller's `extra` sections; returns its size in bytes.
+    fn snapshot_to(&self, path: &Path, extra: &[(&str, Vec<u8>)]) -> Result<u64, BackendError>;
+
+    /// The serial console (log, live subscribers, input), where there is one.
+    fn console(&self) -> Option<Arc<provium_vmm::Console>>;
+
+    /// The last `max` bytes of the console log (lossy UTF-8), where there
+    /// is a console.
+    fn console_tail(&self, max: usize) -> Option<String> {
+        let log = self.console()?.log();
+        Some(String::from_utf8_lossy(&log[log.len().saturating_sub(max)..]).into_owned())
+    }
+}
+
+/// The backend the user chose, fresh (with its own CID allocator): call it
+/// once per run and share the value.
+pub fn for_kind(kind: BackendKind) -> Arc<dyn Backend> {
+    match kind {
+        BackendKind::Local => Arc::new(local::guest::LocalBackend),
+        BackendKind::Kvm => Arc::new(kvm::guest::KvmBackend::new(CidAllocator::new())),
+    }
+}
+
+/// The local backend's agent locator, for the start-up checks.
+pub use local::locate_agent as locate_local_agent;
+
+/// Whether this host's KVM is the emulating `kvm_pvm` (a host probe the
+/// run's sizing and bench's report read).
+pub use kvm::host_is_kvm_pvm;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kind_gets_its_own_backend() {
+        assert_eq!(for_kind(BackendKind::Local).capabilities().backend, "local");
+        assert_eq!(for_kind(BackendKind::Kvm).capabilities().backend, "kvm");
+        assert_eq!(BackendKind::Kvm.as_str(), "kvm");
+    }
+
+    #[test]
+    fn the_local_backend_refuses_kernel_options_before_it_starts_anything() {
+        let spec = MachineSpec {
+            vm_name: "v".into(),
+            kernel_cmdline: Some("quiet".into()),
+            ..MachineSpec::default()
+        };
+        let e = for_kind(BackendKind::Local).boot(&spec).err().unwrap();
+        assert_eq!(
+            e.to_string(),
+            "kernel_cmdline needs the kvm backend (the local sandbox has no kernel)"
+        );
+    }
+
+    #[test]
+    fn the_kvm_backend_names_a_missing_profile() {
+        let spec = MachineSpec {
+            vm_name: "v".into(),
+            profile_name: "gone".into(),
+            ..MachineSpec::default()
+        };
+        let kvm = for_kind(BackendKind::Kvm);
+        let e = kvm.boot(&spec).err().unwrap().to_string();
+        assert!(e.contains("profile `gone` is not in provium.toml"), "{e}");
+        let e = kvm
+            .restore(&spec, Path::new("/x.snap"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("restores into profile `gone`"), "{e}");
+    }
+}

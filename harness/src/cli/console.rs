@@ -15,12 +15,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use provium_vmm::{ConsoleRead, VmState};
+use provium_vmm::ConsoleRead;
 
 use super::load_config;
 use super::preflight::kvm_usable;
 use super::RunArgs;
-use crate::backend::kvm::{KvmBootOpts, KvmMachine};
+use crate::backend::{self, BackendKind, Guest, MachineSpec, Stopped};
 use crate::config::parse_size;
 use crate::lua::vm::{DEFAULT_CPUS, DEFAULT_MEMORY_BYTES};
 
@@ -138,36 +138,44 @@ pub fn run(args: &RunArgs, profile_name: &str, opts: &ConsoleOpts) -> Result<i32
         Some(m) => parse_size(m).map_err(|e| format!("console: --mem: {e}"))?,
         None => DEFAULT_MEMORY_BYTES,
     };
-    let boot = KvmBootOpts {
-        memory_bytes,
-        cpus: opts.cpus.unwrap_or(DEFAULT_CPUS),
+    let spec = MachineSpec {
         kernel_cmdline: opts.cmdline.clone(),
-        rng_seed: None,
-        files: Vec::new(),
-        inject_agent: opts.agent,
-        nics: Vec::new(),
-        drives: Vec::new(),
-        boot_timer: None,
         settings: config.settings.clone(),
+        inject_agent: opts.agent,
+        ..MachineSpec::for_profile(
+            "console",
+            profile_name,
+            Some(profile.clone()),
+            memory_bytes,
+            opts.cpus.unwrap_or(DEFAULT_CPUS),
+        )
     };
-    let machine = KvmMachine::create("console", profile, &boot, None)
-        .map_err(|e| format!("console: profile `{profile_name}`: {e}"))?;
-    let console = machine.console();
+    let failed = |e: backend::BackendError| {
+        format!(
+            "console: profile `{profile_name}`: {}",
+            crate::error_chain::flatten(&e)
+        )
+    };
+    let machine: Arc<dyn Guest> = Arc::from(
+        backend::for_kind(BackendKind::Kvm)
+            .create(&spec)
+            .map_err(failed)?,
+    );
+    let console = machine
+        .console()
+        .ok_or("console: the kvm backend's guest has no console")?;
     // Subscribe before the first instruction runs: nothing is missed.
     let first = console.subscribe();
-    machine
-        .start()
-        .map_err(|e| format!("console: profile `{profile_name}`: {e}"))?;
+    machine.start().map_err(failed)?;
     eprintln!(
         "provium console: {profile_name} on the kvm backend (guest CID {}, {} agent); Ctrl-A X quits",
-        machine.cid(),
+        machine.cid().unwrap_or_default(),
         if opts.agent { "with the" } else { "no" }
     );
     for sig in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT] {
         // SAFETY: the handler only stores to an atomic.
         unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
     }
-    let machine = Arc::new(machine);
     let out_done = Arc::new(AtomicBool::new(false));
     let out_thread = {
         let machine = machine.clone();
@@ -183,8 +191,8 @@ pub fn run(args: &RunArgs, profile_name: &str, opts: &ConsoleOpts) -> Result<i32
                     }
                     ConsoleRead::Timeout => {}
                     // A reset ends the subscription: follow the next boot.
-                    ConsoleRead::Eof => match machine.vm().state() {
-                        VmState::Booted | VmState::Paused => sub = machine.console().subscribe(),
+                    ConsoleRead::Eof => match (machine.stopped(), machine.console()) {
+                        (None, Some(console)) => sub = console.subscribe(),
                         _ => break,
                     },
                 }
@@ -197,7 +205,7 @@ pub fn run(args: &RunArgs, profile_name: &str, opts: &ConsoleOpts) -> Result<i32
     };
     let ended = {
         let _raw = RawTerminal::enter();
-        input_loop(&machine, &out_done)
+        input_loop(machine.as_ref(), &console, &out_done)
     };
     machine.kill();
     out_done.store(true, Ordering::SeqCst);
@@ -215,23 +223,22 @@ pub fn run(args: &RunArgs, profile_name: &str, opts: &ConsoleOpts) -> Result<i32
     }
 }
 
-fn input_loop(machine: &KvmMachine, out_done: &AtomicBool) -> Ended {
-    let console = machine.console();
+fn input_loop(machine: &dyn Guest, console: &provium_vmm::Console, out_done: &AtomicBool) -> Ended {
     let mut esc = Escape::default();
     let mut buf = [0u8; 1024];
     loop {
         if SIGNALLED.load(Ordering::SeqCst) {
             return Ended::Detached("signal");
         }
-        let state = machine.vm().state();
-        if !matches!(state, VmState::Booted | VmState::Paused) || out_done.load(Ordering::SeqCst) {
+        let stopped = machine.stopped();
+        if stopped.is_some() || out_done.load(Ordering::SeqCst) {
             // Let the output thread print what was left.
             std::thread::sleep(Duration::from_millis(200));
-            let why = machine
-                .vm()
-                .stop_reason()
-                .map_or_else(|| state.to_string(), |r| r.to_string());
-            return Ended::Stopped(why, state == VmState::Shutdown);
+            let s = machine.stopped().or(stopped).unwrap_or(Stopped {
+                why: "the console output ended".into(),
+                clean: false,
+            });
+            return Ended::Stopped(s.why, s.clean);
         }
         let mut pfd = libc::pollfd {
             fd: 0,
@@ -263,7 +270,7 @@ fn input_loop(machine: &KvmMachine, out_done: &AtomicBool) -> Ended {
             } else {
                 // The guest has not read what is queued yet.
                 std::thread::sleep(Duration::from_millis(10));
-                if !matches!(machine.vm().state(), VmState::Booted | VmState::Paused) {
+                if machine.stopped().is_some() {
                     break;
                 }
             }

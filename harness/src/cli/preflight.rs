@@ -3,7 +3,7 @@
 //! All checks run, and every problem is reported at once
 //! ([`PreflightError::Failed`]), so one run shows everything to fix.
 
-use crate::backend::local::locate_agent;
+use crate::backend::locate_local_agent as locate_agent;
 use crate::error_chain::flatten;
 use crate::runner::BackendKind;
 use crate::settings::Settings;

@@ -159,7 +159,7 @@ fn pool_from(args: &RunArgs) -> Result<ResourceAmount, RunError> {
 /// (kvm_pvm): an emulated VM keeps a core busy, and two sharing one each
 /// run at half speed (docs/harness.md, "The pool").
 fn emulated_vm_slots(backend: BackendKind, settings: &Settings) -> Option<u32> {
-    (backend == BackendKind::Kvm && crate::backend::kvm::host_is_kvm_pvm(settings)).then(|| {
+    (backend == BackendKind::Kvm && crate::backend::host_is_kvm_pvm(settings)).then(|| {
         std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(1))
     })
 }
@@ -427,6 +427,8 @@ fn run_once(
         config.roots.clone()
     };
     let run_resources = RunResources::default();
+    // One backend value for the whole run: its guests share one CID space.
+    let machines = crate::backend::for_kind(backend);
     let jobs: Vec<Job> = files
         .iter()
         .map(|f| Job {
@@ -443,7 +445,8 @@ fn run_once(
                     events.clone(),
                 )
                 .with_run_seed(run_seed)
-                .with_run_resources(run_resources.clone()),
+                .with_run_resources(run_resources.clone())
+                .with_machines(machines.clone()),
             ),
             claim: f.declared_claim,
             vms: f.vm_estimate,

@@ -35,7 +35,7 @@ use super::nic::Nic;
 use super::stream::{creation_site, Stream};
 use super::vm::{Phase, Vm};
 use super::{err, nic};
-use crate::machine::Machine;
+use crate::backend::Guest;
 use crate::runner::{CloseKind, Closeable, FileEnv};
 use provium_vmm::vmm_config::NetConfig;
 
@@ -564,7 +564,7 @@ impl Bridge {
 
     /// Realises `vm`'s NIC as guest interface `ifname` on `machine`; a no-op
     /// when already realised.
-    pub fn realise(&self, vm: &Vm, machine: &Machine, ifname: &str) -> Result<(), String> {
+    pub fn realise(&self, vm: &Vm, machine: &dyn Guest, ifname: &str) -> Result<(), String> {
         let mut st = self.lock();
         if st.closed {
             return Err(format!("bridge `{}` is closed", self.0.name));
@@ -579,11 +579,13 @@ impl Bridge {
         if m.nic.is_some() {
             return Ok(());
         }
-        let end = if machine.has_vmm_nics() && self.0.switch.port_mac(name).is_ok() {
+        let end = if machine.capabilities().has_vmm_nics() && self.0.switch.port_mac(name).is_ok() {
             // The virtio-net device got its port before boot (`vmm_port`).
             NicEnd::Vmm
         } else {
-            let fd = machine.open_nic(ifname, m.mac)?;
+            let fd = machine
+                .open_nic(ifname, m.mac)
+                .map_err(|e| crate::error_chain::flatten(&e))?;
             NicEnd::Tap {
                 _port: TapPort::attach(&self.0.switch, name, m.mac, fd)
                     .map_err(|e| crate::error_chain::flatten(&e))?,

@@ -15,7 +15,7 @@ use provium_vmm::{ConsoleRead, ConsoleSubscriber};
 use super::stream::ByteSource;
 use super::vm::{Phase, Vm};
 use super::{duration, err};
-use crate::machine::Machine;
+use crate::backend::Guest;
 
 /// Largest chunk a ConsoleStream returns (the reference's 64 KiB).
 pub const CHUNK_MAX_BYTES: usize = 64 << 10;
@@ -24,7 +24,7 @@ const WRITE_DEFAULT: Duration = Duration::from_secs(10);
 
 /// The running VM's machine, looked up at each call (the console is checked
 /// at first use, not at `vm:console()`).
-pub type MachineLookup = Box<dyn Fn() -> Option<Arc<Machine>> + Send + Sync>;
+pub type MachineLookup = Box<dyn Fn() -> Option<Arc<dyn Guest>> + Send + Sync>;
 
 pub struct ConsoleUd {
     vm: Vm,
@@ -37,12 +37,10 @@ impl ConsoleUd {
     }
 
     fn console(&self, method: &str) -> mlua::Result<Arc<provium_vmm::Console>> {
-        let backend = self.vm.env().backend;
-        if backend != crate::runner::BackendKind::Kvm {
+        if let Some(why) = self.vm.capabilities().console.refusal() {
             return Err(err(format!(
-                "console:{method}: vm `{}`: the {} backend has no kernel console (use the kvm backend)",
-                self.vm.name(),
-                backend.as_str()
+                "console:{method}: vm `{}`: {why}",
+                self.vm.name()
             )));
         }
         let m = (self.machine)().ok_or_else(|| {

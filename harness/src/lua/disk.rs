@@ -246,7 +246,7 @@ pub fn guest_device_name(index: usize) -> String {
 
 /// The drives of a kvm boot (see [`boot_drives`]) and their disks.
 pub struct BootDrives {
-    /// For `KvmBootOpts::drives`, in attach order.
+    /// For `MachineSpec::drives`, in attach order.
     pub drives: Vec<DriveConfig>,
     disks: Vec<Disk>,
 }

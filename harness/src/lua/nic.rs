@@ -144,7 +144,7 @@ pub fn realise_on(vm: &Vm, bridge: &Bridge) -> Result<(), String> {
         .running_machine()
         .ok_or_else(|| format!("vm `{}` has no running machine", vm.name()))?;
     let ifname = choose_ifname(vm, bridge);
-    bridge.realise(vm, &machine, &ifname)
+    bridge.realise(vm, machine.as_ref(), &ifname)
 }
 
 /// Called by `vm:boot()` once the guest is up: one NIC per attached bridge,
@@ -176,7 +176,7 @@ pub struct MachineNic {
 /// The virtio-net devices of a kvm machine about to be built.
 #[derive(Default)]
 pub struct VmmNics {
-    /// For `KvmBootOpts::nics`, in device order.
+    /// For `MachineSpec::nics`, in device order.
     pub configs: Vec<NetConfig>,
     /// The same NICs as the VM records them.
     pub record: Vec<MachineNic>,

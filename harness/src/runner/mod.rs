@@ -15,24 +15,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use crate::backend::Backend;
 use crate::config::Config;
 use crate::events::EventSender;
 
-/// Which backend creates VMs for this run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BackendKind {
-    Local,
-    Kvm,
-}
-
-impl BackendKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BackendKind::Local => "local",
-            BackendKind::Kvm => "kvm",
-        }
-    }
-}
+/// Which backend creates VMs for this run (defined with the backends).
+pub use crate::backend::BackendKind;
 
 /// Something the watchdog can tear down (a VM) and read a console excerpt from.
 pub trait LiveResource: Send + Sync {
@@ -148,6 +136,8 @@ pub struct FileEnv {
     pub roots: Vec<PathBuf>,
     pub config: Arc<Config>,
     pub backend: BackendKind,
+    /// What boots this file's VMs (see [`FileEnv::with_machines`]).
+    machines: Arc<dyn Backend>,
     pub events: EventSender,
     /// The run seed: every bridge's drop pattern derives from it (and the
     /// bridge name), so the same seed reproduces the same drops.
@@ -176,6 +166,7 @@ impl FileEnv {
             roots,
             config,
             backend,
+            machines: crate::backend::for_kind(backend),
             events,
             run_seed: 0,
             run_resources: RunResources::default(),
@@ -184,6 +175,19 @@ impl FileEnv {
             live: Mutex::new(Vec::new()),
             scopes: Mutex::new(vec![Vec::new()]),
         }
+    }
+
+    /// Shares the run's backend value (its CID allocator among them)
+    /// instead of the fresh one `new` makes for `backend`: a run makes one
+    /// ([`crate::backend::for_kind`]) and hands it to every file.
+    pub fn with_machines(mut self, machines: Arc<dyn Backend>) -> Self {
+        self.machines = machines;
+        self
+    }
+
+    /// What boots this file's VMs; its capabilities are the guests'.
+    pub fn machines(&self) -> &Arc<dyn Backend> {
+        &self.machines
     }
 
     /// Sets the run seed (see [`FileEnv::run_seed`]).

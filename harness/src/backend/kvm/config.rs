@@ -1,4 +1,5 @@
-//! A profile + boot options → the VMM's `VmConfig`: kernel, initrd (with the
+//! A profile + [`MachineSpec`] → the VMM's `VmConfig` (the one place the
+//! harness's shape becomes the VMM's): kernel, initrd (with the
 //! agent injected unless the profile says `inject_agent = false`), command
 //! line (the reference's rules; on kvm_pvm also the words a Linux guest
 //! needs there, [`KVM_PVM_CMDLINE_WORDS`]), sizing, rng seed, the VM's disks
@@ -14,39 +15,56 @@ use std::sync::Once;
 
 use provium_vmm::initrd::inject::{cmdline_words, merged_initrd, InjectError};
 use provium_vmm::initrd::{inject_agent, AgentInjection, BootFile, CpioWriter};
-use provium_vmm::vmm_config::{DriveConfig, NetConfig, RngConfig, VsockHost};
+use provium_vmm::vmm_config::{RngConfig, VsockHost};
 use provium_vmm::{BootSource, KernelImage, MachineConfig, VmConfig};
 
 use crate::agent_search::{AgentKind, AgentSearch};
 use crate::backend::local::locate_agent;
+use crate::backend::MachineSpec;
 use crate::config::Profile;
 use crate::settings::Settings;
 
-/// What a kvm boot needs beyond the profile.
-#[derive(Debug, Clone, Default)]
-pub struct KvmBootOpts {
-    pub memory_bytes: u64,
-    pub cpus: u32,
-    /// `kernel_cmdline`: replaces the profile's cmdline / cmdline_file.
-    pub kernel_cmdline: Option<String>,
-    pub rng_seed: Option<u64>,
-    /// Boot opts `files`: (absolute guest path, contents), mode 0644.
-    pub files: Vec<(String, Vec<u8>)>,
-    /// Inject the agent (the profile's `inject_agent`; `provium console`
-    /// only with `--agent`).
-    pub inject_agent: bool,
-    /// virtio-net devices, one per attached bridge in bridge-name order
-    /// (the guest's eth0, eth1, …); their ports are already on the switches.
-    pub nics: Vec<NetConfig>,
-    /// The VM's disks in attach order (the guest's vda, vdb, …); each
-    /// carries its Disk userdata's fault set (`lua::disk::boot_drives`).
-    pub drives: Vec<DriveConfig>,
-    /// The VMM boot timer to attach (`provium bench boot` reads its marks:
-    /// first KVM_RUN, console, the agent's ready write); none for tests.
-    pub boot_timer: Option<provium_vmm::boot_timer::BootTimer>,
-    /// The environment (`cli::main` read it once): the agent search, the
-    /// overlay cache, the agent timeout, the kvm_pvm override.
-    pub settings: Settings,
+/// The name `provium bench` builds kvm boots with; the one shape is
+/// [`MachineSpec`] (the VM's name and `initial_time` are not read here).
+pub type KvmBootOpts = MachineSpec;
+
+/// Why a profile and spec make no VM config: each names the value and
+/// the fix; causes are sources.
+#[derive(Debug, thiserror::Error)]
+pub enum VmConfigError {
+    #[error(
+        "profile `{profile}` has no kernel: set `kernel = \"/path/to/bzImage\"` in provium.toml"
+    )]
+    NoKernel { profile: String },
+    #[error("profile `{profile}`: kernel `{}` does not exist (build it, or fix the path)", path.display())]
+    KernelMissing { profile: String, path: PathBuf },
+    #[error("profile `{profile}`: initrd `{}` does not exist", path.display())]
+    InitrdMissing { profile: String, path: PathBuf },
+    #[error("profile `{profile}`")]
+    Cmdline {
+        profile: String,
+        #[source]
+        source: crate::config::CmdlineFileError,
+    },
+    /// No agent to inject (the locator's text says what was tried and the fix).
+    #[error("{0}")]
+    Agent(String),
+    #[error(transparent)]
+    Inject(#[from] InjectError),
+    #[error(
+        "agent_overlay_path `{}` is unreadable (fix the path, unset PROVIUM_OVERLAY, or remove \
+         the field to use the built agent)",
+        path.display()
+    )]
+    Overlay {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cpus = {cpus} is more than this VMM supports")]
+    TooManyCpus { cpus: u32 },
+    #[error("cannot set up the vsock device")]
+    Vsock(#[source] std::io::Error),
 }
 
 /// Where merged initrds are cached (content-addressed, so sharing is safe):
@@ -61,9 +79,9 @@ pub fn overlay_cache_dir(settings: &Settings) -> PathBuf {
 /// The VMM config for `profile`, and the vsock handle (guest `cid`) to reach it.
 pub fn vm_config(
     profile: &Profile,
-    opts: &KvmBootOpts,
+    opts: &MachineSpec,
     cid: u32,
-) -> Result<(VmConfig, VsockHost), String> {
+) -> Result<(VmConfig, VsockHost), VmConfigError> {
     vm_config_with(
         profile,
         opts,
@@ -78,42 +96,37 @@ pub fn vm_config(
 /// host's KVM is kvm_pvm given.
 pub fn vm_config_with(
     profile: &Profile,
-    opts: &KvmBootOpts,
+    opts: &MachineSpec,
     cid: u32,
     agent: &dyn Fn() -> Result<PathBuf, String>,
     cache: &Path,
     kvm_pvm: bool,
-) -> Result<(VmConfig, VsockHost), String> {
-    let kernel = profile.kernel.clone().ok_or_else(|| {
-        format!(
-            "profile `{}` has no kernel: set `kernel = \"/path/to/bzImage\"` in provium.toml",
-            profile.name
-        )
-    })?;
+) -> Result<(VmConfig, VsockHost), VmConfigError> {
+    let kernel = profile
+        .kernel
+        .clone()
+        .ok_or_else(|| VmConfigError::NoKernel {
+            profile: profile.name.clone(),
+        })?;
     if !kernel.is_file() {
-        return Err(format!(
-            "profile `{}`: kernel `{}` does not exist (build it, or fix the path)",
-            profile.name,
-            kernel.display()
-        ));
+        return Err(VmConfigError::KernelMissing {
+            profile: profile.name.clone(),
+            path: kernel,
+        });
     }
     if let Some(i) = &profile.initrd {
         if !i.is_file() {
-            return Err(format!(
-                "profile `{}`: initrd `{}` does not exist",
-                profile.name,
-                i.display()
-            ));
+            return Err(VmConfigError::InitrdMissing {
+                profile: profile.name.clone(),
+                path: i.clone(),
+            });
         }
     }
     let cmdline = profile
         .kernel_cmdline(opts.kernel_cmdline.as_deref())
-        .map_err(|e| {
-            format!(
-                "profile `{}`: {}",
-                profile.name,
-                crate::error_chain::flatten(&e)
-            )
+        .map_err(|source| VmConfigError::Cmdline {
+            profile: profile.name.clone(),
+            source,
         })?;
     let cmdline = if kvm_pvm {
         let (line, added) = with_missing_words(&cmdline, KVM_PVM_CMDLINE_WORDS);
@@ -142,11 +155,11 @@ pub fn vm_config_with(
         prebuilt_overlay_boot(&boot, overlay, &files, cache)?
     } else if opts.inject_agent {
         let inj = AgentInjection {
-            agent: agent()?,
+            agent: agent().map_err(VmConfigError::Agent)?,
             files,
             cache_dir: cache.to_path_buf(),
         };
-        let mut boot = inject_agent(&boot, &inj).map_err(|e| crate::error_chain::flatten(&e))?;
+        let mut boot = inject_agent(&boot, &inj)?;
         // Tell the agent where the VMM's boot timer is: it writes the
         // "ready" mark there once it can take our Hello, which is what
         // `provium bench boot --until ready` times. Appended last so it
@@ -159,9 +172,8 @@ pub fn vm_config_with(
         boot
     } else if !files.is_empty() {
         // No agent, but the files must still be there before init runs.
-        let overlay = files_cpio(&files).map_err(|e| crate::error_chain::flatten(&e))?;
-        let initrd = merged_initrd(boot.initrd.as_deref(), &overlay, cache)
-            .map_err(|e| crate::error_chain::flatten(&e))?;
+        let overlay = files_cpio(&files)?;
+        let initrd = merged_initrd(boot.initrd.as_deref(), &overlay, cache)?;
         BootSource {
             initrd: Some(initrd),
             ..boot
@@ -170,10 +182,9 @@ pub fn vm_config_with(
         boot
     };
     let mem_size_mib = opts.memory_bytes.div_ceil(1 << 20);
-    let vcpu_count = u8::try_from(opts.cpus)
-        .map_err(|_| format!("cpus = {} is more than this VMM supports", opts.cpus))?;
-    let vsock = VsockHost::new(u64::from(cid))
-        .map_err(|e| format!("cannot set up the vsock device: {e}"))?;
+    let vcpu_count =
+        u8::try_from(opts.cpus).map_err(|_| VmConfigError::TooManyCpus { cpus: opts.cpus })?;
+    let vsock = VsockHost::new(u64::from(cid)).map_err(VmConfigError::Vsock)?;
     let mut cfg = VmConfig::new(boot);
     cfg.machine = MachineConfig {
         vcpu_count,
@@ -261,22 +272,18 @@ fn prebuilt_overlay_boot(
     overlay: &Path,
     files: &[BootFile],
     cache: &Path,
-) -> Result<BootSource, String> {
-    let mut bytes = std::fs::read(overlay).map_err(|e| {
-        format!(
-            "agent_overlay_path `{}`: {e} (fix the path, unset PROVIUM_OVERLAY, or remove the field to use the built agent)",
-            overlay.display()
-        )
+) -> Result<BootSource, VmConfigError> {
+    let mut bytes = std::fs::read(overlay).map_err(|source| VmConfigError::Overlay {
+        path: overlay.to_path_buf(),
+        source,
     })?;
     if !files.is_empty() {
         let pad = (4 - bytes.len() % 4) % 4;
         bytes.extend(std::iter::repeat_n(0u8, pad));
-        bytes.extend(files_cpio(files).map_err(|e| crate::error_chain::flatten(&e))?);
+        bytes.extend(files_cpio(files)?);
     }
-    let cmdline = provium_vmm::initrd::inject::inject_cmdline(&boot.cmdline)
-        .map_err(|e| crate::error_chain::flatten(&e))?;
-    let initrd = merged_initrd(boot.initrd.as_deref(), &bytes, cache)
-        .map_err(|e| crate::error_chain::flatten(&e))?;
+    let cmdline = provium_vmm::initrd::inject::inject_cmdline(&boot.cmdline)?;
+    let initrd = merged_initrd(boot.initrd.as_deref(), &bytes, cache)?;
     Ok(BootSource {
         kernel: boot.kernel.clone(),
         initrd: Some(initrd),
@@ -384,6 +391,7 @@ pub fn is_static_elf(path: &Path) -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use provium_vmm::vmm_config::NetConfig;
 
     fn no_agent() -> Result<PathBuf, String> {
         Err("no agent in this test".into())
@@ -391,11 +399,12 @@ mod tests {
 
     fn cfg(
         p: &Profile,
-        opts: &KvmBootOpts,
+        opts: &MachineSpec,
         cid: u32,
         dir: &Path,
     ) -> Result<(VmConfig, VsockHost), String> {
         vm_config_with(p, opts, cid, &no_agent, &dir.join("cache"), false)
+            .map_err(|e| crate::error_chain::flatten(&e))
     }
 
     fn profile(dir: &Path) -> Profile {
@@ -419,11 +428,11 @@ mod tests {
     fn sizing_seed_vsock_and_cmdline() {
         let d = tempfile::tempdir().unwrap();
         let p = profile(d.path());
-        let opts = KvmBootOpts {
+        let opts = MachineSpec {
             memory_bytes: (256 << 20) + 1,
             cpus: 2,
             rng_seed: Some(7),
-            ..KvmBootOpts::default()
+            ..MachineSpec::default()
         };
         let (c, vsock) = cfg(&p, &opts, 9, d.path()).unwrap();
         assert_eq!(c.machine.mem_size_mib, 257);
@@ -432,11 +441,11 @@ mod tests {
         assert_eq!(vsock.guest_cid(), 9);
         assert_eq!(c.boot.cmdline, "quiet console=ttyS0");
         assert!(c.boot.initrd.is_none());
-        let opts = KvmBootOpts {
+        let opts = MachineSpec {
             kernel_cmdline: Some("x=1".into()),
             memory_bytes: 64 << 20,
             cpus: 1,
-            ..KvmBootOpts::default()
+            ..MachineSpec::default()
         };
         assert_eq!(
             cfg(&p, &opts, 3, d.path()).unwrap().0.boot.cmdline,
@@ -453,11 +462,11 @@ mod tests {
         let agent = d.path().join("provium-agent");
         std::fs::write(&agent, b"not really an agent").unwrap();
         let found = || Ok(agent.clone());
-        let with = KvmBootOpts {
+        let with = MachineSpec {
             memory_bytes: 64 << 20,
             cpus: 1,
             inject_agent: true,
-            ..KvmBootOpts::default()
+            ..MachineSpec::default()
         };
         let (c, _) = vm_config_with(&p, &with, 3, &found, &d.path().join("cache"), false).unwrap();
         assert!(
@@ -466,7 +475,7 @@ mod tests {
             c.boot.cmdline
         );
         assert!(c.boot.cmdline.contains("rdinit="), "{}", c.boot.cmdline);
-        let without = KvmBootOpts {
+        let without = MachineSpec {
             inject_agent: false,
             ..with
         };
@@ -495,12 +504,12 @@ mod tests {
         let overlay = d.path().join("agent-overlay.cpio");
         std::fs::write(&overlay, w.finish()).unwrap();
         p.agent_overlay_path = Some(overlay.clone());
-        let opts = KvmBootOpts {
+        let opts = MachineSpec {
             memory_bytes: 64 << 20,
             cpus: 1,
             inject_agent: true,
             files: vec![("/etc/x.conf".into(), b"k=v\n".to_vec())],
-            ..KvmBootOpts::default()
+            ..MachineSpec::default()
         };
         // `no_agent`: the built agent is never looked for.
         let (c, _) = cfg(&p, &opts, 3, d.path()).unwrap();
@@ -543,11 +552,11 @@ mod tests {
                 b.attach("v", MacAddr::local(2)).unwrap(),
             )),
         ];
-        let opts = KvmBootOpts {
+        let opts = MachineSpec {
             memory_bytes: 64 << 20,
             cpus: 1,
             nics,
-            ..KvmBootOpts::default()
+            ..MachineSpec::default()
         };
         let (c, _) = cfg(&p, &opts, 3, d.path()).unwrap();
         let got: Vec<(MacAddr, &str)> = c.nets.iter().map(|n| (n.mac, n.port.bridge())).collect();
@@ -558,11 +567,11 @@ mod tests {
     fn files_without_agent_still_reach_the_initrd() {
         let d = tempfile::tempdir().unwrap();
         let p = profile(d.path());
-        let opts = KvmBootOpts {
+        let opts = MachineSpec {
             memory_bytes: 64 << 20,
             cpus: 1,
             files: vec![("/etc/x.conf".into(), b"k=v\n".to_vec())],
-            ..KvmBootOpts::default()
+            ..MachineSpec::default()
         };
         let (c, _) = cfg(&p, &opts, 3, d.path()).unwrap();
         let initrd = std::fs::read(c.boot.initrd.unwrap()).unwrap();
@@ -582,15 +591,16 @@ mod tests {
         std::fs::write(&agent, b"\x7fELF").unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let opts = KvmBootOpts {
+        let opts = MachineSpec {
             memory_bytes: 64 << 20,
             cpus: 1,
             inject_agent: true,
-            ..KvmBootOpts::default()
+            ..MachineSpec::default()
         };
         let with_agent = || Ok(agent.clone());
-        let e =
-            vm_config_with(&p, &opts, 3, &with_agent, &d.path().join("cache"), false).unwrap_err();
+        let e = vm_config_with(&p, &opts, 3, &with_agent, &d.path().join("cache"), false)
+            .map_err(|e| crate::error_chain::flatten(&e))
+            .unwrap_err();
         assert!(
             e.contains("rdinit=/bin/sh") && e.contains("inject_agent = false"),
             "{e}"
@@ -653,11 +663,11 @@ mod tests {
         let disks = ["data", "logs", "gone"].map(|id| vm.disk(id).unwrap());
         disks[2].detach();
         let boot = boot_drives("v", &disks).unwrap();
-        let opts = KvmBootOpts {
+        let opts = MachineSpec {
             memory_bytes: 64 << 20,
             cpus: 1,
             drives: boot.drives.clone(),
-            ..KvmBootOpts::default()
+            ..MachineSpec::default()
         };
         let (c, _) = cfg(&p, &opts, 3, d.path()).unwrap();
         assert_eq!(disks[0].guest_device(), None, "not before the VM is built");
@@ -744,10 +754,10 @@ mod tests {
     fn kvm_pvm_hosts_get_the_words_in_the_vm_config() {
         let d = tempfile::tempdir().unwrap();
         let p = profile(d.path());
-        let opts = KvmBootOpts {
+        let opts = MachineSpec {
             memory_bytes: 64 << 20,
             cpus: 1,
-            ..KvmBootOpts::default()
+            ..MachineSpec::default()
         };
         let cache = d.path().join("cache");
         let (c, _) = vm_config_with(&p, &opts, 3, &no_agent, &cache, true).unwrap();

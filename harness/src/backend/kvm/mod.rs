@@ -25,20 +25,91 @@
 //! guest to power off, saying what happened when it does not.
 
 pub mod config;
+pub mod guest;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use provium_protocol::AGENT_VSOCK_PORT;
 use provium_vmm::devices::virtio::vsock::VsockConnectError;
 use provium_vmm::vmm_config::VsockHost;
-use provium_vmm::{Console, StopReason, Vm, VmState};
+use provium_vmm::{Console, StopReason, Vm, VmError, VmState};
 
-use crate::client::{AgentClient, AgentOps, ClientOptions};
+use crate::backend::{CidAllocator, MachineSpec};
+use crate::client::{AgentClient, AgentOps, ClientError, ClientOptions};
 use crate::config::Profile;
 use crate::settings::Settings;
 pub use config::{vm_config, KvmBootOpts};
+pub use guest::KvmBackend;
+
+/// What the kvm backend fails with.
+#[derive(Debug, thiserror::Error)]
+pub enum KvmError {
+    #[error(
+        "the kvm backend boots a profile's kernel, and profile `{profile}` is not in provium.toml"
+    )]
+    NoProfileToBoot { profile: String },
+    #[error("the kvm backend restores into profile `{profile}`, which is not in provium.toml")]
+    NoProfileToRestore { profile: String },
+    #[error(transparent)]
+    Config(#[from] config::VmConfigError),
+    /// A setting from the environment is invalid (the text names it).
+    #[error("{0}")]
+    Setting(String),
+    /// What the VMM said (boxed: a VMM error is large, and every call
+    /// here returns this).
+    #[error(transparent)]
+    Vmm(Box<VmError>),
+    #[error("vm `{vm}` was stopped while waiting for its agent")]
+    KilledWaiting { vm: String },
+    /// The VM stopped on its own (`when` says during what); `hint` is what
+    /// a known cause on this host needs.
+    #[error(
+        "the VM stopped {when} ({why}); last console lines:\n{console_tail}{}",
+        hint.map(|h| format!("\n{h}")).unwrap_or_default()
+    )]
+    GuestStopped {
+        when: &'static str,
+        why: String,
+        console_tail: String,
+        hint: Option<&'static str>,
+    },
+    /// No Hello within the agent timeout ([`no_hello_message`]: what was
+    /// tried, how far the kernel got, what to check).
+    #[error("{0}")]
+    NoHello(String),
+    /// The guest kernel panicked first ([`panic_message`]).
+    #[error("{0}")]
+    Panicked(String),
+    #[error("initial_time")]
+    InitialTime(#[source] ClientError),
+    /// A reset ran, and then no agent answered (the inner error says why).
+    #[error("the guest was reset, but {}", crate::error_chain::flatten(.0.as_ref()))]
+    ResetUnanswered(Box<KvmError>),
+    #[error(
+        "the guest rebooted instead of powering off: its kernel took Ctrl+Alt+Del \
+         as a reboot because init left it on (an init that handles the power button \
+         calls reboot(LINUX_REBOOT_CMD_CAD_OFF) and powers off on SIGINT; \
+         provium-agent as PID 1 does); last console lines:\n{console_tail}"
+    )]
+    RebootedOnPowerButton { console_tail: String },
+    #[error(
+        "the guest did not power off within {timeout:?} of the power button (Ctrl+Alt+Del \
+         with IRQ 1 on the i8042: the kernel needs SERIO_I8042, KEYBOARD_ATKBD and \
+         VT, and init must power off on SIGINT); last console lines:\n{console_tail}"
+    )]
+    NoPowerOff {
+        timeout: Duration,
+        console_tail: String,
+    },
+    #[error(
+        "NIC {ifname}: a booted kvm VM cannot get a new NIC: its virtio-net devices are \
+         virtio-mmio, which a guest without ACPI finds only on its kernel command line at \
+         boot (no hotplug); attach the bridge before vm:boot()"
+    )]
+    NicAfterBoot { ifname: String },
+}
 
 /// Overrides how long `connect` waits for the agent's Hello (seconds).
 pub use crate::settings::AGENT_TIMEOUT_ENV;
@@ -59,12 +130,8 @@ pub const KERNEL_HALTED: &str = "reboot: System halted";
 /// How long `power_button` waits for the guest to power off.
 pub const DEFAULT_POWER_OFF_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Guest CIDs: 0-2 are reserved; each VM of this process gets the next one.
-/// Our vsock is userspace (per device), so CIDs never collide across processes.
-static NEXT_CID: AtomicU32 = AtomicU32::new(3);
-
-/// The agent timeout: `PROVIUM_KVM_AGENT_TIMEOUT` (seconds), else 60 s
-/// ([`DEFAULT_AGENT_TIMEOUT_KVM_PVM`] on kvm_pvm).
+/// The agent timeout: `PROVIUM_KVM_AGENT_TIMEOUT` (seconds, read once into
+/// [`Settings`]), else 60 s ([`DEFAULT_AGENT_TIMEOUT_KVM_PVM`] on kvm_pvm).
 pub fn agent_timeout(settings: &Settings) -> Result<Duration, String> {
     match settings.kvm_agent_timeout.as_deref() {
         None if host_is_kvm_pvm(settings) => Ok(DEFAULT_AGENT_TIMEOUT_KVM_PVM),
@@ -82,11 +149,18 @@ pub fn agent_timeout(settings: &Settings) -> Result<Duration, String> {
 /// Whether this host's KVM is the paravirtual `kvm_pvm` (no VT-x; DESIGN.md
 /// "This machine's KVM"): guest kernel code runs in KVM's instruction
 /// emulator (slow), and Linux user space runs only with a guest kernel that
-/// has the kvm_pvm shims. `PROVIUM_KVM_PVM=0/1` overrides the detection.
+/// has the kvm_pvm shims. `PROVIUM_KVM_PVM=0/1` ([`Settings::kvm_pvm`])
+/// overrides the detection.
 pub fn host_is_kvm_pvm(settings: &Settings) -> bool {
     settings
         .kvm_pvm
         .unwrap_or_else(|| std::path::Path::new("/sys/module/kvm_pvm").exists())
+}
+
+impl From<VmError> for KvmError {
+    fn from(e: VmError) -> Self {
+        KvmError::Vmm(Box::new(e))
+    }
 }
 
 /// A guest on the microVMM.
@@ -102,63 +176,55 @@ pub struct KvmMachine {
     /// Console bytes written before the current boot started (its output
     /// is what follows).
     boot_log_mark: AtomicU64,
-    /// The environment this VM was booted with (`KvmBootOpts::settings`).
+    /// The environment this VM was made with (`MachineSpec::settings`).
     settings: Settings,
 }
 
 impl KvmMachine {
-    /// Builds and boots the VM (returns once the vCPUs run; `connect` waits
-    /// for the agent).
-    pub fn boot(
-        name: &str,
-        profile: &Profile,
-        opts: &KvmBootOpts,
-        initial_time: Option<f64>,
-    ) -> Result<KvmMachine, String> {
-        let m = KvmMachine::create(name, profile, opts, initial_time)?;
-        m.start()?;
-        Ok(m)
-    }
-
-    /// Prepares the VM without running it (subscribe to its console first,
-    /// then `start`).
-    pub fn create(
-        name: &str,
-        profile: &Profile,
-        opts: &KvmBootOpts,
-        initial_time: Option<f64>,
-    ) -> Result<KvmMachine, String> {
-        let agent_timeout = agent_timeout(&opts.settings)?;
-        let cid = NEXT_CID.fetch_add(1, Ordering::Relaxed);
-        let (cfg, vsock) = config::vm_config(profile, opts, cid)?;
-        let vm = Vm::new(cfg).map_err(|e| crate::error_chain::flatten(&e))?;
+    /// Prepares the VM of `spec` on `profile` with guest CID `cid`, without
+    /// running it (subscribe to its console first, then `start`, or
+    /// `restore_from` a snapshot).
+    pub fn build(spec: &MachineSpec, profile: &Profile, cid: u32) -> Result<KvmMachine, KvmError> {
+        let agent_timeout = agent_timeout(&spec.settings).map_err(KvmError::Setting)?;
+        let (cfg, vsock) = config::vm_config(profile, spec, cid)?;
+        let vm = Vm::new(cfg)?;
         Ok(KvmMachine {
-            name: name.to_string(),
+            name: spec.vm_name.clone(),
             vm,
             vsock,
             cid,
             killed: AtomicBool::new(false),
             agent_timeout,
             power_off_timeout: DEFAULT_POWER_OFF_TIMEOUT,
-            initial_time,
+            initial_time: spec.initial_time,
             boot_log_mark: AtomicU64::new(0),
-            settings: opts.settings.clone(),
+            settings: spec.settings.clone(),
         })
     }
 
-    /// A VM made by `create`, running the snapshot at `path` instead of
-    /// booting (`connect` then reaches its agent anew: vsock connections do
-    /// not survive a restore).
-    pub fn restore(
+    /// [`KvmMachine::build`] for `provium bench boot`, which makes one VM
+    /// at a time (so CID [`CidAllocator::FIRST`]) and reads errors as text.
+    /// Kept until bench goes through [`crate::backend::Backend`].
+    pub fn create(
         name: &str,
         profile: &Profile,
         opts: &KvmBootOpts,
-        path: &std::path::Path,
+        initial_time: Option<f64>,
     ) -> Result<KvmMachine, String> {
-        let m = KvmMachine::create(name, profile, opts, None)?;
-        m.vm.restore(path)
-            .map_err(|e| crate::error_chain::flatten(&e))?;
-        Ok(m)
+        let spec = MachineSpec {
+            vm_name: name.to_string(),
+            initial_time,
+            ..opts.clone()
+        };
+        KvmMachine::build(&spec, profile, CidAllocator::FIRST)
+            .map_err(|e| crate::error_chain::flatten(&e))
+    }
+
+    /// Runs the snapshot at `path` in a VM made by `build` instead of
+    /// booting it (`connect` then reaches its agent anew: vsock
+    /// connections do not survive a restore).
+    pub fn restore_from(&self, path: &std::path::Path) -> Result<(), KvmError> {
+        Ok(self.vm.restore(path)?)
     }
 
     /// Writes a snapshot of the running VM to `path` with the caller's
@@ -167,11 +233,8 @@ impl KvmMachine {
         &self,
         path: &std::path::Path,
         extra: &[(&str, Vec<u8>)],
-    ) -> Result<u64, String> {
-        self.vm
-            .snapshot_with(path, extra)
-            .map(|s| s.file_bytes)
-            .map_err(|e| crate::error_chain::flatten(&e))
+    ) -> Result<u64, KvmError> {
+        Ok(self.vm.snapshot_with(path, extra).map(|s| s.file_bytes)?)
     }
 
     /// Replaces the agent timeout (`PROVIUM_KVM_AGENT_TIMEOUT` otherwise).
@@ -186,9 +249,9 @@ impl KvmMachine {
         self
     }
 
-    /// Boots a VM made by `create`.
-    pub fn start(&self) -> Result<(), String> {
-        self.vm.boot().map_err(|e| crate::error_chain::flatten(&e))
+    /// Boots a VM made by `build`.
+    pub fn start(&self) -> Result<(), KvmError> {
+        Ok(self.vm.boot()?)
     }
 
     /// The VMM's VM (lifecycle, console, memory).
@@ -234,17 +297,16 @@ impl KvmMachine {
 
     /// Reaches the agent over vsock and does the handshake, retrying until
     /// the agent timeout; then applies `initial_time`.
-    pub fn connect(&self) -> Result<AgentClient, String> {
+    pub fn connect(&self) -> Result<AgentClient, KvmError> {
         let start = Instant::now();
         let deadline = start + self.agent_timeout;
         let mut init_seen: Option<String> = None;
         let mut last = String::from("no attempt yet");
         loop {
             if self.killed.load(Ordering::SeqCst) {
-                return Err(format!(
-                    "vm `{}` was stopped while waiting for its agent",
-                    self.name
-                ));
+                return Err(KvmError::KilledWaiting {
+                    vm: self.name.clone(),
+                });
             }
             match self.vm.state() {
                 VmState::Booted => {}
@@ -253,20 +315,20 @@ impl KvmMachine {
                     continue;
                 }
                 s => {
-                    let mut e = self.stopped("before its agent answered", s);
                     let internal =
                         matches!(self.vm.stop_reason(), Some(StopReason::InternalError(_)));
                     let after_init = init_line(&self.boot_log()).is_some();
-                    if internal && after_init && host_is_kvm_pvm(&self.settings) {
-                        e.push_str(&format!("\n{KVM_PVM_INTERNAL_ERROR_HINT}"));
-                    }
-                    return Err(e);
+                    let hint = (internal && after_init && host_is_kvm_pvm(&self.settings))
+                        .then_some(KVM_PVM_INTERNAL_ERROR_HINT);
+                    return Err(self.stopped("before its agent answered", s, hint));
                 }
             }
             let now = Instant::now();
             let left = deadline.saturating_duration_since(now);
             if left.is_zero() {
-                return Err(self.no_hello(&last, init_seen.as_deref()));
+                return Err(KvmError::NoHello(
+                    self.no_hello(&last, init_seen.as_deref()),
+                ));
             }
             match self
                 .vsock
@@ -301,11 +363,11 @@ impl KvmMachine {
             if log.contains("Kernel panic") {
                 // Let the rest of the panic message arrive.
                 std::thread::sleep(Duration::from_secs(1));
-                return Err(panic_message(
+                return Err(KvmError::Panicked(panic_message(
                     &self.boot_log(),
                     host_is_kvm_pvm(&self.settings),
                     &self.last_lines(ERROR_CONSOLE_LINES),
-                ));
+                )));
             }
             if init_seen.is_none() {
                 init_seen = init_line(&log);
@@ -313,16 +375,17 @@ impl KvmMachine {
         }
     }
 
-    /// "The VM stopped WHEN (its stop reason); last console lines: ...".
-    fn stopped(&self, when: &str, state: VmState) -> String {
-        let why = self
-            .vm
-            .stop_reason()
-            .map_or_else(|| state.to_string(), |r| r.to_string());
-        format!(
-            "the VM stopped {when} ({why}); last console lines:\n{}",
-            self.last_lines(ERROR_CONSOLE_LINES)
-        )
+    /// The VM stopped `when`, in `state`: its stop reason and console.
+    fn stopped(&self, when: &'static str, state: VmState, hint: Option<&'static str>) -> KvmError {
+        KvmError::GuestStopped {
+            when,
+            why: self
+                .vm
+                .stop_reason()
+                .map_or_else(|| state.to_string(), |r| r.to_string()),
+            console_tail: self.last_lines(ERROR_CONSOLE_LINES),
+            hint,
+        }
     }
 
     fn no_hello(&self, last: &str, init: Option<&str>) -> String {
@@ -336,12 +399,11 @@ impl KvmMachine {
         })
     }
 
-    fn after_hello(&self, client: AgentClient) -> Result<AgentClient, String> {
+    fn after_hello(&self, client: AgentClient) -> Result<AgentClient, KvmError> {
         if let Some(t) = self.initial_time {
             let ns = (t * 1e9) as i64;
             let ops: &dyn AgentOps = &client;
-            ops.clock_set(ns)
-                .map_err(|e| format!("initial_time: {}", crate::error_chain::flatten(&e)))?;
+            ops.clock_set(ns).map_err(KvmError::InitialTime)?;
         }
         Ok(client)
     }
@@ -352,27 +414,23 @@ impl KvmMachine {
         let _ = self.vm.shutdown();
     }
 
-    pub fn pause(&self) -> Result<(), String> {
-        self.vm.pause().map_err(|e| crate::error_chain::flatten(&e))
+    pub fn pause(&self) -> Result<(), KvmError> {
+        Ok(self.vm.pause()?)
     }
 
-    pub fn resume(&self) -> Result<(), String> {
-        self.vm
-            .resume()
-            .map_err(|e| crate::error_chain::flatten(&e))
+    pub fn resume(&self) -> Result<(), KvmError> {
+        Ok(self.vm.resume()?)
     }
 
     /// Warm reset through the boot path, then a new agent connection: the
     /// agent restarts with the guest, so the old connection is gone. Fails
     /// like `connect` (with this boot's console) when no Hello comes.
-    pub fn reset(&self) -> Result<AgentClient, String> {
+    pub fn reset(&self) -> Result<AgentClient, KvmError> {
         self.boot_log_mark
             .store(self.vm.console().total_bytes(), Ordering::SeqCst);
-        self.vm
-            .reset()
-            .map_err(|e| crate::error_chain::flatten(&e))?;
+        self.vm.reset()?;
         self.connect()
-            .map_err(|e| format!("the guest was reset, but {e}"))
+            .map_err(|e| KvmError::ResetUnanswered(Box::new(e)))
     }
 
     /// `vm:power_button()`: Ctrl+Alt+Del on the i8042 (no ACPI here; see
@@ -380,11 +438,9 @@ impl KvmMachine {
     /// power off: a write to the PM1a control port, or the kernel's
     /// "reboot: Power down" (then it halts, and the VM is shut down here).
     /// The error says what the guest did instead.
-    pub fn power_button(&self) -> Result<(), String> {
+    pub fn power_button(&self) -> Result<(), KvmError> {
         let boots = self.vm.boot_count();
-        self.vm
-            .power_button()
-            .map_err(|e| crate::error_chain::flatten(&e))?;
+        self.vm.power_button()?;
         let deadline = Instant::now() + self.power_off_timeout;
         loop {
             let state = self
@@ -395,7 +451,11 @@ impl KvmMachine {
                     return Ok(())
                 }
                 VmState::Shutdown | VmState::Dead => {
-                    return Err(self.stopped("after the power button without powering off", state))
+                    return Err(self.stopped(
+                        "after the power button without powering off",
+                        state,
+                        None,
+                    ))
                 }
                 _ => {}
             }
@@ -405,28 +465,18 @@ impl KvmMachine {
             // power-off.
             let log = self.boot_log();
             if log.contains(KERNEL_POWER_DOWN) || log.contains(KERNEL_HALTED) {
-                return self
-                    .vm
-                    .shutdown()
-                    .map_err(|e| crate::error_chain::flatten(&e));
+                return Ok(self.vm.shutdown()?);
             }
             if self.vm.boot_count() != boots {
-                return Err(format!(
-                    "the guest rebooted instead of powering off: its kernel took Ctrl+Alt+Del \
-                     as a reboot because init left it on (an init that handles the power button \
-                     calls reboot(LINUX_REBOOT_CMD_CAD_OFF) and powers off on SIGINT; \
-                     provium-agent as PID 1 does); last console lines:\n{}",
-                    self.last_lines(ERROR_CONSOLE_LINES)
-                ));
+                return Err(KvmError::RebootedOnPowerButton {
+                    console_tail: self.last_lines(ERROR_CONSOLE_LINES),
+                });
             }
             if Instant::now() >= deadline {
-                return Err(format!(
-                    "the guest did not power off within {:?} of the power button (Ctrl+Alt+Del \
-                     with IRQ 1 on the i8042: the kernel needs SERIO_I8042, KEYBOARD_ATKBD and \
-                     VT, and init must power off on SIGINT); last console lines:\n{}",
-                    self.power_off_timeout,
-                    self.last_lines(ERROR_CONSOLE_LINES)
-                ));
+                return Err(KvmError::NoPowerOff {
+                    timeout: self.power_off_timeout,
+                    console_tail: self.last_lines(ERROR_CONSOLE_LINES),
+                });
             }
         }
     }
@@ -598,6 +648,36 @@ mod tests {
     }
 
     #[test]
+    fn a_stopped_guest_says_when_why_and_what_fixes_it() {
+        let e = KvmError::GuestStopped {
+            when: "before its agent answered",
+            why: "KVM internal error".into(),
+            console_tail: "[ 1.0] last".into(),
+            hint: Some("the hint"),
+        };
+        assert_eq!(
+            e.to_string(),
+            "the VM stopped before its agent answered (KVM internal error); last console \
+             lines:\n[ 1.0] last\nthe hint"
+        );
+        let e = KvmError::NoPowerOff {
+            timeout: Duration::from_secs(2),
+            console_tail: "tail".into(),
+        };
+        let m = e.to_string();
+        assert!(
+            m.starts_with("the guest did not power off within 2s of the power button"),
+            "{m}"
+        );
+        assert!(m.ends_with("last console lines:\ntail"), "{m}");
+        let e = KvmError::ResetUnanswered(Box::new(KvmError::KilledWaiting { vm: "v".into() }));
+        assert_eq!(
+            e.to_string(),
+            "the guest was reset, but vm `v` was stopped while waiting for its agent"
+        );
+    }
+
+    #[test]
     fn init_line_is_found() {
         let log = "[ 1.0] foo\n[ 35.2] Run /sbin/provium-agent as init process\r\n[ 35.3] x\n";
         assert_eq!(
@@ -618,8 +698,7 @@ mod tests {
             eprintln!("SKIP tiny_guest_snapshot_restores_into_a_new_machine: no /dev/kvm");
             return;
         }
-        use crate::machine::{BootSpec, Machine};
-        use crate::runner::BackendKind;
+        use crate::backend::Backend;
         let d = tempfile::tempdir().unwrap();
         let kernel = d.path().join("bzImage");
         std::fs::write(&kernel, provium_vmm::tiny_guest::BZIMAGE).unwrap();
@@ -635,15 +714,19 @@ mod tests {
             build: None,
             build_out: d.path().into(),
         };
-        let opts = KvmBootOpts {
+        let backend = KvmBackend::new(CidAllocator::new());
+        let spec = MachineSpec {
+            vm_name: "a".into(),
+            profile_name: "tiny".into(),
+            profile: Some(profile.clone()),
             memory_bytes: 32 << 20,
             cpus: 1,
-            settings: Settings::from_env(),
-            ..KvmBootOpts::default()
+            ..MachineSpec::default()
         };
-        let a = KvmMachine::boot("a", &profile, &opts, None).unwrap();
+        let a = backend.boot(&spec).unwrap();
         let ready = provium_vmm::tiny_guest::READY.as_bytes();
-        assert!(a.console().wait_for(ready, 1, Duration::from_secs(60)));
+        let a_console = a.console().expect("kvm has a console");
+        assert!(a_console.wait_for(ready, 1, Duration::from_secs(60)));
         let path = d.path().join("a.snap");
         let decl = crate::lua::snapshot::VmDecl {
             name: "a".into(),
@@ -663,22 +746,12 @@ mod tests {
             "the declaration reads back whole, rng_seed included"
         );
 
-        let spec = BootSpec {
+        let spec = MachineSpec {
             vm_name: "b".into(),
-            profile_name: "tiny".into(),
-            profile: Some(profile.clone()),
-            memory_bytes: 32 << 20,
-            cpus: 1,
-            kernel_cmdline: None,
-            rng_seed: None,
-            initial_time: None,
-            settings: Settings::from_env(),
+            ..spec
         };
-        let b = Machine::restore(BackendKind::Kvm, &spec, &path).unwrap();
-        let Machine::Kvm(k) = &b else {
-            unreachable!("kvm restore makes a kvm machine")
-        };
-        assert_ne!(k.cid(), a.cid(), "a restored VM gets its own CID");
+        let b = backend.restore(&spec, &path).unwrap();
+        assert_ne!(b.cid(), a.cid(), "a restored VM gets its own CID");
         let console = b.console().expect("kvm has a console");
         assert!(console.log_string().contains("READY"), "tail restored");
         console.write_input(b"restored-echo").unwrap();
@@ -688,13 +761,15 @@ mod tests {
             console.log_string()
         );
         // Another shape is refused by name.
-        let bigger = BootSpec {
+        let bigger = MachineSpec {
             memory_bytes: 64 << 20,
             ..spec
         };
-        let e = Machine::restore(BackendKind::Kvm, &bigger, &path)
+        let e = backend
+            .restore(&bigger, &path)
             .err()
             .expect("64 MiB VM from a 32 MiB snapshot");
+        let e = crate::error_chain::flatten(&e);
         assert!(e.contains("different VM shape"), "{e}");
         b.kill();
     }

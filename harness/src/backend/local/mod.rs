@@ -26,6 +26,7 @@
 //! connecting is refused) stays behind, and the next sandbox started under
 //! the same runtime directory removes directories whose owner is dead.
 
+pub mod guest;
 mod init;
 pub mod net;
 pub mod netconfig;
@@ -109,6 +110,12 @@ pub enum LocalError {
         name: String,
         #[source]
         source: ClientError,
+    },
+    #[error("sandbox `{name}`: restoring its network configuration")]
+    RestoreNet {
+        name: String,
+        #[source]
+        source: netconfig::NetConfigError,
     },
     #[error("sandbox `{name}` is shut down")]
     ShutDown { name: String },
@@ -333,14 +340,14 @@ impl LocalSandbox {
 
     /// Applies (once) the interface configuration a restore kept, now that
     /// the NICs were re-created on the bridges.
-    pub fn apply_restored_net(&mut self) -> Result<(), String> {
+    pub fn apply_restored_net(&mut self) -> Result<(), LocalError> {
         match self.restored_net.take() {
-            Some(net) => netconfig::apply(self.init_pid, &net).map_err(|e| {
-                format!(
-                    "sandbox `{}`: restoring its network configuration: {e}",
-                    self.name
-                )
-            }),
+            Some(net) => {
+                netconfig::apply(self.init_pid, &net).map_err(|source| LocalError::RestoreNet {
+                    name: self.name.clone(),
+                    source,
+                })
+            }
             None => Ok(()),
         }
     }

@@ -53,40 +53,78 @@ impl SandboxNet {
     }
 }
 
+/// What capturing or restoring a sandbox's interface configuration fails
+/// with (what `ip` said, or which of its JSON fields is not what it prints).
+#[derive(Debug, thiserror::Error)]
+pub enum NetConfigError {
+    #[error("cannot run `nsenter … ip` (install util-linux and iproute2)")]
+    Spawn(#[source] std::io::Error),
+    #[error("`ip {args}` in the sandbox failed: {stderr}")]
+    Ip { args: String, stderr: String },
+    #[error("`ip -j {what}` printed unexpected JSON")]
+    Json {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("`ip -j {what}`: an entry has no string `{key}`")]
+    MissingField {
+        what: &'static str,
+        key: &'static str,
+    },
+    #[error("`ip -j addr`: an address has no prefixlen")]
+    NoPrefixLen,
+    #[error("interface `{name}`")]
+    Interface {
+        name: String,
+        #[source]
+        source: Box<NetConfigError>,
+    },
+    #[error("route to {dst}")]
+    Route {
+        dst: String,
+        #[source]
+        source: Box<NetConfigError>,
+    },
+}
+
 /// Runs `ip args…` in the network namespace of `init_pid`; its stdout.
-fn ip_in(init_pid: i32, args: &[&str]) -> Result<String, String> {
+fn ip_in(init_pid: i32, args: &[&str]) -> Result<String, NetConfigError> {
     let out = Command::new("nsenter")
         .arg(format!("--net=/proc/{init_pid}/ns/net"))
         .arg("--")
         .arg("ip")
         .args(args)
         .output()
-        .map_err(|e| format!("cannot run `nsenter … ip` (install util-linux and iproute2): {e}"))?;
+        .map_err(NetConfigError::Spawn)?;
     if !out.status.success() {
-        return Err(format!(
-            "`ip {}` in the sandbox failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        return Err(NetConfigError::Ip {
+            args: args.join(" "),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn json(text: &str, what: &str) -> Result<Vec<serde_json::Value>, String> {
+fn json(text: &str, what: &'static str) -> Result<Vec<serde_json::Value>, NetConfigError> {
     if text.trim().is_empty() {
         return Ok(Vec::new());
     }
-    serde_json::from_str(text).map_err(|e| format!("`ip -j {what}` printed unexpected JSON: {e}"))
+    serde_json::from_str(text).map_err(|source| NetConfigError::Json { what, source })
 }
 
-fn str_field<'a>(v: &'a serde_json::Value, key: &str, what: &str) -> Result<&'a str, String> {
+fn str_field<'a>(
+    v: &'a serde_json::Value,
+    key: &'static str,
+    what: &'static str,
+) -> Result<&'a str, NetConfigError> {
     v.get(key)
         .and_then(|x| x.as_str())
-        .ok_or_else(|| format!("`ip -j {what}`: an entry has no string `{key}`"))
+        .ok_or(NetConfigError::MissingField { what, key })
 }
 
 /// Parses `ip -j addr show` output (interfaces besides `lo`).
-pub fn parse_addrs(text: &str) -> Result<Vec<IfaceConfig>, String> {
+pub fn parse_addrs(text: &str) -> Result<Vec<IfaceConfig>, NetConfigError> {
     let mut out = Vec::new();
     for link in json(text, "addr")? {
         let name = str_field(&link, "ifname", "addr")?.to_string();
@@ -112,7 +150,7 @@ pub fn parse_addrs(text: &str) -> Result<Vec<IfaceConfig>, String> {
             let prefix = a
                 .get("prefixlen")
                 .and_then(|p| p.as_u64())
-                .ok_or_else(|| "`ip -j addr`: an address has no prefixlen".to_string())?;
+                .ok_or(NetConfigError::NoPrefixLen)?;
             addrs.push(format!("{local}/{prefix}"));
         }
         out.push(IfaceConfig { name, up, addrs });
@@ -121,7 +159,7 @@ pub fn parse_addrs(text: &str) -> Result<Vec<IfaceConfig>, String> {
 }
 
 /// Parses `ip -j -<family> route show` output, leaving out the kernel's own.
-pub fn parse_routes(text: &str, family: u8) -> Result<Vec<RouteConfig>, String> {
+pub fn parse_routes(text: &str, family: u8) -> Result<Vec<RouteConfig>, NetConfigError> {
     let mut out = Vec::new();
     for r in json(text, "route")? {
         if r.get("protocol").and_then(|p| p.as_str()) == Some("kernel") {
@@ -143,7 +181,7 @@ pub fn parse_routes(text: &str, family: u8) -> Result<Vec<RouteConfig>, String> 
 
 /// The configuration of every interface of the sandbox whose init is
 /// `init_pid`, besides `lo`.
-pub fn capture(init_pid: i32) -> Result<SandboxNet, String> {
+pub fn capture(init_pid: i32) -> Result<SandboxNet, NetConfigError> {
     let interfaces = parse_addrs(&ip_in(init_pid, &["-j", "addr", "show"])?)?;
     let mut routes = parse_routes(&ip_in(init_pid, &["-j", "-4", "route", "show"])?, 4)?;
     routes.extend(parse_routes(
@@ -155,18 +193,24 @@ pub fn capture(init_pid: i32) -> Result<SandboxNet, String> {
 
 /// Puts `net` back in the sandbox whose init is `init_pid` (its NICs exist
 /// again). An interface the restored sandbox lacks is an error naming it.
-pub fn apply(init_pid: i32, net: &SandboxNet) -> Result<(), String> {
+pub fn apply(init_pid: i32, net: &SandboxNet) -> Result<(), NetConfigError> {
+    let on_iface = |name: &str| {
+        let name = name.to_string();
+        move |e| NetConfigError::Interface {
+            name,
+            source: Box::new(e),
+        }
+    };
     for i in &net.interfaces {
         for a in &i.addrs {
             let mut args = vec!["addr", "add", a.as_str(), "dev", i.name.as_str()];
             if a.contains(':') {
                 args.push("nodad");
             }
-            ip_in(init_pid, &args).map_err(|e| format!("interface `{}`: {e}", i.name))?;
+            ip_in(init_pid, &args).map_err(on_iface(&i.name))?;
         }
         let state = if i.up { "up" } else { "down" };
-        ip_in(init_pid, &["link", "set", "dev", &i.name, state])
-            .map_err(|e| format!("interface `{}`: {e}", i.name))?;
+        ip_in(init_pid, &["link", "set", "dev", &i.name, state]).map_err(on_iface(&i.name))?;
     }
     for r in &net.routes {
         let fam = if r.family == 6 { "-6" } else { "-4" };
@@ -175,7 +219,10 @@ pub fn apply(init_pid: i32, net: &SandboxNet) -> Result<(), String> {
             args.extend(["via", g.as_str()]);
         }
         args.extend(["dev", r.dev.as_str()]);
-        ip_in(init_pid, &args).map_err(|e| format!("route to {}: {e}", r.dst))?;
+        ip_in(init_pid, &args).map_err(|e| NetConfigError::Route {
+            dst: r.dst.clone(),
+            source: Box::new(e),
+        })?;
     }
     Ok(())
 }
@@ -220,10 +267,28 @@ mod tests {
         );
         assert!(parse_addrs("[{\"flags\": []}]")
             .unwrap_err()
+            .to_string()
             .contains("no string `ifname`"));
-        assert!(parse_routes("not json", 4)
-            .unwrap_err()
-            .contains("unexpected JSON"));
+        let e = crate::error_chain::flatten(&parse_routes("not json", 4).unwrap_err());
+        assert!(
+            e.starts_with("`ip -j route` printed unexpected JSON: "),
+            "{e}"
+        );
         assert!(parse_addrs("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_failed_step_names_its_interface_or_route() {
+        let e = NetConfigError::Interface {
+            name: "eth0".into(),
+            source: Box::new(NetConfigError::Ip {
+                args: "link set dev eth0 up".into(),
+                stderr: "Cannot find device".into(),
+            }),
+        };
+        assert_eq!(
+            crate::error_chain::flatten(&e),
+            "interface `eth0`: `ip link set dev eth0 up` in the sandbox failed: Cannot find device"
+        );
     }
 }

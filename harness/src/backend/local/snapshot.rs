@@ -64,11 +64,12 @@ pub const SECTION_NET: &str = "net-config";
 pub enum SandboxSnapshotError {
     #[error("sandbox `{name}` cannot be snapshotted while processes other than its agent run inside (a local snapshot holds files, not process memory): {processes}; wait for them to exit or kill them first")]
     Busy { name: String, processes: String },
-    #[error("sandbox `{name}`: cannot capture the configuration of its network interfaces ({interfaces}): {detail}")]
+    #[error("sandbox `{name}`: cannot capture the configuration of its network interfaces ({interfaces})")]
     Network {
         name: String,
         interfaces: String,
-        detail: String,
+        #[source]
+        source: super::netconfig::NetConfigError,
     },
     #[error("sandbox `{name}`: cannot capture `/{path}`: {what}")]
     Unsupported {
@@ -524,11 +525,11 @@ impl LocalSandbox {
         let net = if ifaces.is_empty() {
             super::netconfig::SandboxNet::default()
         } else {
-            super::netconfig::capture(self.init_pid).map_err(|detail| {
+            super::netconfig::capture(self.init_pid).map_err(|source| {
                 SandboxSnapshotError::Network {
                     name: self.name.clone(),
                     interfaces: ifaces.join(", "),
-                    detail,
+                    source,
                 }
             })?
         };

@@ -128,7 +128,9 @@ impl Lab {
                 crate::error_chain::flatten(&e)
             )))
         })?;
-        let kvm = self.0.env.backend == crate::runner::BackendKind::Kvm;
+        // VMM NICs come back with the VM's devices (recorded in its
+        // snapshot); host TAPs rejoin the recorded bridges by name.
+        let vmm_nics = self.0.env.machines().capabilities().has_vmm_nics();
         // The topology first, so restored VMs find their bridges.
         for rec in &index.bridges {
             let lab = self.sub_lab_at(&rec.lab_path).map_err(Failed)?;
@@ -168,8 +170,8 @@ impl Lab {
                 vm.shutdown().map_err(Failed)?;
             }
             let file = dir.join(&v.file);
-            if !kvm {
-                // Local: the sandbox joins the recorded bridges it was on
+            if !vmm_nics {
+                // Host TAPs (local): the sandbox joins the recorded bridges it was on
                 // (its NICs and their configuration come back with it).
                 for rec in index.bridges.iter().filter(|b| b.members.contains(&v.name)) {
                     let lab = self.sub_lab_at(&rec.lab_path).map_err(Failed)?;
@@ -183,7 +185,7 @@ impl Lab {
                         })?;
                 }
             }
-            if kvm {
+            if vmm_nics {
                 let devices = snapshot::VmDevices::read_if_present(&file)
                     .map_err(|e| Failed(err(format!("lab:restore: vm `{}`: {e}", v.name))))?;
                 if let Some(devices) = devices {

@@ -55,7 +55,7 @@ impl Lab {
         vm: &Vm,
         devices: &VmDevices,
     ) -> Result<(), RestoreError> {
-        if self.0.env.backend != crate::runner::BackendKind::Kvm {
+        if !self.0.env.machines().capabilities().has_vmm_nics() {
             return Ok(());
         }
         let mismatch = |e: String| {

@@ -1,0 +1,197 @@
+//! The kvm backend behind the boundary: [`KvmBackend`] builds a
+//! [`KvmMachine`] from a [`MachineSpec`] (its config made once, in
+//! `config.rs`) with the next guest CID of the run, and [`KvmMachine`] is
+//! its [`Guest`] handle.
+
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::{KvmError, KvmMachine};
+use provium_vmm::VmState;
+
+use crate::backend::{
+    Backend, BackendError, Capabilities, CidAllocator, Guest, MachineSpec, NicKind, Stopped,
+    Support,
+};
+use crate::client::AgentClient;
+
+/// What a guest on the microVMM can do: everything the harness asks of a
+/// VM, with NICs as virtio-net devices given at boot.
+pub const KVM_CAPABILITIES: Capabilities = Capabilities {
+    backend: "kvm",
+    disks: Support::Yes,
+    nics: NicKind::VmmDevices,
+    reset: Support::Yes,
+    power_button: Support::Yes,
+    console: Support::Yes,
+    seeded_rng: true,
+    device_snapshots: true,
+};
+
+/// Boots guests on the microVMM, each with the next CID of the run.
+pub struct KvmBackend {
+    cids: CidAllocator,
+}
+
+impl KvmBackend {
+    pub fn new(cids: CidAllocator) -> KvmBackend {
+        KvmBackend { cids }
+    }
+}
+
+impl Backend for KvmBackend {
+    fn capabilities(&self) -> Capabilities {
+        KVM_CAPABILITIES
+    }
+
+    fn create(&self, spec: &MachineSpec) -> Result<Box<dyn Guest>, BackendError> {
+        let profile = profile_of(spec, |profile| KvmError::NoProfileToBoot { profile })?;
+        Ok(Box::new(KvmMachine::build(
+            spec,
+            profile,
+            self.cids.allocate(),
+        )?))
+    }
+
+    fn restore(&self, spec: &MachineSpec, path: &Path) -> Result<Box<dyn Guest>, BackendError> {
+        let profile = profile_of(spec, |profile| KvmError::NoProfileToRestore { profile })?;
+        // The snapshot carries RAM and device state; the config has the
+        // same shape and devices, and the boot a later `vm:reset()` makes:
+        // so the agent is injected as at boot (without it, a reset restored
+        // VM booted no agent). Boot-only options do not apply.
+        let spec = MachineSpec {
+            kernel_cmdline: None,
+            files: Vec::new(),
+            initial_time: None,
+            ..spec.clone()
+        };
+        let machine = KvmMachine::build(&spec, profile, self.cids.allocate())?;
+        machine.restore_from(path)?;
+        Ok(Box::new(machine))
+    }
+}
+
+/// The profile whose kernel the guest runs, or `missing` of its name.
+fn profile_of(
+    spec: &MachineSpec,
+    missing: impl FnOnce(String) -> KvmError,
+) -> Result<&crate::config::Profile, KvmError> {
+    spec.profile
+        .as_ref()
+        .ok_or_else(|| missing(spec.profile_name.clone()))
+}
+
+impl Guest for KvmMachine {
+    fn capabilities(&self) -> Capabilities {
+        KVM_CAPABILITIES
+    }
+
+    fn start(&self) -> Result<(), BackendError> {
+        Ok(KvmMachine::start(self)?)
+    }
+
+    fn stopped(&self) -> Option<Stopped> {
+        let state = self.vm().state();
+        if matches!(state, VmState::Booted | VmState::Paused) {
+            return None;
+        }
+        Some(Stopped {
+            why: self
+                .vm()
+                .stop_reason()
+                .map_or_else(|| state.to_string(), |r| r.to_string()),
+            clean: state == VmState::Shutdown,
+        })
+    }
+
+    fn connect(&self) -> Result<AgentClient, BackendError> {
+        Ok(KvmMachine::connect(self)?)
+    }
+
+    fn cid(&self) -> Option<u32> {
+        Some(KvmMachine::cid(self))
+    }
+
+    /// The guest RAM mappings (the VMM runs in this process, whose own
+    /// heap is not the VM's).
+    fn resident_memory(&self) -> (u64, u64) {
+        crate::host_memory::mapping_memory(&self.vm().ram_host_ranges())
+    }
+
+    fn kill(&self) {
+        KvmMachine::kill(self)
+    }
+
+    fn pause(&self) -> Result<(), BackendError> {
+        Ok(KvmMachine::pause(self)?)
+    }
+
+    fn resume(&self) -> Result<(), BackendError> {
+        Ok(KvmMachine::resume(self)?)
+    }
+
+    fn reset(&self) -> Result<AgentClient, BackendError> {
+        Ok(KvmMachine::reset(self)?)
+    }
+
+    fn power_button(&self) -> Result<(), BackendError> {
+        Ok(KvmMachine::power_button(self)?)
+    }
+
+    fn open_nic(
+        &self,
+        ifname: &str,
+        _mac: provium_netsetup::MacAddr,
+    ) -> Result<OwnedFd, BackendError> {
+        Err(KvmError::NicAfterBoot {
+            ifname: ifname.to_string(),
+        }
+        .into())
+    }
+
+    /// The VMM records its own shape (memory, vCPUs), the same sizing the
+    /// spec gave.
+    fn snapshot_to(&self, path: &Path, extra: &[(&str, Vec<u8>)]) -> Result<u64, BackendError> {
+        Ok(KvmMachine::snapshot_to(self, path, extra)?)
+    }
+
+    fn console(&self) -> Option<Arc<provium_vmm::Console>> {
+        Some(KvmMachine::console(self))
+    }
+
+    fn console_tail(&self, max: usize) -> Option<String> {
+        Some(KvmMachine::console_tail(self, max))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_booted_vm_gets_no_new_nic_and_says_why() {
+        let e = BackendError::from(KvmError::NicAfterBoot {
+            ifname: "eth2".into(),
+        });
+        let m = e.to_string();
+        assert!(
+            m.starts_with("NIC eth2: a booted kvm VM cannot get a new NIC"),
+            "{m}"
+        );
+        assert!(m.ends_with("attach the bridge before vm:boot()"), "{m}");
+    }
+
+    #[test]
+    fn restore_drops_the_boot_only_options_before_building() {
+        // No profile: refused by name before anything is built, and no CID
+        // is spent on it.
+        let backend = KvmBackend::new(CidAllocator::new());
+        let spec = MachineSpec {
+            profile_name: "p".into(),
+            ..MachineSpec::default()
+        };
+        assert!(backend.restore(&spec, Path::new("/x")).is_err());
+        assert_eq!(backend.cids.allocate(), CidAllocator::FIRST);
+    }
+}

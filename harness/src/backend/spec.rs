@@ -1,0 +1,95 @@
+//! [`MachineSpec`]: everything one boot or restore needs, in one shape.
+//! The Lua layer (`lua::vm`) builds it from a VM's declaration and
+//! `vm:boot` opts; each backend takes what it has (the kvm backend turns it
+//! into the VMM's `VmConfig` once, in `backend/kvm/config.rs`) and refuses
+//! what it cannot honour.
+
+use provium_vmm::boot_timer::BootTimer;
+use provium_vmm::vmm_config::{DriveConfig, NetConfig};
+
+use crate::config::Profile;
+use crate::settings::Settings;
+
+/// One guest's configuration.
+#[derive(Debug, Clone, Default)]
+pub struct MachineSpec {
+    pub vm_name: String,
+    /// The profile the VM declared, and its provium.toml table (`None` when
+    /// provium.toml has none of that name: the local backend needs none).
+    pub profile_name: String,
+    pub profile: Option<Profile>,
+    pub memory_bytes: u64,
+    pub cpus: u32,
+    /// `kernel_cmdline`: replaces the profile's cmdline / cmdline_file.
+    pub kernel_cmdline: Option<String>,
+    pub rng_seed: Option<u64>,
+    /// Seconds since the epoch the guest clock is set to after Hello.
+    pub initial_time: Option<f64>,
+    /// Boot opts `files`: (absolute guest path, contents), mode 0644. The
+    /// kvm backend puts them in the initrd (there before init runs); the
+    /// local one has none, and its caller writes them through the agent.
+    pub files: Vec<(String, Vec<u8>)>,
+    /// Inject the agent into the initrd (the profile's `inject_agent`;
+    /// `provium console` only with `--agent`).
+    pub inject_agent: bool,
+    /// virtio-net devices, one per attached bridge in bridge-name order
+    /// (the guest's eth0, eth1, …; `lua::nic::vmm_ports`); their ports are
+    /// already on the switches.
+    pub nics: Vec<NetConfig>,
+    /// The VM's disks in attach order (the guest's vda, vdb, …); each
+    /// carries its Disk userdata's fault set (`lua::disk::boot_drives`).
+    pub drives: Vec<DriveConfig>,
+    /// The VMM boot timer to attach (`provium bench boot` reads its marks);
+    /// none for tests.
+    pub boot_timer: Option<BootTimer>,
+    /// The environment `cli::main` read once: the agent search, the
+    /// overlay cache, the kvm agent timeout and kvm_pvm override.
+    pub settings: Settings,
+}
+
+impl MachineSpec {
+    /// A spec of this name and sizing on `profile` (its table, if
+    /// provium.toml has one), taking the profile's `inject_agent`; every
+    /// option unset.
+    pub fn for_profile(
+        vm_name: &str,
+        profile_name: &str,
+        profile: Option<Profile>,
+        memory_bytes: u64,
+        cpus: u32,
+    ) -> MachineSpec {
+        MachineSpec {
+            vm_name: vm_name.to_string(),
+            profile_name: profile_name.to_string(),
+            inject_agent: profile.as_ref().is_some_and(|p| p.inject_agent),
+            profile,
+            memory_bytes,
+            cpus,
+            ..MachineSpec::default()
+        }
+    }
+
+    /// The shape a snapshot of this guest records (and a restore requires).
+    pub fn snapshot_shape(&self, backend: &str) -> provium_snapshot::Shape {
+        provium_snapshot::Shape {
+            backend: backend.into(),
+            memory_bytes: self.memory_bytes,
+            vcpus: self.cpus,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_profiles_spec_takes_its_inject_agent() {
+        let none = MachineSpec::for_profile("v", "p", None, 64 << 20, 2);
+        assert!(!none.inject_agent);
+        assert_eq!((none.memory_bytes, none.cpus), (64 << 20, 2));
+        assert!(none.files.is_empty() && none.rng_seed.is_none());
+        let shape = none.snapshot_shape("kvm");
+        assert_eq!((shape.backend.as_str(), shape.vcpus), ("kvm", 2));
+    }
+}
