@@ -25,9 +25,9 @@ use provium_protocol::frame::{read_message, DEFAULT_MAX_FRAME_BYTES};
 use provium_protocol::{Event, EventFrame};
 
 use super::{EXIT_FAILED, EXIT_OK};
-use crate::events::FileReport;
 use crate::partition::{Partition, PartitionError, PartitionKind};
 use crate::report::human::{self, Totals};
+use crate::report::run_event::FileReport;
 use crate::report::{self, RunIdentity, Verbosity};
 use crate::runner::outcome::{FileOutcome, TestReport, TestStatus};
 

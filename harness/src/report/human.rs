@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::progress::Progress;
 use super::{ReportError, Reporter, Verbosity};
-use crate::events::{FileReport, RunEvent, TestStatus};
+use crate::report::run_event::{FileReport, RunEvent, TestStatus};
 
 /// The status word of a file line.
 fn file_word(f: &FileReport) -> &'static str {
@@ -170,7 +170,7 @@ impl Reporter for HumanReporter {
 mod tests {
     use super::super::test_utils::SharedBuffer;
     use super::*;
-    use crate::events::TestReport;
+    use crate::report::run_event::TestReport;
     use provium_protocol::event::FileStatus;
 
     fn test(name: &str, status: TestStatus, message: Option<&str>, log: &[&str]) -> TestReport {

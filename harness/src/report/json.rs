@@ -8,7 +8,7 @@ use std::io::Write;
 use provium_protocol::json_line::{FileLine, RunLine, TestLine, Timeliness};
 
 use super::{ReportError, Reporter, RunIdentity};
-use crate::events::{FileReport, RunEvent};
+use crate::report::run_event::{FileReport, RunEvent};
 
 /// `f` as a `--json` line's value.
 pub fn file_line(f: &FileReport, run: &RunIdentity) -> FileLine {
@@ -75,7 +75,7 @@ impl Reporter for JsonReporter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::events::{TestReport, TestStatus};
+    use crate::report::run_event::{TestReport, TestStatus};
     use provium_protocol::event::FileStatus;
     use serde_json::json;
     use std::time::Duration;

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use super::{ReportError, Reporter};
-use crate::events::{FileReport, RunEvent, TestStatus};
+use crate::report::run_event::{FileReport, RunEvent, TestStatus};
 
 fn esc(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -122,7 +122,7 @@ impl Reporter for JunitReporter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::events::TestReport;
+    use crate::report::run_event::TestReport;
     use provium_protocol::event::FileStatus;
     use std::time::Duration;
 

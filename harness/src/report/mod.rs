@@ -9,12 +9,13 @@ pub mod human;
 pub mod json;
 pub mod junit;
 pub mod progress;
+pub mod run_event;
 #[cfg(test)]
 pub mod test_utils;
 
 use std::path::PathBuf;
 
-use crate::events::RunEvent;
+use crate::report::run_event::RunEvent;
 
 /// A renderer of the run's [`RunEvent`]s, called in order, synchronously,
 /// by the dispatcher (so a slow output slows dispatching instead of

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use provium_protocol::event::FileStatus;
 
-use crate::events::FileReport;
-pub use crate::events::{TestReport, TestStatus};
+use crate::report::run_event::FileReport;
+pub use crate::report::run_event::{TestReport, TestStatus};
 
 #[derive(Debug, Clone)]
 pub struct FileOutcome {

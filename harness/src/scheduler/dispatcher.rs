@@ -24,7 +24,8 @@ use provium_protocol::event::{
 
 use super::executor::{self, ExecutorContext};
 use super::messages::{ExecutorMessage, Reservation};
-use crate::events::{EventSender, RunEvent};
+use crate::events::EventSender;
+use crate::report::run_event::RunEvent;
 use crate::report::{ReportError, Reporter};
 use crate::runner::outcome::FileOutcome;
 use crate::runner::{interrupt, FileEnv, RunResources};
