@@ -284,6 +284,10 @@ fn a_merge_of_three_shards_equals_one_unsharded_run() {
 fn fixture_project() -> LocalProject {
     common::ensure_agent();
     let p = LocalProject::new(&[
+        ("k/bzImage", "kernel"),
+        ("k/initrd", "initrd"),
+        ("data/payload.txt", "payload"),
+        ("data/dep.txt", "dep"),
         ("lib/push.lua", "return function(vm) vm:push_file(\"../data/payload.txt\", \"/srv/payload\") end\n"),
         (
             "fixtures/base.fixture.lua",
@@ -300,12 +304,8 @@ fn fixture_project() -> LocalProject {
     ]);
     p.write(
         "provium.toml",
-        "[provium]\nroots = [\"tests\"]\ncache_dir = \"cache\"\n\n[profiles.linux]\nkernel = \"k/bzImage\"\ninitrd = \"k/initrd\"\ncmdline = \"quiet\"\nguest_os = \"linux\"\n",
+        "[provium]\nroots = [\"tests\"]\ncache_dir = \"cache\"\n\n[profiles.linux]\nkernel = \"tests/k/bzImage\"\ninitrd = \"tests/k/initrd\"\ncmdline = \"quiet\"\nguest_os = \"linux\"\n",
     );
-    p.write("k/bzImage", "kernel");
-    p.write("k/initrd", "initrd");
-    p.write("tests/data/payload.txt", "payload");
-    p.write("tests/data/dep.txt", "dep");
     p
 }
 
@@ -348,7 +348,11 @@ fn an_export_imported_into_a_fresh_checkout_elsewhere_restores_without_a_build()
     let later = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);
     copy_as_fresh_checkout(job.path(), shard.path(), &["cache", "rerun.json"], later);
     assert!(!shard.path().join("cache").exists());
-    for f in ["k/bzImage", "k/initrd", "tests/data/payload.txt"] {
+    for f in [
+        "tests/k/bzImage",
+        "tests/k/initrd",
+        "tests/data/payload.txt",
+    ] {
         let mtime = |dir: &Path| std::fs::metadata(dir.join(f)).unwrap().modified().unwrap();
         assert_ne!(mtime(job.path()), mtime(shard.path()), "{f}");
     }
