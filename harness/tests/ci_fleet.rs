@@ -277,3 +277,106 @@ fn a_merge_of_three_shards_equals_one_unsharded_run() {
         "2 file(s); 2 passed, 0 failed, 0 skipped"
     );
 }
+
+/// A project whose fixtures depend on every kind of host file a key
+/// identifies: the profile's kernel and initrd, a `push_file` (from a
+/// helper) and a `depends_on_file`; its cache inside it.
+fn fixture_project() -> LocalProject {
+    common::ensure_agent();
+    let p = LocalProject::new(&[
+        ("k/bzImage", "kernel"),
+        ("k/initrd", "initrd"),
+        ("data/payload.txt", "payload"),
+        ("data/dep.txt", "dep"),
+        ("lib/push.lua", "return function(vm) vm:push_file(\"../data/payload.txt\", \"/srv/payload\") end\n"),
+        (
+            "fixtures/base.fixture.lua",
+            "local push = require(\"lib.push\")\nlocal vm = provium:vm(\"base\", \"linux\"):boot()\npush(vm)\nreturn vm:snapshot()\n",
+        ),
+        (
+            "fixtures/other.fixture.lua",
+            "provium:depends_on_file(\"../data/dep.txt\")\nlocal vm = provium:vm_fixture(\"fixtures/base\")\nvm:write_file(\"/srv/other\", \"o\")\nreturn vm:snapshot()\n",
+        ),
+        (
+            "uses.test.lua",
+            "test('base', function(t) t:assert_eq(provium:vm_fixture('fixtures/base'):read_file('/srv/payload'), 'payload') end)\ntest('other', function(t) t:assert_eq(provium:vm_fixture('fixtures/other'):read_file('/srv/other'), 'o') end)\n",
+        ),
+    ]);
+    p.write(
+        "provium.toml",
+        "[provium]\nroots = [\"tests\"]\ncache_dir = \"cache\"\n\n[profiles.linux]\nkernel = \"tests/k/bzImage\"\ninitrd = \"tests/k/initrd\"\ncmdline = \"quiet\"\nguest_os = \"linux\"\n",
+    );
+    p
+}
+
+/// Copy the files under `from` to `to`, except `skip` (top-level names),
+/// each stamped with `mtime`: what a fresh checkout on another runner
+/// (another path, another clock) holds.
+fn copy_as_fresh_checkout(from: &Path, to: &Path, skip: &[&str], mtime: std::time::SystemTime) {
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let name = e.file_name();
+        if skip.iter().any(|s| name == *s) {
+            continue;
+        }
+        let (src, dst) = (e.path(), to.join(&name));
+        if e.file_type().unwrap().is_dir() {
+            std::fs::create_dir_all(&dst).unwrap();
+            copy_as_fresh_checkout(&src, &dst, &[], mtime);
+        } else {
+            std::fs::copy(&src, &dst).unwrap();
+            std::fs::File::options()
+                .write(true)
+                .open(&dst)
+                .unwrap()
+                .set_modified(mtime)
+                .unwrap();
+        }
+    }
+}
+
+#[test]
+fn an_export_imported_into_a_fresh_checkout_elsewhere_restores_without_a_build() {
+    let job = fixture_project();
+    let o = job.run(&["fixture", "build", "--all"]);
+    assert_eq!(exit_code(&o), 0, "{o:?}");
+    let o = job.run(&["fixture", "export", "fixture-cache"]);
+    assert_eq!(exit_code(&o), 0, "{o:?}");
+
+    // The shard's checkout: another directory, every file (the carried
+    // cache too) with a new mtime, and an empty fixture cache.
+    let shard = tempfile::tempdir().unwrap();
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);
+    copy_as_fresh_checkout(job.path(), shard.path(), &["cache", "rerun.json"], later);
+    assert!(!shard.path().join("cache").exists());
+    for f in [
+        "tests/k/bzImage",
+        "tests/k/initrd",
+        "tests/data/payload.txt",
+    ] {
+        let mtime = |dir: &Path| std::fs::metadata(dir.join(f)).unwrap().modified().unwrap();
+        assert_ne!(mtime(job.path()), mtime(shard.path()), "{f}");
+    }
+
+    let o = common::provium_local(shard.path(), &["fixture", "import", "fixture-cache"]);
+    assert_eq!(exit_code(&o), 0, "{o:?}");
+    assert!(
+        stdout(&o).ends_with("2 imported, 0 already cached, 0 refused\n"),
+        "{o:?}"
+    );
+    let events = shard.path().join("shard.events");
+    let o = common::provium_local(shard.path(), &["--save-events", events.to_str().unwrap()]);
+    assert_eq!(exit_code(&o), 0, "{o:?}");
+    let mut hits = Vec::new();
+    for f in read_events(&events) {
+        match f.event {
+            Event::FixtureBuildStarted(b) => {
+                panic!("`{}` was built after a clean import: {o:?}", b.path)
+            }
+            Event::FixtureCacheHit(h) => hits.push(h.path),
+            _ => {}
+        }
+    }
+    hits.sort();
+    hits.dedup();
+    assert_eq!(hits, ["fixtures/base", "fixtures/other"]);
+}

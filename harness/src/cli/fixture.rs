@@ -18,9 +18,8 @@ fn mib(bytes: u64) -> String {
     format!("{:.2}MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
-/// The test roots, canonical as a run sees them: keys fold in the paths of
-/// host-file dependencies, so `provium fixture build` must resolve them as
-/// the run does or it builds under a key no run looks up.
+/// The test roots, canonical as a run sees them, so the `fixture`
+/// subcommands find fixtures, helpers and host files where a run does.
 fn roots(config: &Config) -> Vec<PathBuf> {
     let roots = if config.roots.is_empty() {
         vec![PathBuf::from(".")]

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use crate::backend::Backend;
 use crate::config::Config;
 use crate::events::EventSender;
+use crate::fixture::digest::FileDigests;
 
 /// Which backend creates VMs for this run (defined with the backends).
 pub use crate::backend::BackendKind;
@@ -30,24 +31,34 @@ pub trait LiveResource: Send + Sync {
     fn console_excerpt(&self) -> Option<String>;
 }
 
-/// Every live resource of one run, fixture builds' included (their
-/// build-time environments have no watchdog of their own), so an interrupt
-/// can tear them all down at once. One per run, shared by each of its
+/// What one run shares among its files: every live resource, fixture
+/// builds' included (their build-time environments have no watchdog of
+/// their own), so an interrupt can tear them all down at once; and the
+/// digests of the host files fixture keys depend on, so a kernel is hashed
+/// once per run, not once per key. One per run, shared by each of its
 /// [`FileEnv`]s (and handed on to the environments derived from them); no
 /// process-wide list.
 #[derive(Clone, Default)]
-pub struct RunResources(Arc<Mutex<Vec<Weak<dyn LiveResource>>>>);
+pub struct RunResources {
+    live: Arc<Mutex<Vec<Weak<dyn LiveResource>>>>,
+    file_digests: FileDigests,
+}
 
 impl std::fmt::Debug for RunResources {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let n = self.0.lock().map_or(0, |l| l.len());
-        write!(f, "RunResources({n} tracked)")
+        let n = self.live.lock().map_or(0, |l| l.len());
+        write!(f, "RunResources({n} tracked, {:?})", self.file_digests)
     }
 }
 
 impl RunResources {
+    /// The run's memo of host-file digests, for fixture keys.
+    pub fn file_digests(&self) -> &FileDigests {
+        &self.file_digests
+    }
+
     fn track(&self, r: Weak<dyn LiveResource>) {
-        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut all = self.live.lock().unwrap_or_else(|p| p.into_inner());
         all.retain(|w| w.strong_count() > 0);
         all.push(r);
     }
@@ -55,7 +66,7 @@ impl RunResources {
     /// Tear down every live resource of the run (the run was interrupted).
     pub fn tear_down_all(&self) {
         let live: Vec<Arc<dyn LiveResource>> = self
-            .0
+            .live
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
@@ -207,6 +218,12 @@ impl FileEnv {
     /// fixture build's).
     pub fn run_resources(&self) -> &RunResources {
         &self.run_resources
+    }
+
+    /// The run's memo of host-file digests (see [`RunResources`]): fixture
+    /// keys computed through this environment share it.
+    pub fn file_digests(&self) -> &FileDigests {
+        self.run_resources.file_digests()
     }
 
     /// Register something to auto-close at the end of the current scope.
