@@ -45,6 +45,19 @@ impl FakeAgent {
         }
     }
 
+    /// Reads and drops whatever the client sends until it hangs up or
+    /// `timeout` passes. Unlike [`FakeAgent::try_recv`] a frame cut off
+    /// mid-way is fine: a client that breaks the connection may shut the
+    /// transport down between a frame's length and its body.
+    pub fn drain(&mut self, timeout: Duration) {
+        use std::io::Read;
+        self.stream
+            .set_read_timeout(Some(timeout))
+            .expect("set a read timeout on the fake agent's socket");
+        let mut buf = [0u8; 4096];
+        while matches!(self.stream.read(&mut buf), Ok(n) if n > 0) {}
+    }
+
     /// The next frame, which must be a request.
     pub fn recv_request(&mut self) -> Request {
         match self.recv() {
