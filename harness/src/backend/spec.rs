@@ -4,6 +4,8 @@
 //! into the VMM's `VmConfig` once, in `backend/kvm/config.rs`) and refuses
 //! what it cannot honour.
 
+use std::time::Duration;
+
 use provium_vmm::boot_timer::BootTimer;
 use provium_vmm::vmm_config::{DriveConfig, NetConfig};
 
@@ -39,9 +41,15 @@ pub struct MachineSpec {
     /// The VM's disks in attach order (the guest's vda, vdb, …); each
     /// carries its Disk userdata's fault set (`lua::disk::boot_drives`).
     pub drives: Vec<DriveConfig>,
-    /// The VMM boot timer to attach (`provium bench boot` reads its marks);
-    /// none for tests.
+    /// The VMM boot timer to attach (`provium bench boot` keeps a clone and
+    /// reads its marks); none for tests. A backend with no VMM ignores it.
     pub boot_timer: Option<BootTimer>,
+    /// How long [`crate::backend::Guest::connect`] waits for a booting
+    /// guest's agent (`provium bench boot --ready-timeout`); `None` takes
+    /// the backend's own (on kvm, `PROVIUM_KVM_AGENT_TIMEOUT` or its
+    /// default). A local sandbox's agent runs once the sandbox does, so
+    /// there is nothing to wait for and it ignores this.
+    pub agent_timeout: Option<Duration>,
     /// The environment `cli::main` read once: the agent search, the
     /// overlay cache, the kvm agent timeout and kvm_pvm override.
     pub settings: Settings,
