@@ -62,12 +62,9 @@ pub enum BenchError {
     Ops(#[from] ops::OpsBenchError),
 }
 
-/// Runs `op`; returns the exit code, or the error flattened for `cli::main`.
-pub fn run(args: &RunArgs, op: BenchOp) -> Result<i32, String> {
-    run_op(args, op).map_err(|e| crate::error_chain::flatten(&e))
-}
-
-fn run_op(args: &RunArgs, op: BenchOp) -> Result<i32, BenchError> {
+/// Runs `op`; returns the exit code, or the error (`cli::main` prints its
+/// chain).
+pub fn run(args: &RunArgs, op: BenchOp) -> Result<i32, BenchError> {
     let (report, common) = match op {
         BenchOp::Compare {
             old,
@@ -190,16 +187,17 @@ mod tests {
     /// A gate error reaches `cli::main` with its cause, once.
     #[test]
     fn errors_are_flattened_once_for_main() {
+        let flat = |e: BenchError| crate::error_chain::flatten(&e);
         let (run_args, op) =
             parse_bench(&["bench", "compare", "/nonexistent/old.json", "new.json"]);
-        let e = run(&run_args, op).unwrap_err();
+        let e = flat(run(&run_args, op).unwrap_err());
         assert_eq!(
             e,
             "cannot read /nonexistent/old.json: No such file or directory (os error 2)"
         );
         let (run_args, op) = parse_bench(&["bench", "ops", "--pin", "1048576"]);
         assert_eq!(
-            run(&run_args, op).unwrap_err(),
+            flat(run(&run_args, op).unwrap_err()),
             "--pin 1048576: no such CPU"
         );
     }
