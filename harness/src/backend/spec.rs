@@ -97,6 +97,7 @@ mod tests {
         assert!(!none.inject_agent);
         assert_eq!((none.memory_bytes, none.cpus), (64 << 20, 2));
         assert!(none.files.is_empty() && none.rng_seed.is_none());
+        assert!(none.agent_timeout.is_none(), "the backend's own timeout");
         let shape = none.snapshot_shape("kvm");
         assert_eq!((shape.backend.as_str(), shape.vcpus), ("kvm", 2));
     }

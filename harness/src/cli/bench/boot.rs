@@ -581,4 +581,63 @@ mod tests {
         let e = boot_target(&run, &b).err().expect("no kernel").to_string();
         assert_eq!(e, "bench boot: profile `a` has no kernel");
     }
+
+    #[test]
+    fn a_failed_boot_names_its_number_then_its_cause_once() {
+        let e = BootBenchError::WarmUp {
+            number: 1,
+            source: Box::new(BootBenchError::NoMark {
+                target: "tiny-guest".into(),
+                until: Until::Ready,
+                timeout_s: 5,
+                console_tail: "READY?".into(),
+            }),
+        };
+        assert_eq!(
+            crate::error_chain::flatten(&e),
+            "warm-up boot 1: bench boot tiny-guest: no Ready mark within 5 s (--timeout); \
+             console tail:\nREADY?"
+        );
+    }
+
+    #[test]
+    fn a_profile_boot_is_a_spec_for_the_backend_with_the_ready_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let kernel = dir.path().join("bzImage");
+        std::fs::write(&kernel, b"not a kernel").unwrap();
+        let config = dir.path().join("provium.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[profiles.a]\nkernel = {:?}\ncmdline = \"q\"\ninject_agent = false\n",
+                kernel.display().to_string()
+            ),
+        )
+        .unwrap();
+        let config = config.to_str().unwrap();
+        let (run, b) = boot_args(&[
+            "bench",
+            "boot",
+            "a",
+            "--config",
+            config,
+            "--ready-timeout",
+            "7",
+        ]);
+        let t = boot_target(&run, &b).unwrap();
+        let (backend, spec) = t.kvm.as_ref().expect("a profile boots through a backend");
+        assert_eq!(backend.capabilities().backend, "kvm");
+        assert_eq!(
+            (spec.vm_name.as_str(), spec.profile_name.as_str()),
+            ("a", "a")
+        );
+        assert_eq!(spec.agent_timeout, Some(Duration::from_secs(7)));
+        assert_eq!(spec.memory_bytes, 256 << 20);
+        assert!(!spec.inject_agent && spec.boot_timer.is_none());
+        assert_eq!(
+            t.no_agent.as_deref(),
+            Some("the profile has inject_agent = false")
+        );
+        assert!(t.boot.cmdline.contains('q'), "{}", t.boot.cmdline);
+    }
 }

@@ -565,4 +565,26 @@ mod tests {
         let e = run_batches::<u32, String>(0, 1, 1, |_| Err("boom".into())).unwrap_err();
         assert_eq!(e, "boom");
     }
+
+    #[test]
+    fn a_failed_restore_names_the_entry_then_the_backends_chain() {
+        // A backend refusal, through the boundary.
+        let spec = MachineSpec {
+            kernel_cmdline: Some("quiet".into()),
+            ..MachineSpec::default()
+        };
+        let source = backend::for_kind(BackendKind::Local)
+            .boot(&spec)
+            .err()
+            .expect("the sandbox has no kernel");
+        let e = RestoreBenchError::Restore {
+            entry: PathBuf::from("/cache/x.snap"),
+            source: Box::new(source),
+        };
+        assert_eq!(
+            crate::error_chain::flatten(&e),
+            "bench restore `/cache/x.snap`: kernel_cmdline needs the kvm backend (the local \
+             sandbox has no kernel)"
+        );
+    }
 }
