@@ -27,7 +27,6 @@ pub mod events;
 pub mod fixture;
 pub mod host_memory;
 pub mod lua;
-pub mod machine;
 pub mod partition;
 pub mod report;
 pub mod runner;

@@ -490,7 +490,8 @@ mod machine_level {
     use super::*;
     use std::time::{Duration, Instant};
 
-    use provium::backend::kvm::{KvmBootOpts, KvmMachine};
+    use provium::backend::kvm::KvmMachine;
+    use provium::backend::{CidAllocator, MachineSpec};
     use provium_vmm::{StopReason, VmState};
 
     /// The tiny guest booted through the kvm backend, READY on its console.
@@ -499,13 +500,14 @@ mod machine_level {
             return None;
         }
         let profile = tiny_profile(dir);
-        let opts = KvmBootOpts {
+        let opts = MachineSpec {
+            vm_name: "v".into(),
             memory_bytes: 64 << 20,
             cpus: 1,
             settings: provium::settings::Settings::from_env(),
-            ..KvmBootOpts::default()
+            ..MachineSpec::default()
         };
-        let m = KvmMachine::create("v", &profile, &opts, None)
+        let m = KvmMachine::build(&opts, &profile, CidAllocator::FIRST)
             .unwrap()
             .with_agent_timeout(Duration::from_secs(2))
             .with_power_off_timeout(Duration::from_secs(2));
@@ -631,7 +633,8 @@ mod restored_devices {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use provium::backend::kvm::{KvmBootOpts, KvmMachine};
+    use provium::backend::kvm::KvmMachine;
+    use provium::backend::{CidAllocator, MachineSpec};
     use provium::lua::bridge::nic_mac;
     use provium::lua::snapshot::{
         DiskDecl, NicDecl, VmDecl, VmDevices, VM_DECL_SECTION, VM_DEVICES_SECTION,
@@ -662,7 +665,8 @@ mod restored_devices {
         let profile = tiny_profile(dir);
         let lan = Switch::new("lan", SwitchConfig::default());
         let mac = nic_mac("v", "lan", &[]);
-        let opts = KvmBootOpts {
+        let opts = MachineSpec {
+            vm_name: "v".into(),
             memory_bytes: 64 << 20,
             cpus: 1,
             settings: provium::settings::Settings::from_env(),
@@ -673,9 +677,9 @@ mod restored_devices {
                 id: "vda".into(),
                 faults: Default::default(),
             }],
-            ..KvmBootOpts::default()
+            ..MachineSpec::default()
         };
-        let m = KvmMachine::create("v", &profile, &opts, None).unwrap();
+        let m = KvmMachine::build(&opts, &profile, CidAllocator::FIRST).unwrap();
         m.start().unwrap();
         let c = m.console();
         assert!(

@@ -25,6 +25,8 @@ pub use cid::CidAllocator;
 pub use error::BackendError;
 pub use spec::MachineSpec;
 
+use provium_vmm::BootSource;
+
 use crate::client::AgentClient;
 
 /// Which backend creates VMs for this run (the user's `--vmm` choice).
@@ -66,6 +68,15 @@ pub trait Backend: Send + Sync {
     /// checksums, shape, before anything boots). `spec` sizes it and gives
     /// its devices, which must match the snapshot's.
     fn restore(&self, spec: &MachineSpec, path: &Path) -> Result<Box<dyn Guest>, BackendError>;
+
+    /// What booting `spec` would run (the kernel, the initrd as built, the
+    /// whole command line), for a report such as `provium bench boot`'s;
+    /// `None` where the backend boots no kernel. It builds the config a
+    /// boot would, so a bad spec fails here, before anything runs.
+    fn boot_source(&self, spec: &MachineSpec) -> Result<Option<BootSource>, BackendError> {
+        let _ = spec;
+        Ok(None)
+    }
 }
 
 /// Why a guest is no longer running.
@@ -157,6 +168,10 @@ pub fn for_kind(kind: BackendKind) -> Arc<dyn Backend> {
 /// The local backend's agent locator, for the start-up checks.
 pub use local::locate_agent as locate_local_agent;
 
+/// The kvm backend's agent locator (the static agent it injects into a
+/// guest's initrd), for reports that say whether a boot will have one.
+pub use kvm::config::locate_guest_agent;
+
 /// Whether this host's KVM is the emulating `kvm_pvm` (a host probe the
 /// run's sizing and bench's report read).
 pub use kvm::host_is_kvm_pvm;
@@ -202,5 +217,14 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("restores into profile `gone`"), "{e}");
+        let e = kvm.boot_source(&spec).err().unwrap().to_string();
+        assert!(e.contains("profile `gone` is not in provium.toml"), "{e}");
+    }
+
+    #[test]
+    fn a_sandbox_boots_no_kernel_to_report() {
+        let spec = MachineSpec::for_profile("v", "p", None, 64 << 20, 1);
+        let local = for_kind(BackendKind::Local);
+        assert!(local.boot_source(&spec).unwrap().is_none());
     }
 }

@@ -4,6 +4,8 @@
 //! into the VMM's `VmConfig` once, in `backend/kvm/config.rs`) and refuses
 //! what it cannot honour.
 
+use std::time::Duration;
+
 use provium_vmm::boot_timer::BootTimer;
 use provium_vmm::vmm_config::{DriveConfig, NetConfig};
 
@@ -39,9 +41,15 @@ pub struct MachineSpec {
     /// The VM's disks in attach order (the guest's vda, vdb, …); each
     /// carries its Disk userdata's fault set (`lua::disk::boot_drives`).
     pub drives: Vec<DriveConfig>,
-    /// The VMM boot timer to attach (`provium bench boot` reads its marks);
-    /// none for tests.
+    /// The VMM boot timer to attach (`provium bench boot` keeps a clone and
+    /// reads its marks); none for tests. A backend with no VMM ignores it.
     pub boot_timer: Option<BootTimer>,
+    /// How long [`crate::backend::Guest::connect`] waits for a booting
+    /// guest's agent (`provium bench boot --ready-timeout`); `None` takes
+    /// the backend's own (on kvm, `PROVIUM_KVM_AGENT_TIMEOUT` or its
+    /// default). A local sandbox's agent runs once the sandbox does, so
+    /// there is nothing to wait for and it ignores this.
+    pub agent_timeout: Option<Duration>,
     /// The environment `cli::main` read once: the agent search, the
     /// overlay cache, the kvm agent timeout and kvm_pvm override.
     pub settings: Settings,
@@ -89,6 +97,7 @@ mod tests {
         assert!(!none.inject_agent);
         assert_eq!((none.memory_bytes, none.cpus), (64 << 20, 2));
         assert!(none.files.is_empty() && none.rng_seed.is_none());
+        assert!(none.agent_timeout.is_none(), "the backend's own timeout");
         let shape = none.snapshot_shape("kvm");
         assert_eq!((shape.backend.as_str(), shape.vcpus), ("kvm", 2));
     }

@@ -384,6 +384,8 @@ pub enum CliError {
     Run(#[from] run::RunError),
     #[error(transparent)]
     Report(#[from] report::MergeError),
+    #[error(transparent)]
+    Bench(#[from] bench::BenchError),
     #[error("{0}")]
     Message(String),
 }

@@ -1,7 +1,7 @@
 //! The agent client's error type.
 
 use provium_protocol::op::OpKind;
-use provium_protocol::result::OpError;
+use provium_protocol::result::{OpError, OpValue};
 use provium_protocol::ProtocolError;
 
 /// Everything an agent call can fail with. Messages name what failed, the
@@ -100,6 +100,15 @@ impl ClientError {
         self.op_error().and_then(|e| e.errno)
     }
 
+    /// An op answered with a value of the wrong kind: the ops
+    /// (`ops.rs`), processes and workers all check their replies with it.
+    pub(crate) fn unexpected(op: OpKind, got: &OpValue) -> ClientError {
+        ClientError::UnexpectedValue {
+            op,
+            got: value_kind(got).to_string(),
+        }
+    }
+
     /// Whether the connection is gone (closed or broken) rather than one call failing.
     pub fn is_connection_lost(&self) -> bool {
         match self {
@@ -107,6 +116,30 @@ impl ClientError {
             ClientError::StdinUnacknowledged { cause, .. } => cause.is_connection_lost(),
             _ => false,
         }
+    }
+}
+
+/// The value's wire kind, for "unexpected value" errors.
+fn value_kind(v: &OpValue) -> &'static str {
+    match v {
+        OpValue::Unit => "unit",
+        OpValue::Exit(_) => "exit",
+        OpValue::Ran { .. } => "ran",
+        OpValue::Spawned { .. } => "spawned",
+        OpValue::ProcessStatus(_) => "process_status",
+        OpValue::Pid { .. } => "pid",
+        OpValue::Bytes(_) => "bytes",
+        OpValue::Stat(_) => "stat",
+        OpValue::Entries(_) => "entries",
+        OpValue::Handle { .. } => "handle",
+        OpValue::Written { .. } => "written",
+        OpValue::Offset { .. } => "offset",
+        OpValue::Tail { .. } => "tail",
+        OpValue::Syscall(_) => "syscall",
+        OpValue::Ioctl(_) => "ioctl",
+        OpValue::Clock { .. } => "clock",
+        OpValue::Worker { .. } => "worker",
+        OpValue::Batch(_) => "batch",
     }
 }
 
@@ -138,5 +171,15 @@ mod tests {
         );
         assert_eq!(err.errno(), Some(2));
         assert!(!err.is_connection_lost());
+    }
+
+    #[test]
+    fn an_unexpected_value_names_its_wire_kind() {
+        let ClientError::UnexpectedValue { op, got } =
+            ClientError::unexpected(OpKind::ReadFile, &OpValue::Unit)
+        else {
+            panic!("not UnexpectedValue")
+        };
+        assert_eq!((op, got.as_str()), (OpKind::ReadFile, "unit"));
     }
 }

@@ -22,41 +22,10 @@ pub struct ClockReading {
     pub monotonic_ns: i64,
 }
 
-/// The value's wire kind, for "unexpected value" errors.
-pub(crate) fn value_kind(v: &OpValue) -> &'static str {
-    match v {
-        OpValue::Unit => "unit",
-        OpValue::Exit(_) => "exit",
-        OpValue::Ran { .. } => "ran",
-        OpValue::Spawned { .. } => "spawned",
-        OpValue::ProcessStatus(_) => "process_status",
-        OpValue::Pid { .. } => "pid",
-        OpValue::Bytes(_) => "bytes",
-        OpValue::Stat(_) => "stat",
-        OpValue::Entries(_) => "entries",
-        OpValue::Handle { .. } => "handle",
-        OpValue::Written { .. } => "written",
-        OpValue::Offset { .. } => "offset",
-        OpValue::Tail { .. } => "tail",
-        OpValue::Syscall(_) => "syscall",
-        OpValue::Ioctl(_) => "ioctl",
-        OpValue::Clock { .. } => "clock",
-        OpValue::Worker { .. } => "worker",
-        OpValue::Batch(_) => "batch",
-    }
-}
-
-pub(crate) fn unexpected(op: OpKind, v: &OpValue) -> ClientError {
-    ClientError::UnexpectedValue {
-        op,
-        got: value_kind(v).to_string(),
-    }
-}
-
 fn unit(op: OpKind, v: OpValue) -> Result<(), ClientError> {
     match v {
         OpValue::Unit => Ok(()),
-        v => Err(unexpected(op, &v)),
+        v => Err(ClientError::unexpected(op, &v)),
     }
 }
 
@@ -146,7 +115,7 @@ pub trait AgentOps {
                     stdout,
                     stderr,
                 }),
-                v => Err(unexpected(OpKind::Exec, &v)),
+                v => Err(ClientError::unexpected(OpKind::Exec, &v)),
             };
         }
     }
@@ -180,7 +149,7 @@ pub trait AgentOps {
                 client.forget_stdin(id);
                 client.drop_streams(id, &channels);
                 Err(match other {
-                    Ok(v) => unexpected(OpKind::Spawn, &v),
+                    Ok(v) => ClientError::unexpected(OpKind::Spawn, &v),
                     Err(e) => e,
                 })
             }
@@ -191,7 +160,7 @@ pub trait AgentOps {
     fn read_file(&self, path: &str) -> Result<Vec<u8>, ClientError> {
         match self.call(Op::ReadFile { path: path.into() })? {
             OpValue::Bytes(b) => Ok(b),
-            v => Err(unexpected(OpKind::ReadFile, &v)),
+            v => Err(ClientError::unexpected(OpKind::ReadFile, &v)),
         }
     }
 
@@ -207,14 +176,14 @@ pub trait AgentOps {
     fn stat(&self, path: &str) -> Result<StatInfo, ClientError> {
         match self.call(Op::Stat { path: path.into() })? {
             OpValue::Stat(s) => Ok(s),
-            v => Err(unexpected(OpKind::Stat, &v)),
+            v => Err(ClientError::unexpected(OpKind::Stat, &v)),
         }
     }
 
     fn listdir(&self, path: &str) -> Result<Vec<DirEntry>, ClientError> {
         match self.call(Op::ListDir { path: path.into() })? {
             OpValue::Entries(e) => Ok(e),
-            v => Err(unexpected(OpKind::ListDir, &v)),
+            v => Err(ClientError::unexpected(OpKind::ListDir, &v)),
         }
     }
 
@@ -249,7 +218,7 @@ pub trait AgentOps {
             perm,
         })? {
             OpValue::Handle { handle } => Ok(handle),
-            v => Err(unexpected(OpKind::Open, &v)),
+            v => Err(ClientError::unexpected(OpKind::Open, &v)),
         }
     }
 
@@ -257,7 +226,7 @@ pub trait AgentOps {
     fn read(&self, handle: HandleId, len: u64) -> Result<Vec<u8>, ClientError> {
         match self.call(Op::Read { handle, len })? {
             OpValue::Bytes(b) => Ok(b),
-            v => Err(unexpected(OpKind::Read, &v)),
+            v => Err(ClientError::unexpected(OpKind::Read, &v)),
         }
     }
 
@@ -268,7 +237,7 @@ pub trait AgentOps {
             data: data.to_vec(),
         })? {
             OpValue::Written { bytes } => Ok(bytes),
-            v => Err(unexpected(OpKind::Write, &v)),
+            v => Err(ClientError::unexpected(OpKind::Write, &v)),
         }
     }
 
@@ -280,14 +249,14 @@ pub trait AgentOps {
             whence,
         })? {
             OpValue::Offset { offset } => Ok(offset),
-            v => Err(unexpected(OpKind::Seek, &v)),
+            v => Err(ClientError::unexpected(OpKind::Seek, &v)),
         }
     }
 
     fn tell(&self, handle: HandleId) -> Result<u64, ClientError> {
         match self.call(Op::Tell { handle })? {
             OpValue::Offset { offset } => Ok(offset),
-            v => Err(unexpected(OpKind::Tell, &v)),
+            v => Err(ClientError::unexpected(OpKind::Tell, &v)),
         }
     }
 
@@ -326,7 +295,7 @@ pub trait AgentOps {
                             got: "tail on a stream other than the request's id".into(),
                         }
                     }
-                    Ok(v) => unexpected(OpKind::Tail, &v),
+                    Ok(v) => ClientError::unexpected(OpKind::Tail, &v),
                     Err(e) => e,
                 })
             }
@@ -338,7 +307,7 @@ pub trait AgentOps {
         invalid(OpKind::Syscall, spec.check())?;
         match self.call(Op::Syscall(spec))? {
             OpValue::Syscall(r) => Ok(r),
-            v => Err(unexpected(OpKind::Syscall, &v)),
+            v => Err(ClientError::unexpected(OpKind::Syscall, &v)),
         }
     }
 
@@ -347,7 +316,7 @@ pub trait AgentOps {
         invalid(OpKind::Ioctl, spec.check())?;
         match self.call(Op::Ioctl(spec))? {
             OpValue::Ioctl(r) => Ok(r),
-            v => Err(unexpected(OpKind::Ioctl, &v)),
+            v => Err(ClientError::unexpected(OpKind::Ioctl, &v)),
         }
     }
 
@@ -360,7 +329,7 @@ pub trait AgentOps {
                 realtime_ns,
                 monotonic_ns,
             }),
-            v => Err(unexpected(OpKind::ClockGet, &v)),
+            v => Err(ClientError::unexpected(OpKind::ClockGet, &v)),
         }
     }
 
@@ -386,7 +355,7 @@ pub trait AgentOps {
                 op: OpKind::Batch,
                 got: format!("batch of {} results for {n} ops", results.len()),
             }),
-            v => Err(unexpected(OpKind::Batch, &v)),
+            v => Err(ClientError::unexpected(OpKind::Batch, &v)),
         }
     }
 }

@@ -8,7 +8,6 @@ use provium_protocol::wire::Channel;
 
 use super::connection::{millis, take_chunks, take_done, AgentClient};
 use super::error::ClientError;
-use super::ops::unexpected;
 use super::stream::StreamReader;
 
 const OUTPUT: [Channel; 2] = [Channel::Stdout, Channel::Stderr];
@@ -88,7 +87,7 @@ impl Process {
     pub fn pid(&self) -> Result<u32, ClientError> {
         match self.call(Op::Pid { process: self.id })? {
             OpValue::Pid { pid } => Ok(pid),
-            v => Err(unexpected(OpKind::Pid, &v)),
+            v => Err(ClientError::unexpected(OpKind::Pid, &v)),
         }
     }
 
@@ -117,7 +116,7 @@ impl Process {
     pub fn status(&self) -> Result<ProcessState, ClientError> {
         match self.call(Op::ProcessStatus { process: self.id })? {
             OpValue::ProcessStatus(s) => Ok(s),
-            v => Err(unexpected(OpKind::ProcessStatus, &v)),
+            v => Err(ClientError::unexpected(OpKind::ProcessStatus, &v)),
         }
     }
 
@@ -212,7 +211,7 @@ impl Process {
                 })?;
                 match value {
                     OpValue::Exit(info) => exit = Some(info),
-                    v => return Err(unexpected(OpKind::Wait, &v)),
+                    v => return Err(ClientError::unexpected(OpKind::Wait, &v)),
                 }
                 // The process is gone; its output ends shortly after.
                 deadline = self.client.deadline_after(None);

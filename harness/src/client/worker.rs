@@ -5,7 +5,7 @@ use provium_protocol::result::OpValue;
 
 use super::connection::AgentClient;
 use super::error::ClientError;
-use super::ops::{unexpected, AgentOps};
+use super::ops::AgentOps;
 
 /// A worker on a connection. Every [`AgentOps`] method on it runs in the
 /// worker (requests carry `worker: Some(id)`), concurrently with other
@@ -27,7 +27,7 @@ impl AgentClient {
                 id: worker,
                 closed: false,
             }),
-            v => Err(unexpected(OpKind::WorkerSpawn, &v)),
+            v => Err(ClientError::unexpected(OpKind::WorkerSpawn, &v)),
         }
     }
 }

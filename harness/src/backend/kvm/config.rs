@@ -24,10 +24,6 @@ use crate::backend::MachineSpec;
 use crate::config::Profile;
 use crate::settings::Settings;
 
-/// The name `provium bench` builds kvm boots with; the one shape is
-/// [`MachineSpec`] (the VM's name and `initial_time` are not read here).
-pub type KvmBootOpts = MachineSpec;
-
 /// Why a profile and spec make no VM config: each names the value and
 /// the fix; causes are sources.
 #[derive(Debug, thiserror::Error)]

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::{KvmError, KvmMachine};
-use provium_vmm::VmState;
+use provium_vmm::{BootSource, VmState};
 
 use crate::backend::{
     Backend, BackendError, Capabilities, CidAllocator, Guest, MachineSpec, NicKind, Stopped,
@@ -69,6 +69,15 @@ impl Backend for KvmBackend {
         let machine = KvmMachine::build(&spec, profile, self.cids.allocate())?;
         machine.restore_from(path)?;
         Ok(Box::new(machine))
+    }
+
+    /// The config [`Backend::create`] would build, made with the run's
+    /// first CID (no CID is spent: nothing boots from it).
+    fn boot_source(&self, spec: &MachineSpec) -> Result<Option<BootSource>, BackendError> {
+        let profile = profile_of(spec, |profile| KvmError::NoProfileToBoot { profile })?;
+        let (cfg, _vsock) =
+            super::vm_config(profile, spec, CidAllocator::FIRST).map_err(KvmError::from)?;
+        Ok(Some(cfg.boot))
     }
 }
 
@@ -192,6 +201,7 @@ mod tests {
             ..MachineSpec::default()
         };
         assert!(backend.restore(&spec, Path::new("/x")).is_err());
+        assert!(backend.boot_source(&spec).is_err());
         assert_eq!(backend.cids.allocate(), CidAllocator::FIRST);
     }
 }

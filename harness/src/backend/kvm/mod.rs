@@ -36,11 +36,11 @@ use provium_vmm::devices::virtio::vsock::VsockConnectError;
 use provium_vmm::vmm_config::VsockHost;
 use provium_vmm::{Console, StopReason, Vm, VmError, VmState};
 
-use crate::backend::{CidAllocator, MachineSpec};
+use crate::backend::MachineSpec;
 use crate::client::{AgentClient, AgentOps, ClientError, ClientOptions};
 use crate::config::Profile;
 use crate::settings::Settings;
-pub use config::{vm_config, KvmBootOpts};
+pub use config::vm_config;
 pub use guest::KvmBackend;
 
 /// What the kvm backend fails with.
@@ -186,6 +186,7 @@ impl KvmMachine {
     /// `restore_from` a snapshot).
     pub fn build(spec: &MachineSpec, profile: &Profile, cid: u32) -> Result<KvmMachine, KvmError> {
         let agent_timeout = agent_timeout(&spec.settings).map_err(KvmError::Setting)?;
+        let agent_timeout = spec.agent_timeout.unwrap_or(agent_timeout);
         let (cfg, vsock) = config::vm_config(profile, spec, cid)?;
         let vm = Vm::new(cfg)?;
         Ok(KvmMachine {
@@ -200,24 +201,6 @@ impl KvmMachine {
             boot_log_mark: AtomicU64::new(0),
             settings: spec.settings.clone(),
         })
-    }
-
-    /// [`KvmMachine::build`] for `provium bench boot`, which makes one VM
-    /// at a time (so CID [`CidAllocator::FIRST`]) and reads errors as text.
-    /// Kept until bench goes through [`crate::backend::Backend`].
-    pub fn create(
-        name: &str,
-        profile: &Profile,
-        opts: &KvmBootOpts,
-        initial_time: Option<f64>,
-    ) -> Result<KvmMachine, String> {
-        let spec = MachineSpec {
-            vm_name: name.to_string(),
-            initial_time,
-            ..opts.clone()
-        };
-        KvmMachine::build(&spec, profile, CidAllocator::FIRST)
-            .map_err(|e| crate::error_chain::flatten(&e))
     }
 
     /// Runs the snapshot at `path` in a VM made by `build` instead of
@@ -567,6 +550,7 @@ pub fn panic_message(boot_log: &str, kvm_pvm: bool, console_tail: &str) -> Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::CidAllocator;
 
     fn no_hello(init: Option<&str>, kvm_pvm: bool) -> String {
         no_hello_message(&NoHello {

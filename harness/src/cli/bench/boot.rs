@@ -1,33 +1,105 @@
 //! `provium bench boot`: VM creation to the agent's Hello, phase by phase,
-//! on a profile's kernel (through the kvm backend) or the built-in tiny
-//! guest (a bare VM).
+//! on a profile's kernel (through the backend boundary: the kvm backend)
+//! or the built-in tiny guest (a bare VM on the VMM, which has no profile
+//! and no agent: it times the VMM itself).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
 use provium_vmm::boot_timer::{BootMarks, BootTimer, BOOT_TIMER_PORT, GUEST_READY};
-use provium_vmm::{tiny_guest, BootSource, KernelImage, Vm, VmConfig, VmState};
+use provium_vmm::{tiny_guest, BootSource, Console, KernelImage, Vm, VmConfig, VmError, VmState};
 
 use super::args::{BootArgs, Until};
 use super::host::{host_info, kvm_kind};
 use super::render::Report;
 use super::stats::{Phase, Unit};
 use super::{console_tail, RUN_INIT_TEXT};
-use crate::backend::kvm::config::{self as kvm_config, locate_guest_agent, KvmBootOpts};
-use crate::backend::kvm::KvmMachine;
+use crate::backend::{self, Backend, BackendError, BackendKind, Guest, MachineSpec};
 use crate::cli::load_config;
 use crate::cli::RunArgs;
-use crate::config::Profile;
+use crate::config::ConfigError;
+
+/// Why `bench boot` failed: each names the target and step; causes are
+/// sources.
+#[derive(Debug, thiserror::Error)]
+pub enum BootBenchError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("bench boot: no profile `{name}` in {config} (profiles: {known})")]
+    NoProfile {
+        name: String,
+        config: String,
+        known: String,
+    },
+    #[error("bench boot: profile `{name}` has no kernel")]
+    NoKernel { name: String },
+    #[error("bench boot: profile `{name}`: kernel {kernel} does not exist")]
+    KernelMissing { name: String, kernel: String },
+    #[error("bench boot: profile `{name}`")]
+    Profile {
+        name: String,
+        #[source]
+        source: Box<BackendError>,
+    },
+    #[error("bench boot")]
+    Create(#[source] Box<BackendError>),
+    #[error("bench boot")]
+    CreateTiny(#[source] Box<VmError>),
+    #[error("bench boot")]
+    Start(#[source] Box<BackendError>),
+    #[error("bench boot")]
+    StartTiny(#[source] Box<VmError>),
+    #[error("bench boot {target}: the VM stopped before {until:?} ({why}); console tail:\n{console_tail}")]
+    Stopped {
+        target: String,
+        until: Until,
+        why: String,
+        console_tail: String,
+    },
+    #[error("bench boot {target}: no {until:?} mark within {timeout_s} s (--timeout); console tail:\n{console_tail}")]
+    NoMark {
+        target: String,
+        until: Until,
+        timeout_s: u64,
+        console_tail: String,
+    },
+    #[error("bench boot {target}")]
+    Hello {
+        target: String,
+        #[source]
+        source: Box<BackendError>,
+    },
+    #[error("bench boot: shutdown")]
+    Shutdown(#[source] Box<VmError>),
+    #[error(
+        "bench boot --tiny-guest: the tiny guest is not Linux and prints no \"Run /init\"; \
+         use --until ready (the default) or console"
+    )]
+    TinyUntilInit,
+    #[error("warm-up boot {number}")]
+    WarmUp {
+        number: usize,
+        #[source]
+        source: Box<BootBenchError>,
+    },
+    #[error("boot {number}")]
+    Sample {
+        number: usize,
+        #[source]
+        source: Box<BootBenchError>,
+    },
+}
 
 struct BootTarget {
     name: String,
     /// What is booted (for a profile: as the kvm backend builds it, agent
     /// and `provium.boot_timer=` included when injected).
     boot: BootSource,
-    /// A profile boots through the kvm backend's own config builder and
-    /// connect path (`KvmMachine`); the tiny guest is booted directly.
-    kvm: Option<(Profile, KvmBootOpts)>,
+    /// A profile boots through the backend boundary (the backend and the
+    /// spec each boot is made from); the tiny guest is booted directly.
+    kvm: Option<(Arc<dyn Backend>, MachineSpec)>,
     /// Why no agent is in the guest (a profile with `inject_agent = false`,
     /// or no agent binary found); None when it is injected.
     no_agent: Option<String>,
@@ -36,7 +108,7 @@ struct BootTarget {
     shown_kernel: String,
 }
 
-fn boot_target(args: &RunArgs, b: &BootArgs) -> Result<BootTarget, String> {
+fn boot_target(args: &RunArgs, b: &BootArgs) -> Result<BootTarget, BootBenchError> {
     if b.tiny_guest {
         return Ok(BootTarget {
             name: "tiny-guest".into(),
@@ -62,24 +134,24 @@ fn boot_target(args: &RunArgs, b: &BootArgs) -> Result<BootTarget, String> {
     let config = load_config(&args.config, &args.settings)?;
     let Some(p) = config.profiles.get(&name) else {
         let known: Vec<&str> = config.profiles.keys().map(String::as_str).collect();
-        return Err(format!(
-            "bench boot: no profile `{name}` in {} (profiles: {})",
-            args.config.display(),
-            if known.is_empty() {
+        return Err(BootBenchError::NoProfile {
+            name,
+            config: args.config.display().to_string(),
+            known: if known.is_empty() {
                 "none".to_string()
             } else {
                 known.join(", ")
-            }
-        ));
+            },
+        });
     };
     let Some(kernel) = p.kernel.clone() else {
-        return Err(format!("bench boot: profile `{name}` has no kernel"));
+        return Err(BootBenchError::NoKernel { name });
     };
     if !kernel.is_file() {
-        return Err(format!(
-            "bench boot: profile `{name}`: kernel {} does not exist",
-            kernel.display()
-        ));
+        return Err(BootBenchError::KernelMissing {
+            name,
+            kernel: kernel.display().to_string(),
+        });
     }
     let mem_mib = b.mem.unwrap_or(256);
     // The agent goes in when the profile asks for it and one is found; a
@@ -90,37 +162,44 @@ fn boot_target(args: &RunArgs, b: &BootArgs) -> Result<BootTarget, String> {
             Some("the profile has inject_agent = false".to_string()),
         )
     } else {
-        match locate_guest_agent(&config.settings) {
+        match backend::locate_guest_agent(&config.settings) {
             Ok(_) => (true, None),
             Err(e) => (false, Some(format!("no agent to inject: {e}"))),
         }
     };
-    let opts = KvmBootOpts {
-        memory_bytes: mem_mib << 20,
-        cpus: u32::from(b.cpus),
+    let spec = MachineSpec {
         kernel_cmdline: b.cmdline.clone(),
         inject_agent,
+        agent_timeout: Some(Duration::from_secs(b.ready_timeout)),
         settings: config.settings.clone(),
-        ..KvmBootOpts::default()
+        ..MachineSpec::for_profile(
+            &name,
+            &name,
+            Some(p.clone()),
+            mem_mib << 20,
+            u32::from(b.cpus),
+        )
     };
-    // Built once here only to report what is booted; every boot builds its
-    // own through KvmMachine::create (same builder, fresh vsock).
-    let (cfg, _) = kvm_config::vm_config(p, &opts, BENCH_CID)
-        .map_err(|e| format!("bench boot: profile `{name}`: {e}"))?;
+    // One backend for the whole bench. What is booted is built here only
+    // to report it; every boot builds its own (same builder, fresh vsock).
+    let kvm = backend::for_kind(BackendKind::Kvm);
+    let boot = kvm
+        .boot_source(&spec)
+        .map_err(|source| BootBenchError::Profile {
+            name: name.clone(),
+            source: Box::new(source),
+        })?
+        .expect("the kvm backend boots a kernel");
     Ok(BootTarget {
         name,
-        boot: cfg.boot,
-        kvm: Some((p.clone(), opts)),
+        boot,
+        kvm: Some((kvm, spec)),
         no_agent,
         linux: true,
         mem_mib,
         shown_kernel: kernel.display().to_string(),
     })
 }
-
-/// The guest CID of the config `boot_target` builds only to report what
-/// is booted (no VM is made from it).
-const BENCH_CID: u32 = 3;
 
 /// Per-boot samples.
 struct BootSample {
@@ -139,36 +218,32 @@ fn one_boot(
     b: &BootArgs,
     until: Until,
     kernel_version: &mut Option<String>,
-) -> Result<BootSample, String> {
+) -> Result<BootSample, BootBenchError> {
     let timer = BootTimer::new();
     timer.watch_console(RUN_INIT_TEXT);
     let start = Instant::now();
     let machine = match &t.kvm {
-        Some((profile, opts)) => {
-            let opts = KvmBootOpts {
+        Some((backend, spec)) => {
+            let spec = MachineSpec {
                 boot_timer: Some(timer.clone()),
-                ..opts.clone()
+                ..spec.clone()
             };
-            let m = KvmMachine::create(&t.name, profile, &opts, None)
-                .map_err(|e| format!("bench boot: {e}"))?
-                .with_agent_timeout(Duration::from_secs(b.ready_timeout));
-            Booted::Kvm(Box::new(m))
+            Booted::Guest(
+                backend
+                    .create(&spec)
+                    .map_err(|e| BootBenchError::Create(Box::new(e)))?,
+            )
         }
         None => {
             let mut cfg = VmConfig::new(t.boot.clone());
             cfg.machine.mem_size_mib = t.mem_mib;
             cfg.machine.vcpu_count = b.cpus;
             cfg.boot_timer = Some(timer.clone());
-            Booted::Vm(
-                Vm::new(cfg)
-                    .map_err(|e| format!("bench boot: {}", crate::error_chain::flatten(&e)))?,
-            )
+            Booted::Vm(Vm::new(cfg).map_err(|e| BootBenchError::CreateTiny(Box::new(e)))?)
         }
     };
     let vm_create = start.elapsed();
-    let vm = machine.vm();
-    vm.boot()
-        .map_err(|e| format!("bench boot: {}", crate::error_chain::flatten(&e)))?;
+    machine.start()?;
     let deadline = Instant::now() + Duration::from_secs(b.timeout);
     let reached = |m: &BootMarks| match until {
         Until::Console => m.first_console_byte.is_some(),
@@ -178,8 +253,8 @@ fn one_boot(
     let ready_grace = Duration::from_secs(b.ready_timeout);
     let mut ready_gave_up = false;
     let marks = loop {
-        // Never look at the Vm inside the predicate: it runs under the
-        // timer's lock, which vCPU threads take while the Vm's lock may be
+        // Never look at the VM inside the predicate: it runs under the
+        // timer's lock, which vCPU threads take while the VM's lock may be
         // held by a teardown waiting for them.
         let m = timer.wait(Duration::from_millis(200), |m| reached(m));
         if reached(&m) {
@@ -193,46 +268,44 @@ fn one_boot(
                 }
             }
         }
-        let state = vm.state();
-        if matches!(state, VmState::Dead | VmState::Shutdown) {
-            let why = vm
-                .stop_reason()
-                .map_or_else(|| state.to_string(), |r| r.to_string());
-            return Err(format!(
-                "bench boot {}: the VM stopped before {until:?} ({why}); console tail:\n{}",
-                t.name,
-                console_tail(vm)
-            ));
+        if let Some(why) = machine.stopped() {
+            return Err(BootBenchError::Stopped {
+                target: t.name.clone(),
+                until,
+                why,
+                console_tail: console_tail(&machine.console()),
+            });
         }
         if Instant::now() >= deadline {
-            return Err(format!(
-                "bench boot {}: no {until:?} mark within {} s (--timeout); console tail:\n{}",
-                t.name,
-                b.timeout,
-                console_tail(vm)
-            ));
+            return Err(BootBenchError::NoMark {
+                target: t.name.clone(),
+                until,
+                timeout_s: b.timeout,
+                console_tail: console_tail(&machine.console()),
+            });
         }
     };
     // The agent's Hello: only with --until ready and once it marked ready
-    // (so it is listening), through the kvm backend's own connect (vsock,
+    // (so it is listening), through the backend's own connect (vsock,
     // retries, handshake), so the number is what a test's boot waits for.
     let mut hello = None;
-    if let (Booted::Kvm(m), Some(_)) = (&machine, marks.guest_ready) {
+    if let (Booted::Guest(guest), Some(_)) = (&machine, marks.guest_ready) {
         if t.no_agent.is_none() && until == Until::Ready {
-            m.connect()
-                .map_err(|e| format!("bench boot {}: {e}", t.name))?;
+            guest.connect().map_err(|source| BootBenchError::Hello {
+                target: t.name.clone(),
+                source: Box::new(source),
+            })?;
             hello = marks.first_kvm_run.map(|k| k.elapsed());
         }
     }
     if kernel_version.is_none() {
-        let log = vm.console().log_string();
+        let log = machine.console().log_string();
         *kernel_version = log
             .lines()
             .find_map(|l| l.find("Linux version ").map(|i| l[i..].trim().to_string()))
             .or_else(|| log.lines().next().map(|l| l.trim().to_string()));
     }
-    vm.shutdown()
-        .map_err(|e| format!("bench boot: shutdown: {}", crate::error_chain::flatten(&e)))?;
+    machine.shutdown()?;
     Ok(BootSample {
         vm_create,
         marks,
@@ -242,22 +315,56 @@ fn one_boot(
     })
 }
 
-/// What one boot runs: the kvm backend's machine (profiles) or a bare Vm.
+/// What one boot runs: a guest of the backend (profiles) or a bare Vm
+/// (the tiny guest).
 enum Booted {
-    Kvm(Box<KvmMachine>),
+    Guest(Box<dyn Guest>),
     Vm(Vm),
 }
 
 impl Booted {
-    fn vm(&self) -> &Vm {
+    fn start(&self) -> Result<(), BootBenchError> {
         match self {
-            Booted::Kvm(m) => m.vm(),
-            Booted::Vm(v) => v,
+            Booted::Guest(g) => g.start().map_err(|e| BootBenchError::Start(Box::new(e))),
+            Booted::Vm(v) => v.boot().map_err(|e| BootBenchError::StartTiny(Box::new(e))),
+        }
+    }
+
+    /// `None` while it runs; else its stop reason (or state).
+    fn stopped(&self) -> Option<String> {
+        match self {
+            Booted::Guest(g) => g.stopped().map(|s| s.why),
+            Booted::Vm(v) => {
+                let state = v.state();
+                matches!(state, VmState::Dead | VmState::Shutdown).then(|| {
+                    v.stop_reason()
+                        .map_or_else(|| state.to_string(), |r| r.to_string())
+                })
+            }
+        }
+    }
+
+    fn console(&self) -> Arc<Console> {
+        match self {
+            Booted::Guest(g) => g.console().expect("a kvm guest has a serial console"),
+            Booted::Vm(v) => v.console(),
+        }
+    }
+
+    fn shutdown(&self) -> Result<(), BootBenchError> {
+        match self {
+            Booted::Guest(g) => {
+                g.kill();
+                Ok(())
+            }
+            Booted::Vm(v) => v
+                .shutdown()
+                .map_err(|e| BootBenchError::Shutdown(Box::new(e))),
         }
     }
 }
 
-pub(super) fn bench_boot(args: &RunArgs, b: &BootArgs) -> Result<Report, String> {
+pub(super) fn bench_boot(args: &RunArgs, b: &BootArgs) -> Result<Report, BootBenchError> {
     let t = boot_target(args, b)?;
     let runs = b.common.runs.unwrap_or(10).max(1);
     let warmup = b.common.warmup.unwrap_or(1);
@@ -271,23 +378,23 @@ pub(super) fn bench_boot(args: &RunArgs, b: &BootArgs) -> Result<Report, String>
         Until::Ready
     });
     if !t.linux && until == Until::Init {
-        return Err(
-            "bench boot --tiny-guest: the tiny guest is not Linux and prints no \"Run /init\"; \
-             use --until ready (the default) or console"
-                .into(),
-        );
+        return Err(BootBenchError::TinyUntilInit);
     }
     let mut kernel_version = None;
     for i in 0..warmup {
-        one_boot(&t, b, until, &mut kernel_version)
-            .map_err(|e| format!("warm-up boot {}: {e}", i + 1))?;
+        one_boot(&t, b, until, &mut kernel_version).map_err(|e| BootBenchError::WarmUp {
+            number: i + 1,
+            source: Box::new(e),
+        })?;
     }
     let mut samples = Vec::with_capacity(runs);
     for i in 0..runs {
-        samples.push(
-            one_boot(&t, b, until, &mut kernel_version)
-                .map_err(|e| format!("boot {}: {e}", i + 1))?,
-        );
+        samples.push(one_boot(&t, b, until, &mut kernel_version).map_err(|e| {
+            BootBenchError::Sample {
+                number: i + 1,
+                source: Box::new(e),
+            }
+        })?);
     }
 
     let mut vm_create = Phase::new(
@@ -464,11 +571,73 @@ mod tests {
         std::fs::write(&config, "[profiles.a]\ncmdline = \"q\"\n").unwrap();
         let config = config.to_str().unwrap();
         let (run, b) = boot_args(&["bench", "boot", "nope", "--config", config]);
-        let e = boot_target(&run, &b).err().expect("no such profile");
+        let e = boot_target(&run, &b)
+            .err()
+            .expect("no such profile")
+            .to_string();
         assert!(e.starts_with("bench boot: no profile `nope` in "), "{e}");
         assert!(e.ends_with("(profiles: a)"), "{e}");
         let (run, b) = boot_args(&["bench", "boot", "a", "--config", config]);
-        let e = boot_target(&run, &b).err().expect("no kernel");
+        let e = boot_target(&run, &b).err().expect("no kernel").to_string();
         assert_eq!(e, "bench boot: profile `a` has no kernel");
+    }
+
+    #[test]
+    fn a_failed_boot_names_its_number_then_its_cause_once() {
+        let e = BootBenchError::WarmUp {
+            number: 1,
+            source: Box::new(BootBenchError::NoMark {
+                target: "tiny-guest".into(),
+                until: Until::Ready,
+                timeout_s: 5,
+                console_tail: "READY?".into(),
+            }),
+        };
+        assert_eq!(
+            crate::error_chain::flatten(&e),
+            "warm-up boot 1: bench boot tiny-guest: no Ready mark within 5 s (--timeout); \
+             console tail:\nREADY?"
+        );
+    }
+
+    #[test]
+    fn a_profile_boot_is_a_spec_for_the_backend_with_the_ready_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let kernel = dir.path().join("bzImage");
+        std::fs::write(&kernel, b"not a kernel").unwrap();
+        let config = dir.path().join("provium.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[profiles.a]\nkernel = {:?}\ncmdline = \"q\"\ninject_agent = false\n",
+                kernel.display().to_string()
+            ),
+        )
+        .unwrap();
+        let config = config.to_str().unwrap();
+        let (run, b) = boot_args(&[
+            "bench",
+            "boot",
+            "a",
+            "--config",
+            config,
+            "--ready-timeout",
+            "7",
+        ]);
+        let t = boot_target(&run, &b).unwrap();
+        let (backend, spec) = t.kvm.as_ref().expect("a profile boots through a backend");
+        assert_eq!(backend.capabilities().backend, "kvm");
+        assert_eq!(
+            (spec.vm_name.as_str(), spec.profile_name.as_str()),
+            ("a", "a")
+        );
+        assert_eq!(spec.agent_timeout, Some(Duration::from_secs(7)));
+        assert_eq!(spec.memory_bytes, 256 << 20);
+        assert!(!spec.inject_agent && spec.boot_timer.is_none());
+        assert_eq!(
+            t.no_agent.as_deref(),
+            Some("the profile has inject_agent = false")
+        );
+        assert!(t.boot.cmdline.contains('q'), "{}", t.boot.cmdline);
     }
 }

@@ -30,11 +30,9 @@ mod render;
 mod restore;
 mod stats;
 
-use provium_vmm::Vm;
+use provium_vmm::Console;
 
-use super::choose_backend;
 use super::{RunArgs, VmmChoice, EXIT_FAILED, EXIT_OK};
-use crate::runner::BackendKind;
 
 pub use args::{BenchOp, BootArgs, CommonArgs, OpsArgs, RestoreArgs, Until};
 pub use gate::{compare, parse_regression, read_json_lines, Comparison, GateError};
@@ -56,17 +54,17 @@ pub enum BenchError {
     Gate(#[from] GateError),
     #[error(transparent)]
     Pin(#[from] PinError),
-    /// A bench's own failure, already described (boot, restore, ops).
-    #[error("{0}")]
-    Bench(String),
+    #[error(transparent)]
+    Boot(#[from] boot::BootBenchError),
+    #[error(transparent)]
+    Restore(#[from] restore::RestoreBenchError),
+    #[error(transparent)]
+    Ops(#[from] ops::OpsBenchError),
 }
 
-/// Runs `op`; returns the exit code, or the error flattened for `cli::main`.
-pub fn run(args: &RunArgs, op: BenchOp) -> Result<i32, String> {
-    run_op(args, op).map_err(|e| crate::error_chain::flatten(&e))
-}
-
-fn run_op(args: &RunArgs, op: BenchOp) -> Result<i32, BenchError> {
+/// Runs `op`; returns the exit code, or the error (`cli::main` prints its
+/// chain).
+pub fn run(args: &RunArgs, op: BenchOp) -> Result<i32, BenchError> {
     let (report, common) = match op {
         BenchOp::Compare {
             old,
@@ -82,24 +80,15 @@ fn run_op(args: &RunArgs, op: BenchOp) -> Result<i32, BenchError> {
         }
         BenchOp::Boot(b) => {
             setup(&b.common)?;
-            (
-                boot::bench_boot(args, &b).map_err(BenchError::Bench)?,
-                b.common,
-            )
+            (boot::bench_boot(args, &b)?, b.common)
         }
         BenchOp::Restore(r) => {
             setup(&r.common)?;
-            (
-                restore::bench_restore(args, &r).map_err(BenchError::Bench)?,
-                r.common,
-            )
+            (restore::bench_restore(args, &r)?, r.common)
         }
         BenchOp::Ops(o) => {
             setup(&o.common)?;
-            (
-                ops::bench_ops(args, &o).map_err(BenchError::Bench)?,
-                o.common,
-            )
+            (ops::bench_ops(args, &o)?, o.common)
         }
     };
     finish(&report, &common)
@@ -151,24 +140,9 @@ fn finish(report: &Report, c: &CommonArgs) -> Result<i32, BenchError> {
     Ok(if cmp.regressed { EXIT_FAILED } else { EXIT_OK })
 }
 
-/// Refuses a bench that runs on the local backend only when `choice` picks kvm.
-fn local_backend(
-    choice: VmmChoice,
-    config: &crate::config::Config,
-    what: &str,
-) -> Result<(), String> {
-    match choose_backend(choice, config) {
-        BackendKind::Local => Ok(()),
-        BackendKind::Kvm => Err(format!(
-            "bench {what}: runs on the local backend only for now (on kvm it would time the agent \
-             inside a Linux guest, which this bench does not boot yet); run with --vmm local"
-        )),
-    }
-}
-
-/// The last 2 KiB of `vm`'s console, cut at a character boundary.
-fn console_tail(vm: &Vm) -> String {
-    let log = vm.console().log_string();
+/// The last 2 KiB of `console`'s log, cut at a character boundary.
+fn console_tail(console: &Console) -> String {
+    let log = console.log_string();
     let start = log.len().saturating_sub(2048);
     let start = (start..log.len())
         .find(|&i| log.is_char_boundary(i))
@@ -213,29 +187,18 @@ mod tests {
     /// A gate error reaches `cli::main` with its cause, once.
     #[test]
     fn errors_are_flattened_once_for_main() {
+        let flat = |e: BenchError| crate::error_chain::flatten(&e);
         let (run_args, op) =
             parse_bench(&["bench", "compare", "/nonexistent/old.json", "new.json"]);
-        let e = run(&run_args, op).unwrap_err();
+        let e = flat(run(&run_args, op).unwrap_err());
         assert_eq!(
             e,
             "cannot read /nonexistent/old.json: No such file or directory (os error 2)"
         );
         let (run_args, op) = parse_bench(&["bench", "ops", "--pin", "1048576"]);
         assert_eq!(
-            run(&run_args, op).unwrap_err(),
+            flat(run(&run_args, op).unwrap_err()),
             "--pin 1048576: no such CPU"
         );
-    }
-
-    #[test]
-    fn local_only_benches_refuse_kvm_by_name() {
-        let config = crate::config::Config::default();
-        assert_eq!(local_backend(VmmChoice::Local, &config, "ops"), Ok(()));
-        let e = local_backend(VmmChoice::Kvm, &config, "ops").unwrap_err();
-        assert!(
-            e.starts_with("bench ops: runs on the local backend only"),
-            "{e}"
-        );
-        assert!(e.ends_with("run with --vmm local"), "{e}");
     }
 }

@@ -1,5 +1,6 @@
 //! `provium bench restore`: fixture restores, P at once, each in a new VM
-//! (a fixture's VM on the chosen backend, or `--tiny-guest` on the VMM).
+//! (a fixture's VM on the chosen backend, through the backend boundary, or
+//! `--tiny-guest` on the VMM itself: a bare VM with no profile or agent).
 
 use std::path::PathBuf;
 use std::sync::{Arc, Barrier, Mutex};
@@ -7,20 +8,75 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use provium_snapshot::CacheError;
 use provium_vmm::boot_timer::{BootMarks, BootTimer};
-use provium_vmm::{tiny_guest, BootSource, KernelImage, Vm, VmConfig};
+use provium_vmm::{tiny_guest, BootSource, KernelImage, Vm, VmConfig, VmError};
 
 use super::args::RestoreArgs;
 use super::console_tail;
 use super::host::host_info;
 use super::render::Report;
 use super::stats::{Phase, Unit};
+use crate::backend::{self, BackendError, BackendKind, MachineSpec};
 use crate::cli::RunArgs;
 use crate::cli::{choose_backend, load_config};
-use crate::client::AgentOps;
+use crate::client::{AgentOps, ClientError};
+use crate::config::ConfigError;
+use crate::fixture::key::KeyError;
+use crate::fixture::FixtureError;
 use crate::host_memory::mapping_memory;
-use crate::machine::{BootSpec, Machine};
-use crate::runner::BackendKind;
+
+/// Why `bench restore` failed: each names the fixture or step; causes are
+/// sources.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreBenchError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+    #[error(transparent)]
+    FixtureName(#[from] KeyError),
+    #[error(transparent)]
+    Fixture(#[from] FixtureError),
+    /// A snapshot section that does not decode (its text names the file).
+    #[error("{0}")]
+    Section(String),
+    #[error("bench restore --tiny-guest: building the fixture")]
+    TinyBuild(#[source] Box<VmError>),
+    #[error(
+        "bench restore --tiny-guest: the tiny guest did not print READY; console:\n{console_tail}"
+    )]
+    TinyNotReady { console_tail: String },
+    #[error("bench restore --tiny-guest")]
+    TinyRestore(#[source] Box<VmError>),
+    #[error("bench restore --tiny-guest: the restored tiny guest did not run within 60 s")]
+    TinyNotRunning,
+    #[error("bench restore: `{name}` is a lab_fixture; bench restore takes a vm_fixture")]
+    LabFixture { name: String },
+    #[error("bench restore: fixture `{name}` has no cache entry after building")]
+    NoEntry { name: String },
+    #[error(
+        "bench restore: fixture `{name}`'s VM had {disks} disk(s) and {nics} NIC(s), which \
+         this bench does not recreate; bench a fixture whose VM has none"
+    )]
+    HasDevices {
+        name: String,
+        disks: usize,
+        nics: usize,
+    },
+    #[error("bench restore `{}`", entry.display())]
+    Restore {
+        entry: PathBuf,
+        #[source]
+        source: Box<BackendError>,
+    },
+    #[error("bench restore `{}`", entry.display())]
+    Ping {
+        entry: PathBuf,
+        #[source]
+        source: ClientError,
+    },
+}
 
 /// The tiny-guest fixture: the tiny guest booted to READY on `mem_mib` of
 /// RAM and snapshotted into the fixture cache, keyed by the guest image and
@@ -28,7 +84,7 @@ use crate::runner::BackendKind;
 fn tiny_guest_fixture(
     cache: &provium_snapshot::FixtureCache,
     mem_mib: u64,
-) -> Result<(PathBuf, bool), String> {
+) -> Result<(PathBuf, bool), RestoreBenchError> {
     use provium_snapshot::{EntryKind, KeyBuilder};
     let mut k = KeyBuilder::new("provium-bench-tiny-guest-fixture/1");
     k.field("bzimage", tiny_guest::BZIMAGE)
@@ -41,27 +97,25 @@ fn tiny_guest_fixture(
     if let Some(p) = cache.lookup(&key, EntryKind::Vm) {
         return Ok((p, false));
     }
-    let vm =
-        Vm::new(tiny_restore_config(mem_mib, None)).map_err(|e| crate::error_chain::flatten(&e))?;
-    vm.boot().map_err(|e| crate::error_chain::flatten(&e))?;
+    let vm = Vm::new(tiny_restore_config(mem_mib, None))
+        .map_err(|e| RestoreBenchError::TinyBuild(Box::new(e)))?;
+    vm.boot()
+        .map_err(|e| RestoreBenchError::TinyBuild(Box::new(e)))?;
     if !vm
         .console()
         .wait_for(tiny_guest::READY.as_bytes(), 1, Duration::from_secs(120))
     {
-        return Err(format!(
-            "bench restore --tiny-guest: the tiny guest did not print READY; console:\n{}",
-            console_tail(&vm)
-        ));
+        return Err(RestoreBenchError::TinyNotReady {
+            console_tail: console_tail(&vm.console()),
+        });
     }
     let tmp = cache
         .dir()
         .join(format!(".tiny-guest-{}.snap", std::process::id()));
     vm.snapshot(&tmp)
-        .map_err(|e| crate::error_chain::flatten(&e))?;
+        .map_err(|e| RestoreBenchError::TinyBuild(Box::new(e)))?;
     drop(vm);
-    let p = cache
-        .install_vm(&key, &tmp)
-        .map_err(|e| crate::error_chain::flatten(&e))?;
+    let p = cache.install_vm(&key, &tmp)?;
     Ok((p, true))
 }
 
@@ -79,12 +133,12 @@ fn tiny_restore_config(mem_mib: u64, timer: Option<BootTimer>) -> VmConfig {
 
 /// `warmup` untimed samples, then `runs` kept ones, taken by `batch` at
 /// most `parallel` at a time.
-fn run_batches<T>(
+fn run_batches<T, E>(
     warmup: usize,
     runs: usize,
     parallel: usize,
-    mut batch: impl FnMut(usize) -> Result<Vec<T>, String>,
-) -> Result<Vec<T>, String> {
+    mut batch: impl FnMut(usize) -> Result<Vec<T>, E>,
+) -> Result<Vec<T>, E> {
     let mut left = warmup;
     while left > 0 {
         let c = left.min(parallel);
@@ -111,11 +165,10 @@ struct TinyRestoreSample {
 
 /// `bench restore --tiny-guest`: restores of the tiny-guest fixture on the
 /// VMM, P at once, each in a new VM.
-fn bench_restore_tiny(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
+fn bench_restore_tiny(args: &RunArgs, r: &RestoreArgs) -> Result<Report, RestoreBenchError> {
     use provium_snapshot::FixtureCache;
     let config = load_config(&args.config, &args.settings)?;
-    let cache =
-        FixtureCache::open(&config.cache_dir).map_err(|e| crate::error_chain::flatten(&e))?;
+    let cache = FixtureCache::open(&config.cache_dir)?;
     let (entry, built) = tiny_guest_fixture(&cache, r.mem)?;
     if built {
         eprintln!(
@@ -128,28 +181,27 @@ fn bench_restore_tiny(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String>
     let parallel = r.parallel.max(1);
     let entry_bytes = std::fs::metadata(&entry).map(|m| m.len()).ok();
     let counter_gpa = tiny_guest::COUNTER_GPA;
-    let batch = |count: usize| -> Result<Vec<TinyRestoreSample>, String> {
+    let batch = |count: usize| -> Result<Vec<TinyRestoreSample>, RestoreBenchError> {
         let barrier = Barrier::new(count);
-        let results: Mutex<Vec<Result<TinyRestoreSample, String>>> = Mutex::new(Vec::new());
+        let results: Mutex<Vec<Result<TinyRestoreSample, RestoreBenchError>>> =
+            Mutex::new(Vec::new());
         std::thread::scope(|s| {
             for _ in 0..count {
                 let (barrier, results, entry) = (&barrier, &results, &entry);
                 s.spawn(move || {
                     let timer = BootTimer::new();
-                    let one = || -> Result<(Vm, TinyRestoreSample), String> {
+                    let one = || -> Result<(Vm, TinyRestoreSample), RestoreBenchError> {
+                        let tiny = |e| RestoreBenchError::TinyRestore(Box::new(e));
                         let vm = Vm::new(tiny_restore_config(r.mem, Some(timer.clone())))
-                            .map_err(|e| crate::error_chain::flatten(&e))?;
+                            .map_err(tiny)?;
                         let t0 = Instant::now();
-                        vm.restore(entry)
-                            .map_err(|e| crate::error_chain::flatten(&e))?;
+                        vm.restore(entry).map_err(tiny)?;
                         let restore = t0.elapsed();
                         // Running: the guest's counter (in restored RAM) moves.
-                        let c0 = vm.read_guest_u64(counter_gpa).map_err(|e| e.to_string())?;
-                        while vm.read_guest_u64(counter_gpa).map_err(|e| e.to_string())? == c0 {
+                        let c0 = vm.read_guest_u64(counter_gpa).map_err(tiny)?;
+                        while vm.read_guest_u64(counter_gpa).map_err(tiny)? == c0 {
                             if t0.elapsed() > Duration::from_secs(60) {
-                                return Err(
-                                    "the restored tiny guest did not run within 60 s".into()
-                                );
+                                return Err(RestoreBenchError::TinyNotRunning);
                             }
                             std::thread::yield_now();
                         }
@@ -190,7 +242,6 @@ fn bench_restore_tiny(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String>
             .into_inner()
             .unwrap_or_else(|e| e.into_inner())
             .into_iter()
-            .map(|r| r.map_err(|e| format!("bench restore --tiny-guest: {e}")))
             .collect()
     };
     let samples = run_batches(warmup, runs, parallel, batch)?;
@@ -260,7 +311,7 @@ struct RestoreSample {
     pss: u64,
 }
 
-pub(super) fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, String> {
+pub(super) fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, RestoreBenchError> {
     use crate::fixture;
     use provium_snapshot::{EntryKind, FixtureCache};
 
@@ -273,7 +324,7 @@ pub(super) fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, S
         ..r.clone()
     };
     let config = Arc::new(load_config(&args.config, &args.settings)?);
-    let backend = choose_backend(r.vmm, &config);
+    let kind = choose_backend(r.vmm, &config);
     let roots = if config.roots.is_empty() {
         vec![PathBuf::from(".")]
     } else {
@@ -284,15 +335,12 @@ pub(super) fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, S
         PathBuf::from("provium-bench"),
         roots.clone(),
         config.clone(),
-        backend,
+        kind,
         crate::events::EventSender::disabled(),
     ));
     let file = fixture::key::resolve_fixture(&roots, &fixture_name)?;
     if fixture::fixture_kind(&file) != EntryKind::Vm {
-        return Err(format!(
-            "bench restore: `{}` is a lab_fixture; bench restore takes a vm_fixture",
-            fixture_name
-        ));
+        return Err(RestoreBenchError::LabFixture { name: fixture_name });
     }
     if fixture::build_for_cli(&env, &fixture_name, false, &crate::lua::lab::ChunkBuilder)? {
         eprintln!(
@@ -301,25 +349,24 @@ pub(super) fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, S
         );
     }
     let key = fixture::fixture_key(&env, &fixture_name)?;
-    let cache =
-        FixtureCache::open(&config.cache_dir).map_err(|e| crate::error_chain::flatten(&e))?;
-    let entry = cache.lookup(&key, EntryKind::Vm).ok_or_else(|| {
-        format!(
-            "bench restore: fixture `{}` has no cache entry after building",
-            fixture_name
-        )
-    })?;
-    let decl = crate::lua::snapshot::VmDecl::read(&entry)?;
+    let cache = FixtureCache::open(&config.cache_dir)?;
+    let entry = cache
+        .lookup(&key, EntryKind::Vm)
+        .ok_or_else(|| RestoreBenchError::NoEntry {
+            name: fixture_name.clone(),
+        })?;
+    let decl = crate::lua::snapshot::VmDecl::read(&entry).map_err(RestoreBenchError::Section)?;
     // The bench restores bare machines: a kvm snapshot whose machine had
     // disks or NICs needs them again, which only the Lua layer recreates.
-    if let Some(d) = crate::lua::snapshot::VmDevices::read_if_present(&entry)? {
+    let devices = crate::lua::snapshot::VmDevices::read_if_present(&entry)
+        .map_err(RestoreBenchError::Section)?;
+    if let Some(d) = devices {
         if !d.disks.is_empty() || !d.nics.is_empty() {
-            return Err(format!(
-                "bench restore: fixture `{fixture_name}`'s VM had {} disk(s) and {} NIC(s), which \
-                 this bench does not recreate; bench a fixture whose VM has none",
-                d.disks.len(),
-                d.nics.len()
-            ));
+            return Err(RestoreBenchError::HasDevices {
+                name: fixture_name,
+                disks: d.disks.len(),
+                nics: d.nics.len(),
+            });
         }
     }
     let runs = r.common.runs.unwrap_or(10).max(1);
@@ -327,34 +374,46 @@ pub(super) fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, S
     let parallel = r.parallel.max(1);
     let entry_bytes = std::fs::metadata(&entry).map(|m| m.len()).ok();
 
-    let spec_for = |i: usize| BootSpec {
-        vm_name: format!("bench-restore-{}-{i}", std::process::id()),
-        profile_name: decl.profile.clone(),
-        profile: config.profiles.get(&decl.profile).cloned(),
-        memory_bytes: decl.memory_bytes,
-        cpus: decl.cpus,
-        kernel_cmdline: None,
+    let spec_for = |i: usize| MachineSpec {
         rng_seed: decl.rng_seed,
-        initial_time: None,
         settings: config.settings.clone(),
+        ..MachineSpec::for_profile(
+            &format!("bench-restore-{}-{i}", std::process::id()),
+            &decl.profile,
+            config.profiles.get(&decl.profile).cloned(),
+            decl.memory_bytes,
+            decl.cpus,
+        )
     };
+    // One backend for the bench (the fixture build's): its guests get CIDs
+    // of their own.
+    let restorer = env.machines().clone();
     let mut next = 0usize;
-    let batch = |count: usize| -> Result<Vec<RestoreSample>, String> {
+    let batch = |count: usize| -> Result<Vec<RestoreSample>, RestoreBenchError> {
         let barrier = Barrier::new(count);
-        let results: Mutex<Vec<Result<RestoreSample, String>>> = Mutex::new(Vec::new());
+        let results: Mutex<Vec<Result<RestoreSample, RestoreBenchError>>> = Mutex::new(Vec::new());
         let first = next;
         next += count;
         std::thread::scope(|s| {
             for i in 0..count {
                 let (barrier, results, entry) = (&barrier, &results, &entry);
+                let restorer = &restorer;
                 let spec = spec_for(first + i);
                 s.spawn(move || {
+                    let restore_failed = |source: BackendError| RestoreBenchError::Restore {
+                        entry: entry.clone(),
+                        source: Box::new(source),
+                    };
                     let t0 = Instant::now();
-                    let r = Machine::restore(backend, &spec, entry);
+                    let r = restorer.restore(&spec, entry).map_err(restore_failed);
                     let machine_t = t0.elapsed();
                     let r = r.and_then(|m| {
-                        let c = m.connect();
-                        let pinged = c.and_then(|c| c.ping().map_err(|e| e.to_string()));
+                        let pinged = m.connect().map_err(restore_failed).and_then(|c| {
+                            c.ping().map_err(|source| RestoreBenchError::Ping {
+                                entry: entry.clone(),
+                                source,
+                            })
+                        });
                         match pinged {
                             Ok(()) => Ok((m, t0.elapsed())),
                             Err(e) => {
@@ -371,7 +430,7 @@ pub(super) fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, S
                     });
                     barrier.wait();
                     let out = out.map(|(m, answer, rss, pss)| {
-                        m.shutdown();
+                        m.kill();
                         RestoreSample {
                             machine: machine_t,
                             answer,
@@ -387,7 +446,6 @@ pub(super) fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, S
             .into_inner()
             .unwrap_or_else(|e| e.into_inner())
             .into_iter()
-            .map(|r| r.map_err(|e| format!("bench restore `{}`: {e}", entry.display())))
             .collect()
     };
     let samples = run_batches(warmup, runs, parallel, batch)?;
@@ -398,7 +456,7 @@ pub(super) fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, S
         "harness",
         Unit::Ns,
     );
-    let kvm = backend == BackendKind::Kvm;
+    let kvm = kind == BackendKind::Kvm;
     let mut machine = Phase::new(
         "restore_machine",
         if kvm {
@@ -457,8 +515,8 @@ pub(super) fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, S
         warmup,
         host: host_info(r.common.pin),
         guest: json!({
-            "backend": backend.as_str(),
-            "emulated_kernel_code": kvm && crate::backend::kvm::host_is_kvm_pvm(&config.settings),
+            "backend": kind.as_str(),
+            "emulated_kernel_code": kvm && backend::host_is_kvm_pvm(&config.settings),
             "fixture": fixture_name,
             "entry": entry.display().to_string(),
             "entry_bytes": entry_bytes,
@@ -488,7 +546,7 @@ mod tests {
     fn batches_drop_the_warmup_and_stay_within_parallel() {
         let mut sizes = Vec::new();
         let mut n = 0u32;
-        let kept = run_batches(3, 5, 2, |count| {
+        let kept = run_batches::<u32, String>(3, 5, 2, |count| {
             sizes.push(count);
             Ok((0..count)
                 .map(|_| {
@@ -504,7 +562,29 @@ mod tests {
             "warm-up 3 then runs 5, two at a time"
         );
         assert_eq!(kept, [4, 5, 6, 7, 8], "only the timed samples are kept");
-        let e = run_batches::<u32>(0, 1, 1, |_| Err("boom".into())).unwrap_err();
+        let e = run_batches::<u32, String>(0, 1, 1, |_| Err("boom".into())).unwrap_err();
         assert_eq!(e, "boom");
+    }
+
+    #[test]
+    fn a_failed_restore_names_the_entry_then_the_backends_chain() {
+        // A backend refusal, through the boundary.
+        let spec = MachineSpec {
+            kernel_cmdline: Some("quiet".into()),
+            ..MachineSpec::default()
+        };
+        let source = backend::for_kind(BackendKind::Local)
+            .boot(&spec)
+            .err()
+            .expect("the sandbox has no kernel");
+        let e = RestoreBenchError::Restore {
+            entry: PathBuf::from("/cache/x.snap"),
+            source: Box::new(source),
+        };
+        assert_eq!(
+            crate::error_chain::flatten(&e),
+            "bench restore `/cache/x.snap`: kernel_cmdline needs the kvm backend (the local \
+             sandbox has no kernel)"
+        );
     }
 }
