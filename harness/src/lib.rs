@@ -5,7 +5,8 @@
 //! - [`backend`]: the ways a test VM is created: the `local` sandbox
 //!   (namespaces over an overlay root, filesystem snapshots) and `kvm` (a
 //!   Linux guest on the in-process microVMM, with memory snapshots and
-//!   restores); [`machine`] puts both behind one type.
+//!   restores), behind one boundary: a `Backend` boots or restores a
+//!   `MachineSpec` into a `Guest` that reports its `Capabilities`.
 //! - [`lua`]: the Lua API and test framework; [`runner`]: what a file
 //!   needs from the run (its environment, filter, outcome);
 //!   [`scheduler`]: the dispatcher (the pool) and the executor (one

@@ -47,6 +47,14 @@ use provium_protocol::{decode, encode, ProtocolError, MAX_CHUNK_BYTES, STREAM_WI
 
 use super::error::ClientError;
 
+/// When a call gives up, with the budget it was given: a timeout error
+/// names the budget, which is what the caller set.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Deadline {
+    pub at: Instant,
+    pub budget: Duration,
+}
+
 /// Client-side knobs. `Default` gives the values the harness uses.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
@@ -358,9 +366,14 @@ impl AgentClient {
             .mark_lost(Lost::Closed("the host closed the connection".into()));
     }
 
-    pub(crate) fn deadline_after(&self, extra: Option<Duration>) -> Option<Instant> {
-        let total = self.op_timeout.checked_add(extra.unwrap_or_default())?;
-        Instant::now().checked_add(total)
+    /// The deadline of a call started now: the op timeout plus `extra`
+    /// (None: a budget too large to represent, i.e. no deadline).
+    pub(crate) fn deadline_after(&self, extra: Option<Duration>) -> Option<Deadline> {
+        let budget = self.op_timeout.checked_add(extra.unwrap_or_default())?;
+        Some(Deadline {
+            at: Instant::now().checked_add(budget)?,
+            budget,
+        })
     }
 
     /// Send a request and return its id; `streams` are registered for the
@@ -405,17 +418,18 @@ impl AgentClient {
         &self,
         id: u64,
         kind: OpKind,
-        deadline: Option<Instant>,
+        deadline: Option<Deadline>,
     ) -> Result<OpValue, ClientError> {
-        let started = Instant::now();
-        let res = self.shared.wait_for(deadline, |st| take_done(st, id));
+        let res = self
+            .shared
+            .wait_for(deadline.map(|d| d.at), |st| take_done(st, id));
         match res {
             Ok(result) => result
                 .into_result()
                 .map_err(|error| ClientError::Op { op: kind, error }),
             Err(e) => {
                 self.shared.lock().pending.remove(&id);
-                Err(self.wait_error(e, kind.as_str(), started, deadline))
+                Err(self.wait_error(e, kind.as_str(), deadline))
             }
         }
     }
@@ -424,20 +438,15 @@ impl AgentClient {
         &self,
         e: WaitError,
         what: &str,
-        started: Instant,
-        deadline: Option<Instant>,
+        deadline: Option<Deadline>,
     ) -> ClientError {
         match e {
             WaitError::Lost(e) => e,
+            // The budget the call was given, not the time measured from
+            // some later point: a loaded host must not shrink the number.
             WaitError::TimedOut => ClientError::Timeout {
                 op: what.to_string(),
-                // Rounded: `started` is taken just after the deadline was set.
-                timeout_ms: millis(
-                    deadline
-                        .map(|d| d.saturating_duration_since(started))
-                        .unwrap_or_default()
-                        + Duration::from_micros(500),
-                ),
+                timeout_ms: millis(deadline.map(|d| d.budget).unwrap_or_default()),
             },
         }
     }
@@ -511,12 +520,11 @@ impl AgentClient {
         &self,
         process: StreamId,
         data: &[u8],
-        deadline: Option<Instant>,
+        deadline: Option<Deadline>,
     ) -> Result<(), ClientError> {
-        let started = Instant::now();
         for chunk in data.chunks(MAX_CHUNK_BYTES) {
             let len = chunk.len() as u64;
-            let res = self.shared.wait_for(deadline, |st| {
+            let res = self.shared.wait_for(deadline.map(|d| d.at), |st| {
                 let Some(unacked) = st.stdin_unacked.get_mut(&process) else {
                     return Some(Err(ClientError::InvalidArgument {
                         op: OpKind::StdinClose,
@@ -543,7 +551,7 @@ impl AgentClient {
                         .get(&process)
                         .copied()
                         .unwrap_or(0);
-                    let cause = self.wait_error(e, "stdin write", started, deadline);
+                    let cause = self.wait_error(e, "stdin write", deadline);
                     // The window is full: the agent has not acknowledged
                     // what it was sent (its process is not reading, or the
                     // agent does not ack).

@@ -57,7 +57,6 @@ pub trait AgentOps {
     /// `timeout_ms` plus the op timeout.
     fn exec(&self, spec: ExecSpec) -> Result<RunOutput, ClientError> {
         let client = self.client();
-        let started = std::time::Instant::now();
         let deadline = client.deadline_after(spec.timeout_ms.map(Duration::from_millis));
         let id = client.begin(
             self.worker_id(),
@@ -68,7 +67,7 @@ pub trait AgentOps {
         let channels = [Channel::Stdout, Channel::Stderr];
         let mut out: [Vec<u8>; 2] = [Vec::new(), Vec::new()];
         loop {
-            let res = client.wait_for(deadline, |st| {
+            let res = client.wait_for(deadline.map(|d| d.at), |st| {
                 let taken = channels.map(|ch| take_chunks(st, id, ch, None));
                 // The response is the terminal frame: every chunk precedes it.
                 let answer = take_done(st, id);
@@ -80,7 +79,7 @@ pub trait AgentOps {
                 Err(e) => {
                     client.abandon(id);
                     client.discard_streams(id, &channels);
-                    return Err(client.wait_error(e, "exec", started, deadline));
+                    return Err(client.wait_error(e, "exec", deadline));
                 }
             };
             for (i, t) in taken.iter().enumerate() {

@@ -148,7 +148,6 @@ impl Process {
                 reason: format!("process {} was already waited for or released", self.id),
             });
         }
-        let started = std::time::Instant::now();
         let deadline = timeout.and_then(|t| self.client.deadline_after(Some(t)));
         let wait_id = self.client.begin(
             self.worker,
@@ -165,7 +164,7 @@ impl Process {
         let mut deadline = deadline;
         let id = self.id;
         loop {
-            let res = self.client.wait_for(deadline, |st| {
+            let res = self.client.wait_for(deadline.map(|d| d.at), |st| {
                 let mut got = Vec::new();
                 for (i, ch) in OUTPUT.iter().enumerate() {
                     if !ended[i] {
@@ -191,7 +190,7 @@ impl Process {
                     } else {
                         "wait (end of the process's output)"
                     };
-                    return Err(self.client.wait_error(e, what, started, deadline));
+                    return Err(self.client.wait_error(e, what, deadline));
                 }
             };
             for (i, taken) in got {

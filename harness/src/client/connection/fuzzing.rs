@@ -19,7 +19,15 @@ use provium_protocol::op::{Op, StreamId};
 use provium_protocol::wire::{AgentFrame, Channel, HostFrame};
 use provium_protocol::{decode, STREAM_WINDOW_BYTES};
 
-use super::{AgentClient, ClientOptions, Guard, Handshake, Lost, Shared, State};
+use super::{AgentClient, ClientOptions, Deadline, Guard, Handshake, Lost, Shared, State};
+
+/// A deadline that has already passed: the fuzzer's calls never wait.
+fn now() -> Deadline {
+    Deadline {
+        at: Instant::now(),
+        budget: Duration::ZERO,
+    }
+}
 
 /// What the client wrote, kept for [`Driver::check`].
 struct Sink(Arc<Mutex<Vec<u8>>>);
@@ -124,7 +132,7 @@ impl Driver {
     pub fn finish(&self, id: u64) {
         let _ = self
             .client
-            .finish(id, provium_protocol::op::OpKind::Ping, Some(Instant::now()));
+            .finish(id, provium_protocol::op::OpKind::Ping, Some(now()));
     }
 
     /// Read up to `max_chunks` chunks of a stream and acknowledge them, as
@@ -152,9 +160,7 @@ impl Driver {
     /// Write `len` bytes of stdin to `process` if the window allows now.
     pub fn stdin_write(&self, process: StreamId, len: usize) {
         let data = vec![b'x'; len];
-        let _ = self
-            .client
-            .stdin_write(process, &data, Some(Instant::now()));
+        let _ = self.client.stdin_write(process, &data, Some(now()));
     }
 
     /// The process was waited for: its stdin window goes.
