@@ -129,22 +129,11 @@ mod test_utils {
     use std::sync::Arc;
 
     use super::Lab;
-    use crate::config::Config;
-    use crate::events::EventSender;
     use crate::lua::bridge::Bridge;
     use crate::lua::vm::{Vm, VmSizing};
     use crate::runner::{BackendKind, FileEnv};
 
-    pub fn env(backend: BackendKind) -> Arc<FileEnv> {
-        Arc::new(FileEnv::new(
-            "t.test.lua".into(),
-            "/t.test.lua".into(),
-            Vec::new(),
-            Arc::new(Config::default()),
-            backend,
-            EventSender::disabled(),
-        ))
-    }
+    pub use crate::lua::vm::test_utils::env;
 
     pub fn kvm_env() -> Arc<FileEnv> {
         env(BackendKind::Kvm)

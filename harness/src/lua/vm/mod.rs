@@ -11,7 +11,7 @@ mod methods;
 mod opts;
 mod phase;
 #[cfg(test)]
-mod test_utils;
+pub(crate) mod test_utils;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
