@@ -25,6 +25,7 @@ pub mod config;
 pub mod discover;
 pub mod error_chain;
 pub mod events;
+pub mod file_digest;
 pub mod fixture;
 pub mod host_memory;
 pub mod lua;

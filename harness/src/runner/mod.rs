@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use crate::backend::Backend;
 use crate::config::Config;
 use crate::events::EventSender;
-use crate::fixture::digest::FileDigests;
+use crate::file_digest::FileDigests;
 
 /// Which backend creates VMs for this run (defined with the backends).
 pub use crate::backend::BackendKind;
