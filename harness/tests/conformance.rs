@@ -581,6 +581,42 @@ test("lab snapshot topology", function(t)
   t:assert_eq(fresh:vm("solo"):read_file("/srv/who"), "solo")
   os.execute("rm -rf '" .. dir .. "'")
 end)
+
+-- Per-pair impairments and one-way partitions, each on one ordered pair of
+-- booted VMs: the lab snapshot gives back exactly those, in their
+-- directions only.
+test("lab snapshot per-pair impairments", function(t)
+  local lan = provium:bridge("pl")
+  local a = provium:vm("pa", "linux")
+  local b = provium:vm("pb", "linux")
+  local c = provium:vm("pc", "linux")
+  lan:attach({a, b, c})
+  a:boot()
+  b:boot()
+  c:boot()
+  local function check(what)
+    local ac = lan:pair_impairment(a, c)
+    t:assert_eq(ac.ms, what and 30 or nil)
+    t:assert_eq(ac.p, nil)
+    local ca = lan:pair_impairment(c, a)
+    t:assert_eq(ca.p, what and 40 or nil)
+    t:assert_eq(ca.ms, nil)
+    t:assert_eq(lan:pair_impairment(b, a).bps, what and 8000 or nil)
+    t:assert_eq(lan:pair_impairment(a, b).bps, nil)
+    t:assert_eq(lan:is_partitioned(b, c), what)
+    t:assert(not lan:is_partitioned(c, b), "c -> b stays open")
+  end
+  lan:add_latency({from = a, to = c, ms = 30})
+  lan:drop_rate({from = c, to = a, p = 40})
+  lan:bandwidth_limit({from = b, to = a, bps = 8000})
+  lan:partition({from = b, to = c})
+  check(true)
+  local snap = provium:snapshot()
+  lan:reset()
+  check(false)
+  provium:restore(snap)
+  check(true)
+end)
 "#,
         )],
         &["."],
