@@ -541,6 +541,17 @@ mod tests {
 
     use super::*;
 
+    /// The shell form of `script`, built as `build` builds it.
+    fn shell(
+        script: &str,
+        env: &BTreeMap<String, String>,
+        env_clear: bool,
+        cwd: Option<&str>,
+    ) -> process::Command {
+        let script = script.into();
+        build(&Command::Shell { script }, env, env_clear, cwd).unwrap()
+    }
+
     fn run_captured(cmd: &mut process::Command, deadline: Option<Instant>) -> PumpOutcome {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -558,15 +569,12 @@ mod tests {
 
     #[test]
     fn captures_both_channels_and_exit_code() {
-        let mut cmd = build(
-            &Command::Shell {
-                script: "echo out; echo err >&2; exit 3".into(),
-            },
+        let mut cmd = shell(
+            "echo out; echo err >&2; exit 3",
             &BTreeMap::new(),
             false,
             None,
-        )
-        .unwrap();
+        );
         let o = run_captured(&mut cmd, None);
         assert_eq!(o.exit, ExitInfo::exited(3));
         assert_eq!(o.captured, vec![b"out\n".to_vec(), b"err\n".to_vec()]);
@@ -575,44 +583,20 @@ mod tests {
     #[test]
     fn env_clear_shell_form_sees_only_the_supplied_keys() {
         let env = BTreeMap::from([("FOO".to_string(), "bar".to_string())]);
-        let mut cmd = build(
-            &Command::Shell {
-                script: "/usr/bin/env".into(),
-            },
-            &env,
-            true,
-            Some("/tmp"),
-        )
-        .unwrap();
+        let mut cmd = shell("/usr/bin/env", &env, true, Some("/tmp"));
         let o = run_captured(&mut cmd, None);
         assert_eq!(o.exit, ExitInfo::exited(0));
         assert_eq!(o.captured, vec![b"FOO=bar\n".to_vec(), Vec::new()]);
         // A supplied PWD is the caller's, not unset.
         let env = BTreeMap::from([("PWD".to_string(), "/tmp".to_string())]);
-        let mut cmd = build(
-            &Command::Shell {
-                script: "/usr/bin/env".into(),
-            },
-            &env,
-            true,
-            Some("/tmp"),
-        )
-        .unwrap();
+        let mut cmd = shell("/usr/bin/env", &env, true, Some("/tmp"));
         let o = run_captured(&mut cmd, None);
         assert_eq!(o.captured, vec![b"PWD=/tmp\n".to_vec(), Vec::new()]);
     }
 
     #[test]
     fn background_holder_of_the_pipe_does_not_block_the_exit() {
-        let mut cmd = build(
-            &Command::Shell {
-                script: "sleep 30 & echo $!".into(),
-            },
-            &BTreeMap::new(),
-            false,
-            None,
-        )
-        .unwrap();
+        let mut cmd = shell("sleep 30 & echo $!", &BTreeMap::new(), false, None);
         let o = run_captured(&mut cmd, None);
         assert_eq!(o.exit, ExitInfo::exited(0));
         let bg: i32 = String::from_utf8_lossy(&o.captured[0])

@@ -767,25 +767,32 @@ fn coverage_hook_runs_and_its_failure_counts() {
     );
 }
 
-#[test]
-fn repl_evaluates_lines_against_a_vm() {
+/// `provium --vmm local repl ARGS` in `p` with `input` on its stdin, to
+/// the end.
+fn repl(p: &LocalProject, args: &[&str], input: &[u8]) -> std::process::Output {
     use std::io::Write;
-    let p = LocalProject::new(&[]);
     let mut child = Command::new(env!("CARGO_BIN_EXE_provium"))
-        .args(["--vmm", "local", "repl", "linux", "--name", "box"])
+        .args(["--vmm", "local", "repl"])
+        .args(args)
         .current_dir(p.path())
+        .env("XDG_CACHE_HOME", p.path().join("cache"))
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"vm:state()\nvm:run('hostname').stdout\nnot_a_thing()\n")
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn repl_evaluates_lines_against_a_vm() {
+    let p = LocalProject::new(&[]);
+    let o = repl(
+        &p,
+        &["linux", "--name", "box"],
+        b"vm:state()\nvm:run('hostname').stdout\nnot_a_thing()\n",
+    );
     assert_eq!(exit_code(&o), 0, "{o:?}");
     assert_eq!(stdout(&o), "booted\nbox\n\n");
     assert!(
@@ -827,27 +834,15 @@ fn watch_reruns_when_a_file_changes() {
 
 #[test]
 fn repl_resumes_from_a_fixture() {
-    use std::io::Write;
     let p = LocalProject::new(&[(
         "base.fixture.lua",
         "local vm = provium:vm('base', 'linux'):boot()\nvm:write_file('/etc/marker', 'from fixture')\nreturn vm:snapshot()\n",
     )]);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_provium"))
-        .args(["--vmm", "local", "repl", "--fixture", "base"])
-        .current_dir(p.path())
-        .env("XDG_CACHE_HOME", p.path().join("cache"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"vm:read_file('/etc/marker')\nvm:name()\n")
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
+    let o = repl(
+        &p,
+        &["--fixture", "base"],
+        b"vm:read_file('/etc/marker')\nvm:name()\n",
+    );
     assert_eq!(exit_code(&o), 0, "{o:?}");
     assert_eq!(stdout(&o), "from fixture\nbase\n", "{o:?}");
 }
