@@ -1255,7 +1255,7 @@ mod tests {
                 "/t.test.lua".into(),
                 Vec::new(),
                 Arc::new(Config::default()),
-                BackendKind::Local,
+                crate::backend::for_kind(BackendKind::Local),
                 EventSender::disabled(),
             )
             .with_run_seed(seed),

@@ -184,7 +184,7 @@ mod tests {
             p,
             vec![],
             Arc::new(Config::defaults(dir, &Default::default())),
-            BackendKind::Local,
+            crate::backend::for_kind(BackendKind::Local),
             EventSender::disabled(),
         );
         LuaTestFile::open(Arc::new(env)).unwrap()

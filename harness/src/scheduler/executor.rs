@@ -453,7 +453,7 @@ mod tests {
             dir.path().join("f.test.lua"),
             vec![],
             Arc::new(Config::defaults(dir.path(), &Default::default())),
-            BackendKind::Local,
+            crate::backend::for_kind(BackendKind::Local),
             EventSender::disabled(),
         );
         let ctx = ExecutorContext {

@@ -138,7 +138,7 @@ mod tests {
                 std::path::Path::new("/"),
                 &Default::default(),
             )),
-            crate::runner::BackendKind::Local,
+            crate::backend::for_kind(crate::runner::BackendKind::Local),
             crate::events::EventSender::disabled(),
         ));
         assert!(f.open(env.clone()).is_ok());
