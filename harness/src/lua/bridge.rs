@@ -230,8 +230,8 @@ pub fn counters_table(lua: &Lua, c: &PortCounters) -> mlua::Result<Table> {
 }
 
 impl Closeable for Bridge {
-    fn auto_close(&self) -> Result<(), String> {
-        self.close()
+    fn auto_close(&self) -> Result<(), crate::runner::file::TestFailure> {
+        Ok(self.close()?)
     }
 }
 

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use self::file::TestFailure;
 use crate::backend::Backend;
 use crate::config::Config;
 use crate::events::EventSender;
@@ -93,7 +94,7 @@ pub enum CloseKind {
 /// A userdata the harness closes when its scope (a test, or the file) ends.
 pub trait Closeable: Send + Sync {
     /// Idempotent; an error is reported on the test (or file) that owned it.
-    fn auto_close(&self) -> Result<(), String>;
+    fn auto_close(&self) -> Result<(), TestFailure>;
 }
 
 /// What one scope closes when it ends.
@@ -240,7 +241,7 @@ impl FileEnv {
 
     /// Close everything registered in the innermost scope, in [`CloseKind`]
     /// order (newest first within a kind); returns the first error.
-    pub fn pop_scope(&self) -> Result<(), String> {
+    pub fn pop_scope(&self) -> Result<(), TestFailure> {
         let mut items = self.scopes.lock().unwrap().pop().unwrap_or_default();
         if self.scopes.lock().unwrap().is_empty() {
             self.scopes.lock().unwrap().push(Vec::new());
