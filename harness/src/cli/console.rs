@@ -309,21 +309,10 @@ mod tests {
 
     #[test]
     fn an_unknown_profile_lists_the_known_ones() {
-        let d = tempfile::tempdir().unwrap();
-        let toml = d.path().join("provium.toml");
-        std::fs::write(
-            &toml,
+        let (_project, cli) = super::super::parse_in_project(
             "[profiles.a]\ncmdline = \"q\"\n[profiles.b]\ncmdline = \"q\"\n",
-        )
-        .unwrap();
-        let cli = <super::super::Cli as clap::Parser>::try_parse_from([
-            "provium",
-            "--config",
-            toml.to_str().unwrap(),
-            "console",
-            "nope",
-        ])
-        .unwrap();
+            &["console", "nope"],
+        );
         let opts = ConsoleOpts {
             mem: None,
             cpus: None,
@@ -335,7 +324,7 @@ mod tests {
             e.to_string(),
             format!(
                 "console: profile `nope` not found in {} (profiles: a, b)",
-                toml.display()
+                cli.run.config.display()
             )
         );
     }

@@ -215,20 +215,10 @@ mod tests {
 
     #[test]
     fn an_unknown_fixture_fails_typed_with_its_name() {
-        let d = tempfile::tempdir().unwrap();
-        let toml = d.path().join("provium.toml");
-        std::fs::write(&toml, "[provium]\ncache_dir = \"cache\"\n").unwrap();
-        let cli = <super::super::Cli as clap::Parser>::try_parse_from([
-            "provium",
-            "--vmm",
-            "local",
-            "--config",
-            toml.to_str().unwrap(),
-            "fixture",
-            "build",
-            "nope",
-        ])
-        .unwrap();
+        let (_project, cli) = super::super::parse_in_project(
+            "[provium]\ncache_dir = \"cache\"\n",
+            &["--vmm", "local", "fixture", "build", "nope"],
+        );
         let Some(super::super::Command::Fixture { op }) = cli.command else {
             panic!("parsed as a fixture command");
         };

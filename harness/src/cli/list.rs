@@ -121,13 +121,11 @@ mod tests {
 
     #[test]
     fn a_missing_path_fails_as_discovery() {
-        let d = tempfile::tempdir().unwrap();
-        let toml = d.path().join("provium.toml");
-        std::fs::write(&toml, "[provium]\n").unwrap();
-        let missing = d.path().join("missing");
+        let (project, cli) = super::super::parse_in_project("[provium]\n", &["list"]);
+        let missing = project.path().join("missing");
         let e = run(
-            &toml,
-            &Default::default(),
+            &cli.run.config,
+            &cli.run.settings,
             std::slice::from_ref(&missing),
             false,
             None,

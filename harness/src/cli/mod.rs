@@ -375,6 +375,21 @@ pub fn main() -> i32 {
     }
 }
 
+/// A project in a temp dir whose `provium.toml` holds `toml`, and
+/// `provium --config <that file> ARGS...` parsed as `main` parses it.
+#[cfg(test)]
+pub(crate) fn parse_in_project(toml: &str, args: &[&str]) -> (tempfile::TempDir, Cli) {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("provium.toml");
+    std::fs::write(&path, toml).expect("provium.toml written");
+    let path = path.to_str().expect("a UTF-8 temp path").to_string();
+    let argv = ["provium", "--config", path.as_str()]
+        .into_iter()
+        .chain(args.iter().copied());
+    let cli = Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    (dir, cli)
+}
+
 /// What a subcommand failed with, as `main` prints it (exit 2): each
 /// subcommand's own error, whose `source()` chain `main` prints once,
 /// numbered.

@@ -38,14 +38,11 @@ mod tests {
 
     #[test]
     fn an_unknown_profile_is_refused_before_any_build() {
-        let d = tempfile::tempdir().unwrap();
-        let toml = d.path().join("provium.toml");
-        std::fs::write(
-            &toml,
+        let (d, cli) = super::super::parse_in_project(
             "[profiles.linux]\ncmdline = \"q\"\nbuild = \"touch built\"\n",
-        )
-        .unwrap();
-        let e = run(&toml, &Default::default(), Some("nope")).unwrap_err();
+            &["prepare", "nope"],
+        );
+        let e = run(&cli.run.config, &cli.run.settings, Some("nope")).unwrap_err();
         assert!(matches!(&e, PrepareError::UnknownProfile { profile } if profile == "nope"));
         assert_eq!(
             e.to_string(),

@@ -119,16 +119,7 @@ mod tests {
 
     #[test]
     fn a_config_without_profiles_asks_for_one() {
-        let d = tempfile::tempdir().unwrap();
-        let toml = d.path().join("provium.toml");
-        std::fs::write(&toml, "[provium]\n").unwrap();
-        let cli = <super::super::Cli as clap::Parser>::try_parse_from([
-            "provium",
-            "--config",
-            toml.to_str().unwrap(),
-            "repl",
-        ])
-        .unwrap();
+        let (_project, cli) = super::super::parse_in_project("[provium]\n", &["repl"]);
         let e = run(&cli.run, None, "vm", None).unwrap_err();
         assert!(matches!(e, ReplError::NoProfile), "{e:?}");
         assert_eq!(e.to_string(), "repl: give a profile (none in provium.toml)");
