@@ -418,9 +418,8 @@ mod tests {
         opts: &MachineSpec,
         cid: u32,
         dir: &Path,
-    ) -> Result<(VmConfig, VsockHost), String> {
+    ) -> Result<(VmConfig, VsockHost), VmConfigError> {
         vm_config_with(p, opts, cid, &no_agent, &dir.join("cache"), false)
-            .map_err(|e| crate::error_chain::flatten(&e))
     }
 
     fn profile(dir: &Path) -> Profile {
@@ -544,7 +543,7 @@ mod tests {
             .any(|e| e.name == "etc/x.conf" && e.data == b"k=v\n"));
         // A missing overlay names the field and the fix.
         p.agent_overlay_path = Some(d.path().join("missing.cpio"));
-        let e = cfg(&p, &opts, 3, d.path()).unwrap_err();
+        let e = crate::error_chain::flatten(&cfg(&p, &opts, 3, d.path()).unwrap_err());
         assert!(
             e.contains("agent_overlay_path") && e.contains("missing.cpio"),
             "{e}"
@@ -622,7 +621,7 @@ mod tests {
             "{e}"
         );
         p.kernel = Some(d.path().join("nope"));
-        let e = cfg(&p, &opts, 3, d.path()).unwrap_err();
+        let e = crate::error_chain::flatten(&cfg(&p, &opts, 3, d.path()).unwrap_err());
         assert!(e.contains("does not exist"), "{e}");
     }
 
