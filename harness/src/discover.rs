@@ -9,6 +9,34 @@ use regex::Regex;
 
 use crate::config::parse_size;
 
+/// Why the test files could not be found: the path that failed; the I/O
+/// error is the source.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoverError {
+    /// A path given (or a file found) cannot be read or resolved.
+    #[error("`{}`", path.display())]
+    Path {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A directory could not be walked to the end.
+    #[error("walking `{}`", path.display())]
+    Walk {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The error for `path`, which could not be read or resolved.
+fn at_path(path: &Path) -> impl FnOnce(std::io::Error) -> DiscoverError + '_ {
+    move |source| DiscoverError::Path {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct TestFile {
     pub abs: PathBuf,
@@ -25,20 +53,23 @@ pub struct TestFile {
 /// Walk `paths` (files or directories) for `*.test.lua`, sorted, deduplicated.
 /// Names are relative to the test root that holds the file (`roots`), else
 /// to the path it was found under.
-pub fn discover(paths: &[PathBuf], roots: &[PathBuf]) -> Result<Vec<TestFile>, String> {
+pub fn discover(paths: &[PathBuf], roots: &[PathBuf]) -> Result<Vec<TestFile>, DiscoverError> {
     let roots: Vec<PathBuf> = roots
         .iter()
         .filter_map(|r| std::fs::canonicalize(r).ok())
         .collect();
     let mut out: Vec<TestFile> = Vec::new();
     for p in paths {
-        let meta = std::fs::metadata(p).map_err(|e| format!("`{}`: {e}", p.display()))?;
+        let meta = std::fs::metadata(p).map_err(at_path(p))?;
         if meta.is_file() {
             let base = p.parent().unwrap_or(Path::new("."));
             out.push(describe(p, base, &roots)?);
         } else {
             let mut found = Vec::new();
-            walk(p, &mut found).map_err(|e| format!("walking `{}`: {e}", p.display()))?;
+            walk(p, &mut found).map_err(|source| DiscoverError::Walk {
+                path: p.clone(),
+                source,
+            })?;
             found.sort();
             for f in found {
                 out.push(describe(&f, p, &roots)?);
@@ -69,8 +100,8 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     Ok(())
 }
 
-fn describe(path: &Path, base: &Path, roots: &[PathBuf]) -> Result<TestFile, String> {
-    let abs = std::fs::canonicalize(path).map_err(|e| format!("`{}`: {e}", path.display()))?;
+fn describe(path: &Path, base: &Path, roots: &[PathBuf]) -> Result<TestFile, DiscoverError> {
+    let abs = std::fs::canonicalize(path).map_err(at_path(path))?;
     let base_abs = match roots
         .iter()
         .filter(|r| abs.starts_with(r))
@@ -189,6 +220,21 @@ pub fn declared_claim(source: &str) -> Option<ResourceAmount> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_path_names_itself_with_the_io_error_as_source() {
+        let d = tempfile::tempdir().unwrap();
+        let missing = d.path().join("nope");
+        let e = discover(std::slice::from_ref(&missing), &[]).unwrap_err();
+        assert!(matches!(&e, DiscoverError::Path { path, .. } if *path == missing));
+        assert_eq!(
+            crate::error_chain::flatten(&e),
+            format!(
+                "`{}`: No such file or directory (os error 2)",
+                missing.display()
+            )
+        );
+    }
 
     #[test]
     fn vm_estimate_counts_vm_and_fixture_call_sites_not_comments() {

@@ -17,6 +17,15 @@ pub const AGENT_TIMEOUT_ENV: &str = "PROVIUM_KVM_AGENT_TIMEOUT";
 /// Names the agent binary, for both backends (`crate::agent_search`).
 pub const AGENT_ENV: &str = "PROVIUM_AGENT";
 
+/// Loaded exactly when the host's KVM is the paravirtual `kvm_pvm`.
+const KVM_PVM_MODULE: &str = "/sys/module/kvm_pvm";
+
+/// The `PROVIUM_KVM_PVM` override when there is one, else what
+/// `module_loaded` finds (only then is the host probed).
+fn settle_kvm_pvm(forced: Option<bool>, module_loaded: impl FnOnce() -> bool) -> bool {
+    forced.unwrap_or_else(module_loaded)
+}
+
 /// Every environment variable Provium reads, plus the path of the running
 /// executable (where the agent search starts).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -46,16 +55,27 @@ pub struct Settings {
     /// `PROVIUM_KVM_PVM`: `1` or `0` force the kvm_pvm detection; any other
     /// value (or none) leaves it to `/sys/module/kvm_pvm`.
     pub kvm_pvm: Option<bool>,
+    /// Whether this host's KVM is the paravirtual `kvm_pvm` (DESIGN.md
+    /// "This machine's KVM"), settled once: [`Settings::kvm_pvm`] when set,
+    /// else, in [`Settings::from_env`] only, whether `/sys/module/kvm_pvm`
+    /// exists. [`Settings::from_vars`] and `default()` probe nothing (a
+    /// hardware host unless the override says otherwise); a test that needs
+    /// a kvm_pvm host sets it.
+    pub host_kvm_pvm: bool,
     /// The running executable (`std::env::current_exe`), where the agent
     /// search looks first after `PROVIUM_AGENT`.
     pub current_exe: Option<PathBuf>,
 }
 
 impl Settings {
-    /// Reads the process environment. Called once, by `cli::main`.
+    /// Reads the process environment and settles the host probes. Called
+    /// once, by `cli::main`.
     pub fn from_env() -> Settings {
         let mut settings = Settings::from_vars(|name| std::env::var_os(name));
         settings.current_exe = std::env::current_exe().ok();
+        settings.host_kvm_pvm = settle_kvm_pvm(settings.kvm_pvm, || {
+            std::path::Path::new(KVM_PVM_MODULE).exists()
+        });
         settings
     }
 
@@ -66,6 +86,11 @@ impl Settings {
         // Text values that are not valid Unicode count as unset, as
         // `std::env::var` treats them.
         let text = |name: &str| lookup(name).and_then(|v| v.into_string().ok());
+        let kvm_pvm = match text("PROVIUM_KVM_PVM").as_deref() {
+            Some("1") => Some(true),
+            Some("0") => Some(false),
+            _ => None,
+        };
         Settings {
             xdg_cache_home: path("XDG_CACHE_HOME"),
             home: path("HOME"),
@@ -77,11 +102,8 @@ impl Settings {
             path: lookup("PATH"),
             agent: path(AGENT_ENV),
             kvm_agent_timeout: text(AGENT_TIMEOUT_ENV),
-            kvm_pvm: match text("PROVIUM_KVM_PVM").as_deref() {
-                Some("1") => Some(true),
-                Some("0") => Some(false),
-                _ => None,
-            },
+            kvm_pvm,
+            host_kvm_pvm: settle_kvm_pvm(kvm_pvm, || false),
             current_exe: None,
         }
     }
@@ -150,6 +172,24 @@ mod tests {
         assert_eq!(vars(&[("PROVIUM_KVM_PVM", "0")]).kvm_pvm, Some(false));
         assert_eq!(vars(&[("PROVIUM_KVM_PVM", "yes")]).kvm_pvm, None);
         assert_eq!(vars(&[]).kvm_pvm, None);
+    }
+
+    #[test]
+    fn the_kvm_pvm_override_settles_the_host_without_a_probe() {
+        let never = || -> bool { panic!("the override must win without probing /sys") };
+        assert!(settle_kvm_pvm(Some(true), never));
+        assert!(!settle_kvm_pvm(Some(false), never));
+        assert!(
+            settle_kvm_pvm(None, || true),
+            "no override: the probe decides"
+        );
+        assert!(!settle_kvm_pvm(None, || false));
+        assert!(vars(&[("PROVIUM_KVM_PVM", "1")]).host_kvm_pvm);
+        assert!(
+            !vars(&[]).host_kvm_pvm,
+            "from_vars probes nothing: a hardware host"
+        );
+        assert!(!Settings::default().host_kvm_pvm);
     }
 
     #[test]

@@ -31,7 +31,6 @@ use common::{ensure_agent, env_is_1, read_events, repo_root};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use provium::backend::kvm::host_is_kvm_pvm;
 use provium_protocol::event::{Event, EventFrame};
 use provium_vmm::initrd::inject::{overlay_cpio, BootFile};
 
@@ -274,7 +273,7 @@ fn run_suite(guest: &Guest, suite: &str) -> Vec<EventFrame> {
     };
     eprintln!(
         "== {suite} on the kvm backend ({kernel}; kvm_pvm: {}): exit {code:?}\n{out}",
-        host_is_kvm_pvm(&provium::settings::Settings::from_env()),
+        provium::settings::Settings::from_env().host_kvm_pvm,
     );
     assert_eq!(
         code,
@@ -288,13 +287,13 @@ fn run_suite(guest: &Guest, suite: &str) -> Vec<EventFrame> {
 fn the_local_suites_pass_on_the_kvm_backend_with_a_users_kernel() {
     let test = "the_local_suites_pass_on_the_kvm_backend_with_a_users_kernel";
     if std::env::var_os("PROVIUM_TEST_KERNEL").is_none()
-        || host_is_kvm_pvm(&provium::settings::Settings::from_env())
+        || provium::settings::Settings::from_env().host_kvm_pvm
     {
         eprintln!(
             "SKIP {test}: these suites boot a VM per file, which needs hardware KVM and a user's \
              kernel (PROVIUM_TEST_KERNEL, PROVIUM_TEST_INITRD with a shell, coreutils, ip and \
              ping); kvm_pvm: {}",
-            host_is_kvm_pvm(&provium::settings::Settings::from_env())
+            provium::settings::Settings::from_env().host_kvm_pvm
         );
         return;
     }

@@ -172,10 +172,6 @@ pub use local::locate_agent as locate_local_agent;
 /// guest's initrd), for reports that say whether a boot will have one.
 pub use kvm::config::locate_guest_agent;
 
-/// Whether this host's KVM is the emulating `kvm_pvm` (a host probe the
-/// run's sizing and bench's report read).
-pub use kvm::host_is_kvm_pvm;
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,6 +11,7 @@
 //! Exit code 0 when detached or the guest powered off, 1 when the VM died.
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,10 +19,11 @@ use std::time::Duration;
 use provium_vmm::ConsoleRead;
 
 use super::load_config;
-use super::preflight::kvm_usable;
+use super::preflight::{kvm_usable, PreflightError};
+use super::run::RunError;
 use super::RunArgs;
-use crate::backend::{self, BackendKind, Guest, MachineSpec, Stopped};
-use crate::config::parse_size;
+use crate::backend::{self, BackendError, BackendKind, Guest, MachineSpec, Stopped};
+use crate::config::{parse_size, ConfigError, SizeError};
 use crate::lua::vm::{DEFAULT_CPUS, DEFAULT_MEMORY_BYTES};
 
 const CTRL_A: u8 = 0x01;
@@ -110,32 +112,56 @@ enum Ended {
     Stopped(String, bool),
 }
 
-pub fn run(args: &RunArgs, profile_name: &str, opts: &ConsoleOpts) -> Result<i32, String> {
+/// Why `provium console` could not boot the profile.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsoleError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("console: profile `{profile}` not found in {} (profiles: {known})", config.display())]
+    UnknownProfile {
+        profile: String,
+        config: PathBuf,
+        /// The profiles there are, comma-separated, or "none".
+        known: String,
+    },
+    /// The profile's build command could not run or failed.
+    #[error(transparent)]
+    Build(#[from] RunError),
+    #[error("console: the console boots the profile on the microVMM, which needs /dev/kvm")]
+    NoKvm(#[source] PreflightError),
+    #[error("console: --mem")]
+    Mem(#[source] SizeError),
+    #[error("console: profile `{profile}`")]
+    Boot {
+        profile: String,
+        #[source]
+        source: Box<BackendError>,
+    },
+    #[error("console: the kvm backend's guest has no console")]
+    NoConsole,
+}
+
+pub fn run(args: &RunArgs, profile_name: &str, opts: &ConsoleOpts) -> Result<i32, ConsoleError> {
     let config = load_config(&args.config, &args.settings)?;
     let profile = config.profiles.get(profile_name).ok_or_else(|| {
         let known: Vec<&str> = config.profiles.keys().map(String::as_str).collect();
-        format!(
-            "console: profile `{profile_name}` not found in {} (profiles: {})",
-            args.config.display(),
-            if known.is_empty() {
+        ConsoleError::UnknownProfile {
+            profile: profile_name.into(),
+            config: args.config.clone(),
+            known: if known.is_empty() {
                 "none".into()
             } else {
                 known.join(", ")
-            }
-        )
+            },
+        }
     })?;
     // As `provium` does: the profile's build runs before it boots.
     if !args.no_build {
         super::run::run_builds(&config, Some(profile_name))?;
     }
-    kvm_usable().map_err(|e| {
-        format!(
-            "console: {} (the console boots the profile on the microVMM, which needs /dev/kvm)",
-            crate::error_chain::flatten(&e)
-        )
-    })?;
+    kvm_usable().map_err(ConsoleError::NoKvm)?;
     let memory_bytes = match &opts.mem {
-        Some(m) => parse_size(m).map_err(|e| format!("console: --mem: {e}"))?,
+        Some(m) => parse_size(m).map_err(ConsoleError::Mem)?,
         None => DEFAULT_MEMORY_BYTES,
     };
     let spec = MachineSpec {
@@ -150,20 +176,16 @@ pub fn run(args: &RunArgs, profile_name: &str, opts: &ConsoleOpts) -> Result<i32
             opts.cpus.unwrap_or(DEFAULT_CPUS),
         )
     };
-    let failed = |e: backend::BackendError| {
-        format!(
-            "console: profile `{profile_name}`: {}",
-            crate::error_chain::flatten(&e)
-        )
+    let failed = |source: BackendError| ConsoleError::Boot {
+        profile: profile_name.into(),
+        source: Box::new(source),
     };
     let machine: Arc<dyn Guest> = Arc::from(
         backend::for_kind(BackendKind::Kvm)
             .create(&spec)
             .map_err(failed)?,
     );
-    let console = machine
-        .console()
-        .ok_or("console: the kvm backend's guest has no console")?;
+    let console = machine.console().ok_or(ConsoleError::NoConsole)?;
     // Subscribe before the first instruction runs: nothing is missed.
     let first = console.subscribe();
     machine.start().map_err(failed)?;
@@ -284,6 +306,28 @@ fn input_loop(machine: &dyn Guest, console: &provium_vmm::Console, out_done: &At
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unknown_profile_lists_the_known_ones() {
+        let (_project, cli) = super::super::parse_in_project(
+            "[profiles.a]\ncmdline = \"q\"\n[profiles.b]\ncmdline = \"q\"\n",
+            &["console", "nope"],
+        );
+        let opts = ConsoleOpts {
+            mem: None,
+            cpus: None,
+            cmdline: None,
+            agent: false,
+        };
+        let e = run(&cli.run, "nope", &opts).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "console: profile `nope` not found in {} (profiles: a, b)",
+                cli.run.config.display()
+            )
+        );
+    }
 
     #[test]
     fn escape_quits_and_passes_ctrl_a() {

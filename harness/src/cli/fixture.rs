@@ -4,13 +4,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use provium_snapshot::{EntryKind, FixtureCache};
+use provium_snapshot::{CacheError, EntryKind, FixtureCache};
 
 use super::{choose_backend, load_config};
 use super::{FixtureOp, RunArgs, EXIT_FAILED, EXIT_OK};
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
 use crate::events::EventSender;
-use crate::fixture::{self, transfer};
+use crate::fixture::{self, transfer, FixtureError};
 use crate::lua::lab::ChunkBuilder;
 use crate::runner::FileEnv;
 
@@ -40,7 +40,7 @@ fn cli_env(args: &RunArgs, config: Arc<Config>) -> Arc<FileEnv> {
         PathBuf::from("provium-fixture"),
         roots(&config),
         config,
-        backend,
+        crate::backend::for_kind(backend),
         EventSender::disabled(),
     ))
 }
@@ -75,13 +75,27 @@ fn shown(config: &Config, p: &Path) -> String {
         .to_string()
 }
 
-pub fn run(args: &RunArgs, op: FixtureOp) -> Result<i32, String> {
+/// Why a `provium fixture` subcommand failed; each layer's error names
+/// the fixture, entry or directory.
+#[derive(Debug, thiserror::Error)]
+pub enum FixtureCmdError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+    #[error(transparent)]
+    Fixture(#[from] FixtureError),
+    #[error(transparent)]
+    Transfer(#[from] transfer::TransferError),
+}
+
+pub fn run(args: &RunArgs, op: FixtureOp) -> Result<i32, FixtureCmdError> {
     let config = Arc::new(load_config(&args.config, &args.settings)?);
     let dir = &config.cache_dir;
     match op {
         FixtureOp::List => {
-            let cache = FixtureCache::open(dir).map_err(|e| crate::error_chain::flatten(&e))?;
-            let entries = cache.list().map_err(|e| crate::error_chain::flatten(&e))?;
+            let cache = FixtureCache::open(dir)?;
+            let entries = cache.list()?;
             let total: u64 = entries.iter().map(|e| e.size_bytes).sum();
             for e in &entries {
                 println!(
@@ -96,8 +110,8 @@ pub fn run(args: &RunArgs, op: FixtureOp) -> Result<i32, String> {
             Ok(EXIT_OK)
         }
         FixtureOp::Clean => {
-            let cache = FixtureCache::open(dir).map_err(|e| crate::error_chain::flatten(&e))?;
-            cache.clean().map_err(|e| crate::error_chain::flatten(&e))?;
+            let cache = FixtureCache::open(dir)?;
+            cache.clean()?;
             println!("removed {}", dir.display());
             Ok(EXIT_OK)
         }
@@ -171,7 +185,7 @@ pub fn run(args: &RunArgs, op: FixtureOp) -> Result<i32, String> {
         }
         FixtureOp::Stale => {
             let env = cli_env(args, config.clone());
-            let cache = FixtureCache::open(dir).map_err(|e| crate::error_chain::flatten(&e))?;
+            let cache = FixtureCache::open(dir)?;
             let mut stale = Vec::new();
             for (name, file) in fixture::all_fixtures(&env.roots) {
                 let cached = match fixture::fixture_key(&env, &name) {
@@ -198,6 +212,23 @@ pub fn run(args: &RunArgs, op: FixtureOp) -> Result<i32, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unknown_fixture_fails_typed_with_its_name() {
+        let (_project, cli) = super::super::parse_in_project(
+            "[provium]\ncache_dir = \"cache\"\n",
+            &["--vmm", "local", "fixture", "build", "nope"],
+        );
+        let Some(super::super::Command::Fixture { op }) = cli.command else {
+            panic!("parsed as a fixture command");
+        };
+        let e = run(&cli.run, op).unwrap_err();
+        assert!(matches!(e, FixtureCmdError::Fixture(_)), "{e:?}");
+        assert!(
+            crate::error_chain::flatten(&e).contains("fixture `nope` not found in any test root"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn sizes_print_in_mib() {

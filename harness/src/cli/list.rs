@@ -19,7 +19,8 @@ use regex::Regex;
 
 use super::load_config;
 use super::EXIT_OK;
-use crate::discover::discover;
+use crate::config::ConfigError;
+use crate::discover::{discover, DiscoverError};
 use crate::partition::Partition;
 
 /// The literal names of the `test(...)` calls in `source`, in order;
@@ -41,13 +42,22 @@ pub fn test_names(source: &str) -> Vec<String> {
         .collect()
 }
 
+/// Why `provium list` could not list.
+#[derive(Debug, thiserror::Error)]
+pub enum ListError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Discover(#[from] DiscoverError),
+}
+
 pub fn run(
     config: &std::path::Path,
     settings: &crate::settings::Settings,
     paths: &[PathBuf],
     fixtures: bool,
     partition: Option<Partition>,
-) -> Result<i32, String> {
+) -> Result<i32, ListError> {
     let config = load_config(config, settings)?;
     let paths: Vec<PathBuf> = if !paths.is_empty() {
         paths.to_vec()
@@ -107,5 +117,21 @@ mod tests {
                    for i = 1, 3 do test(\"case \" .. i, function() end) end\n\
                    t:test(\"method\")\n  test ( \"spaced\" , f)\n";
         assert_eq!(test_names(src), ["one", "two", "spaced"]);
+    }
+
+    #[test]
+    fn a_missing_path_fails_as_discovery() {
+        let (project, cli) = super::super::parse_in_project("[provium]\n", &["list"]);
+        let missing = project.path().join("missing");
+        let e = run(
+            &cli.run.config,
+            &cli.run.settings,
+            std::slice::from_ref(&missing),
+            false,
+            None,
+        )
+        .unwrap_err();
+        assert!(matches!(e, ListError::Discover(_)), "{e:?}");
+        assert_eq!(e.to_string(), format!("`{}`", missing.display()));
     }
 }

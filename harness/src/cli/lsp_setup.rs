@@ -1,6 +1,6 @@
 //! `provium lsp-setup [DIR] [--force]`: Lua language-server stubs.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::EXIT_OK;
 
@@ -59,11 +59,30 @@ const LUARC: &str = r#"{
 }
 "#;
 
-pub fn run(dir: Option<PathBuf>, force: bool) -> Result<i32, String> {
+/// Why `provium lsp-setup` could not write the stubs: the path it was
+/// writing (pick a writable DIR).
+#[derive(Debug, thiserror::Error)]
+#[error("lsp-setup: `{}`", path.display())]
+pub struct LspSetupError {
+    path: PathBuf,
+    #[source]
+    source: std::io::Error,
+}
+
+/// `path` could not be created or written.
+fn at(path: &Path) -> impl FnOnce(std::io::Error) -> LspSetupError + '_ {
+    move |source| LspSetupError {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+pub fn run(dir: Option<PathBuf>, force: bool) -> Result<i32, LspSetupError> {
     let dir = dir.unwrap_or_else(|| PathBuf::from("."));
     let meta = dir.join(".provium-meta");
-    std::fs::create_dir_all(&meta).map_err(|e| format!("lsp-setup: `{}`: {e}", meta.display()))?;
-    std::fs::write(meta.join("types.lua"), TYPES).map_err(|e| format!("lsp-setup: {e}"))?;
+    std::fs::create_dir_all(&meta).map_err(at(&meta))?;
+    let types = meta.join("types.lua");
+    std::fs::write(&types, TYPES).map_err(at(&types))?;
     let luarc = dir.join(".luarc.json");
     if luarc.exists() && !force {
         println!(
@@ -72,11 +91,45 @@ pub fn run(dir: Option<PathBuf>, force: bool) -> Result<i32, String> {
         );
         return Ok(EXIT_OK);
     }
-    std::fs::write(&luarc, LUARC).map_err(|e| format!("lsp-setup: `{}`: {e}", luarc.display()))?;
+    std::fs::write(&luarc, LUARC).map_err(at(&luarc))?;
     println!(
         "wrote {} and {}",
         meta.join("types.lua").display(),
         luarc.display()
     );
     Ok(EXIT_OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unwritable_dir_names_the_path_with_the_cause_as_source() {
+        let d = tempfile::tempdir().unwrap();
+        // A file where the stubs' directory should be.
+        let blocked = d.path().join("blocked");
+        std::fs::write(&blocked, b"").unwrap();
+        let e = run(Some(blocked.clone()), false).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("lsp-setup: `{}`", blocked.join(".provium-meta").display())
+        );
+        assert!(std::error::Error::source(&e).is_some());
+    }
+
+    #[test]
+    fn writes_the_stubs_and_keeps_an_existing_luarc() {
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(run(Some(d.path().into()), false).unwrap(), EXIT_OK);
+        let types = std::fs::read_to_string(d.path().join(".provium-meta/types.lua")).unwrap();
+        assert!(types.starts_with("---@meta"));
+        std::fs::write(d.path().join(".luarc.json"), "{}").unwrap();
+        run(Some(d.path().into()), false).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(d.path().join(".luarc.json")).unwrap(),
+            "{}",
+            "not overwritten without --force"
+        );
+    }
 }

@@ -248,10 +248,7 @@ pub fn choose_backend(choice: VmmChoice, config: &Config) -> BackendKind {
         VmmChoice::Local => BackendKind::Local,
         VmmChoice::Kvm => BackendKind::Kvm,
         VmmChoice::Auto => {
-            let (kind, why) = auto_backend(
-                preflight::kvm_usable().map_err(|e| crate::error_chain::flatten(&e)),
-                config,
-            );
+            let (kind, why) = auto_backend(preflight::kvm_usable(), config);
             eprintln!(
                 "provium: --vmm auto: using the {} backend ({why})",
                 kind.as_str()
@@ -264,9 +261,12 @@ pub fn choose_backend(choice: VmmChoice, config: &Config) -> BackendKind {
 /// `--vmm auto`: kvm when /dev/kvm is usable (`kvm`) and a profile's kernel
 /// exists, with its initrd if it sets one; else local. Returns the reason
 /// too, for the stderr line.
-pub fn auto_backend(kvm: Result<(), String>, config: &Config) -> (BackendKind, String) {
+pub fn auto_backend(
+    kvm: Result<(), preflight::PreflightError>,
+    config: &Config,
+) -> (BackendKind, String) {
     if let Err(e) = kvm {
-        return (BackendKind::Local, e);
+        return (BackendKind::Local, crate::error_chain::flatten(&e));
     }
     let mut missing = None;
     for (name, p) in &config.profiles {
@@ -375,30 +375,65 @@ pub fn main() -> i32 {
     }
 }
 
-/// What a subcommand failed with, as `main` prints it (exit 2). Typed
-/// errors keep their `source()` chain, which `main` prints once, numbered;
-/// subcommands that still report text are a one-line `Message`.
+/// A project in a temp dir whose `provium.toml` holds `toml`, and
+/// `provium --config <that file> ARGS...` parsed as `main` parses it.
+#[cfg(test)]
+pub(crate) fn parse_in_project(toml: &str, args: &[&str]) -> (tempfile::TempDir, Cli) {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("provium.toml");
+    std::fs::write(&path, toml).expect("provium.toml written");
+    let path = path.to_str().expect("a UTF-8 temp path").to_string();
+    let argv = ["provium", "--config", path.as_str()]
+        .into_iter()
+        .chain(args.iter().copied());
+    let cli = Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    (dir, cli)
+}
+
+/// What a subcommand failed with, as `main` prints it (exit 2): each
+/// subcommand's own error, whose `source()` chain `main` prints once,
+/// numbered.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
     #[error(transparent)]
     Run(#[from] run::RunError),
     #[error(transparent)]
+    Prepare(#[from] prepare::PrepareError),
+    #[error(transparent)]
+    Repl(#[from] repl::ReplError),
+    #[error(transparent)]
+    Console(#[from] console::ConsoleError),
+    #[error(transparent)]
+    Fixture(#[from] fixture::FixtureCmdError),
+    #[error(transparent)]
+    List(#[from] list::ListError),
+    #[error(transparent)]
     Report(#[from] report::MergeError),
     #[error(transparent)]
+    LspSetup(#[from] lsp_setup::LspSetupError),
+    #[error(transparent)]
     Bench(#[from] bench::BenchError),
-    #[error("{0}")]
-    Message(String),
-}
-
-impl From<String> for CliError {
-    fn from(message: String) -> CliError {
-        CliError::Message(message)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_subcommands_error_keeps_its_chain_for_main() {
+        let d = tempfile::tempdir().unwrap();
+        let file = d.path().join("a-file");
+        std::fs::write(&file, b"").unwrap();
+        let e = CliError::from(lsp_setup::run(Some(file.clone()), false).unwrap_err());
+        let printed = crate::error_chain::numbered(&e);
+        assert_eq!(
+            printed,
+            format!(
+                "lsp-setup: `{}`\n  1: Not a directory (os error 20)",
+                file.join(".provium-meta").display()
+            )
+        );
+    }
 
     #[test]
     fn auto_picks_kvm_only_with_a_usable_kvm_and_a_bootable_profile() {
@@ -441,7 +476,8 @@ mod tests {
                 kernel.display()
             )
         );
-        let (kind, why) = auto_backend(Err("/dev/kvm is not usable: gone".into()), &config);
+        let gone = preflight::PreflightError::KvmUnusable(std::io::Error::other("gone"));
+        let (kind, why) = auto_backend(Err(gone), &config);
         assert_eq!(
             (kind, why.as_str()),
             (BackendKind::Local, "/dev/kvm is not usable: gone")

@@ -73,9 +73,9 @@ pub enum RunError {
     /// The preflight refused the backend (its message names the fix).
     #[error("{0}")]
     Preflight(String),
-    /// Discovering the test files failed (its message names the path).
-    #[error("{0}")]
-    Discover(String),
+    /// Discovering the test files failed (it names the path).
+    #[error(transparent)]
+    Discover(#[from] crate::discover::DiscoverError),
     /// `--events-socket` or `--save-events` could not be opened; the error
     /// names the flag and path.
     #[error(transparent)]
@@ -96,7 +96,7 @@ pub enum RunError {
     Seed { value: String },
 }
 
-/// For the subcommands that still report errors as text: the chain,
+/// A run error as one line of text (tests compare it): the chain,
 /// flattened once.
 impl From<RunError> for String {
     fn from(e: RunError) -> String {
@@ -159,7 +159,7 @@ fn pool_from(args: &RunArgs) -> Result<ResourceAmount, RunError> {
 /// (kvm_pvm): an emulated VM keeps a core busy, and two sharing one each
 /// run at half speed (docs/harness.md, "The pool").
 fn emulated_vm_slots(backend: BackendKind, settings: &Settings) -> Option<u32> {
-    (backend == BackendKind::Kvm && crate::backend::host_is_kvm_pvm(settings)).then(|| {
+    (backend == BackendKind::Kvm && settings.host_kvm_pvm).then(|| {
         std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(1))
     })
 }
@@ -364,10 +364,7 @@ fn run_once(
 ) -> Result<i32, RunError> {
     let started = Instant::now();
     let run_seed = run_seed(args.seed, args.settings.seed.as_deref())?;
-    let files = select(
-        discover(paths, &config.roots).map_err(RunError::Discover)?,
-        args,
-    )?;
+    let files = select(discover(paths, &config.roots)?, args)?;
     let run = RunIdentity {
         run_id: new_run_id(),
         suite_id: suite_id(files.iter().map(|f| f.rel.as_str())),
@@ -441,12 +438,11 @@ fn run_once(
                         .map(|r| std::fs::canonicalize(r).unwrap_or_else(|_| r.clone()))
                         .collect(),
                     config.clone(),
-                    backend,
+                    machines.clone(),
                     events.clone(),
                 )
                 .with_run_seed(run_seed)
-                .with_run_resources(run_resources.clone())
-                .with_machines(machines.clone()),
+                .with_run_resources(run_resources.clone()),
             ),
             claim: f.declared_claim,
             vms: f.vm_estimate,

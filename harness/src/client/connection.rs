@@ -922,8 +922,8 @@ impl Shared {
             };
             match verdict {
                 Ok(()) => self.cond.notify_all(),
-                Err(reason) => {
-                    self.mark_lost(Lost::Broken(reason));
+                Err(violation) => {
+                    self.mark_lost(Lost::Broken(violation.to_string()));
                     return;
                 }
             }
@@ -952,9 +952,37 @@ fn note_answered(st: &mut State, id: u64) {
     st.answered.push_back(id);
 }
 
+/// A frame the agent must not have sent: it breaks the connection
+/// ([`Lost::Broken`]). Each names the request or stream it was about.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ProtocolViolation {
+    #[error("the agent sent a second handshake answer")]
+    SecondHandshakeAnswer,
+    #[error("the agent sent `{frame}` before answering the handshake")]
+    BeforeHandshake { frame: &'static str },
+    #[error("the agent answered request {id} twice")]
+    AnsweredTwice { id: u64 },
+    #[error(
+        "the agent answered request {id}, which the host never sent (the last id sent is {last_sent})"
+    )]
+    NeverSent { id: u64, last_sent: u64 },
+    #[error("the agent sent data on stream {stream} ({channel}) after ending it")]
+    DataAfterEnd { stream: StreamId, channel: Channel },
+    #[error(
+        "the agent overran the stream window: stream {stream} ({channel}) would hold {bytes} unacknowledged bytes, the window is {STREAM_WINDOW_BYTES}"
+    )]
+    WindowOverrun {
+        stream: StreamId,
+        channel: Channel,
+        bytes: u64,
+    },
+    #[error("the agent ended stream {stream} ({channel}) twice")]
+    EndedTwice { stream: StreamId, channel: Channel },
+}
+
 /// File one frame into the state. An `Err` is a protocol violation that
 /// breaks the connection. Request ids below `sent_below` may have been sent.
-fn dispatch(st: &mut State, frame: AgentFrame, sent_below: u64) -> Result<(), String> {
+fn dispatch(st: &mut State, frame: AgentFrame, sent_below: u64) -> Result<(), ProtocolViolation> {
     let in_handshake = matches!(st.handshake, Some(Handshake::Waiting));
     match frame {
         AgentFrame::HelloOk(ok) if in_handshake => {
@@ -968,12 +996,11 @@ fn dispatch(st: &mut State, frame: AgentFrame, sent_below: u64) -> Result<(), St
             Ok(())
         }
         AgentFrame::HelloOk(_) | AgentFrame::HelloErr(_) => {
-            Err("the agent sent a second handshake answer".into())
+            Err(ProtocolViolation::SecondHandshakeAnswer)
         }
-        other if in_handshake => Err(format!(
-            "the agent sent `{}` before answering the handshake",
-            frame_name(&other)
-        )),
+        other if in_handshake => Err(ProtocolViolation::BeforeHandshake {
+            frame: frame_name(&other),
+        }),
         AgentFrame::Response(resp) => {
             match st.pending.get(&resp.id) {
                 Some(Slot::Waiting) => {
@@ -985,17 +1012,16 @@ fn dispatch(st: &mut State, frame: AgentFrame, sent_below: u64) -> Result<(), St
                     note_answered(st, resp.id);
                 }
                 Some(Slot::Done(_)) => {
-                    return Err(format!("the agent answered request {} twice", resp.id))
+                    return Err(ProtocolViolation::AnsweredTwice { id: resp.id })
                 }
                 None if resp.id >= sent_below || resp.id == 0 => {
-                    return Err(format!(
-                        "the agent answered request {}, which the host never sent (the last id sent is {})",
-                        resp.id,
-                        sent_below.saturating_sub(1)
-                    ))
+                    return Err(ProtocolViolation::NeverSent {
+                        id: resp.id,
+                        last_sent: sent_below.saturating_sub(1),
+                    })
                 }
                 None if st.answered.contains(&resp.id) => {
-                    return Err(format!("the agent answered request {} twice", resp.id))
+                    return Err(ProtocolViolation::AnsweredTwice { id: resp.id })
                 }
                 // A late answer to a call that gave up (timed out): dropped,
                 // it costs nothing.
@@ -1010,10 +1036,10 @@ fn dispatch(st: &mut State, frame: AgentFrame, sent_below: u64) -> Result<(), St
                 return Ok(());
             };
             if buf.end.is_some() {
-                return Err(format!(
-                    "the agent sent data on stream {} ({}) after ending it",
-                    chunk.stream, chunk.channel
-                ));
+                return Err(ProtocolViolation::DataAfterEnd {
+                    stream: chunk.stream,
+                    channel: chunk.channel,
+                });
             }
             if buf.discard {
                 let owed = st.ack_backlog.entry(key).or_default();
@@ -1038,10 +1064,10 @@ fn dispatch(st: &mut State, frame: AgentFrame, sent_below: u64) -> Result<(), St
             let key = (end.stream, end.channel);
             if let Some(buf) = st.streams.get_mut(&key) {
                 if buf.end.is_some() {
-                    return Err(format!(
-                        "the agent ended stream {} ({}) twice",
-                        end.stream, end.channel
-                    ));
+                    return Err(ProtocolViolation::EndedTwice {
+                        stream: end.stream,
+                        channel: end.channel,
+                    });
                 }
                 if buf.discard {
                     st.streams.remove(&key);
@@ -1063,10 +1089,12 @@ fn dispatch(st: &mut State, frame: AgentFrame, sent_below: u64) -> Result<(), St
     }
 }
 
-fn overrun(stream: StreamId, channel: Channel, bytes: u64) -> String {
-    format!(
-        "the agent overran the stream window: stream {stream} ({channel}) would hold {bytes} unacknowledged bytes, the window is {STREAM_WINDOW_BYTES}"
-    )
+fn overrun(stream: StreamId, channel: Channel, bytes: u64) -> ProtocolViolation {
+    ProtocolViolation::WindowOverrun {
+        stream,
+        channel,
+        bytes,
+    }
 }
 
 fn frame_name(frame: &AgentFrame) -> &'static str {

@@ -230,8 +230,8 @@ pub fn counters_table(lua: &Lua, c: &PortCounters) -> mlua::Result<Table> {
 }
 
 impl Closeable for Bridge {
-    fn auto_close(&self) -> Result<(), String> {
-        self.close()
+    fn auto_close(&self) -> Result<(), crate::runner::file::TestFailure> {
+        Ok(self.close()?)
     }
 }
 
@@ -1255,7 +1255,7 @@ mod tests {
                 "/t.test.lua".into(),
                 Vec::new(),
                 Arc::new(Config::default()),
-                BackendKind::Local,
+                crate::backend::for_kind(BackendKind::Local),
                 EventSender::disabled(),
             )
             .with_run_seed(seed),

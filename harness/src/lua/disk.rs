@@ -714,7 +714,7 @@ mod tests {
             "/t.test.lua".into(),
             Vec::new(),
             Arc::new(Config::default()),
-            BackendKind::Kvm,
+            crate::backend::for_kind(BackendKind::Kvm),
             EventSender::disabled(),
         ))
     }

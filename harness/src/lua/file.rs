@@ -26,8 +26,8 @@ struct FileInner {
 pub struct FileUd(Arc<FileInner>);
 
 impl Closeable for FileUd {
-    fn auto_close(&self) -> Result<(), String> {
-        self.close().map_err(|e| super::error_message(&e))
+    fn auto_close(&self) -> Result<(), crate::runner::file::TestFailure> {
+        self.close().map_err(|e| super::error_message(&e).into())
     }
 }
 

@@ -22,7 +22,7 @@ struct ProcInner {
 pub struct ProcessUd(Arc<ProcInner>);
 
 impl Closeable for ProcessUd {
-    fn auto_close(&self) -> Result<(), String> {
+    fn auto_close(&self) -> Result<(), crate::runner::file::TestFailure> {
         // SIGTERM, then the agent escalates to SIGKILL after its grace period.
         if let Some(mut p) = self.0.proc.lock().unwrap().take() {
             if self.0.vm.phase() == super::vm::Phase::Booted {

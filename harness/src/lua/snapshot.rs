@@ -84,7 +84,7 @@ pub struct LabSnapshotUd {
 pub struct TempSnapshot(pub PathBuf);
 
 impl Closeable for TempSnapshot {
-    fn auto_close(&self) -> Result<(), String> {
+    fn auto_close(&self) -> Result<(), crate::runner::file::TestFailure> {
         remove_any(&self.0);
         Ok(())
     }

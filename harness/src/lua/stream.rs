@@ -85,7 +85,7 @@ pub struct Stream {
 }
 
 impl Closeable for Stream {
-    fn auto_close(&self) -> Result<(), String> {
+    fn auto_close(&self) -> Result<(), crate::runner::file::TestFailure> {
         self.close_now();
         Ok(())
     }

@@ -11,7 +11,8 @@ use provium_protocol::meta::MetaMap;
 use super::lab::{Lab, TestScope};
 use super::{duration, error_message, meta::table_to_meta};
 use crate::runner::file::{
-    FileRuntime, FileRuntimeFactory, LoadFailure, LoadedFile, RuntimeSetupError, TestRun,
+    FileRuntime, FileRuntimeFactory, LoadFailure, LoadedFile, RuntimeSetupError, TestFailure,
+    TestRun,
 };
 use crate::runner::outcome::TestStatus;
 use crate::runner::FileEnv;
@@ -123,12 +124,12 @@ impl FileRuntime for LuaTestFile {
         table_to_meta(&self.entries[index].meta_table)
     }
 
-    fn test_timeout(&self, index: usize) -> Result<Option<Duration>, String> {
+    fn test_timeout(&self, index: usize) -> Result<Option<Duration>, TestFailure> {
         match self.entries[index].meta_table.get::<Value>("timeout") {
             Ok(Value::Nil) | Err(_) => Ok(self.file_default_timeout),
             Ok(v) => duration::from_lua(&v, "meta.timeout")
                 .map(Some)
-                .map_err(|e| error_message(&e)),
+                .map_err(|e| error_message(&e).into()),
         }
     }
 
@@ -136,7 +137,7 @@ impl FileRuntime for LuaTestFile {
         self.scope = Some(self.root.enter_test_scope(&self.lua));
     }
 
-    fn run_test(&self, index: usize) -> Result<TestRun, String> {
+    fn run_test(&self, index: usize) -> Result<TestRun, TestFailure> {
         let run_test = self.run_test.as_ref().expect("run_test after load");
         let (status, message, log) = run_test
             .call::<(String, Option<String>, Vec<String>)>(self.entries[index].table.clone())
@@ -153,15 +154,15 @@ impl FileRuntime for LuaTestFile {
         })
     }
 
-    fn leave_test_scope(&mut self) -> Result<(), String> {
+    fn leave_test_scope(&mut self) -> Result<(), TestFailure> {
         match self.scope.take() {
             Some(scope) => self.root.leave_test_scope(&self.lua, scope),
             None => Ok(()),
         }
     }
 
-    fn restore_between_tests(&self) -> Result<(), String> {
-        self.root.restore_between_tests()
+    fn restore_between_tests(&self) -> Result<(), TestFailure> {
+        Ok(self.root.restore_between_tests()?)
     }
 
     fn close_all(&mut self) {
@@ -184,7 +185,7 @@ mod tests {
             p,
             vec![],
             Arc::new(Config::defaults(dir, &Default::default())),
-            BackendKind::Local,
+            crate::backend::for_kind(BackendKind::Local),
             EventSender::disabled(),
         );
         LuaTestFile::open(Arc::new(env)).unwrap()

@@ -22,7 +22,7 @@ struct WorkerInner {
 pub struct WorkerUd(Arc<WorkerInner>);
 
 impl Closeable for WorkerUd {
-    fn auto_close(&self) -> Result<(), String> {
+    fn auto_close(&self) -> Result<(), crate::runner::file::TestFailure> {
         let w = self.0.worker.lock().unwrap().take();
         if let Some(w) = w {
             if self.0.vm.phase() == super::vm::Phase::Booted {

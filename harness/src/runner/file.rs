@@ -3,8 +3,9 @@
 //! [`FileRuntime`]. The Lua layer implements it (`crate::lua::test_file`), so
 //! neither the runner nor the scheduler knows a Lua type.
 //!
-//! Errors that cross this boundary are the text a test author reads (a Lua
-//! error's message): the runtime has already flattened them.
+//! Errors that cross this boundary are [`TestFailure`]s: the text a test
+//! author reads (a Lua error's message), which the runtime has already
+//! flattened.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,6 +53,30 @@ impl LoadFailure {
     }
 }
 
+/// Why a runtime call failed the test (or the file) it ran for: the
+/// message the test fails with, as the runtime wrote it (a Lua error's
+/// message, its chain already flattened, or a panic's description). It is
+/// an outcome's text, so it has no source of its own.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct TestFailure {
+    pub message: String,
+}
+
+impl From<String> for TestFailure {
+    fn from(message: String) -> TestFailure {
+        TestFailure { message }
+    }
+}
+
+/// Back to the text, where a failure is raised into Lua again
+/// (`proc:close()` raises its auto-close failure).
+impl From<TestFailure> for String {
+    fn from(failure: TestFailure) -> String {
+        failure.message
+    }
+}
+
 /// What one test's body returned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TestRun {
@@ -65,7 +90,7 @@ pub struct TestRun {
 /// One file's runtime, driven by the executor on the file's own thread:
 /// `load` once, then for each test `enter_test_scope`, `run_test`,
 /// `leave_test_scope`, `restore_between_tests`, and `close_all` at the end.
-/// Every `Err(String)` is the message the test (or file) fails with.
+/// Every `Err` is the [`TestFailure`] the test (or file) fails with.
 pub trait FileRuntime {
     /// Run the file's chunk and collect the tests it declared.
     fn load(&mut self) -> Result<LoadedFile, LoadFailure>;
@@ -73,15 +98,15 @@ pub trait FileRuntime {
     fn test_meta(&self, index: usize) -> MetaMap;
     /// Test `index`'s `meta.timeout`, else the file default; `Ok(None)`:
     /// no per-test timeout.
-    fn test_timeout(&self, index: usize) -> Result<Option<Duration>, String>;
+    fn test_timeout(&self, index: usize) -> Result<Option<Duration>, TestFailure>;
     /// Open a fresh scope for one test's resources.
     fn enter_test_scope(&mut self);
     /// Run test `index`'s body. `Err`: the runtime itself failed the call.
-    fn run_test(&self, index: usize) -> Result<TestRun, String>;
+    fn run_test(&self, index: usize) -> Result<TestRun, TestFailure>;
     /// Close what the test created; the first auto-close error.
-    fn leave_test_scope(&mut self) -> Result<(), String>;
+    fn leave_test_scope(&mut self) -> Result<(), TestFailure>;
     /// Restore the `reset_between_tests` baseline, if the file has one.
-    fn restore_between_tests(&self) -> Result<(), String>;
+    fn restore_between_tests(&self) -> Result<(), TestFailure>;
     /// File end: close everything at file scope and release the claim.
     fn close_all(&mut self);
 }
@@ -110,6 +135,14 @@ mod tests {
             crate::error_chain::flatten(&e),
             "cannot set up the Lua state: out of memory"
         );
+    }
+
+    #[test]
+    fn a_test_failure_is_its_message_alone() {
+        let f = TestFailure::from("vm:boot: profile `p`: no kernel".to_string());
+        assert_eq!(f.to_string(), "vm:boot: profile `p`: no kernel");
+        assert!(std::error::Error::source(&f).is_none());
+        assert_eq!(crate::error_chain::numbered(&f), f.message);
     }
 
     #[test]

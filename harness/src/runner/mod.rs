@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use self::file::TestFailure;
 use crate::backend::Backend;
 use crate::config::Config;
 use crate::events::EventSender;
@@ -93,7 +94,7 @@ pub enum CloseKind {
 /// A userdata the harness closes when its scope (a test, or the file) ends.
 pub trait Closeable: Send + Sync {
     /// Idempotent; an error is reported on the test (or file) that owned it.
-    fn auto_close(&self) -> Result<(), String>;
+    fn auto_close(&self) -> Result<(), TestFailure>;
 }
 
 /// What one scope closes when it ends.
@@ -146,8 +147,8 @@ pub struct FileEnv {
     pub abs_path: PathBuf,
     pub roots: Vec<PathBuf>,
     pub config: Arc<Config>,
-    pub backend: BackendKind,
-    /// What boots this file's VMs (see [`FileEnv::with_machines`]).
+    /// What boots this file's VMs: the run's backend value, shared by all
+    /// its files (one CID allocator for the run).
     machines: Arc<dyn Backend>,
     pub events: EventSender,
     /// The run seed: every bridge's drop pattern derives from it (and the
@@ -163,12 +164,15 @@ pub struct FileEnv {
 }
 
 impl FileEnv {
+    /// The environment of the file at `abs_path` (`rel_path` under one of
+    /// `roots`), whose VMs `machines` boots: the run's backend, made once
+    /// per run ([`crate::backend::for_kind`]) and handed to every file.
     pub fn new(
         rel_path: String,
         abs_path: PathBuf,
         roots: Vec<PathBuf>,
         config: Arc<Config>,
-        backend: BackendKind,
+        machines: Arc<dyn Backend>,
         events: EventSender,
     ) -> Self {
         FileEnv {
@@ -176,8 +180,7 @@ impl FileEnv {
             abs_path,
             roots,
             config,
-            backend,
-            machines: crate::backend::for_kind(backend),
+            machines,
             events,
             run_seed: 0,
             run_resources: RunResources::default(),
@@ -188,17 +191,14 @@ impl FileEnv {
         }
     }
 
-    /// Shares the run's backend value (its CID allocator among them)
-    /// instead of the fresh one `new` makes for `backend`: a run makes one
-    /// ([`crate::backend::for_kind`]) and hands it to every file.
-    pub fn with_machines(mut self, machines: Arc<dyn Backend>) -> Self {
-        self.machines = machines;
-        self
-    }
-
     /// What boots this file's VMs; its capabilities are the guests'.
     pub fn machines(&self) -> &Arc<dyn Backend> {
         &self.machines
+    }
+
+    /// The backend's name, as `--vmm` spells it (`local`, `kvm`).
+    pub fn backend_name(&self) -> &'static str {
+        self.machines.capabilities().backend
     }
 
     /// Sets the run seed (see [`FileEnv::run_seed`]).
@@ -241,7 +241,7 @@ impl FileEnv {
 
     /// Close everything registered in the innermost scope, in [`CloseKind`]
     /// order (newest first within a kind); returns the first error.
-    pub fn pop_scope(&self) -> Result<(), String> {
+    pub fn pop_scope(&self) -> Result<(), TestFailure> {
         let mut items = self.scopes.lock().unwrap().pop().unwrap_or_default();
         if self.scopes.lock().unwrap().is_empty() {
             self.scopes.lock().unwrap().push(Vec::new());
@@ -345,7 +345,7 @@ mod tests {
                 std::path::Path::new("/"),
                 &Default::default(),
             )),
-            BackendKind::Local,
+            crate::backend::for_kind(BackendKind::Local),
             EventSender::disabled(),
         )
         .with_run_resources(resources.clone())
@@ -363,6 +363,29 @@ mod tests {
         ours.tear_down_all();
         assert_eq!(a.0.load(Ordering::SeqCst), 1);
         assert_eq!(b.0.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn every_file_boots_on_the_backend_it_is_given() {
+        let machines = crate::backend::for_kind(BackendKind::Kvm);
+        let config = Arc::new(Config::default());
+        let file = |name: &str| {
+            FileEnv::new(
+                name.into(),
+                PathBuf::from("/").join(name),
+                vec![],
+                config.clone(),
+                machines.clone(),
+                EventSender::disabled(),
+            )
+        };
+        let (a, b) = (file("a.test.lua"), file("b.test.lua"));
+        assert!(Arc::ptr_eq(a.machines(), &machines));
+        assert!(
+            Arc::ptr_eq(a.machines(), b.machines()),
+            "one backend value (one CID allocator) for the run's files"
+        );
+        assert_eq!(a.backend_name(), "kvm");
     }
 
     #[test]

@@ -393,7 +393,7 @@ mod tests {
                     p,
                     vec![],
                     Arc::new(Config::defaults(dir, &Default::default())),
-                    BackendKind::Local,
+                    crate::backend::for_kind(BackendKind::Local),
                     events.clone(),
                 );
                 Job {

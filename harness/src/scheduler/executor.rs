@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use provium_protocol::event::{Event, TestFailed, TestPassed, TestSkipped, TestStarted};
 
 use super::messages::{ExecutorMessage, Reservation};
-use crate::runner::file::{FileRuntimeFactory, LoadFailure, TestRun, POISONED};
+use crate::runner::file::{FileRuntimeFactory, LoadFailure, TestFailure, TestRun, POISONED};
 use crate::runner::filter::TestFilter;
 use crate::runner::outcome::{FileOutcome, TestReport, TestStatus};
 use crate::runner::{interrupt, CancelReason, FileEnv};
@@ -170,9 +170,10 @@ fn crashed(env: &FileEnv, msg: String) -> FileOutcome {
     }
 }
 
-/// Call `f`, turning a panic into its description.
-fn unwind<T>(f: impl FnOnce() -> T) -> Result<T, String> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| describe_panic(&p))
+/// Call `f`, turning a panic into a failure that describes it.
+fn unwind<T>(f: impl FnOnce() -> T) -> Result<T, TestFailure> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .map_err(|p| TestFailure::from(describe_panic(&p)))
 }
 
 fn run_file_inner(env: Arc<FileEnv>, ctx: &ExecutorContext) -> FileOutcome {
@@ -281,7 +282,7 @@ fn run_file_inner(env: Arc<FileEnv>, ctx: &ExecutorContext) -> FileOutcome {
                 watchdog.set_test_deadline(timeout);
                 runtime.enter_test_scope();
                 let r = unwind(|| runtime.run_test(index)).unwrap_or_else(|why| {
-                    poisoned = Some(why.clone());
+                    poisoned = Some(why.message.clone());
                     Err(why)
                 });
                 watchdog.set_test_deadline(None);
@@ -295,7 +296,7 @@ fn run_file_inner(env: Arc<FileEnv>, ctx: &ExecutorContext) -> FileOutcome {
                     excerpt = Some(console_excerpt(&env));
                 }
                 let left = unwind(|| runtime.leave_test_scope()).unwrap_or_else(|why| {
-                    poisoned.get_or_insert_with(|| why.clone());
+                    poisoned.get_or_insert_with(|| why.message.clone());
                     Err(why)
                 });
                 match (left, r) {
@@ -309,7 +310,7 @@ fn run_file_inner(env: Arc<FileEnv>, ctx: &ExecutorContext) -> FileOutcome {
                         }),
                     ) => TestRun {
                         status: TestStatus::Failed,
-                        message: Some(e),
+                        message: Some(e.message),
                         log,
                     },
                     (_, r) => r.unwrap_or_else(failed_run),
@@ -351,7 +352,7 @@ fn run_file_inner(env: Arc<FileEnv>, ctx: &ExecutorContext) -> FileOutcome {
         if let Err(e) = restored {
             if status == TestStatus::Passed || status == TestStatus::Skipped {
                 status = TestStatus::Failed;
-                message = Some(e);
+                message = Some(e.message);
             } else {
                 message = Some(format!(
                     "{}\n(and restoring the reset_between_tests baseline failed: {e})",
@@ -377,18 +378,18 @@ fn run_file_inner(env: Arc<FileEnv>, ctx: &ExecutorContext) -> FileOutcome {
     }
     env.clear_cancel();
     if let Err(why) = unwind(|| runtime.close_all()) {
-        poisoned.get_or_insert(why);
+        poisoned.get_or_insert(why.message);
     }
     outcome.crashed = poisoned;
     drop(watchdog);
     outcome
 }
 
-/// A test the runtime could not run: failed with `message`, no log.
-fn failed_run(message: String) -> TestRun {
+/// A test the runtime could not run: failed with its message, no log.
+fn failed_run(failure: TestFailure) -> TestRun {
     TestRun {
         status: TestStatus::Failed,
-        message: Some(message),
+        message: Some(failure.message),
         log: Vec::new(),
     }
 }
@@ -453,7 +454,7 @@ mod tests {
             dir.path().join("f.test.lua"),
             vec![],
             Arc::new(Config::defaults(dir.path(), &Default::default())),
-            BackendKind::Local,
+            crate::backend::for_kind(BackendKind::Local),
             EventSender::disabled(),
         );
         let ctx = ExecutorContext {

@@ -9,7 +9,8 @@ use std::time::Duration;
 use provium_protocol::meta::MetaMap;
 
 use crate::runner::file::{
-    FileRuntime, FileRuntimeFactory, LoadFailure, LoadedFile, RuntimeSetupError, TestRun,
+    FileRuntime, FileRuntimeFactory, LoadFailure, LoadedFile, RuntimeSetupError, TestFailure,
+    TestRun,
 };
 use crate::runner::outcome::TestStatus;
 use crate::runner::FileEnv;
@@ -59,25 +60,25 @@ impl FileRuntime for Scripted {
     fn test_meta(&self, _: usize) -> MetaMap {
         MetaMap::default()
     }
-    fn test_timeout(&self, _: usize) -> Result<Option<Duration>, String> {
+    fn test_timeout(&self, _: usize) -> Result<Option<Duration>, TestFailure> {
         Ok(None)
     }
     fn enter_test_scope(&mut self) {}
-    fn run_test(&self, index: usize) -> Result<TestRun, String> {
+    fn run_test(&self, index: usize) -> Result<TestRun, TestFailure> {
         std::thread::sleep(self.run_time);
         match &self.runs[index] {
             Ok(r) => Ok(r.clone()),
             Err(panic) => panic!("{panic}"),
         }
     }
-    fn leave_test_scope(&mut self) -> Result<(), String> {
+    fn leave_test_scope(&mut self) -> Result<(), TestFailure> {
         if self.leave_fails {
-            Err("closing vm `a` failed".into())
+            Err("closing vm `a` failed".to_string().into())
         } else {
             Ok(())
         }
     }
-    fn restore_between_tests(&self) -> Result<(), String> {
+    fn restore_between_tests(&self) -> Result<(), TestFailure> {
         Ok(())
     }
     fn close_all(&mut self) {
@@ -138,7 +139,7 @@ mod tests {
                 std::path::Path::new("/"),
                 &Default::default(),
             )),
-            crate::runner::BackendKind::Local,
+            crate::backend::for_kind(crate::runner::BackendKind::Local),
             crate::events::EventSender::disabled(),
         ));
         assert!(f.open(env.clone()).is_ok());

@@ -18,7 +18,7 @@ use provium_vmm::initrd::{inject_agent, AgentInjection, BootFile, CpioWriter};
 use provium_vmm::vmm_config::{RngConfig, VsockHost};
 use provium_vmm::{BootSource, KernelImage, MachineConfig, VmConfig};
 
-use crate::agent_search::{AgentKind, AgentSearch};
+use crate::agent_search::{AgentKind, AgentSearch, AgentSearchError};
 use crate::backend::local::locate_agent;
 use crate::backend::MachineSpec;
 use crate::config::Profile;
@@ -42,9 +42,9 @@ pub enum VmConfigError {
         #[source]
         source: crate::config::CmdlineFileError,
     },
-    /// No agent to inject (the locator's text says what was tried and the fix).
-    #[error("{0}")]
-    Agent(String),
+    /// No agent to inject (it says what was tried and the fix).
+    #[error(transparent)]
+    Agent(#[from] GuestAgentError),
     #[error(transparent)]
     Inject(#[from] InjectError),
     #[error(
@@ -84,7 +84,7 @@ pub fn vm_config(
         cid,
         &|| locate_guest_agent(&opts.settings),
         &overlay_cache_dir(&opts.settings),
-        super::host_is_kvm_pvm(&opts.settings),
+        opts.settings.host_kvm_pvm,
     )
 }
 
@@ -94,7 +94,7 @@ pub fn vm_config_with(
     profile: &Profile,
     opts: &MachineSpec,
     cid: u32,
-    agent: &dyn Fn() -> Result<PathBuf, String>,
+    agent: &dyn Fn() -> Result<PathBuf, GuestAgentError>,
     cache: &Path,
     kvm_pvm: bool,
 ) -> Result<(VmConfig, VsockHost), VmConfigError> {
@@ -151,7 +151,7 @@ pub fn vm_config_with(
         prebuilt_overlay_boot(&boot, overlay, &files, cache)?
     } else if opts.inject_agent {
         let inj = AgentInjection {
-            agent: agent().map_err(VmConfigError::Agent)?,
+            agent: agent()?,
             files,
             cache_dir: cache.to_path_buf(),
         };
@@ -311,14 +311,39 @@ pub const BUILT_GUEST_AGENT: Option<&str> = option_env!("PROVIUM_GUEST_AGENT");
 /// dir ([`AgentKind::Guest`] candidates of [`crate::agent_search`]), then
 /// the local backend's agent if it is static. A dynamically linked agent is
 /// refused: a guest initrd need not have its loader and libc.
-pub fn locate_guest_agent(settings: &Settings) -> Result<PathBuf, String> {
+pub fn locate_guest_agent(settings: &Settings) -> Result<PathBuf, GuestAgentError> {
     if settings.agent.is_some() {
-        return locate_agent(settings).map_err(|e| e.to_string());
+        return Ok(locate_agent(settings)?);
     }
     let candidates = AgentSearch::from(settings).candidates(AgentKind::Guest);
     pick_guest_agent(BUILT_GUEST_AGENT.map(Path::new), &candidates, &|| {
-        locate_agent(settings).map_err(|e| e.to_string())
+        locate_agent(settings)
     })
+}
+
+/// What rebuilds the guest's static agent, for [`GuestAgentError`].
+const GUEST_AGENT_FIX: &str = "cargo build -p provium rebuilds it (harness/build.rs builds a \
+     static, stripped agent into target/guest-agent; `touch agent/src/main.rs` first if it is \
+     gone), or point PROVIUM_AGENT at a static agent the guest can run";
+
+/// No agent a kvm guest can run: what was found, and the fix.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum GuestAgentError {
+    /// `PROVIUM_AGENT`'s agent, or the host search, failed.
+    #[error(transparent)]
+    Search(#[from] AgentSearchError),
+    #[error(
+        "the agent {} is dynamically linked, and a guest initrd may have no loader or libc for \
+         it; {built_state}: {GUEST_AGENT_FIX}",
+        found.display()
+    )]
+    Dynamic { found: PathBuf, built_state: String },
+    #[error("no static agent for the guest: {built_state}: {GUEST_AGENT_FIX}")]
+    NoStatic {
+        built_state: String,
+        #[source]
+        source: AgentSearchError,
+    },
 }
 
 /// [`locate_guest_agent`] after `PROVIUM_AGENT`: `built` (the build
@@ -327,8 +352,8 @@ pub fn locate_guest_agent(settings: &Settings) -> Result<PathBuf, String> {
 pub fn pick_guest_agent(
     built: Option<&Path>,
     candidates: &[PathBuf],
-    fallback: &dyn Fn() -> Result<PathBuf, String>,
-) -> Result<PathBuf, String> {
+    fallback: &dyn Fn() -> Result<PathBuf, AgentSearchError>,
+) -> Result<PathBuf, GuestAgentError> {
     if let Some(b) = built {
         if is_static_elf(b) == Some(true) {
             return Ok(b.to_path_buf());
@@ -346,18 +371,13 @@ pub fn pick_guest_agent(
         None => "this harness was built without the static agent (PROVIUM_SKIP_GUEST_AGENT_BUILD)"
             .into(),
     };
-    let fix =
-        "cargo build -p provium rebuilds it (harness/build.rs builds a static, stripped agent \
-               into target/guest-agent; `touch agent/src/main.rs` first if it is gone), or point \
-               PROVIUM_AGENT at a static agent the guest can run";
     match fallback() {
         Ok(found) if is_static_elf(&found) == Some(true) => Ok(found),
-        Ok(found) => Err(format!(
-            "the agent {} is dynamically linked, and a guest initrd may have no loader or libc for it; \
-             {built_state}: {fix}",
-            found.display()
-        )),
-        Err(e) => Err(format!("no static agent for the guest: {built_state}, and {e}: {fix}")),
+        Ok(found) => Err(GuestAgentError::Dynamic { found, built_state }),
+        Err(source) => Err(GuestAgentError::NoStatic {
+            built_state,
+            source,
+        }),
     }
 }
 
@@ -389,8 +409,8 @@ mod tests {
     use super::*;
     use provium_vmm::vmm_config::NetConfig;
 
-    fn no_agent() -> Result<PathBuf, String> {
-        Err("no agent in this test".into())
+    fn no_agent() -> Result<PathBuf, GuestAgentError> {
+        Err(AgentSearchError::NotFound { tried: vec![] }.into())
     }
 
     fn cfg(
@@ -398,9 +418,8 @@ mod tests {
         opts: &MachineSpec,
         cid: u32,
         dir: &Path,
-    ) -> Result<(VmConfig, VsockHost), String> {
+    ) -> Result<(VmConfig, VsockHost), VmConfigError> {
         vm_config_with(p, opts, cid, &no_agent, &dir.join("cache"), false)
-            .map_err(|e| crate::error_chain::flatten(&e))
     }
 
     fn profile(dir: &Path) -> Profile {
@@ -524,7 +543,7 @@ mod tests {
             .any(|e| e.name == "etc/x.conf" && e.data == b"k=v\n"));
         // A missing overlay names the field and the fix.
         p.agent_overlay_path = Some(d.path().join("missing.cpio"));
-        let e = cfg(&p, &opts, 3, d.path()).unwrap_err();
+        let e = crate::error_chain::flatten(&cfg(&p, &opts, 3, d.path()).unwrap_err());
         assert!(
             e.contains("agent_overlay_path") && e.contains("missing.cpio"),
             "{e}"
@@ -602,7 +621,7 @@ mod tests {
             "{e}"
         );
         p.kernel = Some(d.path().join("nope"));
-        let e = cfg(&p, &opts, 3, d.path()).unwrap_err();
+        let e = crate::error_chain::flatten(&cfg(&p, &opts, 3, d.path()).unwrap_err());
         assert!(e.contains("does not exist"), "{e}");
     }
 
@@ -629,7 +648,7 @@ mod tests {
             "/t.test.lua".into(),
             Vec::new(),
             Arc::new(Config::default()),
-            BackendKind::Kvm,
+            crate::backend::for_kind(BackendKind::Kvm),
             EventSender::disabled(),
         ));
         let vm = Vm::create(
@@ -797,7 +816,9 @@ mod tests {
             Ok(cand.clone())
         );
         // Nothing static: the (dynamic) local agent is refused with the fix.
-        let e = pick_guest_agent(Some(&gone), &[], &fallback).unwrap_err();
+        let e = pick_guest_agent(Some(&gone), &[], &fallback)
+            .unwrap_err()
+            .to_string();
         for want in [
             "is dynamically linked",
             "the build script's agent",
@@ -807,11 +828,21 @@ mod tests {
         ] {
             assert!(e.contains(want), "missing {want:?} in {e}");
         }
-        let e = pick_guest_agent(None, &[], &|| Err("no agent found".into())).unwrap_err();
+        let no_agent_found = AgentSearchError::NotFound {
+            tried: vec![d.path().join("nowhere")],
+        };
+        let e = pick_guest_agent(None, &[], &|| Err(no_agent_found.clone())).unwrap_err();
+        let text = crate::error_chain::flatten(&e);
         assert!(
-            e.contains("PROVIUM_SKIP_GUEST_AGENT_BUILD") && e.contains("no agent found"),
-            "{e}"
+            text.contains("PROVIUM_SKIP_GUEST_AGENT_BUILD")
+                && text.contains(&no_agent_found.to_string()),
+            "{text}"
         );
+        // The search's own error is the cause, printed once, last.
+        assert!(
+            matches!(&e, GuestAgentError::NoStatic { source, .. } if *source == no_agent_found)
+        );
+        assert_eq!(text.matches("provium-agent not found").count(), 1, "{text}");
         let fallback_static = || Ok(cand.clone());
         assert_eq!(
             pick_guest_agent(None, &[], &fallback_static),

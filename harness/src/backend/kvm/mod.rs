@@ -54,9 +54,9 @@ pub enum KvmError {
     NoProfileToRestore { profile: String },
     #[error(transparent)]
     Config(#[from] config::VmConfigError),
-    /// A setting from the environment is invalid (the text names it).
-    #[error("{0}")]
-    Setting(String),
+    /// A setting from the environment is invalid (it names the variable).
+    #[error(transparent)]
+    Setting(#[from] AgentTimeoutError),
     /// What the VMM said (boxed: a VMM error is large, and every call
     /// here returns this).
     #[error(transparent)]
@@ -132,9 +132,9 @@ pub const DEFAULT_POWER_OFF_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The agent timeout: `PROVIUM_KVM_AGENT_TIMEOUT` (seconds, read once into
 /// [`Settings`]), else 60 s ([`DEFAULT_AGENT_TIMEOUT_KVM_PVM`] on kvm_pvm).
-pub fn agent_timeout(settings: &Settings) -> Result<Duration, String> {
+pub fn agent_timeout(settings: &Settings) -> Result<Duration, AgentTimeoutError> {
     match settings.kvm_agent_timeout.as_deref() {
-        None if host_is_kvm_pvm(settings) => Ok(DEFAULT_AGENT_TIMEOUT_KVM_PVM),
+        None if settings.host_kvm_pvm => Ok(DEFAULT_AGENT_TIMEOUT_KVM_PVM),
         None => Ok(DEFAULT_AGENT_TIMEOUT),
         Some(v) => v
             .trim()
@@ -142,19 +142,16 @@ pub fn agent_timeout(settings: &Settings) -> Result<Duration, String> {
             .ok()
             .filter(|s| s.is_finite() && *s > 0.0)
             .map(Duration::from_secs_f64)
-            .ok_or_else(|| format!("{AGENT_TIMEOUT_ENV}={v:?}: expected seconds, e.g. 120")),
+            .ok_or_else(|| AgentTimeoutError { value: v.into() }),
     }
 }
 
-/// Whether this host's KVM is the paravirtual `kvm_pvm` (no VT-x; DESIGN.md
-/// "This machine's KVM"): guest kernel code runs in KVM's instruction
-/// emulator (slow), and Linux user space runs only with a guest kernel that
-/// has the kvm_pvm shims. `PROVIUM_KVM_PVM=0/1` ([`Settings::kvm_pvm`])
-/// overrides the detection.
-pub fn host_is_kvm_pvm(settings: &Settings) -> bool {
-    settings
-        .kvm_pvm
-        .unwrap_or_else(|| std::path::Path::new("/sys/module/kvm_pvm").exists())
+/// `PROVIUM_KVM_AGENT_TIMEOUT` is not a positive number of seconds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{AGENT_TIMEOUT_ENV}={value:?}: expected seconds, e.g. 120")]
+pub struct AgentTimeoutError {
+    /// The variable's value, as set.
+    pub value: String,
 }
 
 impl From<VmError> for KvmError {
@@ -185,7 +182,7 @@ impl KvmMachine {
     /// running it (subscribe to its console first, then `start`, or
     /// `restore_from` a snapshot).
     pub fn build(spec: &MachineSpec, profile: &Profile, cid: u32) -> Result<KvmMachine, KvmError> {
-        let agent_timeout = agent_timeout(&spec.settings).map_err(KvmError::Setting)?;
+        let agent_timeout = agent_timeout(&spec.settings)?;
         let agent_timeout = spec.agent_timeout.unwrap_or(agent_timeout);
         let (cfg, vsock) = config::vm_config(profile, spec, cid)?;
         let vm = Vm::new(cfg)?;
@@ -301,7 +298,7 @@ impl KvmMachine {
                     let internal =
                         matches!(self.vm.stop_reason(), Some(StopReason::InternalError(_)));
                     let after_init = init_line(&self.boot_log()).is_some();
-                    let hint = (internal && after_init && host_is_kvm_pvm(&self.settings))
+                    let hint = (internal && after_init && self.settings.host_kvm_pvm)
                         .then_some(KVM_PVM_INTERNAL_ERROR_HINT);
                     return Err(self.stopped("before its agent answered", s, hint));
                 }
@@ -348,7 +345,7 @@ impl KvmMachine {
                 std::thread::sleep(Duration::from_secs(1));
                 return Err(KvmError::Panicked(panic_message(
                     &self.boot_log(),
-                    host_is_kvm_pvm(&self.settings),
+                    self.settings.host_kvm_pvm,
                     &self.last_lines(ERROR_CONSOLE_LINES),
                 )));
             }
@@ -377,7 +374,7 @@ impl KvmMachine {
             last,
             init,
             timeout: self.agent_timeout,
-            kvm_pvm: host_is_kvm_pvm(&self.settings),
+            kvm_pvm: self.settings.host_kvm_pvm,
             console_tail: &self.last_lines(ERROR_CONSOLE_LINES),
         })
     }
@@ -551,6 +548,29 @@ pub fn panic_message(boot_log: &str, kvm_pvm: bool, console_tail: &str) -> Strin
 mod tests {
     use super::*;
     use crate::backend::CidAllocator;
+
+    #[test]
+    fn the_agent_timeout_follows_the_setting_then_the_settled_host() {
+        let hardware = Settings::default();
+        assert_eq!(agent_timeout(&hardware), Ok(DEFAULT_AGENT_TIMEOUT));
+        let kvm_pvm = Settings {
+            host_kvm_pvm: true,
+            ..Settings::default()
+        };
+        assert_eq!(agent_timeout(&kvm_pvm), Ok(DEFAULT_AGENT_TIMEOUT_KVM_PVM));
+        let set = |v: &str| Settings {
+            kvm_agent_timeout: Some(v.into()),
+            ..kvm_pvm.clone()
+        };
+        assert_eq!(agent_timeout(&set(" 9 ")), Ok(Duration::from_secs(9)));
+        for bad in ["0", "-1", "inf", "soon"] {
+            let e = agent_timeout(&set(bad)).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("PROVIUM_KVM_AGENT_TIMEOUT={bad:?}: expected seconds, e.g. 120")
+            );
+        }
+    }
 
     fn no_hello(init: Option<&str>, kvm_pvm: bool) -> String {
         no_hello_message(&NoHello {

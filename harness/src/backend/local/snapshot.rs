@@ -89,6 +89,13 @@ pub enum SandboxSnapshotError {
     },
     #[error("the sandbox state in snapshot {file} is invalid: {detail}")]
     Invalid { file: String, detail: String },
+    #[error("the sandbox state in snapshot {file} is invalid: section `{section}`")]
+    InvalidTree {
+        file: String,
+        section: String,
+        #[source]
+        source: TreeError,
+    },
     #[error("snapshot unusable")]
     Format(#[from] provium_snapshot::SnapshotError),
 }
@@ -739,31 +746,41 @@ fn check_rel(p: &[u8]) -> bool {
             .all(|c| !c.is_empty() && c != b"." && c != b"..")
 }
 
+/// Why a tree read from a snapshot file is refused (the file is untrusted:
+/// nothing is restored from it). Paths are shown as [`shown`] prints them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TreeError {
+    #[error("entry path `{path}` is not a plain relative path")]
+    NotRelative { path: String },
+    #[error("hard link `{path}` points at `{to}`, which no earlier entry is")]
+    DanglingHardLink { path: String, to: String },
+    #[error("extended attribute `{name}` on `{path}` is not a user attribute")]
+    NotUserXattr { name: String, path: String },
+}
+
 /// Check a tree read from a file before touching anything.
-pub fn validate(tree: &FsTree) -> std::result::Result<(), String> {
+pub fn validate(tree: &FsTree) -> std::result::Result<(), TreeError> {
     let mut seen = std::collections::HashSet::new();
     for e in &tree.entries {
         if !check_rel(&e.path) {
-            return Err(format!(
-                "entry path `{}` is not a plain relative path",
-                shown(&e.path)
-            ));
+            return Err(TreeError::NotRelative {
+                path: shown(&e.path),
+            });
         }
         if let Node::HardLink { to } = &e.node {
             if !seen.contains(to.as_slice()) {
-                return Err(format!(
-                    "hard link `{}` points at `{}`, which no earlier entry is",
-                    shown(&e.path),
-                    shown(to)
-                ));
+                return Err(TreeError::DanglingHardLink {
+                    path: shown(&e.path),
+                    to: shown(to),
+                });
             }
         }
         for (name, _) in &e.xattrs {
             if !name.starts_with("user.") {
-                return Err(format!(
-                    "extended attribute `{name}` on `{}` is not a user attribute",
-                    shown(&e.path)
-                ));
+                return Err(TreeError::NotUserXattr {
+                    name: name.clone(),
+                    path: shown(&e.path),
+                });
             }
         }
         seen.insert(e.path.as_slice());
@@ -1006,9 +1023,10 @@ pub fn read_snapshot(path: &Path, shape: Shape, protocol_version: u32) -> Result
                 file: file.clone(),
                 detail: format!("section `{section}` does not decode: {e}"),
             })?;
-        validate(&tree).map_err(|detail| SandboxSnapshotError::Invalid {
+        validate(&tree).map_err(|source| SandboxSnapshotError::InvalidTree {
             file: file.clone(),
-            detail: format!("section `{section}`: {detail}"),
+            section: section.into(),
+            source,
         })?;
         Ok(tree)
     };
@@ -1058,7 +1076,36 @@ mod tests {
         let t = FsTree {
             entries: vec![entry("a", Node::HardLink { to: b"b".to_vec() })],
         };
-        assert!(validate(&t).unwrap_err().contains("no earlier entry"));
+        assert!(validate(&t)
+            .unwrap_err()
+            .to_string()
+            .contains("no earlier entry"));
+    }
+
+    #[test]
+    fn a_refused_tree_names_the_file_and_section_then_the_entry() {
+        let mut e = entry("a", Node::Whiteout);
+        e.xattrs = vec![("trusted.x".into(), serde_bytes::ByteBuf::new())];
+        let source = validate(&FsTree { entries: vec![e] }).unwrap_err();
+        assert_eq!(
+            source,
+            TreeError::NotUserXattr {
+                name: "trusted.x".into(),
+                path: "a".into()
+            }
+        );
+        let err = SandboxSnapshotError::InvalidTree {
+            file: "/c/x.snap".into(),
+            section: SECTION_UPPER.into(),
+            source,
+        };
+        assert_eq!(
+            crate::error_chain::flatten(&err),
+            format!(
+                "the sandbox state in snapshot /c/x.snap is invalid: section `{SECTION_UPPER}`: \
+                 extended attribute `trusted.x` on `a` is not a user attribute"
+            )
+        );
     }
 
     #[test]

@@ -164,7 +164,13 @@ fn boot_target(args: &RunArgs, b: &BootArgs) -> Result<BootTarget, BootBenchErro
     } else {
         match backend::locate_guest_agent(&config.settings) {
             Ok(_) => (true, None),
-            Err(e) => (false, Some(format!("no agent to inject: {e}"))),
+            Err(e) => (
+                false,
+                Some(format!(
+                    "no agent to inject: {}",
+                    crate::error_chain::flatten(&e)
+                )),
+            ),
         }
     };
     let spec = MachineSpec {

@@ -3,7 +3,7 @@
 //! `--tiny-guest` on the VMM itself: a bare VM with no profile or agent).
 
 use std::path::PathBuf;
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -17,7 +17,7 @@ use super::console_tail;
 use super::host::host_info;
 use super::render::Report;
 use super::stats::{Phase, Unit};
-use crate::backend::{self, BackendError, BackendKind, MachineSpec};
+use crate::backend::{self, BackendError, BackendKind, Guest, MachineSpec};
 use crate::cli::RunArgs;
 use crate::cli::{choose_backend, load_config};
 use crate::client::{AgentOps, ClientError};
@@ -155,6 +155,45 @@ fn run_batches<T, E>(
     Ok(samples)
 }
 
+/// One batch of `count` restores at once, one thread each: `restore(i)`
+/// (i in `0..count`) brings restore `i` up; once every thread has its own,
+/// `measure_alive` runs on each (so memory is read with the whole batch
+/// resident); then `finish` tears each down into its sample. A failed
+/// restore still waits at both barriers, so the others are measured alive
+/// as well; the batch fails with the first error by index.
+fn run_alive_batch<L, S, E>(
+    count: usize,
+    restore: impl Fn(usize) -> Result<L, E> + Sync,
+    measure_alive: impl Fn(&mut L) + Sync,
+    finish: impl Fn(L) -> S + Sync,
+) -> Result<Vec<S>, E>
+where
+    S: Send,
+    E: Send,
+{
+    let barrier = Barrier::new(count);
+    let (barrier, restore, measure_alive, finish) = (&barrier, &restore, &measure_alive, &finish);
+    std::thread::scope(|s| {
+        let threads: Vec<_> = (0..count)
+            .map(|i| {
+                s.spawn(move || {
+                    let mut alive = restore(i);
+                    barrier.wait();
+                    if let Ok(l) = &mut alive {
+                        measure_alive(l);
+                    }
+                    barrier.wait();
+                    alive.map(finish)
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
+}
+
 struct TinyRestoreSample {
     restore: Duration,
     first_insn: Option<Duration>,
@@ -181,68 +220,50 @@ fn bench_restore_tiny(args: &RunArgs, r: &RestoreArgs) -> Result<Report, Restore
     let parallel = r.parallel.max(1);
     let entry_bytes = std::fs::metadata(&entry).map(|m| m.len()).ok();
     let counter_gpa = tiny_guest::COUNTER_GPA;
-    let batch = |count: usize| -> Result<Vec<TinyRestoreSample>, RestoreBenchError> {
-        let barrier = Barrier::new(count);
-        let results: Mutex<Vec<Result<TinyRestoreSample, RestoreBenchError>>> =
-            Mutex::new(Vec::new());
-        std::thread::scope(|s| {
-            for _ in 0..count {
-                let (barrier, results, entry) = (&barrier, &results, &entry);
-                s.spawn(move || {
-                    let timer = BootTimer::new();
-                    let one = || -> Result<(Vm, TinyRestoreSample), RestoreBenchError> {
-                        let tiny = |e| RestoreBenchError::TinyRestore(Box::new(e));
-                        let vm = Vm::new(tiny_restore_config(r.mem, Some(timer.clone())))
-                            .map_err(tiny)?;
-                        let t0 = Instant::now();
-                        vm.restore(entry).map_err(tiny)?;
-                        let restore = t0.elapsed();
-                        // Running: the guest's counter (in restored RAM) moves.
-                        let c0 = vm.read_guest_u64(counter_gpa).map_err(tiny)?;
-                        while vm.read_guest_u64(counter_gpa).map_err(tiny)? == c0 {
-                            if t0.elapsed() > Duration::from_secs(60) {
-                                return Err(RestoreBenchError::TinyNotRunning);
-                            }
-                            std::thread::yield_now();
-                        }
-                        let running = t0.elapsed();
-                        let m = timer.marks();
-                        let first_insn = BootMarks::between(
-                            m.get(provium_vmm::BootMark::BuildStart),
-                            m.get(provium_vmm::BootMark::FirstKvmRun),
-                        );
-                        Ok((
-                            vm,
-                            TinyRestoreSample {
-                                restore,
-                                first_insn,
-                                running,
-                                rss: 0,
-                                pss: 0,
-                            },
-                        ))
-                    };
-                    let out = one();
-                    // Every restore of the batch is alive here: measure then.
-                    barrier.wait();
-                    let out = out.map(|(vm, mut sample)| {
-                        (sample.rss, sample.pss) = mapping_memory(&vm.ram_host_ranges());
-                        (vm, sample)
-                    });
-                    barrier.wait();
-                    let out = out.map(|(vm, sample)| {
-                        drop(vm);
-                        sample
-                    });
-                    results.lock().unwrap_or_else(|e| e.into_inner()).push(out);
-                });
+    let restore_one = |_: usize| -> Result<(Vm, TinyRestoreSample), RestoreBenchError> {
+        let timer = BootTimer::new();
+        let tiny = |e| RestoreBenchError::TinyRestore(Box::new(e));
+        let vm = Vm::new(tiny_restore_config(r.mem, Some(timer.clone()))).map_err(tiny)?;
+        let t0 = Instant::now();
+        vm.restore(&entry).map_err(tiny)?;
+        let restore = t0.elapsed();
+        // Running: the guest's counter (in restored RAM) moves.
+        let c0 = vm.read_guest_u64(counter_gpa).map_err(tiny)?;
+        while vm.read_guest_u64(counter_gpa).map_err(tiny)? == c0 {
+            if t0.elapsed() > Duration::from_secs(60) {
+                return Err(RestoreBenchError::TinyNotRunning);
             }
-        });
-        results
-            .into_inner()
-            .unwrap_or_else(|e| e.into_inner())
-            .into_iter()
-            .collect()
+            std::thread::yield_now();
+        }
+        let running = t0.elapsed();
+        let m = timer.marks();
+        let first_insn = BootMarks::between(
+            m.get(provium_vmm::BootMark::BuildStart),
+            m.get(provium_vmm::BootMark::FirstKvmRun),
+        );
+        Ok((
+            vm,
+            TinyRestoreSample {
+                restore,
+                first_insn,
+                running,
+                rss: 0,
+                pss: 0,
+            },
+        ))
+    };
+    let batch = |count: usize| {
+        run_alive_batch(
+            count,
+            restore_one,
+            |(vm, sample): &mut (Vm, TinyRestoreSample)| {
+                (sample.rss, sample.pss) = mapping_memory(&vm.ram_host_ranges());
+            },
+            |(vm, sample)| {
+                drop(vm);
+                sample
+            },
+        )
     };
     let samples = run_batches(warmup, runs, parallel, batch)?;
     let mut first_insn = Phase::new(
@@ -335,7 +356,7 @@ pub(super) fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, R
         PathBuf::from("provium-bench"),
         roots.clone(),
         config.clone(),
-        kind,
+        backend::for_kind(kind),
         crate::events::EventSender::disabled(),
     ));
     let file = fixture::key::resolve_fixture(&roots, &fixture_name)?;
@@ -388,65 +409,55 @@ pub(super) fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, R
     // One backend for the bench (the fixture build's): its guests get CIDs
     // of their own.
     let restorer = env.machines().clone();
+    let restore_failed = |source: BackendError| RestoreBenchError::Restore {
+        entry: entry.clone(),
+        source: Box::new(source),
+    };
+    // Restore `i` of the whole bench (warm-up included): its machine and
+    // sample, the memory figures still to be read.
+    let restore_one = |i: usize| -> Result<(Box<dyn Guest>, RestoreSample), RestoreBenchError> {
+        let t0 = Instant::now();
+        let m = restorer
+            .restore(&spec_for(i), &entry)
+            .map_err(restore_failed)?;
+        let machine = t0.elapsed();
+        let pinged = m.connect().map_err(restore_failed).and_then(|c| {
+            c.ping().map_err(|source| RestoreBenchError::Ping {
+                entry: entry.clone(),
+                source,
+            })
+        });
+        match pinged {
+            Ok(()) => Ok((
+                m,
+                RestoreSample {
+                    machine,
+                    answer: t0.elapsed(),
+                    rss: 0,
+                    pss: 0,
+                },
+            )),
+            Err(e) => {
+                m.kill();
+                Err(e)
+            }
+        }
+    };
     let mut next = 0usize;
-    let batch = |count: usize| -> Result<Vec<RestoreSample>, RestoreBenchError> {
-        let barrier = Barrier::new(count);
-        let results: Mutex<Vec<Result<RestoreSample, RestoreBenchError>>> = Mutex::new(Vec::new());
+    let batch = |count: usize| {
         let first = next;
         next += count;
-        std::thread::scope(|s| {
-            for i in 0..count {
-                let (barrier, results, entry) = (&barrier, &results, &entry);
-                let restorer = &restorer;
-                let spec = spec_for(first + i);
-                s.spawn(move || {
-                    let restore_failed = |source: BackendError| RestoreBenchError::Restore {
-                        entry: entry.clone(),
-                        source: Box::new(source),
-                    };
-                    let t0 = Instant::now();
-                    let r = restorer.restore(&spec, entry).map_err(restore_failed);
-                    let machine_t = t0.elapsed();
-                    let r = r.and_then(|m| {
-                        let pinged = m.connect().map_err(restore_failed).and_then(|c| {
-                            c.ping().map_err(|source| RestoreBenchError::Ping {
-                                entry: entry.clone(),
-                                source,
-                            })
-                        });
-                        match pinged {
-                            Ok(()) => Ok((m, t0.elapsed())),
-                            Err(e) => {
-                                m.kill();
-                                Err(e)
-                            }
-                        }
-                    });
-                    // Every restore of the batch is alive here: measure then.
-                    barrier.wait();
-                    let out = r.map(|(m, answer)| {
-                        let (rss, pss) = m.resident_memory();
-                        (m, answer, rss, pss)
-                    });
-                    barrier.wait();
-                    let out = out.map(|(m, answer, rss, pss)| {
-                        m.kill();
-                        RestoreSample {
-                            machine: machine_t,
-                            answer,
-                            rss,
-                            pss,
-                        }
-                    });
-                    results.lock().unwrap_or_else(|e| e.into_inner()).push(out);
-                });
-            }
-        });
-        results
-            .into_inner()
-            .unwrap_or_else(|e| e.into_inner())
-            .into_iter()
-            .collect()
+        run_alive_batch(
+            count,
+            |i| restore_one(first + i),
+            |(m, sample): &mut (Box<dyn Guest>, RestoreSample)| {
+                (sample.rss, sample.pss) = m.resident_memory();
+            },
+            |(m, sample)| {
+                m.kill();
+                sample
+            },
+        )
     };
     let samples = run_batches(warmup, runs, parallel, batch)?;
 
@@ -516,7 +527,7 @@ pub(super) fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, R
         host: host_info(r.common.pin),
         guest: json!({
             "backend": kind.as_str(),
-            "emulated_kernel_code": kvm && backend::host_is_kvm_pvm(&config.settings),
+            "emulated_kernel_code": kvm && config.settings.host_kvm_pvm,
             "fixture": fixture_name,
             "entry": entry.display().to_string(),
             "entry_bytes": entry_bytes,
@@ -564,6 +575,56 @@ mod tests {
         assert_eq!(kept, [4, 5, 6, 7, 8], "only the timed samples are kept");
         let e = run_batches::<u32, String>(0, 1, 1, |_| Err("boom".into())).unwrap_err();
         assert_eq!(e, "boom");
+    }
+
+    #[test]
+    fn a_batch_measures_every_restore_while_all_are_alive() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let alive = AtomicUsize::new(0);
+        let samples = run_alive_batch::<_, _, String>(
+            4,
+            |i| {
+                alive.fetch_add(1, Ordering::SeqCst);
+                Ok((i, 0))
+            },
+            |(_, seen): &mut (usize, usize)| *seen = alive.load(Ordering::SeqCst),
+            |(i, seen)| {
+                alive.fetch_sub(1, Ordering::SeqCst);
+                (i, seen)
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            samples,
+            [(0, 4), (1, 4), (2, 4), (3, 4)],
+            "each restore is measured with the whole batch up, samples by index"
+        );
+        assert_eq!(alive.load(Ordering::SeqCst), 0, "every restore torn down");
+
+        // A failed restore fails the batch; the others are still measured
+        // alive and torn down.
+        let measured = AtomicUsize::new(0);
+        let e = run_alive_batch::<usize, usize, String>(
+            3,
+            |i| {
+                if i == 1 {
+                    return Err(format!("restore {i} failed"));
+                }
+                alive.fetch_add(1, Ordering::SeqCst);
+                Ok(i)
+            },
+            |_| {
+                measured.fetch_add(1, Ordering::SeqCst);
+            },
+            |i| {
+                alive.fetch_sub(1, Ordering::SeqCst);
+                i
+            },
+        )
+        .unwrap_err();
+        assert_eq!(e, "restore 1 failed");
+        assert_eq!(measured.load(Ordering::SeqCst), 2);
+        assert_eq!(alive.load(Ordering::SeqCst), 0);
     }
 
     #[test]

@@ -118,7 +118,7 @@ impl Driver {
             super::dispatch(&mut st, frame, sent_below)
         };
         if let Err(reason) = verdict {
-            shared.mark_lost(Lost::Broken(reason));
+            shared.mark_lost(Lost::Broken(reason.to_string()));
         }
     }
 

@@ -99,7 +99,11 @@ impl Lab {
 
     /// Close what the test created (streams, processes, files, workers,
     /// bridges, VMs, in that order) and put the root back.
-    pub fn leave_test_scope(&self, lua: &Lua, scope: TestScope) -> Result<(), String> {
+    pub fn leave_test_scope(
+        &self,
+        lua: &Lua,
+        scope: TestScope,
+    ) -> Result<(), crate::runner::file::TestFailure> {
         let r = self.0.env.pop_scope();
         let _ = lua.globals().set("provium", scope.root_global);
         r

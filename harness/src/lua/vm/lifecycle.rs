@@ -631,7 +631,7 @@ mod tests {
             "/t.test.lua".into(),
             Vec::new(),
             Arc::new(config),
-            BackendKind::Kvm,
+            crate::backend::for_kind(BackendKind::Kvm),
             crate::events::EventSender::disabled(),
         ));
         let e = message(vm(&env).boot(None).err().unwrap());

@@ -91,8 +91,8 @@ impl LiveResource for VmInner {
 }
 
 impl Closeable for Vm {
-    fn auto_close(&self) -> Result<(), String> {
-        self.shutdown().map_err(|e| super::error_message(&e))
+    fn auto_close(&self) -> Result<(), crate::runner::file::TestFailure> {
+        self.shutdown().map_err(|e| super::error_message(&e).into())
     }
 }
 

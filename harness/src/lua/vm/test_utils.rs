@@ -16,7 +16,7 @@ pub fn env(backend: BackendKind) -> Arc<FileEnv> {
         "/t.test.lua".into(),
         Vec::new(),
         Arc::new(Config::default()),
-        backend,
+        crate::backend::for_kind(backend),
         EventSender::disabled(),
     ))
 }

@@ -155,6 +155,16 @@ pub enum VirtioPersistError {
     Activate(#[from] super::ActivateError),
 }
 
+/// A device's `Persist::restore` rebuilds its worker's resources (eventfds,
+/// the worker thread); when the host refuses one, the restore fails as an
+/// activation would, under "cannot restart the device". So each device's
+/// impl maps state only and passes such errors on with `?`.
+impl From<std::io::Error> for VirtioPersistError {
+    fn from(e: std::io::Error) -> Self {
+        VirtioPersistError::Activate(super::ActivateError::Worker(e))
+    }
+}
+
 /// Encodes a device's plain state (cannot fail for the plain data devices
 /// keep: no maps with non-string keys, no unsized sequences).
 pub fn encode_state<T: Serialize>(state: &T) -> Vec<u8> {
@@ -194,6 +204,25 @@ mod tests {
     use crate::devices::virtio::test_utils::guest_memory;
     use virtio_queue::mock::MockSplitQueue;
     use vm_memory::GuestAddress;
+
+    #[test]
+    fn a_host_refusal_on_restore_reads_as_a_failed_restart() {
+        let e = VirtioPersistError::from(std::io::Error::other("no eventfd"));
+        let mut chain = vec![e.to_string()];
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            chain.push(c.to_string());
+            cause = c.source();
+        }
+        assert_eq!(
+            chain,
+            [
+                "cannot restart the device",
+                "cannot start the device worker thread",
+                "no eventfd"
+            ]
+        );
+    }
 
     #[test]
     fn queue_state_round_trips_and_is_checked() {

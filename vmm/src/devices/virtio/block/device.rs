@@ -293,8 +293,7 @@ impl VirtioDevice for Block {
             interrupt: a.interrupt,
         };
         let active = ActiveBlock::restore(args, &state)?;
-        self.start_worker(active)
-            .map_err(VirtioPersistError::Activate)
+        Ok(self.start_worker(active)?)
     }
 }
 

@@ -20,7 +20,7 @@ use virtio_queue::{Queue, QueueT};
 
 use super::defs::SLOW_COMPLETION_MS;
 use super::device::{ActiveBlock, BlockConfig, Pending};
-use crate::devices::virtio::{ActivateError, VirtioInterrupt, VirtioPersistError};
+use crate::devices::virtio::{VirtioInterrupt, VirtioPersistError};
 use crate::vstate::memory::GuestMemoryMmap;
 
 /// One held completion.
@@ -109,9 +109,13 @@ impl Persist for ActiveBlock {
 
     fn restore(args: BlockConstructorArgs, state: &BlockState) -> Result<Self, Self::Error> {
         let pending = state.pending(args.queue.size())?;
-        let active = ActiveBlock::new(args.mem, args.queue, pending, args.cfg, args.interrupt)
-            .map_err(ActivateError::Worker)?;
-        Ok(active)
+        Ok(ActiveBlock::new(
+            args.mem,
+            args.queue,
+            pending,
+            args.cfg,
+            args.interrupt,
+        )?)
     }
 }
 

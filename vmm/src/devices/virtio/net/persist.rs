@@ -23,7 +23,7 @@ use super::defs::MAX_FRAME_BYTES;
 use super::device::ActiveNet;
 use super::packet::NetQueues;
 use crate::devices::virtio::persist::VirtioPersistError;
-use crate::devices::virtio::{ActivateError, VirtioInterrupt};
+use crate::devices::virtio::VirtioInterrupt;
 
 /// The net device's own state.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -99,9 +99,7 @@ impl Persist for ActiveNet {
         let mut queues = args.queues;
         let hdr = VnetHdr::from_bytes(&state.pending_rx_hdr).unwrap_or_default();
         queues.set_pending_rx(state.pending_rx.clone().map(|f| (hdr, f)));
-        let active =
-            ActiveNet::new(args.mac, queues, args.interrupt).map_err(ActivateError::Worker)?;
-        Ok(active)
+        Ok(ActiveNet::new(args.mac, queues, args.interrupt)?)
     }
 }
 

@@ -227,8 +227,7 @@ impl VirtioDevice for Vsock {
             interrupt: a.interrupt,
         };
         let muxer = Muxer::restore(args, &state)?;
-        self.start_worker(muxer, evq)
-            .map_err(VirtioPersistError::Activate)
+        Ok(self.start_worker(muxer, evq)?)
     }
 }
 

@@ -20,7 +20,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::muxer::Muxer;
 use super::VsockBackend;
-use crate::devices::virtio::{ActivateError, VirtioInterrupt, VirtioPersistError};
+use crate::devices::virtio::{VirtioInterrupt, VirtioPersistError};
 use crate::vstate::memory::GuestMemoryMmap;
 
 /// The vsock device's own state.
@@ -61,17 +61,15 @@ impl Persist for Muxer {
         // guest driver re-read it from config space (Linux:
         // virtio_vsock_update_guest_cid). So the saved CID is not checked.
         let _ = state.guest_cid;
-        let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(ActivateError::Worker)?);
-        let muxer = Muxer::new(
+        let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK)?);
+        Ok(Muxer::new(
             args.host,
             args.mem,
             args.rxq,
             args.txq,
             args.interrupt,
             kick,
-        )
-        .map_err(ActivateError::Worker)?;
-        Ok(muxer)
+        )?)
     }
 }
 
