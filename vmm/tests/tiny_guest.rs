@@ -467,6 +467,85 @@ mod snapshots {
         );
     }
 
+    /// The inode of the file mapped at host address `addr` in this process
+    /// (`/proc/self/maps`' fifth field).
+    fn mapped_inode(addr: u64) -> u64 {
+        let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
+        for line in maps.lines() {
+            let mut f = line.split_whitespace();
+            let range = f.next().expect("range");
+            let (lo, hi) = range.split_once('-').expect("lo-hi");
+            let lo = u64::from_str_radix(lo, 16).expect("hex");
+            let hi = u64::from_str_radix(hi, 16).expect("hex");
+            if (lo..hi).contains(&addr) {
+                return f.nth(3).expect("inode").parse().expect("number");
+            }
+        }
+        panic!("{addr:#x} is not mapped");
+    }
+
+    #[test]
+    fn restores_of_one_snapshot_through_one_cache_share_one_ram_copy() {
+        use provium_vmm::vstate::memory::RestoreRamCache;
+        let Some(a) = new_vm("restore_shared", cfg(32, 1, vec![], None)) else {
+            return;
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (path, at) = snapshot_of(&a, dir.path(), "a.snap");
+        drop(a);
+        let ram_cache = RestoreRamCache::new();
+        let b = new_vm("restore_shared", cfg(32, 1, vec![], None)).expect("kvm");
+        b.restore_sharing(&path, &ram_cache).expect("restore b");
+        // The image cut on disk after the first restore: the second restore
+        // rebuilds it from the snapshot and maps the copy b maps, and
+        // neither VM reads the cut file.
+        let image = provium_vmm::snapshot::image_path(&path);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&image)
+            .expect("open the image")
+            .set_len(0)
+            .expect("truncate the image");
+        let c = new_vm("restore_shared", cfg(32, 1, vec![], None)).expect("kvm");
+        c.restore_sharing(&path, &ram_cache).expect("restore c");
+        assert_eq!(ram_cache.copies_made(), 1, "one copy for two restores");
+        let inode_of = |vm: &Vm| {
+            let ranges = vm.ram_host_ranges();
+            assert!(!ranges.is_empty(), "a restored VM has RAM");
+            let inodes: Vec<u64> = ranges.iter().map(|(addr, _)| mapped_inode(*addr)).collect();
+            assert!(
+                inodes.iter().all(|i| *i == inodes[0] && *i != 0),
+                "{inodes:?}"
+            );
+            inodes[0]
+        };
+        assert_eq!(inode_of(&b), inode_of(&c), "b and c map the same memfd");
+        touch_all_ram(&b, 32);
+        touch_all_ram(&c, 32);
+        // Each VM's writes are its own (copy-on-write over the shared copy).
+        b.pause().expect("pause b");
+        let b_frozen = counter(&b);
+        assert!(b_frozen >= at, "RAM restored: {b_frozen} < {at}");
+        let c0 = counter(&c);
+        wait_until("c to count while b is paused", || counter(&c) > c0 + 1000);
+        assert_eq!(
+            counter(&b),
+            b_frozen,
+            "b moved while paused: shared writes?"
+        );
+        b.write_guest_memory(COUNTER_GPA, &0xdead_0000_0000u64.to_le_bytes())
+            .expect("write b");
+        assert!(counter(&c) < 0xdead_0000_0000, "c saw b's write");
+        b.resume().expect("resume b");
+        // A third restore starts from the snapshot's RAM, not from b's or c's.
+        let d = new_vm("restore_shared", cfg(32, 1, vec![], None)).expect("kvm");
+        d.restore_sharing(&path, &ram_cache).expect("restore d");
+        let d0 = counter(&d);
+        assert!(d0 < 0xdead_0000_0000, "d saw b's write");
+        wait_until("d to count", || counter(&d) > d0);
+        assert_eq!(ram_cache.copies_made(), 1);
+    }
+
     /// Every page of guest RAM read from the host (a device model's view):
     /// a page that vanished from the mapping would be SIGBUS here.
     fn touch_all_ram(vm: &Vm, mem_mib: u64) {
