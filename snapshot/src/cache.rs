@@ -178,9 +178,10 @@ pub enum CacheError {
     CorruptSnapshot {
         /// The entry (a `.snap`, or a `.lab` directory).
         entry: PathBuf,
-        /// What the snapshot check found.
+        /// What the snapshot check found (boxed: it is large, and this
+        /// enum is every cache call's error).
         #[source]
-        source: crate::format::SnapshotError,
+        source: Box<crate::format::SnapshotError>,
     },
     /// An entry's restore image is not its snapshot's (cut, grown, or a
     /// damaged header): a cache entry's image is only ever installed whole.
@@ -196,9 +197,9 @@ pub enum CacheError {
     CorruptLabIndex {
         /// The `.lab` directory.
         entry: PathBuf,
-        /// Why its index does not read.
+        /// Why its index does not read (boxed, as above).
         #[source]
-        source: crate::lab_index::LabIndexError,
+        source: Box<crate::lab_index::LabIndexError>,
     },
     /// What was handed to install is not a valid entry.
     #[error("fixture cache: refusing to install {path}: {detail}")]
@@ -432,7 +433,7 @@ impl FixtureCache {
                 let index = crate::lab_index::LabIndex::read(path).map_err(|source| {
                     CacheError::CorruptLabIndex {
                         entry: path.to_path_buf(),
-                        source,
+                        source: Box::new(source),
                     }
                 })?;
                 for vm in &index.vms {
@@ -559,7 +560,7 @@ fn verify_snapshot(entry: &Path, snap: &Path, protocol_version: u32) -> Result<(
     use crate::image::{image_path, ImageState};
     let corrupt = |source| CacheError::CorruptSnapshot {
         entry: entry.to_path_buf(),
-        source,
+        source: Box::new(source),
     };
     let s = Snapshot::open(snap, &Expect::protocol(protocol_version)).map_err(corrupt)?;
     s.verify_sections().map_err(corrupt)?;
