@@ -379,6 +379,17 @@ fn the_fixture_cli_lists_builds_and_reports_stale_entries() {
     assert!(Project::text(&e).contains("fixture `fixtures/nope` not found in any test root"));
 }
 
+/// The fixtures a run's saved events announce as cache hits, in order.
+fn cache_hits(events: &std::path::Path) -> Vec<String> {
+    read_events(events)
+        .into_iter()
+        .filter_map(|e| match e.event {
+            Event::FixtureCacheHit(h) => Some(h.path),
+            _ => None,
+        })
+        .collect()
+}
+
 #[test]
 fn a_corrupt_entry_is_warned_evicted_and_rebuilt() {
     let p = Project::new();
@@ -405,13 +416,7 @@ fn a_corrupt_entry_is_warned_evicted_and_rebuilt() {
     assert!(text.contains("evicting it and rebuilding"), "{text}");
     assert_eq!(p.take_builds(), ["base", "derived", "other"]);
     // No cache hit was announced for the corrupt entries.
-    let hits: Vec<String> = read_events(&ev)
-        .into_iter()
-        .filter_map(|e| match e.event {
-            Event::FixtureCacheHit(h) => Some(h.path),
-            _ => None,
-        })
-        .collect();
+    let hits = cache_hits(&ev);
     assert!(
         hits.iter()
             .all(|h| h == "fixtures/cluster" || h == "fixtures/base"),
@@ -474,13 +479,7 @@ fn a_cut_snapshot_or_a_flipped_byte_in_a_lab_member_is_found_before_the_restore_
     assert_eq!(p.take_builds(), ALL);
     // No cache hit for a corrupt entry: each was found before its restore
     // (`derived`'s rebuild restores `base` from its rebuilt entry).
-    let hits: Vec<String> = read_events(&ev)
-        .into_iter()
-        .filter_map(|e| match e.event {
-            Event::FixtureCacheHit(h) => Some(h.path),
-            _ => None,
-        })
-        .collect();
+    let hits = cache_hits(&ev);
     assert!(hits.iter().all(|h| h == "fixtures/base"), "{hits:?}");
     // The next run finds them whole and builds nothing.
     assert!(p.run_tests("uses.test.lua").is_empty());
