@@ -379,6 +379,17 @@ fn the_fixture_cli_lists_builds_and_reports_stale_entries() {
     assert!(Project::text(&e).contains("fixture `fixtures/nope` not found in any test root"));
 }
 
+/// The fixtures a run's saved events announce as cache hits, in order.
+fn cache_hits(events: &std::path::Path) -> Vec<String> {
+    read_events(events)
+        .into_iter()
+        .filter_map(|e| match e.event {
+            Event::FixtureCacheHit(h) => Some(h.path),
+            _ => None,
+        })
+        .collect()
+}
+
 #[test]
 fn a_corrupt_entry_is_warned_evicted_and_rebuilt() {
     let p = Project::new();
@@ -405,18 +416,73 @@ fn a_corrupt_entry_is_warned_evicted_and_rebuilt() {
     assert!(text.contains("evicting it and rebuilding"), "{text}");
     assert_eq!(p.take_builds(), ["base", "derived", "other"]);
     // No cache hit was announced for the corrupt entries.
-    let hits: Vec<String> = read_events(&ev)
-        .into_iter()
-        .filter_map(|e| match e.event {
-            Event::FixtureCacheHit(h) => Some(h.path),
-            _ => None,
-        })
-        .collect();
+    let hits = cache_hits(&ev);
     assert!(
         hits.iter()
             .all(|h| h == "fixtures/cluster" || h == "fixtures/base"),
         "{hits:?}"
     );
+}
+
+#[test]
+fn a_cut_snapshot_or_a_flipped_byte_in_a_lab_member_is_found_before_the_restore_and_rebuilt() {
+    let p = Project::new();
+    assert_eq!(p.run_tests("uses.test.lua"), ALL);
+    let mut cut = 0;
+    let mut flipped = 0;
+    for e in std::fs::read_dir(p.path("cache")).unwrap().flatten() {
+        let path = e.path();
+        if path.extension().is_some_and(|x| x == "snap") {
+            // Cut, as a full disk or an interrupted copy leaves it.
+            let len = std::fs::metadata(&path).unwrap().len();
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_len(len * 2 / 3)
+                .unwrap();
+            cut += 1;
+        } else if path.extension().is_some_and(|x| x == "lab") {
+            // One byte of one member's last section.
+            let member = std::fs::read_dir(&path)
+                .unwrap()
+                .flatten()
+                .map(|m| m.path())
+                .find(|m| m.extension().is_some_and(|x| x == "snap"))
+                .expect("a lab entry holds its VMs' snapshots");
+            let mut b = std::fs::read(&member).unwrap();
+            let n = b.len();
+            b[n - 1] ^= 0x01;
+            std::fs::write(&member, b).unwrap();
+            flipped += 1;
+        }
+    }
+    assert_eq!((cut, flipped), (3, 1), "base, derived, other; cluster");
+    let ev = p.path("events.bin");
+    let o = p.run(&["--save-events", ev.to_str().unwrap(), "uses.test.lua"]);
+    let text = Project::text(&o);
+    assert!(
+        o.status.success(),
+        "the tests pass on the rebuilt entries: {text}"
+    );
+    for name in ["base", "cluster", "other"] {
+        assert!(
+            text.contains(&format!(
+                "provium: warning: fixture `fixtures/{name}`: cached entry"
+            )),
+            "{name} reported: {text}"
+        );
+    }
+    assert!(text.contains("fails its check"), "{text}");
+    assert!(text.contains("is corrupt"), "{text}");
+    assert!(text.contains("evicting it and rebuilding"), "{text}");
+    assert_eq!(p.take_builds(), ALL);
+    // No cache hit for a corrupt entry: each was found before its restore
+    // (`derived`'s rebuild restores `base` from its rebuilt entry).
+    let hits = cache_hits(&ev);
+    assert!(hits.iter().all(|h| h == "fixtures/base"), "{hits:?}");
+    // The next run finds them whole and builds nothing.
+    assert!(p.run_tests("uses.test.lua").is_empty());
 }
 
 #[test]

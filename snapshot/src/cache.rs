@@ -172,6 +172,35 @@ pub enum CacheError {
         #[source]
         source: io::Error,
     },
+    /// A snapshot of an entry fails its whole check (cut, a flipped byte
+    /// in the header, table or any section, the memory section included).
+    #[error("fixture cache: entry {entry} is corrupt (evict it and build it again: `provium fixture rebuild`, or delete it)")]
+    CorruptSnapshot {
+        /// The entry (a `.snap`, or a `.lab` directory).
+        entry: PathBuf,
+        /// What the snapshot check found (boxed: it is large, and this
+        /// enum is every cache call's error).
+        #[source]
+        source: Box<crate::format::SnapshotError>,
+    },
+    /// An entry's restore image is not its snapshot's (cut, grown, or a
+    /// damaged header): a cache entry's image is only ever installed whole.
+    #[error("fixture cache: entry {entry} is corrupt: its restore image {image} does not match its snapshot (cut, grown or damaged; evict the entry and build it again)")]
+    CorruptImage {
+        /// The entry.
+        entry: PathBuf,
+        /// The image.
+        image: PathBuf,
+    },
+    /// A lab entry's index does not read.
+    #[error("fixture cache: lab entry {entry} is corrupt (evict it and build it again: `provium fixture rebuild`, or delete it)")]
+    CorruptLabIndex {
+        /// The `.lab` directory.
+        entry: PathBuf,
+        /// Why its index does not read (boxed, as above).
+        #[source]
+        source: Box<crate::lab_index::LabIndexError>,
+    },
     /// What was handed to install is not a valid entry.
     #[error("fixture cache: refusing to install {path}: {detail}")]
     InvalidEntry {
@@ -330,6 +359,10 @@ impl FixtureCache {
             let _ = fs::remove_file(&tmp);
         }
         r.map_err(|e| self.install_error(src, e))?;
+        // A replaced entry's image was the old snapshot's: the next restore
+        // builds the new one's (and a whole-entry check would call the old
+        // one corrupt). Running VMs hold their own copy of it.
+        let _ = fs::remove_file(crate::image::image_path(&dst));
         Ok(dst)
     }
 
@@ -372,6 +405,42 @@ impl FixtureCache {
         match NoSpace::detect(src, &self.dir, needed_bytes, source) {
             Ok(full) => full.into(),
             Err(source) => io_err("install", src)(source),
+        }
+    }
+
+    /// Checks the whole entry at `path` (as [`FixtureCache::lookup`]
+    /// returned it): each snapshot opened for `protocol_version` with every
+    /// section's checksum verified, the memory section's included; beside
+    /// each snapshot with a memory section, the restore image, if there is
+    /// one, matching it (length and header; its data pages are hashed by
+    /// the restore that copies them); for a lab, its index read and every
+    /// snapshot it lists checked.
+    ///
+    /// Why: opening a snapshot checks only its header and table, and a
+    /// restore from a valid image never reads the memory section, so a
+    /// flipped byte there would go unnoticed until the image is next
+    /// rebuilt. Cost: one read of the entry's snapshot files (compressed;
+    /// the images are not read); the harness does it once per entry per run.
+    pub fn verify_entry(
+        &self,
+        path: &Path,
+        kind: EntryKind,
+        protocol_version: u32,
+    ) -> Result<(), CacheError> {
+        match kind {
+            EntryKind::Vm => verify_snapshot(path, path, protocol_version),
+            EntryKind::Lab => {
+                let index = crate::lab_index::LabIndex::read(path).map_err(|source| {
+                    CacheError::CorruptLabIndex {
+                        entry: path.to_path_buf(),
+                        source: Box::new(source),
+                    }
+                })?;
+                for vm in &index.vms {
+                    verify_snapshot(path, &path.join(&vm.file), protocol_version)?;
+                }
+                Ok(())
+            }
         }
     }
 
@@ -483,6 +552,30 @@ impl FixtureCache {
             Err(e) => Err(io_err("remove", &self.dir)(e)),
         }
     }
+}
+
+/// [`FixtureCache::verify_entry`] for one snapshot file `snap` of `entry`.
+fn verify_snapshot(entry: &Path, snap: &Path, protocol_version: u32) -> Result<(), CacheError> {
+    use crate::format::{Expect, SectionKind, Snapshot};
+    use crate::image::{image_path, ImageState};
+    let corrupt = |source| CacheError::CorruptSnapshot {
+        entry: entry.to_path_buf(),
+        source: Box::new(source),
+    };
+    let s = Snapshot::open(snap, &Expect::protocol(protocol_version)).map_err(corrupt)?;
+    s.verify_sections().map_err(corrupt)?;
+    // The image is built from the (one) memory section.
+    let memory = s.sections().iter().find(|x| x.kind == SectionKind::Memory);
+    if let Some(memory) = memory {
+        let image = image_path(snap);
+        if s.image_state(&memory.name, &image) == ImageState::Mismatch {
+            return Err(CacheError::CorruptImage {
+                entry: entry.to_path_buf(),
+                image,
+            });
+        }
+    }
+    Ok(())
 }
 
 fn remove_entry(path: &Path) -> Result<(), CacheError> {
@@ -912,6 +1005,156 @@ mod tests {
             fs::read_to_string(dst.join(LAB_INDEX_FILE)).unwrap(),
             "ours"
         );
+    }
+
+    /// A kvm-shaped snapshot with a memory section (one data page) and
+    /// its restore image, installed as the entry for `k`.
+    fn vm_entry_with_image(c: &FixtureCache, k: CacheKey) -> PathBuf {
+        use crate::format::{Expect, Shape, Snapshot, SnapshotBuilder};
+        let mut guest = vec![0u8; 64 * 4096];
+        guest[4096 * 3..4096 * 4].fill(0x5a);
+        let shape = Shape {
+            backend: "kvm".into(),
+            memory_bytes: guest.len() as u64,
+            vcpus: 1,
+        };
+        let mut b = SnapshotBuilder::new(7, shape);
+        b.add_section("vm", b"device state").unwrap();
+        b.add_memory("memory", &guest).unwrap();
+        let src = c.dir().join("src.snap");
+        b.write_file(&src).unwrap();
+        let entry = c.install_vm(&k, &src).unwrap();
+        let s = Snapshot::open(&entry, &Expect::protocol(7)).unwrap();
+        s.restore_image("memory", &crate::image::image_path(&entry))
+            .unwrap();
+        entry
+    }
+
+    #[test]
+    fn verify_entry_finds_a_flipped_byte_in_the_memory_section_behind_a_valid_image() {
+        use crate::format::{Expect, SectionKind, Snapshot};
+        use std::os::unix::fs::FileExt;
+        let d = tempfile::tempdir().unwrap();
+        let c = FixtureCache::open(d.path()).unwrap();
+        let entry = vm_entry_with_image(&c, key(1));
+        c.verify_entry(&entry, EntryKind::Vm, 7).unwrap();
+        let s = Snapshot::open(&entry, &Expect::protocol(7)).unwrap();
+        let memory = s
+            .sections()
+            .iter()
+            .find(|x| x.kind == SectionKind::Memory)
+            .unwrap()
+            .clone();
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&entry)
+            .unwrap();
+        let at = memory.offset + memory.stored_len / 2;
+        let mut byte = [0u8];
+        f.read_exact_at(&mut byte, at).unwrap();
+        f.write_all_at(&[byte[0] ^ 1], at).unwrap();
+        // The restore path would not notice: the image still matches.
+        let s = Snapshot::open(&entry, &Expect::protocol(7)).unwrap();
+        assert_eq!(
+            s.image_state("memory", &crate::image::image_path(&entry)),
+            crate::image::ImageState::Matches
+        );
+        let e = c.verify_entry(&entry, EntryKind::Vm, 7).unwrap_err();
+        assert!(matches!(e, CacheError::CorruptSnapshot { .. }), "{e}");
+        let chain = format!("{e}: {}", std::error::Error::source(&e).unwrap());
+        assert!(chain.contains(&entry.display().to_string()), "{chain}");
+        assert!(
+            chain.contains("checksum mismatch in section `memory`"),
+            "{chain}"
+        );
+    }
+
+    #[test]
+    fn verify_entry_finds_a_cut_snapshot_a_cut_image_and_a_bad_protocol() {
+        let d = tempfile::tempdir().unwrap();
+        let c = FixtureCache::open(d.path()).unwrap();
+        let entry = vm_entry_with_image(&c, key(2));
+        let e = c.verify_entry(&entry, EntryKind::Vm, 8).unwrap_err();
+        assert!(matches!(e, CacheError::CorruptSnapshot { .. }), "{e}");
+        let image = crate::image::image_path(&entry);
+        let f = OpenOptions::new().write(true).open(&image).unwrap();
+        f.set_len(4096 * 2).unwrap();
+        let e = c.verify_entry(&entry, EntryKind::Vm, 7).unwrap_err();
+        assert!(
+            matches!(&e, CacheError::CorruptImage { image: i, .. } if *i == image),
+            "{e}"
+        );
+        // No image at all is fine: the next restore builds it.
+        fs::remove_file(&image).unwrap();
+        c.verify_entry(&entry, EntryKind::Vm, 7).unwrap();
+        let len = fs::metadata(&entry).unwrap().len();
+        let f = OpenOptions::new().write(true).open(&entry).unwrap();
+        f.set_len(len - 10).unwrap();
+        let e = c.verify_entry(&entry, EntryKind::Vm, 7).unwrap_err();
+        assert!(matches!(e, CacheError::CorruptSnapshot { .. }), "{e}");
+    }
+
+    #[test]
+    fn verify_entry_checks_a_labs_index_and_every_snapshot_it_lists() {
+        use crate::format::{Shape, SnapshotBuilder};
+        use crate::lab_index::{LabIndex, LabVm};
+        let d = tempfile::tempdir().unwrap();
+        let c = FixtureCache::open(d.path().join("cache").as_path()).unwrap();
+        let src = d.path().join("lab-src");
+        fs::create_dir_all(&src).unwrap();
+        let mut index = LabIndex::new("root");
+        for name in ["a", "b"] {
+            let shape = Shape {
+                backend: "local".into(),
+                memory_bytes: 0,
+                vcpus: 1,
+            };
+            let mut b = SnapshotBuilder::new(7, shape);
+            b.add_section("upper", name.as_bytes()).unwrap();
+            b.write_file(&src.join(format!("{name}.snap"))).unwrap();
+            index.vms.push(LabVm {
+                lab_path: Vec::new(),
+                name: name.into(),
+                profile: "p".into(),
+                memory_bytes: 0,
+                cpus: 1,
+                file: format!("{name}.snap"),
+            });
+        }
+        index.write(&src).unwrap();
+        let entry = c.install_lab(&key(3), &src).unwrap();
+        c.verify_entry(&entry, EntryKind::Lab, 7).unwrap();
+        // A flipped byte in b's section.
+        let b_snap = entry.join("b.snap");
+        let mut bytes = fs::read(&b_snap).unwrap();
+        let n = bytes.len();
+        bytes[n - 1] ^= 0xff;
+        fs::write(&b_snap, &bytes).unwrap();
+        let e = c.verify_entry(&entry, EntryKind::Lab, 7).unwrap_err();
+        assert!(matches!(e, CacheError::CorruptSnapshot { .. }), "{e}");
+        bytes[n - 1] ^= 0xff;
+        fs::write(&b_snap, &bytes).unwrap();
+        c.verify_entry(&entry, EntryKind::Lab, 7).unwrap();
+        // A cut index.
+        let idx = entry.join(LAB_INDEX_FILE);
+        let text = fs::read(&idx).unwrap();
+        fs::write(&idx, &text[..text.len() / 2]).unwrap();
+        let e = c.verify_entry(&entry, EntryKind::Lab, 7).unwrap_err();
+        assert!(matches!(e, CacheError::CorruptLabIndex { .. }), "{e}");
+    }
+
+    #[test]
+    fn reinstalling_an_entry_drops_the_old_snapshots_image() {
+        let d = tempfile::tempdir().unwrap();
+        let c = FixtureCache::open(d.path()).unwrap();
+        let entry = vm_entry_with_image(&c, key(4));
+        let image = crate::image::image_path(&entry);
+        assert!(image.exists());
+        let src = d.path().join("other.snap");
+        fs::copy(&entry, &src).unwrap();
+        c.install_vm(&key(4), &src).unwrap();
+        assert!(!image.exists(), "the old image went with the old entry");
     }
 
     #[test]

@@ -128,7 +128,41 @@ fn matches(path: &Path, want: &[u8; HEADER_MATCHED], guest_len: u64) -> Option<(
     Some((f, digest))
 }
 
+/// What [`Snapshot::image_state`] found at a restore image's path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageState {
+    /// No image there (the next restore builds one).
+    Absent,
+    /// A whole image whose header matches this snapshot: a restore uses it
+    /// (and checks its data pages' digest as it copies them).
+    Matches,
+    /// A file that is not this snapshot's image: cut, grown, another
+    /// snapshot's, or a damaged header.
+    Mismatch,
+}
+
 impl Snapshot {
+    /// Whether the restore image at `path` is the image of memory section
+    /// `name`: its length and header (the section's SHA-256, the guest
+    /// size) checked, its data pages not read (the restore's copy hashes
+    /// them). For a whole-entry check of the fixture cache.
+    pub fn image_state(&self, name: &str, path: &Path) -> ImageState {
+        if !path.exists() {
+            return ImageState::Absent;
+        }
+        let section = self
+            .sections()
+            .iter()
+            .find(|s| s.name == name && s.kind == SectionKind::Memory);
+        let guest_len = self.shape().memory_bytes;
+        match section {
+            Some(s) if matches(path, &header(guest_len, &s.sha256), guest_len).is_some() => {
+                ImageState::Matches
+            }
+            _ => ImageState::Mismatch,
+        }
+    }
+
     /// The restore image of memory section `name` at `path`: opened when one
     /// matching this snapshot is there, else built (decoding the section
     /// once, writing only its non-zero pages) and installed atomically.
@@ -322,6 +356,30 @@ mod tests {
         moved[4096 * 7 + 1] = 3;
         moved[4096 * 6] = 4;
         assert_ne!(digest_of(&moved), digest_of(&guest));
+    }
+
+    #[test]
+    fn image_state_tells_a_matching_image_from_a_cut_or_foreign_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut guest = vec![0u8; 32 * 4096];
+        guest[4096 * 2] = 5;
+        let p = snap(dir.path(), &guest);
+        let s = Snapshot::open(&p, &Expect::protocol(1)).unwrap();
+        let ip = image_path(&p);
+        assert_eq!(s.image_state("memory", &ip), ImageState::Absent);
+        s.restore_image("memory", &ip).unwrap();
+        assert_eq!(s.image_state("memory", &ip), ImageState::Matches);
+        // A flipped header byte (the section digest it is bound to).
+        let f = OpenOptions::new().write(true).open(&ip).unwrap();
+        f.write_all_at(&[0xff], 30).unwrap();
+        assert_eq!(s.image_state("memory", &ip), ImageState::Mismatch);
+        s.restore_image("memory", &ip).unwrap();
+        // Cut.
+        let f = OpenOptions::new().write(true).open(&ip).unwrap();
+        f.set_len(IMAGE_DATA_OFFSET).unwrap();
+        assert_eq!(s.image_state("memory", &ip), ImageState::Mismatch);
+        // No memory section of that name.
+        assert_eq!(s.image_state("ram", &ip), ImageState::Mismatch);
     }
 
     #[test]

@@ -528,8 +528,22 @@ impl Vm {
 
     /// `Created`/`Shutdown → Booted` from the snapshot at `path`: a new
     /// machine with this VM's config and the snapshot's state, running.
-    /// The console log becomes the snapshot's tail and continues.
+    /// The console log becomes the snapshot's tail and continues. Its RAM
+    /// is a copy of the restore image of its own; restores that should
+    /// share one copy go through [`Vm::restore_sharing`].
     pub fn restore(&self, path: &std::path::Path) -> Result<(), VmError> {
+        self.restore_sharing(path, &crate::vstate::memory::RestoreRamCache::new())
+    }
+
+    /// [`Vm::restore`] with guest RAM from `ram_cache`: the restore image's
+    /// sealed copy made by the first restore of it through that cache,
+    /// mapped copy-on-write (a run's VMs restored from one fixture hold its
+    /// pages once).
+    pub fn restore_sharing(
+        &self,
+        path: &std::path::Path,
+        ram_cache: &crate::vstate::memory::RestoreRamCache,
+    ) -> Result<(), VmError> {
         let s = &self.shared;
         let mut g = s.lock();
         Self::require(&g, "restore", &[VmState::Created, VmState::Shutdown])?;
@@ -541,6 +555,7 @@ impl Vm {
             events.clone(),
             events,
             path,
+            ram_cache,
         )
         .map_err(|source| VmError::Restore {
             path: path.display().to_string(),

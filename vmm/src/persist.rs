@@ -20,9 +20,10 @@
 //! Restoring builds a new machine from the file and the restoring VM's
 //! config: the shape (memory, vCPUs) and the device list (types, in order)
 //! must match, or the restore is refused by name. Guest RAM is the
-//! snapshot's restore image (`<snapshot>.img`, built on first use) mapped
-//! copy-on-write, so nothing is decompressed or copied before the guest
-//! runs. Not restored: vsock connections (the guest gets TRANSPORT_RESET,
+//! snapshot's restore image (`<snapshot>.img`, built on first use), copied
+//! once per run into a sealed memfd that every VM restored from it maps
+//! copy-on-write ([`RestoreRamCache`]), so nothing is decompressed before
+//! the guest runs and parallel restores hold the image's pages once. Not restored: vsock connections (the guest gets TRANSPORT_RESET,
 //! clients reconnect), host entropy (the rng is reseeded unless `rng_seed`
 //! pins it), wall-clock time (kvmclock is advanced by the time the
 //! snapshot sat on disk, as after a suspend).
@@ -52,7 +53,7 @@ use crate::devices::GuestRequestSink;
 use crate::snapshot::{Expect, Shape, Snapshot, SnapshotBuilder, SnapshotError};
 use crate::vmm_config::VmConfig;
 use crate::vstate::kvm::KvmContext;
-use crate::vstate::memory::{data_masks, guest_ram_from_image_copy, host_parts, MemoryError};
+use crate::vstate::memory::{data_masks, host_parts, MemoryError, RestoreRamCache};
 use crate::vstate::vcpu::{
     configure_vcpu, restore_vcpu, save_vcpu, VcpuBootConfig, VcpuError, VcpuSet, VcpuState,
     VcpuStopSink,
@@ -340,7 +341,9 @@ pub fn open_for(cfg: &VmConfig, path: &Path) -> Result<(Snapshot, MicrovmState),
     Ok((snap, state))
 }
 
-/// Builds a machine from the snapshot at `path` and starts its vCPUs.
+/// Builds a machine from the snapshot at `path` and starts its vCPUs. Its
+/// RAM is the restore image's sealed copy in `ram_cache`, made by the first
+/// restore of that image through the cache and shared by the later ones.
 pub fn restore_and_start(
     kvm: &KvmContext,
     cfg: &VmConfig,
@@ -348,6 +351,7 @@ pub fn restore_and_start(
     requests: Arc<dyn GuestRequestSink>,
     stops: Arc<dyn VcpuStopSink>,
     path: &Path,
+    ram_cache: &RestoreRamCache,
 ) -> Result<Machine, PersistError> {
     if let Some(t) = &cfg.boot_timer {
         t.begin_boot();
@@ -358,13 +362,17 @@ pub fn restore_and_start(
     let (snap, state) = open_for(cfg, path)?;
     let tail = bounded_section(&snap, CONSOLE_SECTION, MAX_CONSOLE_BYTES)?;
     let image = open_restore_image(&snap, path)?;
-    let ram = guest_ram_from_image_copy(
-        &image.file,
-        image.guest_len_bytes,
-        image.data_offset,
-        &image.data_sha256,
-    )
-    .map_err(PersistError::Memory)?;
+    // Keyed by the image's place beside the snapshot even when this restore
+    // had to build a private one elsewhere: the content is the same.
+    let ram = ram_cache
+        .guest_ram(
+            &crate::snapshot::image_path(path),
+            &image.file,
+            image.guest_len_bytes,
+            image.data_offset,
+            &image.data_sha256,
+        )
+        .map_err(PersistError::Memory)?;
     let build = PersistError::Build;
     let vm = KvmVm::new(kvm).map_err(|e| build(BuildError::Vm(e)))?;
     vm.register_memory(&ram.memory)

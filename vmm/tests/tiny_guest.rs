@@ -436,35 +436,116 @@ mod snapshots {
         wait_until("the second restore to count on", || counter(&b) > c);
     }
 
+    /// A 32 MiB tiny guest snapshotted to `a.snap` in a new temporary
+    /// directory and dropped: the directory, the snapshot and its counter.
+    /// `None` where there is no KVM (the skip is printed).
+    fn snapshotted(test: &str) -> Option<(tempfile::TempDir, PathBuf, u64)> {
+        let a = new_vm(test, cfg(32, 1, vec![], None))?;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (path, at) = snapshot_of(&a, dir.path(), "a.snap");
+        Some((dir, path, at))
+    }
+
+    /// Truncates the restore image at `image` to nothing, in place.
+    fn truncate_to_zero(image: &Path) {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(image)
+            .expect("open the image")
+            .set_len(0)
+            .expect("truncate the image");
+    }
+
+    /// A write in `b` (the guest's counter, then a host write) is not seen
+    /// by `c`: each has its own copy-on-write RAM. Leaves both running.
+    fn assert_writes_kept_apart(b: &Vm, c: &Vm) {
+        b.pause().expect("pause b");
+        let b_frozen = counter(b);
+        let c0 = counter(c);
+        wait_until("c to count while b is paused", || counter(c) > c0 + 1000);
+        assert_eq!(counter(b), b_frozen, "b moved while paused: shared RAM?");
+        b.write_guest_memory(COUNTER_GPA, &0xdead_0000_0000u64.to_le_bytes())
+            .expect("write b");
+        assert!(counter(c) < 0xdead_0000_0000, "c saw b's write");
+        b.resume().expect("resume b");
+    }
+
     #[test]
     fn restoring_one_snapshot_twice_gives_independent_vms() {
-        let Some(a) = new_vm("restore_twice", cfg(32, 1, vec![], None)) else {
+        let Some((_dir, path, _)) = snapshotted("restore_twice") else {
             return;
         };
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (path, _) = snapshot_of(&a, dir.path(), "a.snap");
-        drop(a);
         let b = new_vm("restore_twice", cfg(32, 1, vec![], None)).expect("kvm");
         let c = new_vm("restore_twice", cfg(32, 1, vec![], None)).expect("kvm");
         b.restore(&path).expect("restore b");
         c.restore(&path).expect("restore c");
-        // A write in one (the guest's counter, then a host write) is not
-        // seen by the other: each has its own copy-on-write RAM.
-        b.pause().expect("pause b");
-        let b_frozen = counter(&b);
-        let c0 = counter(&c);
-        wait_until("c to count while b is paused", || counter(&c) > c0 + 1000);
-        assert_eq!(counter(&b), b_frozen, "b moved while paused: shared RAM?");
-        b.write_guest_memory(COUNTER_GPA, &0xdead_0000_0000u64.to_le_bytes())
-            .expect("write b");
-        assert!(counter(&c) < 0xdead_0000_0000, "c saw b's write");
-        b.resume().expect("resume b");
+        assert_writes_kept_apart(&b, &c);
         c.console().write_input(b"only-c").expect("queued");
         wait_console(&c, "only-c", 1);
         assert!(
             !b.console().log_string().contains("only-c"),
             "consoles are separate"
         );
+    }
+
+    /// The inode of the file mapped at host address `addr` in this process
+    /// (`/proc/self/maps`' fifth field).
+    fn mapped_inode(addr: u64) -> u64 {
+        let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
+        for line in maps.lines() {
+            let mut f = line.split_whitespace();
+            let range = f.next().expect("range");
+            let (lo, hi) = range.split_once('-').expect("lo-hi");
+            let lo = u64::from_str_radix(lo, 16).expect("hex");
+            let hi = u64::from_str_radix(hi, 16).expect("hex");
+            if (lo..hi).contains(&addr) {
+                return f.nth(3).expect("inode").parse().expect("number");
+            }
+        }
+        panic!("{addr:#x} is not mapped");
+    }
+
+    #[test]
+    fn restores_of_one_snapshot_through_one_cache_share_one_ram_copy() {
+        use provium_vmm::vstate::memory::RestoreRamCache;
+        let Some((_dir, path, at)) = snapshotted("restore_shared") else {
+            return;
+        };
+        let ram_cache = RestoreRamCache::new();
+        let b = new_vm("restore_shared", cfg(32, 1, vec![], None)).expect("kvm");
+        b.restore_sharing(&path, &ram_cache).expect("restore b");
+        // The image cut on disk after the first restore: the second restore
+        // rebuilds it from the snapshot and maps the copy b maps, and
+        // neither VM reads the cut file.
+        let image = provium_vmm::snapshot::image_path(&path);
+        truncate_to_zero(&image);
+        let c = new_vm("restore_shared", cfg(32, 1, vec![], None)).expect("kvm");
+        c.restore_sharing(&path, &ram_cache).expect("restore c");
+        assert_eq!(ram_cache.copies_made(), 1, "one copy for two restores");
+        let inode_of = |vm: &Vm| {
+            let ranges = vm.ram_host_ranges();
+            assert!(!ranges.is_empty(), "a restored VM has RAM");
+            let inodes: Vec<u64> = ranges.iter().map(|(addr, _)| mapped_inode(*addr)).collect();
+            assert!(
+                inodes.iter().all(|i| *i == inodes[0] && *i != 0),
+                "{inodes:?}"
+            );
+            inodes[0]
+        };
+        assert_eq!(inode_of(&b), inode_of(&c), "b and c map the same memfd");
+        touch_all_ram(&b, 32);
+        touch_all_ram(&c, 32);
+        // Each VM's writes are its own (copy-on-write over the shared copy).
+        let b0 = counter(&b);
+        assert!(b0 >= at, "RAM restored: {b0} < {at}");
+        assert_writes_kept_apart(&b, &c);
+        // A third restore starts from the snapshot's RAM, not from b's or c's.
+        let d = new_vm("restore_shared", cfg(32, 1, vec![], None)).expect("kvm");
+        d.restore_sharing(&path, &ram_cache).expect("restore d");
+        let d0 = counter(&d);
+        assert!(d0 < 0xdead_0000_0000, "d saw b's write");
+        wait_until("d to count", || counter(&d) > d0);
+        assert_eq!(ram_cache.copies_made(), 1);
     }
 
     /// Every page of guest RAM read from the host (a device model's view):
@@ -491,12 +572,7 @@ mod snapshots {
         assert!(image.exists(), "the restore built the image");
 
         // Truncated under the running VM (what `cp` over it does first).
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&image)
-            .expect("open the image")
-            .set_len(0)
-            .expect("truncate the image");
+        truncate_to_zero(&image);
         touch_all_ram(&b, 32);
         let c0 = counter(&b);
         assert!(c0 >= at, "RAM restored: {c0} < {at}");

@@ -43,6 +43,7 @@ pub trait LiveResource: Send + Sync {
 pub struct RunResources {
     live: Arc<Mutex<Vec<Weak<dyn LiveResource>>>>,
     file_digests: FileDigests,
+    verified_entries: crate::fixture::verified::VerifiedEntries,
 }
 
 impl std::fmt::Debug for RunResources {
@@ -56,6 +57,12 @@ impl RunResources {
     /// The run's memo of host-file digests, for fixture keys.
     pub fn file_digests(&self) -> &FileDigests {
         &self.file_digests
+    }
+
+    /// The run's memo of fixture cache entries that passed their
+    /// whole-entry check (checked once per entry per run).
+    pub fn verified_entries(&self) -> &crate::fixture::verified::VerifiedEntries {
+        &self.verified_entries
     }
 
     fn track(&self, r: Weak<dyn LiveResource>) {

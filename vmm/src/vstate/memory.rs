@@ -1,20 +1,25 @@
 //! Guest RAM: one memfd holding every RAM range, mapped shared; or, for a
-//! restored VM, a sealed private copy of a snapshot's restore image,
-//! mapped private.
+//! restored VM, a sealed copy of a snapshot's restore image, shared by
+//! every VM of the run restored from that image and mapped private.
 //!
 //! A restore does not decompress or copy all of RAM before the guest runs:
-//! it copies only the restore image's (`provium_snapshot::image`) data
-//! pages into a sealed memfd ([`guest_ram_from_image_copy`]) and maps that
+//! the first restore of an image in a run copies only the restore image's
+//! (`provium_snapshot::image`) data pages into a sealed memfd
+//! ([`RestoreRamCache`]), and every restore of it maps that memfd
 //! `MAP_PRIVATE`; holes read as zero without allocating and a guest write
-//! copies only that page. The copy is what keeps a running VM independent
-//! of the image file: a private mapping of the file itself would SIGBUS the
-//! process if the file were truncated under it. A snapshot reads RAM
+//! copies only that page, into that VM alone. The copy is what keeps a
+//! running VM independent of the image file: a private mapping of the file
+//! itself would SIGBUS the process if the file were truncated under it. A snapshot reads RAM
 //! through the mappings (`host_parts`), never through the file, so it sees
 //! the guest's writes whichever way RAM is backed.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::os::fd::FromRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use vm_memory::mmap::MmapRegionBuilder;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, GuestRegionMmap};
@@ -31,8 +36,8 @@ pub enum MemoryError {
     /// memfd_create failed.
     #[error("cannot create the guest RAM memfd")]
     Memfd(#[source] io::Error),
-    /// Sealing a restore's RAM copy against shrinking failed.
-    #[error("cannot seal the restored guest RAM memfd against shrinking")]
+    /// Sealing a restore image's RAM copy failed.
+    #[error("cannot seal the restored guest RAM memfd against writes, shrinking and growing (Linux 5.1 or later is needed)")]
     Seal(#[source] io::Error),
     /// Sizing the memfd failed.
     #[error("cannot size the guest RAM memfd to {mem_bytes} bytes (is there enough memory?)")]
@@ -107,34 +112,135 @@ fn map_ranges(
     GuestMemoryMmap::from_regions(regions).map_err(MemoryError::Regions)
 }
 
-/// Guest RAM for a restore: the data pages of the restore image at
-/// `data_offset` in `image` copied into a fresh sealed memfd, which is then
-/// mapped privately (copy-on-write).
+/// What makes two restore images the same image: where it lives (the
+/// `.img` beside its snapshot), the guest size, and the digest of its data
+/// pages from its header. A rebuilt image at the same path (another
+/// snapshot written there) has another digest, so it is another image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ImageIdentity {
+    guest_len_bytes: u64,
+    data_sha256: [u8; 32],
+}
+
+/// One image's sealed RAM copy, filled by the first restore that needs it;
+/// the others of that image wait on its lock instead of copying too.
+type SharedRamSlot = Arc<Mutex<Option<Arc<File>>>>;
+
+/// The restore images' sealed RAM copies of one run: one memfd per image
+/// (per [`ImageIdentity`]), copied from the image and digest-checked once,
+/// then mapped `MAP_PRIVATE` by every VM restored from it.
 ///
-/// Why a copy: a private mapping of the image file itself would tie the
-/// running guest to that file. If anyone truncated it (a `cp` over it, a
-/// cache cleanup, a disk tool), every page not yet copied-on-write would
-/// vanish from the mapping and the next access, by a vCPU or by a device
-/// model in this process, would be SIGBUS: the whole run dies. The memfd
-/// is private to this process and sealed against shrinking, growing and
-/// writes, so nothing outside can change what the guest sees; unlinking,
-/// replacing or truncating the image afterwards does not affect the VM.
+/// Why: a private copy per VM (what keeps a VM independent of its image
+/// file, see [`RestoreRamCache::guest_ram`]) held one copy of a fixture's
+/// pages per VM; 10 parallel restores of one fixture held 10. Shared, the
+/// data pages are held once per run and a VM holds only the pages it wrote
+/// (copy-on-write). The memfd is sealed against writes as well as shrinking
+/// and growing, so no VM (and nothing else) can change what the others see.
 ///
-/// Cost (docs/reliability.md): one pass over the image's data pages
-/// (holes are skipped with SEEK_DATA/SEEK_HOLE and zero pages are not
-/// copied, so untouched guest RAM still costs nothing), and the data pages
-/// are held once per restored VM in the memfd instead of being shared
-/// through the page cache by parallel restores of one image.
-///
-/// The pages are checked as they are copied: their [`ImageDigest`] must be
-/// `data_sha256` (the image header's), else the restore is refused with
-/// [`MemoryError::ImageCorrupt`] before any vCPU exists.
-pub fn guest_ram_from_image_copy(
+/// The owner is the run (the harness's kvm backend holds one; a lone
+/// `Vm::restore` makes its own); dropping it drops the cache's reference,
+/// and a memfd is freed once the last VM mapping it is gone. It keeps at
+/// most one memfd per image path: an image rebuilt under the same path
+/// replaces the entry (VMs restored from the old one keep their mapping).
+#[derive(Default)]
+pub struct RestoreRamCache {
+    images: Mutex<HashMap<PathBuf, (ImageIdentity, SharedRamSlot)>>,
+    copies_made: AtomicU64,
+}
+
+impl RestoreRamCache {
+    /// An empty cache (no image copied yet).
+    pub fn new() -> RestoreRamCache {
+        RestoreRamCache::default()
+    }
+
+    /// How many image copies this cache made: one per image restored, not
+    /// one per restore (tests and benches read it).
+    pub fn copies_made(&self) -> u64 {
+        self.copies_made.load(Ordering::Relaxed)
+    }
+
+    /// Guest RAM for a restore from `image`, opened from `image_path`: its
+    /// data pages (`mem_bytes` at `data_offset`) as a sealed memfd mapped
+    /// privately (copy-on-write). The first restore of an image copies and
+    /// checks it; later ones of the same image (same path and
+    /// `data_sha256`, the header's digest) map that memfd without reading
+    /// the image again.
+    ///
+    /// Why a copy at all: a private mapping of the image file itself would
+    /// tie the running guest to that file. If anyone truncated it (a `cp`
+    /// over it, a cache cleanup, a disk tool), every page not yet
+    /// copied-on-write would vanish from the mapping and the next access,
+    /// by a vCPU or by a device model in this process, would be SIGBUS:
+    /// the whole run dies. The memfd is private to this process and sealed
+    /// against shrinking, growing and writes, so nothing outside can change
+    /// what the guest sees; unlinking, replacing or truncating the image
+    /// afterwards affects neither the running VMs nor later restores of
+    /// the same image in this run.
+    ///
+    /// Cost (docs/snapshots.md): one pass over the image's data pages per
+    /// image per run (holes are skipped with SEEK_DATA/SEEK_HOLE and zero
+    /// pages are not copied, so untouched guest RAM still costs nothing).
+    /// The pages are checked as they are copied: their [`ImageDigest`] must
+    /// be `data_sha256`, else the restore is refused with
+    /// [`MemoryError::ImageCorrupt`] before any vCPU exists, and nothing is
+    /// kept (the next restore reads the image again).
+    pub fn guest_ram(
+        &self,
+        image_path: &Path,
+        image: &File,
+        mem_bytes: u64,
+        data_offset: u64,
+        data_sha256: &[u8; 32],
+    ) -> Result<GuestRam, MemoryError> {
+        let identity = ImageIdentity {
+            guest_len_bytes: mem_bytes,
+            data_sha256: *data_sha256,
+        };
+        let slot = {
+            let mut images = self.images.lock().unwrap_or_else(|e| e.into_inner());
+            match images.get(image_path) {
+                Some((known, slot)) if *known == identity => Arc::clone(slot),
+                _ => {
+                    let slot = SharedRamSlot::default();
+                    images.insert(image_path.to_path_buf(), (identity, Arc::clone(&slot)));
+                    slot
+                }
+            }
+        };
+        // The map's lock is released: restores of other images copy in
+        // parallel; those of this image wait here for the first one's copy.
+        let mut shared = slot.lock().unwrap_or_else(|e| e.into_inner());
+        let memfd = match shared.as_ref() {
+            Some(memfd) => Arc::clone(memfd),
+            None => {
+                let memfd = Arc::new(sealed_copy_of_image(
+                    image,
+                    mem_bytes,
+                    data_offset,
+                    data_sha256,
+                )?);
+                self.copies_made.fetch_add(1, Ordering::Relaxed);
+                *shared = Some(Arc::clone(&memfd));
+                memfd
+            }
+        };
+        drop(shared);
+        let memory = map_ranges(&memfd, mem_bytes, 0, libc::MAP_PRIVATE)?;
+        let file = memfd.try_clone().map_err(MemoryError::Memfd)?;
+        Ok(GuestRam { memory, file })
+    }
+}
+
+/// The data pages of the restore image at `data_offset` in `image` copied
+/// into a fresh memfd of `mem_bytes`, checked against `data_sha256` and
+/// then sealed: no write, shrink or grow from here on.
+fn sealed_copy_of_image(
     image: &File,
     mem_bytes: u64,
     data_offset: u64,
     data_sha256: &[u8; 32],
-) -> Result<GuestRam, MemoryError> {
+) -> Result<File, MemoryError> {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::FileExt;
     // SAFETY: a valid NUL-terminated name and valid flags; checked below.
@@ -215,24 +321,27 @@ pub fn guest_ram_from_image_copy(
         return Err(MemoryError::ImageCorrupt);
     }
     // Shrinking is what could SIGBUS the mappings; growing is sealed too.
-    // Not F_SEAL_WRITE: the kernel refuses it with EBUSY while any of the
-    // pages just written still has an extra reference (a per-CPU LRU batch
-    // on another CPU holds one for a while), which made restores fail
-    // under load; and nothing outside this process holds the memfd (it is
-    // CLOEXEC and never passed on), so there is no writer to keep out.
-    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // F_SEAL_FUTURE_WRITE, not F_SEAL_WRITE: every restored VM of the
+    // image maps this memfd, so a write to it would reach them all; the
+    // future-write seal refuses write(2) and new shared writable mappings
+    // from here on and leaves private (copy-on-write) mappings writable.
+    // F_SEAL_WRITE would also do, but the kernel refuses it with EBUSY
+    // while any page just written still has an extra reference (a per-CPU
+    // LRU batch on another CPU holds one for a while), which made restores
+    // fail under load.
+    let seals =
+        libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL;
     // SAFETY: fcntl on the memfd we own; checked below.
     if unsafe { libc::fcntl(ram.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
         return Err(MemoryError::Seal(io::Error::last_os_error()));
     }
-    let memory = map_ranges(&ram, mem_bytes, 0, libc::MAP_PRIVATE)?;
-    Ok(GuestRam { memory, file: ram })
+    Ok(ram)
 }
 
 /// Maps `mem_bytes` of guest RAM privately (copy-on-write) from a restore
 /// image whose guest memory starts at `data_offset` (page-aligned). The
 /// guest then depends on that file staying whole: see
-/// [`guest_ram_from_image_copy`], which a restore uses.
+/// [`RestoreRamCache::guest_ram`], which a restore uses.
 pub fn guest_ram_from_image(
     file: File,
     mem_bytes: u64,
@@ -377,6 +486,166 @@ mod tests {
             resident.iter().filter(|b| **b & 1 == 1).count(),
             1,
             "no hole was faulted in"
+        );
+    }
+
+    const IMAGE_MEM_BYTES: u64 = 2 << 20;
+    const IMAGE_DATA_OFFSET: u64 = 4096;
+
+    /// A restore image's data part at `IMAGE_DATA_OFFSET` in a sparse file
+    /// `path`: `pages` (index, fill byte) of guest memory; with its digest.
+    fn write_image(path: &Path, pages: &[(u64, u8)]) -> (File, [u8; 32]) {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .expect("image file");
+        f.set_len(IMAGE_DATA_OFFSET + IMAGE_MEM_BYTES)
+            .expect("sized");
+        let mut digest = ImageDigest::default();
+        for (index, fill) in pages {
+            let page = vec![*fill; 4096];
+            f.write_all_at(&page, IMAGE_DATA_OFFSET + index * 4096)
+                .expect("page written");
+            digest.page(*index, &page);
+        }
+        (f, digest.finish())
+    }
+
+    fn inode(f: &File) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        f.metadata().expect("fstat").ino()
+    }
+
+    fn byte_at(ram: &GuestRam, gpa: u64) -> u8 {
+        ram.memory.read_obj(GuestAddress(gpa)).expect("in range")
+    }
+
+    #[test]
+    fn restores_of_one_image_share_one_sealed_copy_and_keep_their_writes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("x.snap.img");
+        let (image, digest) = write_image(&path, &[(3, 0x33), (100, 0x64)]);
+        let cache = RestoreRamCache::new();
+        let a = cache
+            .guest_ram(&path, &image, IMAGE_MEM_BYTES, IMAGE_DATA_OFFSET, &digest)
+            .expect("first restore copies");
+        let b = cache
+            .guest_ram(&path, &image, IMAGE_MEM_BYTES, IMAGE_DATA_OFFSET, &digest)
+            .expect("second restore shares");
+        assert_eq!(cache.copies_made(), 1, "one copy for two restores");
+        assert_eq!(inode(&a.file), inode(&b.file), "both map the same memfd");
+        assert_ne!(inode(&a.file), inode(&image), "a copy, not the image");
+        assert_eq!(byte_at(&a, 3 * 4096), 0x33);
+        assert_eq!(byte_at(&b, 100 * 4096 + 7), 0x64);
+        // Copy-on-write: each VM's writes are its own.
+        a.memory
+            .write_obj(0xaau8, GuestAddress(3 * 4096))
+            .expect("in range");
+        b.memory
+            .write_obj(0xbbu8, GuestAddress(50 * 4096))
+            .expect("in range");
+        assert_eq!(byte_at(&a, 3 * 4096), 0xaa);
+        assert_eq!(byte_at(&b, 3 * 4096), 0x33, "a's write did not reach b");
+        assert_eq!(byte_at(&a, 50 * 4096), 0, "b's write did not reach a");
+        let c = cache
+            .guest_ram(&path, &image, IMAGE_MEM_BYTES, IMAGE_DATA_OFFSET, &digest)
+            .expect("third restore");
+        assert_eq!(byte_at(&c, 3 * 4096), 0x33, "nor the shared copy");
+        assert_eq!(byte_at(&c, 50 * 4096), 0);
+    }
+
+    #[test]
+    fn the_shared_copy_is_sealed_against_writes_and_resizing() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("x.snap.img");
+        let (image, digest) = write_image(&path, &[(1, 1)]);
+        let cache = RestoreRamCache::new();
+        let ram = cache
+            .guest_ram(&path, &image, IMAGE_MEM_BYTES, IMAGE_DATA_OFFSET, &digest)
+            .expect("restore");
+        assert!(ram.file.write_all_at(&[9], 4096).is_err(), "write sealed");
+        assert!(ram.file.set_len(4096).is_err(), "shrink sealed");
+        assert!(
+            ram.file.set_len(IMAGE_MEM_BYTES * 2).is_err(),
+            "grow sealed"
+        );
+        assert_eq!(byte_at(&ram, 4096), 1);
+    }
+
+    #[test]
+    fn an_image_truncated_after_the_first_restore_affects_no_restore_of_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("x.snap.img");
+        let (image, digest) = write_image(&path, &[(2, 0x22), (400, 0x44)]);
+        let cache = RestoreRamCache::new();
+        let first = cache
+            .guest_ram(&path, &image, IMAGE_MEM_BYTES, IMAGE_DATA_OFFSET, &digest)
+            .expect("first restore");
+        image.set_len(0).expect("truncate the image under the VM");
+        // A mapping of the file itself would SIGBUS on these reads.
+        assert_eq!(byte_at(&first, 400 * 4096), 0x44);
+        let second = cache
+            .guest_ram(&path, &image, IMAGE_MEM_BYTES, IMAGE_DATA_OFFSET, &digest)
+            .expect("the second restore does not read the cut image");
+        assert_eq!(byte_at(&second, 2 * 4096), 0x22);
+        assert_eq!(byte_at(&second, 400 * 4096), 0x44);
+        assert_eq!(byte_at(&first, 2 * 4096), 0x22);
+        assert_eq!(cache.copies_made(), 1);
+    }
+
+    #[test]
+    fn a_corrupt_image_is_refused_and_not_kept() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("x.snap.img");
+        let (image, digest) = write_image(&path, &[(5, 0x55)]);
+        image
+            .write_all_at(&[0x56], IMAGE_DATA_OFFSET + 5 * 4096 + 9)
+            .expect("flip a byte");
+        let cache = RestoreRamCache::new();
+        let e = cache
+            .guest_ram(&path, &image, IMAGE_MEM_BYTES, IMAGE_DATA_OFFSET, &digest)
+            .err()
+            .expect("a corrupt image is refused");
+        assert!(matches!(e, MemoryError::ImageCorrupt), "{e}");
+        assert_eq!(cache.copies_made(), 0, "nothing kept");
+        // Mended, the next restore copies it (the refusal was not cached).
+        image
+            .write_all_at(&[0x55], IMAGE_DATA_OFFSET + 5 * 4096 + 9)
+            .expect("mend");
+        let ram = cache
+            .guest_ram(&path, &image, IMAGE_MEM_BYTES, IMAGE_DATA_OFFSET, &digest)
+            .expect("a whole image restores");
+        assert_eq!(byte_at(&ram, 5 * 4096 + 9), 0x55);
+    }
+
+    #[test]
+    fn an_image_rebuilt_under_its_path_is_another_image() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("x.snap.img");
+        let (old, old_digest) = write_image(&path, &[(1, 0x11)]);
+        let cache = RestoreRamCache::new();
+        let a = cache
+            .guest_ram(&path, &old, IMAGE_MEM_BYTES, IMAGE_DATA_OFFSET, &old_digest)
+            .expect("old image");
+        let new_path = dir.path().join("new.img");
+        let (new, new_digest) = write_image(&new_path, &[(1, 0x12)]);
+        let b = cache
+            .guest_ram(&path, &new, IMAGE_MEM_BYTES, IMAGE_DATA_OFFSET, &new_digest)
+            .expect("new image at the old path");
+        assert_eq!(cache.copies_made(), 2);
+        assert_ne!(inode(&a.file), inode(&b.file));
+        assert_eq!(byte_at(&a, 4096), 0x11, "the old VM keeps its RAM");
+        assert_eq!(byte_at(&b, 4096), 0x12);
+        assert_eq!(
+            cache.images.lock().expect("unpoisoned").len(),
+            1,
+            "one entry per image path"
         );
     }
 

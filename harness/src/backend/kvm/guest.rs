@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::{KvmError, KvmMachine};
+use provium_vmm::vstate::memory::RestoreRamCache;
 use provium_vmm::{BootSource, VmState};
 
 use crate::backend::{
@@ -29,14 +30,26 @@ pub const KVM_CAPABILITIES: Capabilities = Capabilities {
     device_snapshots: true,
 };
 
-/// Boots guests on the microVMM, each with the next CID of the run.
+/// Boots guests on the microVMM, each with the next CID of the run, and
+/// restores them with guest RAM from the run's [`RestoreRamCache`]: the
+/// run's restores of one fixture image share one sealed copy of its pages.
 pub struct KvmBackend {
     cids: CidAllocator,
+    ram_cache: RestoreRamCache,
 }
 
 impl KvmBackend {
     pub fn new(cids: CidAllocator) -> KvmBackend {
-        KvmBackend { cids }
+        KvmBackend {
+            cids,
+            ram_cache: RestoreRamCache::new(),
+        }
+    }
+
+    /// The run's restore images' RAM copies (how many were made: one per
+    /// image restored, whatever the number of restores).
+    pub fn ram_cache(&self) -> &RestoreRamCache {
+        &self.ram_cache
     }
 }
 
@@ -67,7 +80,7 @@ impl Backend for KvmBackend {
             ..spec.clone()
         };
         let machine = KvmMachine::build(&spec, profile, self.cids.allocate())?;
-        machine.restore_from(path)?;
+        machine.restore_from(path, &self.ram_cache)?;
         Ok(Box::new(machine))
     }
 

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use provium_protocol::AGENT_VSOCK_PORT;
 use provium_vmm::devices::virtio::vsock::VsockConnectError;
 use provium_vmm::vmm_config::VsockHost;
+use provium_vmm::vstate::memory::RestoreRamCache;
 use provium_vmm::{Console, StopReason, Vm, VmError, VmState};
 
 use crate::backend::MachineSpec;
@@ -202,9 +203,15 @@ impl KvmMachine {
 
     /// Runs the snapshot at `path` in a VM made by `build` instead of
     /// booting it (`connect` then reaches its agent anew: vsock
-    /// connections do not survive a restore).
-    pub fn restore_from(&self, path: &std::path::Path) -> Result<(), KvmError> {
-        Ok(self.vm.restore(path)?)
+    /// connections do not survive a restore). Its RAM is the restore
+    /// image's copy in `ram_cache`, shared with the run's other restores of
+    /// that image.
+    pub fn restore_from(
+        &self,
+        path: &std::path::Path,
+        ram_cache: &RestoreRamCache,
+    ) -> Result<(), KvmError> {
+        Ok(self.vm.restore_sharing(path, ram_cache)?)
     }
 
     /// Writes a snapshot of the running VM to `path` with the caller's
@@ -764,6 +771,26 @@ mod tests {
             "the restored guest runs: {}",
             console.log_string()
         );
+        // A second restore of the fixture in this run (this backend) maps
+        // the copy of its image the first one made.
+        let c = backend
+            .restore(
+                &MachineSpec {
+                    vm_name: "c".into(),
+                    ..spec.clone()
+                },
+                &path,
+            )
+            .unwrap();
+        let c_console = c.console().expect("kvm has a console");
+        c_console.write_input(b"c-echo").unwrap();
+        assert!(c_console.wait_for(b"c-echo", 1, Duration::from_secs(60)));
+        assert_eq!(
+            backend.ram_cache().copies_made(),
+            1,
+            "two restores of one image in one run: one copy of its pages"
+        );
+        c.kill();
         // Another shape is refused by name.
         let bigger = MachineSpec {
             memory_bytes: 64 << 20,
