@@ -77,6 +77,12 @@ impl RxQueue {
         true
     }
 
+    /// [`RxQueue::push`] for the forwarding path: `Some(true)` when queued
+    /// (wake the consumer), `None` when refused.
+    pub(crate) fn push_or_write(&self, hdr: VnetHdr, frame: &[u8]) -> Option<bool> {
+        self.push(hdr, frame).then_some(true)
+    }
+
     /// Takes back a buffer the consumer is done with, for the next push.
     pub(crate) fn recycle(&self, buf: Vec<u8>) {
         let mut q = self.lock();
