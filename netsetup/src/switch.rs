@@ -60,7 +60,7 @@ use crate::impair::{
 use crate::mac::{dst_mac, src_mac, MacAddr, ETH_HEADER_BYTES, MAX_FRAME_BYTES};
 use crate::offload::{segment, OffloadError, OffloadMeta, Offloads, Segments, VnetHdr};
 use crate::pcap::{Capture, CaptureScope, CaptureShared};
-use crate::port::{LinkWatcher, RxQueue, RxWaker};
+use crate::port::{DirectWriter, LinkWatcher, RxQueue, RxWaker};
 
 /// Errors from switch control operations.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -1815,6 +1815,20 @@ impl Port {
     /// Installs the callback run after frames are queued for this port.
     pub fn set_rx_waker(&self, waker: Option<RxWaker>) {
         self.rx.set_waker(waker);
+    }
+
+    /// Installs (or removes) the writer the switch hands this port's
+    /// unimpaired frames to, in the sender's thread, while its receive
+    /// queue is idle (see [`DirectWriter`]). A consumer of such a port pops
+    /// with [`Port::try_recv_or_idle`] once it has written what it popped.
+    pub fn set_direct_writer(&self, writer: Option<DirectWriter>) {
+        self.rx.set_direct(writer);
+    }
+
+    /// The next frame; when there is none, marks this port's consumer idle
+    /// so that the direct path may write again.
+    pub fn try_recv_or_idle(&self) -> Option<(VnetHdr, Vec<u8>)> {
+        self.rx.pop_or_idle()
     }
 
     /// Installs the callback told about link changes ([`Switch::disconnect`]).
