@@ -25,11 +25,11 @@ use crate::offload::VnetHdr;
 /// Spare frame buffers a queue keeps for reuse ([`RxQueue::recycle`]).
 const POOL_BUFFERS: usize = 256;
 
-/// A callback run (outside the switch lock) after a frame is queued for a
+/// A callback run (outside the switch's locks) after a frame is queued for a
 /// port: the VMM writes its RX eventfd here. It must not block.
 pub type RxWaker = Arc<dyn Fn() + Send + Sync>;
 
-/// A callback run (outside the switch lock) when a port's link goes down
+/// A callback run (outside the switch's locks) when a port's link goes down
 /// (`false`) or up (`true`): virtio-net sets its link status and raises a
 /// config interrupt; a TAP port sets the carrier. It must not block.
 pub type LinkWatcher = Arc<dyn Fn(bool) + Send + Sync>;

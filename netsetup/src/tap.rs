@@ -58,7 +58,7 @@ const TUN_F_TSO_ECN: libc::c_uint = 0x08;
 const TUN_F_USO4: libc::c_uint = 0x20;
 const TUN_F_USO6: libc::c_uint = 0x40;
 
-/// Frames read from a TAP and forwarded under one switch lock.
+/// Frames read from a TAP per wake-up and forwarded as one batch.
 const RX_BATCH: usize = 16;
 
 /// Errors opening or configuring a TAP.
@@ -431,7 +431,7 @@ fn read_one(
 fn reader_loop(port: &Port, fd: BorrowedFd<'_>, stop: OwnedFd, vnet: bool) {
     // One byte more than the largest accepted frame, so an oversized frame is
     // seen as oversized (and counted) rather than silently cut. Up to
-    // RX_BATCH frames are read per wake-up and forwarded under one lock.
+    // RX_BATCH frames are read per wake-up and forwarded as one batch.
     let mut bufs: Vec<Vec<u8>> = (0..RX_BATCH)
         .map(|_| vec![0u8; MAX_FRAME_BYTES + 1])
         .collect();
