@@ -239,78 +239,44 @@ fn load(counter: &AtomicU64) -> u64 {
     counter.load(Ordering::Relaxed)
 }
 
-/// [`PortCounters`] as atomics, so that senders on different ports count
-/// into a shared destination without a lock.
-#[derive(Default)]
-struct PortCounterCells {
-    rx_packets: AtomicU64,
-    rx_bytes: AtomicU64,
-    tx_packets: AtomicU64,
-    tx_bytes: AtomicU64,
-    rx_dropped: AtomicU64,
-    tx_dropped: AtomicU64,
-    errors: AtomicU64,
-    offload_errors: AtomicU64,
-}
-
-impl PortCounterCells {
-    fn read(&self) -> PortCounters {
-        PortCounters {
-            rx_packets: load(&self.rx_packets),
-            rx_bytes: load(&self.rx_bytes),
-            tx_packets: load(&self.tx_packets),
-            tx_bytes: load(&self.tx_bytes),
-            rx_dropped: load(&self.rx_dropped),
-            tx_dropped: load(&self.tx_dropped),
-            errors: load(&self.errors),
-            offload_errors: load(&self.offload_errors),
+/// A struct of atomics mirroring a plain counter struct field for field,
+/// with `read()` giving the plain one.
+macro_rules! counter_cells {
+    ($(#[$doc:meta])* $cells:ident => $plain:ident { $($field:ident),* $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Default)]
+        struct $cells {
+            $($field: AtomicU64,)*
         }
-    }
-}
 
-/// [`SwitchStats`] as atomics.
-#[derive(Default)]
-struct SwitchStatCells {
-    frames_in: AtomicU64,
-    flooded: AtomicU64,
-    delivered: AtomicU64,
-    delayed: AtomicU64,
-    dropped_invalid: AtomicU64,
-    dropped_link_down: AtomicU64,
-    dropped_isolated: AtomicU64,
-    dropped_partition: AtomicU64,
-    dropped_impairment: AtomicU64,
-    dropped_rx_queue_full: AtomicU64,
-    dropped_delay_queue_full: AtomicU64,
-    dropped_hairpin: AtomicU64,
-    mac_evictions: AtomicU64,
-    segmented: AtomicU64,
-    segments: AtomicU64,
-    offloaded: AtomicU64,
-}
-
-impl SwitchStatCells {
-    fn read(&self) -> SwitchStats {
-        SwitchStats {
-            frames_in: load(&self.frames_in),
-            flooded: load(&self.flooded),
-            delivered: load(&self.delivered),
-            delayed: load(&self.delayed),
-            dropped_invalid: load(&self.dropped_invalid),
-            dropped_link_down: load(&self.dropped_link_down),
-            dropped_isolated: load(&self.dropped_isolated),
-            dropped_partition: load(&self.dropped_partition),
-            dropped_impairment: load(&self.dropped_impairment),
-            dropped_rx_queue_full: load(&self.dropped_rx_queue_full),
-            dropped_delay_queue_full: load(&self.dropped_delay_queue_full),
-            dropped_hairpin: load(&self.dropped_hairpin),
-            mac_evictions: load(&self.mac_evictions),
-            segmented: load(&self.segmented),
-            segments: load(&self.segments),
-            offloaded: load(&self.offloaded),
+        impl $cells {
+            fn read(&self) -> $plain {
+                $plain {
+                    $($field: load(&self.$field),)*
+                }
+            }
         }
-    }
+    };
 }
+
+counter_cells!(
+    /// [`PortCounters`] as atomics, so that senders on different ports count
+    /// into a shared destination without a lock.
+    PortCounterCells => PortCounters {
+        rx_packets, rx_bytes, tx_packets, tx_bytes, rx_dropped, tx_dropped, errors,
+        offload_errors,
+    }
+);
+
+counter_cells!(
+    /// [`SwitchStats`] as atomics.
+    SwitchStatCells => SwitchStats {
+        frames_in, flooded, delivered, delayed, dropped_invalid, dropped_link_down,
+        dropped_isolated, dropped_partition, dropped_impairment, dropped_rx_queue_full,
+        dropped_delay_queue_full, dropped_hairpin, mac_evictions, segmented, segments,
+        offloaded,
+    }
+);
 
 /// What the forwarding path needs of one port and may change without a
 /// new snapshot: its link state, counters and receive queue.
