@@ -44,7 +44,7 @@ pub use impair::Impairment;
 pub use mac::{MacAddr, MAX_FRAME_BYTES};
 pub use offload::{OffloadError, Offloads, VnetHdr};
 pub use pcap::{Capture, CaptureScope};
-pub use port::{LinkWatcher, RxWaker};
+pub use port::{DirectWriter, LinkWatcher, RxWaker};
 pub use switch::{
     Port, PortCounters, SendError, Switch, SwitchConfig, SwitchError, SwitchStats, Timer,
 };

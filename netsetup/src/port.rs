@@ -5,6 +5,16 @@
 //! writer thread, a test) pops them. Both a frame count and a byte count bound
 //! it; a push that would exceed either is refused and the caller counts the
 //! drop, so a guest that never reads its RX ring costs at most the bound.
+//!
+//! # The direct path
+//! A port whose device can take a frame without blocking (a TAP fd) installs
+//! a [`DirectWriter`]. When the queue is empty and its consumer is idle
+//! (not between popping a frame and writing it), the switch hands an
+//! unimpaired frame to the writer in the sender's thread instead of queuing
+//! it: no thread hand-off and no copy into a queue buffer. Order holds
+//! because the write happens under the queue's lock and only when nothing
+//! queued or popped is still unwritten; a writer that would block returns
+//! false and the frame is queued as usual.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -15,22 +25,45 @@ use crate::offload::VnetHdr;
 /// Spare frame buffers a queue keeps for reuse ([`RxQueue::recycle`]).
 const POOL_BUFFERS: usize = 256;
 
-/// A callback run (outside the switch lock) after a frame is queued for a
+/// A callback run (outside the switch's locks) after a frame is queued for a
 /// port: the VMM writes its RX eventfd here. It must not block.
 pub type RxWaker = Arc<dyn Fn() + Send + Sync>;
 
-/// A callback run (outside the switch lock) when a port's link goes down
+/// A callback run (outside the switch's locks) when a port's link goes down
 /// (`false`) or up (`true`): virtio-net sets its link status and raises a
 /// config interrupt; a TAP port sets the carrier. It must not block.
 pub type LinkWatcher = Arc<dyn Fn(bool) + Send + Sync>;
 
-#[derive(Debug, Default)]
+/// Writes one frame (with the offload header it carries) straight into a
+/// port's device from the sender's thread. It must not block: it returns
+/// false when the device would block (EAGAIN), and the frame is then queued;
+/// true once the frame is written or refused for good (count that yourself).
+/// It runs under the port's queue lock, so it must not call into the switch.
+pub type DirectWriter = Arc<dyn Fn(&VnetHdr, &[u8]) -> bool + Send + Sync>;
+
+#[derive(Default)]
 struct Inner {
     frames: VecDeque<(VnetHdr, Vec<u8>)>,
     /// Emptied buffers handed back by the consumer, reused by the next push.
     pool: Vec<Vec<u8>>,
     bytes: usize,
     closed: bool,
+    /// Takes frames in the sender's thread while the queue is idle.
+    direct: Option<DirectWriter>,
+    /// The consumer popped a frame and has not said it is idle since
+    /// ([`RxQueue::pop_or_idle`]); a direct write now could overtake it.
+    consumer_busy: bool,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("frames", &self.frames.len())
+            .field("bytes", &self.bytes)
+            .field("closed", &self.closed)
+            .field("direct", &self.direct.is_some())
+            .finish()
+    }
 }
 
 /// A bounded FIFO of frames for one port.
@@ -60,7 +93,10 @@ impl RxQueue {
     /// Queues a copy of `frame` with its offload header, in a pooled buffer
     /// when one is spare; false (frame not queued) when full or closed.
     pub(crate) fn push(&self, hdr: VnetHdr, frame: &[u8]) -> bool {
-        let mut q = self.lock();
+        self.push_locked(self.lock(), hdr, frame)
+    }
+
+    fn push_locked(&self, mut q: MutexGuard<'_, Inner>, hdr: VnetHdr, frame: &[u8]) -> bool {
         if q.closed
             || q.frames.len() >= self.max_frames
             || q.bytes.saturating_add(frame.len()) > self.max_bytes
@@ -77,6 +113,50 @@ impl RxQueue {
         true
     }
 
+    /// The forwarding path's push: hands the frame to the direct writer when
+    /// the queue is idle, else queues it. `Some(true)` when queued (wake the
+    /// consumer), `Some(false)` when written directly, `None` when refused.
+    pub(crate) fn push_or_write(&self, hdr: VnetHdr, frame: &[u8]) -> Option<bool> {
+        let q = self.lock();
+        if q.closed {
+            return None;
+        }
+        if q.frames.is_empty() && !q.consumer_busy {
+            if let Some(w) = &q.direct {
+                if w(&hdr, frame) {
+                    return Some(false);
+                }
+            }
+        }
+        self.push_locked(q, hdr, frame).then_some(true)
+    }
+
+    /// Installs (or removes) the direct writer.
+    pub(crate) fn set_direct(&self, w: Option<DirectWriter>) {
+        let mut q = self.lock();
+        if !q.closed {
+            q.direct = w;
+        }
+    }
+
+    /// The next frame; when there is none, marks the consumer idle, so the
+    /// direct path may write again. A consumer that writes to the same
+    /// device as the direct writer pops with this once it has written what
+    /// it popped.
+    pub(crate) fn pop_or_idle(&self) -> Option<(VnetHdr, Vec<u8>)> {
+        let mut q = self.lock();
+        match q.frames.pop_front() {
+            Some(f) => {
+                q.bytes -= f.1.len();
+                Some(f)
+            }
+            None => {
+                q.consumer_busy = false;
+                None
+            }
+        }
+    }
+
     /// Takes back a buffer the consumer is done with, for the next push.
     pub(crate) fn recycle(&self, buf: Vec<u8>) {
         let mut q = self.lock();
@@ -89,6 +169,7 @@ impl RxQueue {
         let mut q = self.lock();
         let f = q.frames.pop_front()?;
         q.bytes -= f.1.len();
+        q.consumer_busy = true;
         Some(f)
     }
 
@@ -99,6 +180,7 @@ impl RxQueue {
         loop {
             if let Some(f) = q.frames.pop_front() {
                 q.bytes -= f.1.len();
+                q.consumer_busy = true;
                 return Some(f);
             }
             if q.closed {
@@ -139,7 +221,13 @@ impl RxQueue {
 
     /// Refuses further pushes and wakes every waiter.
     pub(crate) fn close(&self) {
-        self.lock().closed = true;
+        let mut q = self.lock();
+        q.closed = true;
+        // The writer may own the device (a TAP fd); stale snapshots that
+        // still reach this queue must not keep it open.
+        let direct = q.direct.take();
+        drop(q);
+        drop(direct);
         self.ready.notify_all();
     }
 
@@ -215,5 +303,59 @@ mod tests {
         q.wake();
         q.wake();
         assert_eq!(n.load(Ordering::SeqCst), 2);
+    }
+
+    fn counting_writer(
+        accept: Arc<std::sync::atomic::AtomicBool>,
+    ) -> (DirectWriter, Arc<Mutex<Vec<u8>>>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s2 = Arc::clone(&seen);
+        let w: DirectWriter = Arc::new(move |_, f: &[u8]| {
+            if !accept.load(Ordering::SeqCst) {
+                return false;
+            }
+            s2.lock().unwrap().push(f[0]);
+            true
+        });
+        (w, seen)
+    }
+
+    #[test]
+    fn direct_writes_only_while_idle_and_in_order() {
+        let q = RxQueue::new(8, 1 << 20);
+        let h = VnetHdr::default();
+        let accept = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (w, seen) = counting_writer(Arc::clone(&accept));
+        q.set_direct(Some(w));
+        assert_eq!(q.push_or_write(h, &[1]), Some(false), "idle: written");
+        // The device would block: queued instead.
+        accept.store(false, Ordering::SeqCst);
+        assert_eq!(q.push_or_write(h, &[2]), Some(true));
+        accept.store(true, Ordering::SeqCst);
+        // Frame 2 is queued, so 3 must queue behind it.
+        assert_eq!(q.push_or_write(h, &[3]), Some(true));
+        assert_eq!(q.try_pop().map(|f| f.1), Some(vec![2]));
+        // Popped but not yet written: 4 must not overtake it.
+        assert_eq!(q.push_or_write(h, &[4]), Some(true));
+        assert_eq!(q.pop_or_idle().map(|f| f.1), Some(vec![3]));
+        assert_eq!(q.pop_or_idle().map(|f| f.1), Some(vec![4]));
+        assert_eq!(q.pop_or_idle(), None, "drained: idle again");
+        assert_eq!(q.push_or_write(h, &[5]), Some(false));
+        assert_eq!(*seen.lock().unwrap(), [1, 5]);
+    }
+
+    #[test]
+    fn close_drops_the_direct_writer() {
+        let q = RxQueue::new(8, 1 << 20);
+        let accept = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (w, _) = counting_writer(accept);
+        let weak = Arc::downgrade(&w);
+        q.set_direct(Some(w));
+        q.close();
+        assert!(
+            weak.upgrade().is_none(),
+            "the writer (and its fd) is released"
+        );
+        assert_eq!(q.push_or_write(VnetHdr::default(), &[1]), None);
     }
 }

@@ -22,11 +22,25 @@
 //! clock, [`Switch::release_due`]) hands it over when due. Nothing sleeps in the
 //! forwarding path.
 //!
-//! # Threading
-//! Forwarding runs synchronously in the sender's thread under one switch lock;
-//! frames land in the destination's bounded [`RxQueue`]. Callbacks (RX wakers,
-//! link watchers) run after the lock is released. With [`Timer::Thread`] one
-//! thread sleeps on a condition variable until the earliest release time.
+//! # Threading: no lock shared by all ports on the forwarding path
+//! Forwarding runs synchronously in the sender's thread. It reads an
+//! immutable [`Topology`] snapshot (ports, partitions, isolation, declared
+//! impairments, captures, the MAC table) that every control-plane change
+//! (attach, detach, partition, impair, link, capture, a newly learned MAC)
+//! rebuilds under the control mutex and publishes with a generation number.
+//! Each [`Port`] caches the snapshot in its own sender state, together with
+//! its pairs' runtime (drop streams, token buckets) and its segmentation
+//! scratch, so a steady-state frame takes only its own port's sender lock and
+//! its destination's receive-queue lock; it touches the shared publication
+//! lock only once after each control change. Counters are atomics. Refreshing
+//! a known MAC is an atomic store; only a new or moved MAC takes the control
+//! mutex. Two things are still switch-wide, and only for the traffic that
+//! asks for them: the delay queue (frames of pairs with latency or a
+//! bandwidth backlog) and a bridge-wide capture's buffer.
+//!
+//! Callbacks (RX wakers, link watchers) run after the locks are released.
+//! With [`Timer::Thread`] one thread sleeps on a condition variable until the
+//! earliest release time.
 //!
 //! # Counters
 //! Per-port counters are from the guest's perspective: `tx_*` is what the
@@ -34,6 +48,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -45,7 +60,7 @@ use crate::impair::{
 use crate::mac::{dst_mac, src_mac, MacAddr, ETH_HEADER_BYTES, MAX_FRAME_BYTES};
 use crate::offload::{segment, OffloadError, OffloadMeta, Offloads, Segments, VnetHdr};
 use crate::pcap::{Capture, CaptureScope, CaptureShared};
-use crate::port::{LinkWatcher, RxQueue, RxWaker};
+use crate::port::{DirectWriter, LinkWatcher, RxQueue, RxWaker};
 
 /// Errors from switch control operations.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -212,30 +227,163 @@ pub struct SwitchStats {
 
 type PortId = u64;
 
-struct PortSlot {
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+fn load(counter: &AtomicU64) -> u64 {
+    counter.load(Ordering::Relaxed)
+}
+
+/// A struct of atomics mirroring a plain counter struct field for field,
+/// with `read()` giving the plain one.
+macro_rules! counter_cells {
+    ($(#[$doc:meta])* $cells:ident => $plain:ident { $($field:ident),* $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Default)]
+        struct $cells {
+            $($field: AtomicU64,)*
+        }
+
+        impl $cells {
+            fn read(&self) -> $plain {
+                $plain {
+                    $($field: load(&self.$field),)*
+                }
+            }
+        }
+    };
+}
+
+counter_cells!(
+    /// [`PortCounters`] as atomics, so that senders on different ports count
+    /// into a shared destination without a lock.
+    PortCounterCells => PortCounters {
+        rx_packets, rx_bytes, tx_packets, tx_bytes, rx_dropped, tx_dropped, errors,
+        offload_errors,
+    }
+);
+
+counter_cells!(
+    /// [`SwitchStats`] as atomics.
+    SwitchStatCells => SwitchStats {
+        frames_in, flooded, delivered, delayed, dropped_invalid, dropped_link_down,
+        dropped_isolated, dropped_partition, dropped_impairment, dropped_rx_queue_full,
+        dropped_delay_queue_full, dropped_hairpin, mac_evictions, segmented, segments,
+        offloaded,
+    }
+);
+
+/// What the forwarding path needs of one port and may change without a
+/// new snapshot: its link state, counters and receive queue.
+struct PortShared {
     name: String,
-    mac: MacAddr,
-    link_up: bool,
-    isolated: bool,
-    counters: PortCounters,
+    link_up: AtomicBool,
+    counters: PortCounterCells,
     rx: Arc<RxQueue>,
-    link_watcher: Option<LinkWatcher>,
-    /// MACs learned on this port, oldest first.
-    learned: VecDeque<MacAddr>,
+}
+
+/// One port as a snapshot sees it.
+struct PortView {
+    shared: Arc<PortShared>,
+    isolated: bool,
     /// What this port takes without software segmentation.
     offloads: Offloads,
+    /// A capture of this port (live or not yet pruned) exists, so offloaded
+    /// frames reach it as wire packets.
+    captured: bool,
 }
 
 struct MacEntry {
     port: PortId,
-    last_seen: Duration,
+    /// Nanoseconds on the switch clock; refreshed by the owning port's
+    /// frames without a lock.
+    last_seen_ns: AtomicU64,
 }
 
+impl MacEntry {
+    fn new(port: PortId, now: Duration) -> Arc<MacEntry> {
+        Arc::new(MacEntry {
+            port,
+            last_seen_ns: AtomicU64::new(duration_ns(now)),
+        })
+    }
+
+    fn fresh(&self, now: Duration, ageing: Duration) -> bool {
+        let seen = Duration::from_nanos(self.last_seen_ns.load(Ordering::Relaxed));
+        now.saturating_sub(seen) < ageing
+    }
+}
+
+fn duration_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// An immutable view of everything the forwarding decision reads; rebuilt
+/// and republished by every control-plane change.
+struct Topology {
+    generation: u64,
+    /// Bumped by [`Switch::reset`]: pairs restart their drop streams.
+    reset_epoch: u64,
+    closed: bool,
+    ports: BTreeMap<PortId, PortView>,
+    /// Partitions resolved to attached port ids.
+    blocked: HashSet<(PortId, PortId)>,
+    bridge_imp: Impairment,
+    pair_imp: BTreeMap<(String, String), Impairment>,
+    any_impairment: bool,
+    captures: Vec<Arc<CaptureShared>>,
+    macs: HashMap<MacAddr, Arc<MacEntry>>,
+}
+
+/// A port as the control plane keeps it.
+struct ControlSlot {
+    shared: Arc<PortShared>,
+    mac: MacAddr,
+    offloads: Offloads,
+    link_watcher: Option<LinkWatcher>,
+    /// MACs learned on this port, oldest first.
+    learned: VecDeque<MacAddr>,
+}
+
+/// Declared state and membership; only control operations (and the
+/// learning of a new MAC) lock it.
+struct Control {
+    ports: BTreeMap<PortId, ControlSlot>,
+    by_name: HashMap<String, PortId>,
+    next_id: PortId,
+    macs: HashMap<MacAddr, Arc<MacEntry>>,
+    bridge_imp: Impairment,
+    pair_imp: BTreeMap<(String, String), Impairment>,
+    partitions: BTreeSet<(String, String)>,
+    isolated: BTreeSet<String>,
+    captures: Vec<Arc<CaptureShared>>,
+    generation: u64,
+    reset_epoch: u64,
+    closed: bool,
+}
+
+/// One pair's impairment state; it lives in the sending port's
+/// [`Sender`], so only that pair's traffic touches it.
 struct PairRuntime {
     generation: u64,
+    reset_epoch: u64,
     eff: Effective,
     bucket: Option<TokenBucket>,
     rng: DropRng,
+}
+
+/// A port's sending side: the cached snapshot, its pairs' runtime keyed by
+/// destination, and the wire packets of the frame being forwarded (reused
+/// frame to frame). Behind the port's own lock.
+struct Sender {
+    topo: Arc<Topology>,
+    pairs: HashMap<PortId, PairRuntime>,
+    wire: Segments,
 }
 
 struct Delayed {
@@ -262,11 +410,32 @@ impl Ord for Delayed {
     }
 }
 
+/// Frames held for latency or a bandwidth backlog, whole switch (bounded by
+/// [`SwitchConfig::delay_queue_bytes`]).
+#[derive(Default)]
+struct DelayQueue {
+    heap: BinaryHeap<Reverse<Delayed>>,
+    bytes: usize,
+    seq: u64,
+    closed: bool,
+}
+
+impl DelayQueue {
+    fn pop_due(&mut self, now: Duration) -> Option<Delayed> {
+        if self.heap.peek().is_none_or(|d| d.0.release > now) {
+            return None;
+        }
+        let Reverse(d) = self.heap.pop()?;
+        self.bytes -= d.frame.len();
+        Some(d)
+    }
+}
+
 /// Receive queues woken after a send without allocating: a unicast or a
 /// flood to a few ports.
 const WAKE_INLINE: usize = 8;
 
-/// Work to do after the lock is released.
+/// Work to do after the locks are released.
 #[derive(Default)]
 struct After {
     /// Queues to wake, each once; the first [`WAKE_INLINE`] need no heap.
@@ -287,10 +456,6 @@ impl After {
         }
     }
 
-    fn has_work(&self) -> bool {
-        self.wake_inline[0].is_some() || !self.link.is_empty()
-    }
-
     fn run(self) {
         for q in self.wake_inline.into_iter().flatten().chain(self.wake_more) {
             q.wake();
@@ -309,37 +474,18 @@ struct Packet<'a> {
     cut: bool,
 }
 
-struct State {
-    ports: BTreeMap<PortId, PortSlot>,
-    by_name: HashMap<String, PortId>,
-    next_id: PortId,
-    macs: HashMap<MacAddr, MacEntry>,
-    bridge_imp: Impairment,
-    pair_imp: BTreeMap<(String, String), Impairment>,
-    partitions: BTreeSet<(String, String)>,
-    isolated: BTreeSet<String>,
-    /// Partitions resolved to attached port ids.
-    blocked: HashSet<(PortId, PortId)>,
-    any_impairment: bool,
-    generation: u64,
-    runtime: HashMap<(PortId, PortId), PairRuntime>,
-    delay: BinaryHeap<Reverse<Delayed>>,
-    delay_bytes: usize,
-    seq: u64,
-    captures: Vec<Arc<CaptureShared>>,
-    stats: SwitchStats,
-    closed: bool,
-    /// The wire packets of the frame being forwarded, reused frame to frame.
-    wire: Segments,
-}
-
 pub(crate) struct Inner {
     name: String,
     run_seed: u64,
     seed: u64,
     config: SwitchConfig,
     clock: Arc<dyn Clock>,
-    state: Mutex<State>,
+    control: Mutex<Control>,
+    /// The latest snapshot; read by a port only when `generation` moved.
+    published: Mutex<Arc<Topology>>,
+    generation: AtomicU64,
+    stats: SwitchStatCells,
+    delay: Mutex<DelayQueue>,
     timer_cv: Condvar,
 }
 
@@ -373,33 +519,32 @@ impl Switch {
         clock: Arc<dyn Clock>,
         timer: Timer,
     ) -> Switch {
+        let control = Control {
+            ports: BTreeMap::new(),
+            by_name: HashMap::new(),
+            next_id: 1,
+            macs: HashMap::new(),
+            bridge_imp: Impairment::default(),
+            pair_imp: BTreeMap::new(),
+            partitions: BTreeSet::new(),
+            isolated: BTreeSet::new(),
+            captures: Vec::new(),
+            generation: 0,
+            reset_epoch: 0,
+            closed: false,
+        };
+        let first = Arc::new(control.snapshot());
         let inner = Arc::new(Inner {
             name: name.to_owned(),
             run_seed: config.run_seed,
             seed: bridge_seed(config.run_seed, name),
             config,
             clock,
-            state: Mutex::new(State {
-                ports: BTreeMap::new(),
-                by_name: HashMap::new(),
-                next_id: 1,
-                macs: HashMap::new(),
-                bridge_imp: Impairment::default(),
-                pair_imp: BTreeMap::new(),
-                partitions: BTreeSet::new(),
-                isolated: BTreeSet::new(),
-                blocked: HashSet::new(),
-                any_impairment: false,
-                generation: 0,
-                runtime: HashMap::new(),
-                delay: BinaryHeap::new(),
-                delay_bytes: 0,
-                seq: 0,
-                captures: Vec::new(),
-                stats: SwitchStats::default(),
-                closed: false,
-                wire: Segments::new(),
-            }),
+            control: Mutex::new(control),
+            published: Mutex::new(first),
+            generation: AtomicU64::new(0),
+            stats: SwitchStatCells::default(),
+            delay: Mutex::new(DelayQueue::default()),
             timer_cv: Condvar::new(),
         });
         let timer = match timer {
@@ -440,38 +585,45 @@ impl Switch {
             inner.config.rx_queue_frames,
             inner.config.rx_queue_bytes,
         ));
-        let mut st = inner.lock();
-        if st.by_name.contains_key(name) {
-            return Err(SwitchError::NameTaken {
-                bridge: inner.name.clone(),
-                port: name.to_owned(),
-            });
-        }
-        let id = st.next_id;
-        st.next_id += 1;
-        let link_up = !st.closed;
-        st.ports.insert(
-            id,
-            PortSlot {
+        let id = inner.update(|c| {
+            if c.by_name.contains_key(name) {
+                return Err(SwitchError::NameTaken {
+                    bridge: inner.name.clone(),
+                    port: name.to_owned(),
+                });
+            }
+            let id = c.next_id;
+            c.next_id += 1;
+            let shared = Arc::new(PortShared {
                 name: name.to_owned(),
-                mac,
-                link_up,
-                isolated: false,
-                counters: PortCounters::default(),
+                link_up: AtomicBool::new(!c.closed),
+                counters: PortCounterCells::default(),
                 rx: Arc::clone(&rx),
-                link_watcher: None,
-                learned: VecDeque::new(),
-                offloads: Offloads::default(),
-            },
-        );
-        st.by_name.insert(name.to_owned(), id);
-        st.recompute();
+            });
+            c.ports.insert(
+                id,
+                ControlSlot {
+                    shared,
+                    mac,
+                    offloads: Offloads::default(),
+                    link_watcher: None,
+                    learned: VecDeque::new(),
+                },
+            );
+            c.by_name.insert(name.to_owned(), id);
+            Ok(id)
+        })?;
         Ok(Port {
             inner: Arc::clone(inner),
             id,
             name: name.to_owned(),
             mac,
             rx,
+            sender: Mutex::new(Sender {
+                topo: inner.snapshot(),
+                pairs: HashMap::new(),
+                wire: Segments::new(),
+            }),
         })
     }
 
@@ -490,16 +642,14 @@ impl Switch {
             .lock()
             .ports
             .values()
-            .map(|p| p.name.clone())
+            .map(|p| p.shared.name.clone())
             .collect()
     }
 
     /// The MAC a port was attached with.
     pub fn port_mac(&self, name: &str) -> Result<MacAddr, SwitchError> {
-        let st = self.inner.lock();
-        st.by_name
-            .get(name)
-            .and_then(|id| st.ports.get(id))
+        let c = self.inner.lock();
+        c.slot(name)
             .map(|p| p.mac)
             .ok_or_else(|| self.inner.no_port(name))
     }
@@ -507,21 +657,21 @@ impl Switch {
     /// The port currently learned for `mac`, if any and not aged out.
     pub fn lookup_mac(&self, mac: MacAddr) -> Option<String> {
         let now = self.inner.clock.now();
-        let st = self.inner.lock();
-        let e = st.macs.get(&mac)?;
-        if now.saturating_sub(e.last_seen) >= self.inner.config.mac_ageing {
+        let c = self.inner.lock();
+        let e = c.macs.get(&mac)?;
+        if !e.fresh(now, self.inner.config.mac_ageing) {
             return None;
         }
-        st.ports.get(&e.port).map(|p| p.name.clone())
+        c.ports.get(&e.port).map(|p| p.shared.name.clone())
     }
 
     // ---- partitions ----
 
     /// Symmetric partition: drops a→b and b→a. Names need not be attached yet.
     pub fn partition(&self, a: &str, b: &str) {
-        self.inner.update(|st| {
-            st.partitions.insert((a.to_owned(), b.to_owned()));
-            st.partitions.insert((b.to_owned(), a.to_owned()));
+        self.inner.update(|c| {
+            c.partitions.insert((a.to_owned(), b.to_owned()));
+            c.partitions.insert((b.to_owned(), a.to_owned()));
         });
     }
 
@@ -530,35 +680,35 @@ impl Switch {
     pub fn partition_directional(&self, from: &str, to: &str) -> Result<(), SwitchError> {
         self.inner.port_id(from)?;
         self.inner.port_id(to)?;
-        self.inner.update(|st| {
-            st.partitions.insert((from.to_owned(), to.to_owned()));
+        self.inner.update(|c| {
+            c.partitions.insert((from.to_owned(), to.to_owned()));
         });
         Ok(())
     }
 
     /// Lifts a→b and b→a (a no-op for pairs not partitioned).
     pub fn unpartition(&self, a: &str, b: &str) {
-        self.inner.update(|st| {
-            st.partitions.remove(&(a.to_owned(), b.to_owned()));
-            st.partitions.remove(&(b.to_owned(), a.to_owned()));
+        self.inner.update(|c| {
+            c.partitions.remove(&(a.to_owned(), b.to_owned()));
+            c.partitions.remove(&(b.to_owned(), a.to_owned()));
         });
     }
 
     /// Lifts only from→to; a no-op when absent or the ports are gone.
     pub fn unpartition_directional(&self, from: &str, to: &str) {
-        self.inner.update(|st| {
-            st.partitions.remove(&(from.to_owned(), to.to_owned()));
+        self.inner.update(|c| {
+            c.partitions.remove(&(from.to_owned(), to.to_owned()));
         });
     }
 
     /// Partitions every ordered pair of currently attached ports.
     pub fn partition_all(&self) {
-        self.inner.update(|st| {
-            let names: Vec<String> = st.ports.values().map(|p| p.name.clone()).collect();
+        self.inner.update(|c| {
+            let names: Vec<String> = c.ports.values().map(|p| p.shared.name.clone()).collect();
             for a in &names {
                 for b in &names {
                     if a != b {
-                        st.partitions.insert((a.clone(), b.clone()));
+                        c.partitions.insert((a.clone(), b.clone()));
                     }
                 }
             }
@@ -567,7 +717,7 @@ impl Switch {
 
     /// Lifts every partition.
     pub fn restore_all(&self) {
-        self.inner.update(|st| st.partitions.clear());
+        self.inner.update(|c| c.partitions.clear());
     }
 
     /// True when frames from `a` to `b` are partitioned (symmetric, or
@@ -589,15 +739,15 @@ impl Switch {
     /// Isolates `name`: it reaches nobody and nobody reaches it. Survives
     /// [`Switch::reset`]. Names need not be attached yet.
     pub fn isolate(&self, name: &str) {
-        self.inner.update(|st| {
-            st.isolated.insert(name.to_owned());
+        self.inner.update(|c| {
+            c.isolated.insert(name.to_owned());
         });
     }
 
     /// Lifts isolation of `name`.
     pub fn unisolate(&self, name: &str) {
-        self.inner.update(|st| {
-            st.isolated.remove(name);
+        self.inner.update(|c| {
+            c.isolated.remove(name);
         });
     }
 
@@ -616,21 +766,21 @@ impl Switch {
     /// Whole-bridge one-way latency (zero clears).
     pub fn set_latency(&self, latency: Duration) {
         self.inner
-            .update(|st| st.bridge_imp.latency = Some(latency).filter(|d| !d.is_zero()));
+            .update(|c| c.bridge_imp.latency = Some(latency).filter(|d| !d.is_zero()));
     }
 
     /// Whole-bridge drop rate in percent (0 clears).
     pub fn set_drop_rate(&self, pct: f64) -> Result<(), SwitchError> {
         let pct = check_drop_pct(pct).map_err(|e| self.inner.imp_err(e))?;
         self.inner
-            .update(|st| st.bridge_imp.drop_pct = Some(pct).filter(|p| *p > 0.0));
+            .update(|c| c.bridge_imp.drop_pct = Some(pct).filter(|p| *p > 0.0));
         Ok(())
     }
 
     /// Whole-bridge bandwidth in bits per second (0 clears).
     pub fn set_bandwidth(&self, bps: u64) {
         self.inner
-            .update(|st| st.bridge_imp.bandwidth_bps = Some(bps).filter(|b| *b > 0));
+            .update(|c| c.bridge_imp.bandwidth_bps = Some(bps).filter(|b| *b > 0));
     }
 
     /// Latency for frames from→to only (zero clears).
@@ -694,25 +844,35 @@ impl Switch {
     /// delay queue are delivered now, in release order.
     pub fn reset(&self) {
         let now = self.inner.clock.now();
+        self.inner.update(|c| {
+            c.bridge_imp = Impairment::default();
+            c.pair_imp.clear();
+            c.partitions.clear();
+            // Every pair's drop stream and bucket start over.
+            c.reset_epoch += 1;
+        });
+        let held: Vec<Delayed> = {
+            let mut q = self.inner.delay_lock();
+            q.bytes = 0;
+            // Sorted ascending by `Reverse`, so latest release first.
+            std::mem::take(&mut q.heap).into_sorted_vec()
+        }
+        .into_iter()
+        .rev()
+        .map(|Reverse(d)| d)
+        .collect();
+        let topo = self.inner.snapshot();
         let mut after = After::default();
-        {
-            let mut st = self.inner.lock();
-            st.bridge_imp = Impairment::default();
-            st.pair_imp.clear();
-            st.partitions.clear();
-            st.runtime.clear();
-            st.recompute();
-            while let Some(Reverse(d)) = st.delay.pop() {
-                st.delay_bytes -= d.frame.len();
-                st.deliver(
-                    &self.inner,
-                    d.to,
-                    VnetHdr::default(),
-                    &d.frame,
-                    now,
-                    &mut after,
-                );
-            }
+        for d in held {
+            self.inner.deliver(
+                &topo,
+                d.to,
+                VnetHdr::default(),
+                &d.frame,
+                now,
+                Direct::Never,
+                &mut after,
+            );
         }
         after.run();
     }
@@ -733,27 +893,23 @@ impl Switch {
 
     /// True when `name`'s link is up.
     pub fn is_connected(&self, name: &str) -> Result<bool, SwitchError> {
-        let st = self.inner.lock();
-        st.by_name
-            .get(name)
-            .and_then(|id| st.ports.get(id))
-            .map(|p| p.link_up)
+        let c = self.inner.lock();
+        c.slot(name)
+            .map(|p| p.shared.link_up.load(Ordering::Acquire))
             .ok_or_else(|| self.inner.no_port(name))
     }
 
     /// `name`'s counters (guest's perspective).
     pub fn counters(&self, name: &str) -> Result<PortCounters, SwitchError> {
-        let st = self.inner.lock();
-        st.by_name
-            .get(name)
-            .and_then(|id| st.ports.get(id))
-            .map(|p| p.counters)
+        let c = self.inner.lock();
+        c.slot(name)
+            .map(|p| p.shared.counters.read())
             .ok_or_else(|| self.inner.no_port(name))
     }
 
     /// Switch-wide counters.
     pub fn stats(&self) -> SwitchStats {
-        self.inner.lock().stats
+        self.inner.stats.read()
     }
 
     // ---- captures ----
@@ -773,9 +929,13 @@ impl Switch {
 
     /// Labels of live captures; a snapshot must refuse while this is non-empty.
     pub fn live_captures(&self) -> Vec<String> {
-        let mut st = self.inner.lock();
-        st.captures.retain(|c| !c.is_closed());
-        st.captures.iter().map(|c| c.label().to_owned()).collect()
+        self.inner.update(|c| {
+            c.captures.retain(|cap| !cap.is_closed());
+            c.captures
+                .iter()
+                .map(|cap| cap.label().to_owned())
+                .collect()
+        })
     }
 
     // ---- the delay queue ----
@@ -785,31 +945,33 @@ impl Switch {
     pub fn release_due(&self) -> usize {
         let now = self.inner.clock.now();
         let mut after = After::default();
-        let n = self.inner.lock().release_due(&self.inner, now, &mut after);
+        let n = self.inner.release_due(now, &mut after);
         after.run();
         n
     }
 
     /// The earliest pending release time, if any frame is delayed.
     pub fn next_release(&self) -> Option<Duration> {
-        self.inner.lock().delay.peek().map(|d| d.0.release)
+        self.inner.delay_lock().heap.peek().map(|d| d.0.release)
     }
 
     /// Frames waiting in the delay queue.
     pub fn delayed_frames(&self) -> usize {
-        self.inner.lock().delay.len()
+        self.inner.delay_lock().heap.len()
     }
 }
 
 impl Drop for Switch {
     fn drop(&mut self) {
-        {
-            let mut st = self.inner.lock();
-            st.closed = true;
-            for p in st.ports.values() {
-                p.rx.close();
+        self.inner.update(|c| {
+            c.closed = true;
+            for p in c.ports.values() {
+                p.shared.rx.close();
             }
-        }
+        });
+        // Under the delay lock, so the timer cannot miss it between its
+        // check and its wait.
+        self.inner.delay_lock().closed = true;
         self.inner.timer_cv.notify_all();
         if let Some(t) = self.timer.take() {
             let _ = t.join();
@@ -817,11 +979,111 @@ impl Drop for Switch {
     }
 }
 
+/// Whether a delivery may write straight into the destination (see
+/// [`RxQueue::push_or_write`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direct {
+    /// An unimpaired pair on the forwarding path: order is the queue's.
+    IfIdle,
+    /// Released by the timer or a reset: always queued.
+    Never,
+}
+
+impl Control {
+    fn slot(&self, name: &str) -> Option<&ControlSlot> {
+        self.by_name.get(name).and_then(|id| self.ports.get(id))
+    }
+
+    /// The snapshot the forwarding path reads, built from declared state.
+    fn snapshot(&self) -> Topology {
+        let captured = |name: &str| {
+            self.captures
+                .iter()
+                .any(|c| matches!(c.scope(), CaptureScope::Port(p) if p == name))
+        };
+        let ports = self
+            .ports
+            .iter()
+            .map(|(id, s)| {
+                let view = PortView {
+                    shared: Arc::clone(&s.shared),
+                    isolated: self.isolated.contains(&s.shared.name),
+                    offloads: s.offloads,
+                    captured: captured(&s.shared.name),
+                };
+                (*id, view)
+            })
+            .collect();
+        let blocked = self
+            .partitions
+            .iter()
+            .filter_map(|(a, b)| Some((*self.by_name.get(a)?, *self.by_name.get(b)?)))
+            .collect();
+        Topology {
+            generation: self.generation,
+            reset_epoch: self.reset_epoch,
+            closed: self.closed,
+            ports,
+            blocked,
+            bridge_imp: self.bridge_imp,
+            pair_imp: self.pair_imp.clone(),
+            any_impairment: !self.bridge_imp.is_clear() || !self.pair_imp.is_empty(),
+            captures: self.captures.clone(),
+            macs: self.macs.clone(),
+        }
+    }
+
+    /// Forgets `mac` if `port` owns it.
+    fn forget_mac(&mut self, mac: &MacAddr, port: PortId) {
+        if self.macs.get(mac).is_some_and(|e| e.port == port) {
+            self.macs.remove(mac);
+        }
+    }
+
+    /// Learns `mac` on `port` (new, or moved from another port), evicting
+    /// the port's oldest entries beyond `cap`; returns the evictions.
+    fn learn(&mut self, mac: MacAddr, port: PortId, now: Duration, cap: usize) -> u64 {
+        if let Some(e) = self.macs.get(&mac) {
+            if e.port == port {
+                e.last_seen_ns.store(duration_ns(now), Ordering::Relaxed);
+                return 0;
+            }
+            let old = e.port;
+            if let Some(o) = self.ports.get_mut(&old) {
+                o.learned.retain(|m| *m != mac);
+            }
+        }
+        self.macs.insert(mac, MacEntry::new(port, now));
+        let mut evicted = Vec::new();
+        if let Some(slot) = self.ports.get_mut(&port) {
+            slot.learned.push_back(mac);
+            while slot.learned.len() > cap {
+                if let Some(m) = slot.learned.pop_front() {
+                    evicted.push(m);
+                }
+            }
+        }
+        for m in &evicted {
+            self.forget_mac(m, port);
+        }
+        evicted.len() as u64
+    }
+}
+
 impl Inner {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // State stays consistent between statements; recover from a poisoned
-        // lock rather than take the whole run down.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Control> {
+        // Control state stays consistent between statements; recover from a
+        // poisoned lock rather than take the whole run down.
+        self.control.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn delay_lock(&self) -> MutexGuard<'_, DelayQueue> {
+        self.delay.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The latest published snapshot.
+    fn snapshot(&self) -> Arc<Topology> {
+        Arc::clone(&self.published.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     fn no_port(&self, name: &str) -> SwitchError {
@@ -846,236 +1108,190 @@ impl Inner {
             .ok_or_else(|| self.no_port(name))
     }
 
-    fn update(&self, f: impl FnOnce(&mut State)) {
-        let mut st = self.lock();
-        f(&mut st);
-        st.recompute();
+    /// Applies a control-plane change and publishes the new snapshot before
+    /// returning, so the caller's next frame sees it.
+    fn update<R>(&self, f: impl FnOnce(&mut Control) -> R) -> R {
+        let mut c = self.lock();
+        let r = f(&mut c);
+        self.publish(&mut c);
+        r
+    }
+
+    fn publish(&self, c: &mut Control) {
+        c.generation += 1;
+        let topo = Arc::new(c.snapshot());
+        *self.published.lock().unwrap_or_else(|e| e.into_inner()) = topo;
+        self.generation.store(c.generation, Ordering::Release);
     }
 
     fn update_pair(&self, from: &str, to: &str, f: impl FnOnce(&mut Impairment)) {
-        self.update(|st| {
+        self.update(|c| {
             let key = (from.to_owned(), to.to_owned());
-            let e = st.pair_imp.entry(key.clone()).or_default();
+            let e = c.pair_imp.entry(key.clone()).or_default();
             f(e);
             if e.is_clear() {
-                st.pair_imp.remove(&key);
+                c.pair_imp.remove(&key);
             }
         });
     }
 
     pub(crate) fn detach_id(&self, id: PortId) {
-        let mut st = self.lock();
-        if let Some(slot) = st.ports.remove(&id) {
-            slot.rx.close();
-            st.by_name.remove(&slot.name);
-            for m in &slot.learned {
-                if st.macs.get(m).is_some_and(|e| e.port == id) {
-                    st.macs.remove(m);
+        self.update(|c| {
+            if let Some(slot) = c.ports.remove(&id) {
+                slot.shared.rx.close();
+                c.by_name.remove(&slot.shared.name);
+                for m in &slot.learned {
+                    c.forget_mac(m, id);
                 }
             }
-            st.runtime.retain(|(a, b), _| *a != id && *b != id);
-            st.recompute();
-        }
+        });
     }
 
     fn set_link(&self, name: &str, up: bool) -> Result<(), SwitchError> {
         let mut after = After::default();
-        {
-            let mut st = self.lock();
-            let id = *st.by_name.get(name).ok_or_else(|| self.no_port(name))?;
-            let st = &mut *st;
-            let Some(slot) = st.ports.get_mut(&id) else {
+        self.update(|c| {
+            let id = *c.by_name.get(name).ok_or_else(|| self.no_port(name))?;
+            let Some(slot) = c.ports.get_mut(&id) else {
                 return Err(self.no_port(name));
             };
-            if slot.link_up != up {
-                slot.link_up = up;
+            if slot.shared.link_up.swap(up, Ordering::AcqRel) != up {
+                let mut forget = VecDeque::new();
                 if !up {
-                    let n = slot.rx.clear();
-                    slot.counters.rx_dropped += n as u64;
-                    for m in std::mem::take(&mut slot.learned) {
-                        if st.macs.get(&m).is_some_and(|e| e.port == id) {
-                            st.macs.remove(&m);
-                        }
-                    }
+                    let n = slot.shared.rx.clear();
+                    add(&slot.shared.counters.rx_dropped, n as u64);
+                    forget = std::mem::take(&mut slot.learned);
                 }
                 if let Some(w) = &slot.link_watcher {
                     after.link.push((Arc::clone(w), up));
                 }
+                for m in &forget {
+                    c.forget_mac(m, id);
+                }
             }
-        }
+            Ok(())
+        })?;
         after.run();
         Ok(())
     }
 
     fn add_capture(&self, label: &str, scope: CaptureScope) -> Capture {
         let cap = Capture::new(label.to_owned(), scope, self.config.capture_buffer_bytes);
-        let mut st = self.lock();
-        st.captures.retain(|c| !c.is_closed());
-        st.captures.push(cap.shared());
+        self.update(|c| {
+            c.captures.retain(|c| !c.is_closed());
+            c.captures.push(cap.shared());
+        });
         cap
     }
 
-    fn send(&self, id: PortId, hdr: VnetHdr, frame: &[u8]) -> Result<(), SendError> {
-        let now = self.clock.now();
-        let mut after = After::default();
-        let r = self.lock().forward(self, id, hdr, frame, now, &mut after);
-        after.run();
-        r
-    }
-
-    /// Forwards a batch under one lock, waking each destination once.
+    /// Forwards frames from port `from` in its sender's thread; each
+    /// destination is woken once for the batch.
     fn send_batch<'a>(
         &self,
-        id: PortId,
+        from: PortId,
+        sender: &Mutex<Sender>,
         frames: impl IntoIterator<Item = (VnetHdr, &'a [u8])>,
-    ) -> usize {
+    ) -> (usize, Option<SendError>) {
         let now = self.clock.now();
         let mut after = After::default();
         let mut ok = 0;
+        let mut last_err = None;
         {
-            let mut st = self.lock();
+            let mut s = sender.lock().unwrap_or_else(|e| e.into_inner());
             for (hdr, frame) in frames {
-                if st.forward(self, id, hdr, frame, now, &mut after).is_ok() {
-                    ok += 1;
+                match self.forward(&mut s, from, hdr, frame, now, &mut after) {
+                    Ok(()) => ok += 1,
+                    Err(e) => last_err = Some(e),
                 }
             }
         }
         after.run();
-        ok
+        (ok, last_err)
     }
 
-    fn timer_loop(&self) {
-        let mut st = self.lock();
-        loop {
-            if st.closed {
-                return;
-            }
-            let now = self.clock.now();
-            let mut after = After::default();
-            st.release_due(self, now, &mut after);
-            if after.has_work() {
-                drop(st);
-                after.run();
-                st = self.lock();
-                continue;
-            }
-            st = match st.delay.peek().map(|d| d.0.release) {
-                Some(release) => {
-                    self.timer_cv
-                        .wait_timeout(st, release.saturating_sub(now))
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
-                }
-                None => self.timer_cv.wait(st).unwrap_or_else(|e| e.into_inner()),
-            };
+    /// Brings the sender's snapshot up to date; the shared publication lock
+    /// is taken only when a control change happened since the last frame.
+    fn refresh(&self, s: &mut Sender) {
+        if self.generation.load(Ordering::Acquire) == s.topo.generation {
+            return;
         }
-    }
-}
-
-impl State {
-    /// Re-derives caches (isolation flags, partitions by id) after any
-    /// change to declared state or membership.
-    fn recompute(&mut self) {
-        for p in self.ports.values_mut() {
-            p.isolated = self.isolated.contains(&p.name);
-        }
-        self.blocked.clear();
-        for (a, b) in &self.partitions {
-            if let (Some(x), Some(y)) = (self.by_name.get(a), self.by_name.get(b)) {
-                self.blocked.insert((*x, *y));
-            }
-        }
-        self.any_impairment = !self.bridge_imp.is_clear() || !self.pair_imp.is_empty();
-        self.generation += 1;
+        s.topo = self.snapshot();
+        let topo = &s.topo;
+        // Runtime of pairs whose destination left goes with it (ids are
+        // never reused).
+        s.pairs.retain(|to, _| topo.ports.contains_key(to));
     }
 
     fn forward(
-        &mut self,
-        inner: &Inner,
+        &self,
+        s: &mut Sender,
         from: PortId,
         hdr: VnetHdr,
         frame: &[u8],
         now: Duration,
         after: &mut After,
     ) -> Result<(), SendError> {
-        if self.closed {
-            return Err(SendError::Detached);
-        }
-        let Some(slot) = self.ports.get_mut(&from) else {
-            return Err(SendError::Detached);
-        };
-        if !slot.link_up {
-            slot.counters.tx_dropped += 1;
-            self.stats.dropped_link_down += 1;
-            return Err(SendError::LinkDown);
-        }
-        let err = if frame.len() < ETH_HEADER_BYTES {
-            Some(SendError::Runt(frame.len()))
-        } else if frame.len() > MAX_FRAME_BYTES {
-            Some(SendError::Oversized(frame.len()))
-        } else {
-            match src_mac(frame) {
-                Some(s) if s.is_multicast() || s.is_zero() => Some(SendError::BadSource(s)),
-                _ => None,
+        self.refresh(s);
+        let (src, dst, meta) = {
+            let topo = &*s.topo;
+            if topo.closed {
+                return Err(SendError::Detached);
             }
-        };
-        let err = err.or_else(|| match OffloadMeta::parse(hdr, frame) {
-            Ok(_) => None,
-            Err(e) => {
-                slot.counters.offload_errors += 1;
-                Some(SendError::BadOffload(e))
+            let Some(slot) = topo.ports.get(&from) else {
+                return Err(SendError::Detached);
+            };
+            let port = &slot.shared;
+            if !port.link_up.load(Ordering::Acquire) {
+                bump(&port.counters.tx_dropped);
+                bump(&self.stats.dropped_link_down);
+                return Err(SendError::LinkDown);
             }
-        });
-        if let Some(e) = err {
-            slot.counters.tx_dropped += 1;
-            slot.counters.errors += 1;
-            self.stats.dropped_invalid += 1;
-            return Err(e);
-        }
-        let meta = OffloadMeta::parse(hdr, frame).unwrap_or(OffloadMeta::NONE);
-        let (Some(src), Some(dst)) = (src_mac(frame), dst_mac(frame)) else {
-            return Err(SendError::Runt(frame.len()));
+            let err = if frame.len() < ETH_HEADER_BYTES {
+                Some(SendError::Runt(frame.len()))
+            } else if frame.len() > MAX_FRAME_BYTES {
+                Some(SendError::Oversized(frame.len()))
+            } else {
+                match src_mac(frame) {
+                    Some(s) if s.is_multicast() || s.is_zero() => Some(SendError::BadSource(s)),
+                    _ => None,
+                }
+            };
+            let parsed = match err {
+                Some(e) => Err(e),
+                None => OffloadMeta::parse(hdr, frame).map_err(|e| {
+                    bump(&port.counters.offload_errors);
+                    SendError::BadOffload(e)
+                }),
+            };
+            let meta = match parsed {
+                Ok(m) => m,
+                Err(e) => {
+                    bump(&port.counters.tx_dropped);
+                    bump(&port.counters.errors);
+                    bump(&self.stats.dropped_invalid);
+                    return Err(e);
+                }
+            };
+            let (Some(src), Some(dst)) = (src_mac(frame), dst_mac(frame)) else {
+                return Err(SendError::Runt(frame.len()));
+            };
+            bump(&port.counters.tx_packets);
+            add(&port.counters.tx_bytes, frame.len() as u64);
+            bump(&self.stats.frames_in);
+            (src, dst, meta)
         };
-        slot.counters.tx_packets += 1;
-        slot.counters.tx_bytes += frame.len() as u64;
-        self.stats.frames_in += 1;
         // The wire packets, cut at most once per frame and only when some
         // capture or destination needs them.
-        let mut wire = std::mem::take(&mut self.wire);
+        let mut wire = std::mem::take(&mut s.wire);
         let mut cut = false;
-        if !self.captures.is_empty() {
-            let ts = inner.clock.unix_origin() + now;
-            let name = &slot.name;
-            for c in &self.captures {
-                let hit = match c.scope() {
-                    CaptureScope::Bridge => true,
-                    CaptureScope::Port(p) => p == name,
-                };
-                if !hit {
-                    continue;
-                }
-                if !meta.needs_work() {
-                    c.record(ts, frame);
-                    continue;
-                }
-                if !cut {
-                    segment(&meta, frame, &mut wire);
-                    cut = true;
-                }
-                for seg in wire.iter() {
-                    c.record(ts, seg);
-                }
-            }
-        }
-        self.learn(inner, src, from, now);
+        self.record_ingress(&s.topo, from, &meta, frame, now, &mut wire, &mut cut);
+        self.learn(s, src, from, now);
 
+        let topo = &*s.topo;
         let target = if dst.is_multicast() {
             None
         } else {
-            match self.macs.get(&dst) {
-                Some(e) if now.saturating_sub(e.last_seen) < inner.config.mac_ageing => {
-                    Some(e.port)
-                }
+            match topo.macs.get(&dst) {
+                Some(e) if e.fresh(now, self.config.mac_ageing) => Some(e.port),
                 _ => None,
             }
         };
@@ -1086,111 +1302,120 @@ impl State {
             cut,
         };
         match target {
-            Some(to) if to == from => self.stats.dropped_hairpin += 1,
-            Some(to) => self.egress(inner, from, to, &mut pkt, now, after),
+            Some(to) if to == from => bump(&self.stats.dropped_hairpin),
+            Some(to) => self.egress(topo, &mut s.pairs, from, to, &mut pkt, now, after),
             None => {
-                self.stats.flooded += 1;
-                // The other ports in id order, without collecting them.
-                let mut prev = 0;
-                while let Some(to) = self
-                    .ports
-                    .range(prev + 1..)
-                    .map(|(k, _)| *k)
-                    .find(|k| *k != from)
-                {
-                    self.egress(inner, from, to, &mut pkt, now, after);
-                    prev = to;
+                bump(&self.stats.flooded);
+                for to in topo.ports.keys().copied().filter(|k| *k != from) {
+                    self.egress(topo, &mut s.pairs, from, to, &mut pkt, now, after);
                 }
             }
         }
         if pkt.cut && meta.needs_work() {
-            self.stats.segmented += 1;
-            self.stats.segments += pkt.wire.len() as u64;
+            bump(&self.stats.segmented);
+            add(&self.stats.segments, pkt.wire.len() as u64);
         }
-        self.wire = wire;
+        s.wire = wire;
         Ok(())
     }
 
-    fn learn(&mut self, inner: &Inner, mac: MacAddr, port: PortId, now: Duration) {
-        let prev = match self.macs.get_mut(&mac) {
-            Some(e) if e.port == port => {
-                e.last_seen = now;
-                return;
-            }
-            Some(e) => {
-                let old = e.port;
-                e.port = port;
-                e.last_seen = now;
-                Some(old)
-            }
-            None => {
-                self.macs.insert(
-                    mac,
-                    MacEntry {
-                        port,
-                        last_seen: now,
-                    },
-                );
-                None
-            }
-        };
-        if let Some(old) = prev.and_then(|o| self.ports.get_mut(&o)) {
-            old.learned.retain(|m| *m != mac);
+    /// Records the frame in bridge-wide captures and the sender's own.
+    #[allow(clippy::too_many_arguments)]
+    fn record_ingress(
+        &self,
+        topo: &Topology,
+        from: PortId,
+        meta: &OffloadMeta,
+        frame: &[u8],
+        now: Duration,
+        wire: &mut Segments,
+        cut: &mut bool,
+    ) {
+        if topo.captures.is_empty() {
+            return;
         }
-        let cap = inner.config.mac_entries_per_port.max(1);
-        let Some(slot) = self.ports.get_mut(&port) else {
+        let Some(name) = topo.ports.get(&from).map(|p| &p.shared.name) else {
             return;
         };
-        slot.learned.push_back(mac);
-        while slot.learned.len() > cap {
-            if let Some(evicted) = slot.learned.pop_front() {
-                if self.macs.get(&evicted).is_some_and(|e| e.port == port) {
-                    self.macs.remove(&evicted);
-                }
-                self.stats.mac_evictions += 1;
+        let ts = self.clock.unix_origin() + now;
+        for c in &topo.captures {
+            let hit = match c.scope() {
+                CaptureScope::Bridge => true,
+                CaptureScope::Port(p) => p == name,
+            };
+            if !hit {
+                continue;
+            }
+            if !meta.needs_work() {
+                c.record(ts, frame);
+                continue;
+            }
+            if !*cut {
+                segment(meta, frame, wire);
+                *cut = true;
+            }
+            for seg in wire.iter() {
+                c.record(ts, seg);
             }
         }
     }
 
+    /// Refreshes a known MAC with an atomic store; a new or moved one goes
+    /// through the control plane (and a new snapshot).
+    fn learn(&self, s: &mut Sender, mac: MacAddr, port: PortId, now: Duration) {
+        if let Some(e) = s.topo.macs.get(&mac) {
+            if e.port == port {
+                e.last_seen_ns.store(duration_ns(now), Ordering::Relaxed);
+                return;
+            }
+        }
+        let cap = self.config.mac_entries_per_port.max(1);
+        let evicted = self.update(|c| {
+            // Detached meanwhile: nothing to learn it for.
+            if c.ports.contains_key(&port) {
+                c.learn(mac, port, now, cap)
+            } else {
+                0
+            }
+        });
+        add(&self.stats.mac_evictions, evicted);
+        self.refresh(s);
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn egress(
-        &mut self,
-        inner: &Inner,
+        &self,
+        topo: &Topology,
+        pairs: &mut HashMap<PortId, PairRuntime>,
         from: PortId,
         to: PortId,
         pkt: &mut Packet<'_>,
         now: Duration,
         after: &mut After,
     ) {
-        let (Some(f), Some(t)) = (self.ports.get(&from), self.ports.get(&to)) else {
+        let (Some(f), Some(t)) = (topo.ports.get(&from), topo.ports.get(&to)) else {
             return;
         };
         if f.isolated || t.isolated {
-            self.stats.dropped_isolated += 1;
+            bump(&self.stats.dropped_isolated);
             return;
         }
-        if self.blocked.contains(&(from, to)) {
-            self.stats.dropped_partition += 1;
+        if topo.blocked.contains(&(from, to)) {
+            bump(&self.stats.dropped_partition);
             return;
         }
-        if !t.link_up {
-            self.stats.dropped_link_down += 1;
-            if let Some(t) = self.ports.get_mut(&to) {
-                t.counters.rx_dropped += 1;
-            }
+        if !t.shared.link_up.load(Ordering::Acquire) {
+            bump(&self.stats.dropped_link_down);
+            bump(&t.shared.counters.rx_dropped);
             return;
         }
-        let t_offloads = t.offloads;
-        let t_captured = self
-            .captures
-            .iter()
-            .any(|c| matches!(c.scope(), CaptureScope::Port(p) if *p == t.name));
-        let impaired = self.any_impairment && self.refresh_pair(inner, from, to, now);
+        let impaired = topo.any_impairment && self.refresh_pair(topo, pairs, from, to, now);
         let meta = pkt.meta;
         if !meta.needs_work() {
             if impaired {
-                self.impair(inner, from, to, pkt.frame, now, after);
+                self.impair(topo, pairs, to, pkt.frame, now, after);
             } else {
-                self.deliver(inner, to, meta.hdr, pkt.frame, now, after);
+                self.deliver(topo, to, meta.hdr, pkt.frame, now, Direct::IfIdle, after);
             }
             return;
         }
@@ -1198,10 +1423,10 @@ impl State {
         // wire packets: the port takes the offload, the pair is unimpaired
         // (drops and bandwidth act per wire packet) and no capture of the
         // port is open (captures show wire packets).
-        let whole = !impaired && t_offloads.accepts(meta.work) && !t_captured;
+        let whole = !impaired && t.offloads.accepts(meta.work) && !t.captured;
         if whole {
-            self.stats.offloaded += 1;
-            self.deliver(inner, to, meta.hdr, pkt.frame, now, after);
+            bump(&self.stats.offloaded);
+            self.deliver(topo, to, meta.hdr, pkt.frame, now, Direct::IfIdle, after);
             return;
         }
         if !pkt.cut {
@@ -1210,43 +1435,58 @@ impl State {
         }
         for seg in pkt.wire.iter() {
             if impaired {
-                self.impair(inner, from, to, seg, now, after);
+                self.impair(topo, pairs, to, seg, now, after);
             } else {
-                self.deliver(inner, to, VnetHdr::default(), seg, now, after);
+                let hdr = VnetHdr::default();
+                self.deliver(topo, to, hdr, seg, now, Direct::IfIdle, after);
             }
         }
     }
 
     /// Brings the pair's runtime (drop stream, token bucket) up to date with
     /// the declared impairments; true when the pair is impaired.
-    fn refresh_pair(&mut self, inner: &Inner, from: PortId, to: PortId, now: Duration) -> bool {
-        let generation = self.generation;
-        let needs = self
-            .runtime
-            .get(&(from, to))
-            .is_none_or(|r| r.generation != generation);
-        if needs {
-            let (Some(f), Some(t)) = (self.ports.get(&from), self.ports.get(&to)) else {
+    fn refresh_pair(
+        &self,
+        topo: &Topology,
+        pairs: &mut HashMap<PortId, PairRuntime>,
+        from: PortId,
+        to: PortId,
+        now: Duration,
+    ) -> bool {
+        let current = pairs
+            .get(&to)
+            .is_some_and(|r| r.generation == topo.generation);
+        if !current {
+            let (Some(f), Some(t)) = (topo.ports.get(&from), topo.ports.get(&to)) else {
                 return false;
             };
-            let key = (f.name.clone(), t.name.clone());
-            let eff = Effective::combine(&self.bridge_imp, self.pair_imp.get(&key));
+            let (fname, tname) = (&f.shared.name, &t.shared.name);
+            let pair = topo
+                .pair_imp
+                .iter()
+                .find(|((a, b), _)| a == fname && b == tname)
+                .map(|(_, i)| i);
+            let eff = Effective::combine(&topo.bridge_imp, pair);
             let burst = |bps: u64| {
-                inner
-                    .config
+                self.config
                     .bandwidth_burst_bits
                     .unwrap_or_else(|| TokenBucket::default_burst_bits(bps))
             };
-            let rt = self
-                .runtime
-                .entry((from, to))
-                .or_insert_with(|| PairRuntime {
-                    generation,
-                    eff,
-                    bucket: None,
-                    rng: DropRng::for_pair(inner.seed, &key.0, &key.1),
-                });
-            rt.generation = generation;
+            let fresh_rng = || DropRng::for_pair(self.seed, fname, tname);
+            let rt = pairs.entry(to).or_insert_with(|| PairRuntime {
+                generation: topo.generation,
+                reset_epoch: topo.reset_epoch,
+                eff,
+                bucket: None,
+                rng: fresh_rng(),
+            });
+            if rt.reset_epoch != topo.reset_epoch {
+                // A reset forgets the stream and the bucket.
+                rt.reset_epoch = topo.reset_epoch;
+                rt.rng = fresh_rng();
+                rt.bucket = None;
+            }
+            rt.generation = topo.generation;
             rt.eff = eff;
             rt.bucket = match (eff.bandwidth_bps, rt.bucket.take()) {
                 (None, _) => None,
@@ -1257,28 +1497,26 @@ impl State {
                 (Some(bps), None) => Some(TokenBucket::new(bps, burst(bps), now)),
             };
         }
-        self.runtime
-            .get(&(from, to))
-            .is_some_and(|rt| !rt.eff.is_clear())
+        pairs.get(&to).is_some_and(|rt| !rt.eff.is_clear())
     }
 
     /// One wire packet over an impaired pair: the seeded drop draw, the
     /// token bucket (charged the packet's bytes, headers included), then the
     /// latency.
     fn impair(
-        &mut self,
-        inner: &Inner,
-        from: PortId,
+        &self,
+        topo: &Topology,
+        pairs: &mut HashMap<PortId, PairRuntime>,
         to: PortId,
         frame: &[u8],
         now: Duration,
         after: &mut After,
     ) {
-        let Some(rt) = self.runtime.get_mut(&(from, to)) else {
+        let Some(rt) = pairs.get_mut(&to) else {
             return;
         };
         if rt.rng.drop_frame(&rt.eff) {
-            self.stats.dropped_impairment += 1;
+            bump(&self.stats.dropped_impairment);
             return;
         }
         let depart = match &mut rt.bucket {
@@ -1287,78 +1525,125 @@ impl State {
         };
         let release = depart + rt.eff.latency;
         if release <= now {
-            self.deliver(inner, to, VnetHdr::default(), frame, now, after);
+            let hdr = VnetHdr::default();
+            self.deliver(topo, to, hdr, frame, now, Direct::Never, after);
             return;
         }
-        if self.delay_bytes.saturating_add(frame.len()) > inner.config.delay_queue_bytes {
-            self.stats.dropped_delay_queue_full += 1;
+        let mut q = self.delay_lock();
+        if q.bytes.saturating_add(frame.len()) > self.config.delay_queue_bytes {
+            bump(&self.stats.dropped_delay_queue_full);
             return;
         }
-        self.delay_bytes += frame.len();
-        self.seq += 1;
-        self.stats.delayed += 1;
-        let was_first = self.delay.peek().is_none_or(|d| release < d.0.release);
-        self.delay.push(Reverse(Delayed {
+        q.bytes += frame.len();
+        q.seq += 1;
+        bump(&self.stats.delayed);
+        let was_first = q.heap.peek().is_none_or(|d| release < d.0.release);
+        let seq = q.seq;
+        q.heap.push(Reverse(Delayed {
             release,
-            seq: self.seq,
+            seq,
             to,
             frame: frame.to_vec(),
         }));
+        drop(q);
         if was_first {
-            inner.timer_cv.notify_all();
+            self.timer_cv.notify_all();
         }
     }
 
-    /// Queues a copy of `frame` (with `hdr`, the offload it still carries)
-    /// for `to`, timestamped `at` in captures.
+    /// Hands `frame` (with `hdr`, the offload it still carries) to `to`,
+    /// timestamped `at` in captures: written straight into the destination
+    /// when `direct` allows and it is idle, else queued (a copy).
+    #[allow(clippy::too_many_arguments)]
     fn deliver(
-        &mut self,
-        inner: &Inner,
+        &self,
+        topo: &Topology,
         to: PortId,
         hdr: VnetHdr,
         frame: &[u8],
         at: Duration,
+        direct: Direct,
         after: &mut After,
     ) {
-        let Some(slot) = self.ports.get_mut(&to) else {
+        let Some(view) = topo.ports.get(&to) else {
             return;
         };
-        if !slot.link_up {
-            slot.counters.rx_dropped += 1;
-            self.stats.dropped_link_down += 1;
+        let port = &view.shared;
+        if !port.link_up.load(Ordering::Acquire) {
+            bump(&port.counters.rx_dropped);
+            bump(&self.stats.dropped_link_down);
             return;
         }
-        if !self.captures.is_empty() {
-            let ts = inner.clock.unix_origin() + at;
-            for c in &self.captures {
-                if matches!(c.scope(), CaptureScope::Port(p) if *p == slot.name) {
+        if view.captured {
+            let ts = self.clock.unix_origin() + at;
+            for c in &topo.captures {
+                if matches!(c.scope(), CaptureScope::Port(p) if *p == port.name) {
                     c.record(ts, frame);
                 }
             }
         }
         let len = frame.len() as u64;
-        if slot.rx.push(hdr, frame) {
-            slot.counters.rx_packets += 1;
-            slot.counters.rx_bytes += len;
-            self.stats.delivered += 1;
-            after.wake_once(&slot.rx);
-        } else {
-            slot.counters.rx_dropped += 1;
-            self.stats.dropped_rx_queue_full += 1;
+        let pushed = match direct {
+            Direct::IfIdle => port.rx.push_or_write(hdr, frame),
+            Direct::Never => port.rx.push(hdr, frame).then_some(true),
+        };
+        match pushed {
+            Some(queued) => {
+                bump(&port.counters.rx_packets);
+                add(&port.counters.rx_bytes, len);
+                bump(&self.stats.delivered);
+                if queued {
+                    after.wake_once(&port.rx);
+                }
+            }
+            None => {
+                bump(&port.counters.rx_dropped);
+                bump(&self.stats.dropped_rx_queue_full);
+            }
         }
     }
 
-    fn release_due(&mut self, inner: &Inner, now: Duration, after: &mut After) -> usize {
+    /// Delivers every delayed frame due at `now`, in release order.
+    fn release_due(&self, now: Duration, after: &mut After) -> usize {
+        let mut topo: Option<Arc<Topology>> = None;
         let mut n = 0;
-        while self.delay.peek().is_some_and(|d| d.0.release <= now) {
-            let Some(Reverse(d)) = self.delay.pop() else {
+        loop {
+            let Some(d) = self.delay_lock().pop_due(now) else {
                 break;
             };
-            self.delay_bytes -= d.frame.len();
-            self.deliver(inner, d.to, VnetHdr::default(), &d.frame, d.release, after);
+            let t = topo.get_or_insert_with(|| self.snapshot());
+            let hdr = VnetHdr::default();
+            self.deliver(t, d.to, hdr, &d.frame, d.release, Direct::Never, after);
             n += 1;
         }
         n
+    }
+
+    fn timer_loop(&self) {
+        let mut q = self.delay_lock();
+        loop {
+            if q.closed {
+                return;
+            }
+            let now = self.clock.now();
+            if q.heap.peek().is_some_and(|d| d.0.release <= now) {
+                drop(q);
+                let mut after = After::default();
+                self.release_due(now, &mut after);
+                after.run();
+                q = self.delay_lock();
+                continue;
+            }
+            q = match q.heap.peek().map(|d| d.0.release) {
+                Some(release) => {
+                    self.timer_cv
+                        .wait_timeout(q, release.saturating_sub(now))
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+                None => self.timer_cv.wait(q).unwrap_or_else(|e| e.into_inner()),
+            };
+        }
     }
 }
 
@@ -1370,6 +1655,8 @@ pub struct Port {
     name: String,
     mac: MacAddr,
     rx: Arc<RxQueue>,
+    /// This port's sending side; only its own senders lock it.
+    sender: Mutex<Sender>,
 }
 
 impl std::fmt::Debug for Port {
@@ -1402,7 +1689,7 @@ impl Port {
     /// untrusted: malformed or oversized frames are refused and counted, and
     /// nothing the guest sends allocates beyond the switch's bounds.
     pub fn send(&self, frame: &[u8]) -> Result<(), SendError> {
-        self.inner.send(self.id, VnetHdr::default(), frame)
+        self.send_offload(VnetHdr::default(), frame)
     }
 
     /// Hands over a frame with its virtio-net offload header (a guest NIC
@@ -1410,23 +1697,31 @@ impl Port {
     /// is untrusted: an invalid one refuses the frame
     /// ([`SendError::BadOffload`], counted in `offload_errors`).
     pub fn send_offload(&self, hdr: VnetHdr, frame: &[u8]) -> Result<(), SendError> {
-        self.inner.send(self.id, hdr, frame)
+        match self
+            .inner
+            .send_batch(self.id, &self.sender, std::iter::once((hdr, frame)))
+        {
+            (_, Some(e)) => Err(e),
+            _ => Ok(()),
+        }
     }
 
-    /// Hands over several frames under one switch lock; each destination is
-    /// woken once for the batch. Returns how many were accepted (refusals
-    /// are counted as for [`Port::send`]).
+    /// Hands over several frames at once; each destination is woken once
+    /// for the batch. Returns how many were accepted (refusals are counted
+    /// as for [`Port::send`]).
     pub fn send_batch<'a>(&self, frames: impl IntoIterator<Item = (VnetHdr, &'a [u8])>) -> usize {
-        self.inner.send_batch(self.id, frames)
+        self.inner.send_batch(self.id, &self.sender, frames).0
     }
 
     /// Declares what this port takes whole (a guest's negotiated features,
     /// a TAP's offloads). Frames it cannot take reach it as wire packets,
     /// checksums filled. Ports start with none.
     pub fn set_offloads(&self, offloads: Offloads) {
-        if let Some(slot) = self.inner.lock().ports.get_mut(&self.id) {
-            slot.offloads = offloads;
-        }
+        self.inner.update(|c| {
+            if let Some(slot) = c.ports.get_mut(&self.id) {
+                slot.offloads = offloads;
+            }
+        });
     }
 
     /// What this port takes whole ([`Port::set_offloads`]).
@@ -1488,6 +1783,20 @@ impl Port {
         self.rx.set_waker(waker);
     }
 
+    /// Installs (or removes) the writer the switch hands this port's
+    /// unimpaired frames to, in the sender's thread, while its receive
+    /// queue is idle (see [`DirectWriter`]). A consumer of such a port pops
+    /// with [`Port::try_recv_or_idle`] once it has written what it popped.
+    pub fn set_direct_writer(&self, writer: Option<DirectWriter>) {
+        self.rx.set_direct(writer);
+    }
+
+    /// The next frame; when there is none, marks this port's consumer idle
+    /// so that the direct path may write again.
+    pub fn try_recv_or_idle(&self) -> Option<(VnetHdr, Vec<u8>)> {
+        self.rx.pop_or_idle()
+    }
+
     /// Installs the callback told about link changes ([`Switch::disconnect`]).
     pub fn set_link_watcher(&self, watcher: Option<LinkWatcher>) {
         if let Some(slot) = self.inner.lock().ports.get_mut(&self.id) {
@@ -1501,7 +1810,7 @@ impl Port {
             .lock()
             .ports
             .get(&self.id)
-            .is_some_and(|p| p.link_up)
+            .is_some_and(|p| p.shared.link_up.load(Ordering::Acquire))
     }
 
     /// This port's counters (zeros once detached).
@@ -1510,7 +1819,7 @@ impl Port {
             .lock()
             .ports
             .get(&self.id)
-            .map(|p| p.counters)
+            .map(|p| p.shared.counters.read())
             .unwrap_or_default()
     }
 
@@ -1593,5 +1902,58 @@ mod tests {
             a.send(&frame(MacAddr::BROADCAST, MacAddr::local(1), 0)),
             Err(SendError::Detached)
         );
+    }
+
+    #[test]
+    fn forwarding_proceeds_while_the_control_plane_is_held() {
+        let (sw, _) = manual();
+        let a = Arc::new(sw.attach("a", MacAddr::local(1)).unwrap());
+        let b = sw.attach("b", MacAddr::local(2)).unwrap();
+        let _c = sw.attach("c", MacAddr::local(3)).unwrap();
+        sw.set_pair_drop_rate("c", "a", 50.0).unwrap();
+        // Both MACs learned and both senders' snapshots current.
+        b.send(&frame(MacAddr::BROADCAST, MacAddr::local(2), 0))
+            .unwrap();
+        a.send(&frame(MacAddr::local(2), MacAddr::local(1), 0))
+            .unwrap();
+        while b.try_recv().is_some() {}
+        // A third party holds every switch-wide lock the control plane
+        // uses; a unicast a -> b must still cross.
+        let control = sw.inner.lock();
+        let published = sw.inner.published.lock().unwrap();
+        let delay = sw.inner.delay_lock();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let sender = {
+            let a = Arc::clone(&a);
+            std::thread::spawn(move || {
+                for tag in 1..=3 {
+                    a.send(&frame(MacAddr::local(2), MacAddr::local(1), tag))
+                        .unwrap();
+                }
+                done_tx.send(()).unwrap();
+            })
+        };
+        let crossed = done_rx.recv_timeout(Duration::from_secs(30)).is_ok();
+        let tags: Vec<u8> = std::iter::from_fn(|| b.try_recv()).map(|f| f[20]).collect();
+        drop((control, published, delay));
+        sender.join().unwrap();
+        assert!(crossed, "a send blocked on a switch-wide lock");
+        assert_eq!(tags, [1, 2, 3]);
+        assert_eq!(b.counters().rx_packets, 4);
+    }
+
+    #[test]
+    fn control_changes_reach_a_sender_with_a_cached_snapshot() {
+        let (sw, _) = manual();
+        let a = sw.attach("a", MacAddr::local(1)).unwrap();
+        let b = sw.attach("b", MacAddr::local(2)).unwrap();
+        let f = frame(MacAddr::BROADCAST, MacAddr::local(1), 0);
+        a.send(&f).unwrap();
+        sw.partition_directional("a", "b").unwrap();
+        a.send(&f).unwrap();
+        sw.unpartition_directional("a", "b");
+        a.send(&f).unwrap();
+        assert_eq!(b.pending(), 2);
+        assert_eq!(sw.stats().dropped_partition, 1);
     }
 }

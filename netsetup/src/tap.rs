@@ -19,7 +19,11 @@
 //! a sandbox's namespace and hands it over) and runs two threads: a reader that
 //! waits in `poll(2)` on the fd and a stop pipe and feeds frames to the switch,
 //! and a writer that blocks on the port's receive queue and writes frames out.
-//! No thread spins. Link changes from [`crate::Switch::disconnect`] set the
+//! No thread spins. While the port's queue is idle, a sender writes its
+//! frames straight into the fd from its own thread (the switch's direct path,
+//! [`crate::DirectWriter`]): a frame from one TAP to another then crosses no
+//! thread at all, and the writer thread only drains what the direct path
+//! queued because the fd would block or the queue was busy. Link changes from [`crate::Switch::disconnect`] set the
 //! carrier with `TUNSETCARRIER` (Linux ≥ 4.9), so the interface shows
 //! NO-CARRIER inside the sandbox.
 
@@ -54,7 +58,7 @@ const TUN_F_TSO_ECN: libc::c_uint = 0x08;
 const TUN_F_USO4: libc::c_uint = 0x20;
 const TUN_F_USO6: libc::c_uint = 0x40;
 
-/// Frames read from a TAP and forwarded under one switch lock.
+/// Frames read from a TAP per wake-up and forwarded as one batch.
 const RX_BATCH: usize = 16;
 
 /// Errors opening or configuring a TAP.
@@ -317,6 +321,12 @@ impl TapPort {
             })));
         }
         let _ = set_carrier(fd.as_fd(), true);
+        {
+            let (fd, errs) = (Arc::clone(&fd), Arc::clone(&write_errors));
+            port.set_direct_writer(Some(Arc::new(move |hdr, frame| {
+                write_one(fd.as_fd(), vnet, hdr, frame, &errs) != Written::WouldBlock
+            })));
+        }
         let reader = {
             let (port, fd) = (Arc::clone(&port), Arc::clone(&fd));
             std::thread::Builder::new()
@@ -421,7 +431,7 @@ fn read_one(
 fn reader_loop(port: &Port, fd: BorrowedFd<'_>, stop: OwnedFd, vnet: bool) {
     // One byte more than the largest accepted frame, so an oversized frame is
     // seen as oversized (and counted) rather than silently cut. Up to
-    // RX_BATCH frames are read per wake-up and forwarded under one lock.
+    // RX_BATCH frames are read per wake-up and forwarded as one batch.
     let mut bufs: Vec<Vec<u8>> = (0..RX_BATCH)
         .map(|_| vec![0u8; MAX_FRAME_BYTES + 1])
         .collect();
@@ -484,7 +494,23 @@ fn reader_loop(port: &Port, fd: BorrowedFd<'_>, stop: OwnedFd, vnet: bool) {
     }
 }
 
-fn write_one(fd: BorrowedFd<'_>, vnet: bool, hdr: &VnetHdr, frame: &[u8], errors: &AtomicU64) {
+/// What became of one write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Written {
+    /// Written, or refused for good (counted in `errors`).
+    Done,
+    /// EAGAIN: the fd is non-blocking and its queue is full.
+    WouldBlock,
+}
+
+/// One writev of a header and a frame, never blocking.
+fn write_one(
+    fd: BorrowedFd<'_>,
+    vnet: bool,
+    hdr: &VnetHdr,
+    frame: &[u8],
+    errors: &AtomicU64,
+) -> Written {
     let h = hdr.to_bytes();
     let iov = [
         libc::iovec {
@@ -501,23 +527,33 @@ fn write_one(fd: BorrowedFd<'_>, vnet: bool, hdr: &VnetHdr, frame: &[u8], errors
         // SAFETY: writev from our buffers, each at most its length; the
         // kernel does not write through iov_base.
         let n = unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), iov.len() as libc::c_int) };
-        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-            continue;
+        if n >= 0 {
+            return Written::Done;
         }
-        if n < 0 {
-            errors.fetch_add(1, Ordering::Relaxed);
+        match io::Error::last_os_error().kind() {
+            io::ErrorKind::Interrupted => continue,
+            io::ErrorKind::WouldBlock => return Written::WouldBlock,
+            _ => {
+                errors.fetch_add(1, Ordering::Relaxed);
+                return Written::Done;
+            }
         }
-        break;
     }
 }
 
 fn writer_loop(port: &Port, fd: BorrowedFd<'_>, errors: &AtomicU64, vnet: bool) {
-    // Wait for one frame, then write everything queued before waiting again.
+    // Wait for one frame, then write everything queued before waiting
+    // again; the last, empty pop hands the fd back to the direct path. A
+    // full TAP queue (EAGAIN) drops the frame, as the kernel would.
     while let Some((hdr, frame)) = port.recv_offload() {
-        write_one(fd, vnet, &hdr, &frame, errors);
+        if write_one(fd, vnet, &hdr, &frame, errors) == Written::WouldBlock {
+            errors.fetch_add(1, Ordering::Relaxed);
+        }
         port.recycle(frame);
-        while let Some((hdr, frame)) = port.try_recv_offload() {
-            write_one(fd, vnet, &hdr, &frame, errors);
+        while let Some((hdr, frame)) = port.try_recv_or_idle() {
+            if write_one(fd, vnet, &hdr, &frame, errors) == Written::WouldBlock {
+                errors.fetch_add(1, Ordering::Relaxed);
+            }
             port.recycle(frame);
         }
     }

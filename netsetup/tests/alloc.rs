@@ -74,8 +74,9 @@ fn drain(p: &Port) -> usize {
     n
 }
 
-#[test]
-fn steady_state_forwarding_allocates_nothing() {
+/// A switch with a and b (both offload-capable) and c (none); b and c
+/// learned, every queue drained.
+fn lab() -> (Switch, Port, Port, Port) {
     let clock = Arc::new(ManualClock::new());
     let sw = Switch::with_clock("lan", SwitchConfig::default(), clock, Timer::Manual);
     let a = sw.attach("a", MacAddr::local(1)).unwrap();
@@ -91,18 +92,27 @@ fn steady_state_forwarding_allocates_nothing() {
     drain(&a);
     drain(&b);
     drain(&c);
+    (sw, a, b, c)
+}
+
+/// A TCPv4 super-frame's header: 1448-byte segments, checksum pending.
+const GSO: VnetHdr = VnetHdr {
+    flags: F_NEEDS_CSUM,
+    gso_type: GSO_TCPV4,
+    hdr_len: 54,
+    gso_size: 1448,
+    csum_start: 34,
+    csum_offset: 16,
+};
+
+#[test]
+fn steady_state_forwarding_allocates_nothing() {
+    let (sw, a, b, c) = lab();
 
     let small = tcp(MacAddr::local(1), MacAddr::local(2), 100);
     let gso_to_c = tcp(MacAddr::local(1), MacAddr::local(3), 20_000);
     let gso_to_b = tcp(MacAddr::local(1), MacAddr::local(2), 20_000);
-    let gso = VnetHdr {
-        flags: F_NEEDS_CSUM,
-        gso_type: GSO_TCPV4,
-        hdr_len: 54,
-        gso_size: 1448,
-        csum_start: 34,
-        csum_offset: 16,
-    };
+    let gso = GSO;
     let round = || {
         a.send(&small).unwrap();
         a.send_offload(gso, &gso_to_b).unwrap();
@@ -127,4 +137,52 @@ fn steady_state_forwarding_allocates_nothing() {
     );
     assert_eq!(n, 0, "allocations during 1000 steady-state rounds");
     assert!(sw.stats().segments >= 28 * 1000);
+}
+
+/// The direct path (a destination's device written from the sender's
+/// thread while its queue is idle) allocates nothing either, and mixes with
+/// queued delivery to another port.
+#[test]
+fn steady_state_direct_path_allocates_nothing() {
+    let (sw, a, b, c) = lab();
+    // Draining b with try_recv marked its consumer busy; idle it.
+    while b.try_recv_or_idle().is_some() {}
+    let written = Arc::new(AtomicU64::new(0));
+    let written_bytes = Arc::new(AtomicU64::new(0));
+    {
+        let (n, bytes) = (Arc::clone(&written), Arc::clone(&written_bytes));
+        b.set_direct_writer(Some(Arc::new(move |_, frame: &[u8]| {
+            n.fetch_add(1, Ordering::Relaxed);
+            bytes.fetch_add(frame.len() as u64, Ordering::Relaxed);
+            true
+        })));
+    }
+    let small = tcp(MacAddr::local(1), MacAddr::local(2), 100);
+    let gso_to_b = tcp(MacAddr::local(1), MacAddr::local(2), 20_000);
+    let gso_to_c = tcp(MacAddr::local(1), MacAddr::local(3), 20_000);
+    let gso = GSO;
+    let round = || {
+        a.send(&small).unwrap();
+        a.send_offload(gso, &gso_to_b).unwrap();
+        a.send_batch([(VnetHdr::default(), &small[..]), (gso, &gso_to_c[..])]);
+        (b.pending(), drain(&c))
+    };
+    for _ in 0..50 {
+        assert_eq!(round(), (0, 14));
+    }
+    let before = written.load(Ordering::Relaxed);
+    let n = counted(|| {
+        for _ in 0..1000 {
+            assert_eq!(round(), (0, 14));
+        }
+    });
+    assert_eq!(n, 0, "allocations during 1000 steady-state rounds");
+    assert_eq!(
+        written.load(Ordering::Relaxed) - before,
+        3000,
+        "every frame for b went straight to its device, the super-frame whole"
+    );
+    // c's flooded learning frame, then three per round.
+    assert_eq!(sw.counters("b").unwrap().rx_packets, 1 + 3 * 1050);
+    assert!(written_bytes.load(Ordering::Relaxed) > 20_000 * 1050);
 }
