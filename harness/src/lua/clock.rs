@@ -2,16 +2,16 @@
 
 use mlua::{UserData, UserDataMethods, Value};
 
-use super::vm::Vm;
+use super::vm_ctx::VmCtx;
 use super::{duration, err};
 use crate::client::AgentOps;
 
 pub struct ClockUd {
-    vm: Vm,
+    vm: VmCtx,
 }
 
 impl ClockUd {
-    pub fn new(vm: Vm) -> Self {
+    pub fn new(vm: VmCtx) -> Self {
         ClockUd { vm }
     }
 }

@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 use mlua::{Table, UserData, UserDataMethods, Value};
 use provium_vmm::{ConsoleRead, ConsoleSubscriber};
 
+use super::phase::Phase;
 use super::stream::ByteSource;
-use super::vm::{Phase, Vm};
+use super::vm_ctx::VmCtx;
 use super::{duration, err};
 use crate::backend::Guest;
 
@@ -27,12 +28,12 @@ const WRITE_DEFAULT: Duration = Duration::from_secs(10);
 pub type MachineLookup = Box<dyn Fn() -> Option<Arc<dyn Guest>> + Send + Sync>;
 
 pub struct ConsoleUd {
-    vm: Vm,
+    vm: VmCtx,
     machine: MachineLookup,
 }
 
 impl ConsoleUd {
-    pub fn new(vm: Vm, machine: MachineLookup) -> ConsoleUd {
+    pub fn new(vm: VmCtx, machine: MachineLookup) -> ConsoleUd {
         ConsoleUd { vm, machine }
     }
 

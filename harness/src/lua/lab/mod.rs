@@ -129,7 +129,7 @@ mod test_utils {
     use std::sync::Arc;
 
     use super::Lab;
-    use crate::lua::bridge::Bridge;
+    use crate::lua::network::Bridge;
     use crate::lua::vm::{Vm, VmSizing};
     use crate::runner::{BackendKind, FileEnv};
 

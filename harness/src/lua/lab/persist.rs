@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use mlua::{Lua, Value};
 
 use super::Lab;
-use crate::lua::bridge::Bridge;
+use crate::lua::network::Bridge;
 use crate::lua::snapshot::{self, LabSnapshotUd};
 use crate::lua::vm::{Phase, RestoreError, Vm, VmSizing};
 use crate::lua::{err, error_message};
@@ -176,7 +176,7 @@ impl Lab {
                 for rec in index.bridges.iter().filter(|b| b.members.contains(&v.name)) {
                     let lab = self.sub_lab_at(&rec.lab_path).map_err(Failed)?;
                     Lab::bridge_for_restore(&lab, &rec.name)
-                        .and_then(|b| b.attach_vm(&vm))
+                        .and_then(|b| b.attach_vm(&vm.net()))
                         .map_err(|e| {
                             RestoreError::Mismatch(format!(
                                 "lab:restore: vm `{}` on bridge `{}`: {e} (a configuration mismatch)",
