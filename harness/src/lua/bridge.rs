@@ -299,9 +299,7 @@ impl UserData for Bridge {
             }
             this.enable_uplink(&addr)
         });
-        m.add_method("disable_uplink", |_, this, ()| {
-            this.disable_uplink().map_err(err)
-        });
+        m.add_method("disable_uplink", |_, this, ()| Ok(this.disable_uplink()?));
         m.add_method("uplink_enabled", |_, this, ()| Ok(this.has_uplink()));
 
         // ---- NICs and capture ----
@@ -317,7 +315,7 @@ impl UserData for Bridge {
         });
         m.add_method("capture", |lua, this, ()| this.capture_stream(lua));
         m.add_method("live_captures", |_, this, ()| Ok(this.live_captures()));
-        m.add_method("close", |_, this, ()| this.close().map_err(err));
+        m.add_method("close", |_, this, ()| Ok(this.close()?));
         m.add_meta_method(mlua::MetaMethod::ToString, |_, this, ()| {
             Ok(format!("Bridge({})", this.name()))
         });

@@ -13,7 +13,7 @@ use mlua::{Table, UserData, UserDataMethods, Value};
 use provium_vmm::{ConsoleRead, ConsoleSubscriber};
 
 use super::phase::Phase;
-use super::stream::ByteSource;
+use super::stream::{ByteSource, StreamError};
 use super::vm_ctx::VmCtx;
 use super::{duration, err};
 use crate::backend::Guest;
@@ -154,7 +154,7 @@ impl ConsoleSource {
 }
 
 impl ByteSource for ConsoleSource {
-    fn next_chunk(&mut self, timeout: Duration) -> Result<Option<Vec<u8>>, String> {
+    fn next_chunk(&mut self, timeout: Duration) -> Result<Option<Vec<u8>>, StreamError> {
         if !self.held.is_empty() {
             return Ok(Some(self.take_chunk()));
         }
@@ -178,7 +178,7 @@ impl ByteSource for ConsoleSource {
         self.held.is_empty() && (self.eof || self.sub.is_none())
     }
 
-    fn close(&mut self) -> Result<(), String> {
+    fn close(&mut self) -> Result<(), StreamError> {
         self.sub = None;
         self.held.clear();
         Ok(())

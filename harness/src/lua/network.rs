@@ -48,8 +48,97 @@ use super::phase::Phase;
 use super::snapshot::NicDecl;
 use super::stream::{creation_site, Stream};
 use super::vm_ctx::VmCtx;
+use crate::backend::BackendError;
 use crate::backend::Guest;
 use crate::runner::{CloseKind, Closeable, FileEnv};
+
+/// Why a bridge or a VM's attachment refused, each naming the bridge or VM
+/// and the fix. The layers below (switch, TAP, uplink, backend) come as
+/// sources, or transparently where their message is the whole story.
+#[derive(Debug, thiserror::Error)]
+pub enum NetworkError {
+    #[error("bridge `{bridge}` is closed")]
+    Closed { bridge: String },
+    /// A restore wants a member on a closed bridge.
+    #[error("bridge `{bridge}` is closed; create another with lab:bridge(name)")]
+    ClosedForRestore { bridge: String },
+    #[error("vm `{vm}` is not attached to bridge `{bridge}`")]
+    NotAttached { vm: String, bridge: String },
+    #[error("vm `{vm}` has no running machine")]
+    NoMachine { vm: String },
+    #[error(
+        "vm `{other}` on bridge `{bridge}` already has MAC {mac}, the snapshot's NIC's; \
+         detach it (bridge:detach) or restore under another VM name"
+    )]
+    MacTaken {
+        other: String,
+        bridge: String,
+        mac: MacAddr,
+    },
+    #[error("vm `{vm}` already has a live NIC on bridge `{bridge}`")]
+    LiveNic { vm: String, bridge: String },
+    #[error("a vm named `{vm}` is already attached to bridge `{bridge}`; detach it first")]
+    NameTaken { vm: String, bridge: String },
+    /// A Lua-facing refusal of `bridge:attach` (already a message).
+    #[error("{0}")]
+    Refused(String),
+    #[error("drop rate")]
+    DropRate(#[source] provium_netsetup::SwitchError),
+    #[error("drop rate {from} -> {to}")]
+    PairDropRate {
+        from: String,
+        to: String,
+        #[source]
+        source: provium_netsetup::SwitchError,
+    },
+    #[error(
+        "the snapshot's VM had a NIC on bridge `{bridge}` (its NICs: {snapshot_nics}), and vm `{vm}` is not \
+         attached to a bridge of that name; attach it (lab:bridge(\"{bridge}\"):attach(vm)) before \
+         vm:restore"
+    )]
+    NoSuchBridge {
+        bridge: String,
+        vm: String,
+        snapshot_nics: String,
+    },
+    #[error(
+        "vm `{vm}` is attached to bridge(s) {extra} but the snapshot's VM had no NIC there (its \
+         NICs: {snapshot_nics}); a kvm machine's NICs are fixed when it is built, so detach it \
+         (bridge:detach(vm)) before vm:restore"
+    )]
+    ExtraBridges {
+        vm: String,
+        extra: String,
+        snapshot_nics: String,
+    },
+    #[error("cannot create its NIC on bridge `{bridge}`")]
+    CreateNic {
+        bridge: String,
+        #[source]
+        source: Box<NetworkError>,
+    },
+    #[error("bridge:disable_uplink: bridge `{bridge}`")]
+    DisableUplink {
+        bridge: String,
+        #[source]
+        source: provium_netsetup::UplinkError,
+    },
+    #[error(transparent)]
+    Mac(#[from] super::snapshot::DeclError),
+    #[error(transparent)]
+    Guest(#[from] BackendError),
+    #[error(transparent)]
+    Switch(#[from] provium_netsetup::SwitchError),
+    #[error(transparent)]
+    Tap(#[from] provium_netsetup::TapError),
+}
+
+/// A network error raised into Lua, its chain flattened.
+impl From<NetworkError> for mlua::Error {
+    fn from(e: NetworkError) -> Self {
+        err(crate::error_chain::flatten(&e))
+    }
+}
 
 /// The bridges one VM is attached to and those it was on when it last shut
 /// down (weak: bridges hold their members, so a VM and its bridges never
@@ -224,7 +313,7 @@ pub fn nic_mac(vm: &str, bridge: &str, taken: &[MacAddr]) -> MacAddr {
 
 impl Closeable for Bridge {
     fn auto_close(&self) -> Result<(), String> {
-        self.close()
+        self.close().map_err(|e| crate::error_chain::flatten(&e))
     }
 }
 
@@ -355,7 +444,7 @@ impl Bridge {
         &self,
         rec: &provium_snapshot::LabBridge,
         vm_names: &[String],
-    ) -> Result<(), String> {
+    ) -> Result<(), NetworkError> {
         let to_imp = |i: &provium_snapshot::LabImpairment| provium_netsetup::Impairment {
             latency: i.latency_ns.map(std::time::Duration::from_nanos),
             drop_pct: i.drop_pct,
@@ -364,7 +453,7 @@ impl Bridge {
         let missing: Vec<(String, Option<NetMember>)> = {
             let st = self
                 .open_state("restore")
-                .map_err(|e| super::error_message(&e))?;
+                .map_err(|e| NetworkError::Refused(super::error_message(&e)))?;
             rec.members
                 .iter()
                 .filter(|m| !st.members.contains_key(*m) && !vm_names.contains(m))
@@ -373,7 +462,7 @@ impl Bridge {
         };
         if !missing.is_empty() {
             self.attach_all(missing)
-                .map_err(|e| super::error_message(&e))?;
+                .map_err(|e| NetworkError::Refused(super::error_message(&e)))?;
         }
         let sw = &self.0.switch;
         // reset(): no impairment, no partition (isolation is kept).
@@ -381,7 +470,7 @@ impl Bridge {
         let whole = to_imp(&rec.impairment);
         sw.set_latency(whole.latency.unwrap_or_default());
         sw.set_drop_rate(whole.drop_pct.unwrap_or(0.0))
-            .map_err(|e| format!("drop rate: {e}"))?;
+            .map_err(NetworkError::DropRate)?;
         sw.set_bandwidth(whole.bandwidth_bps.unwrap_or(0));
         for p in &rec.pair_impairments {
             let i = to_imp(&p.impairment);
@@ -389,8 +478,13 @@ impl Bridge {
                 sw.set_pair_latency(&p.from, &p.to, l);
             }
             if let Some(d) = i.drop_pct {
-                sw.set_pair_drop_rate(&p.from, &p.to, d)
-                    .map_err(|e| format!("drop rate {} -> {}: {e}", p.from, p.to))?;
+                sw.set_pair_drop_rate(&p.from, &p.to, d).map_err(|source| {
+                    NetworkError::PairDropRate {
+                        from: p.from.clone(),
+                        to: p.to.clone(),
+                        source,
+                    }
+                })?;
             }
             if let Some(b) = i.bandwidth_bps {
                 sw.set_pair_bandwidth(&p.from, &p.to, b);
@@ -422,12 +516,12 @@ impl Bridge {
 
     /// Attaches `vm` (a local restore re-joining the bridges its sandbox
     /// was on); a no-op when it is a member already.
-    pub fn attach_vm(&self, vm: &NetMember) -> Result<(), String> {
+    pub fn attach_vm(&self, vm: &NetMember) -> Result<(), NetworkError> {
         if self.has_vm(vm) {
             return Ok(());
         }
         self.attach_all(vec![(vm.name().to_string(), Some(vm.clone()))])
-            .map_err(|e| super::error_message(&e))
+            .map_err(|e| NetworkError::Refused(super::error_message(&e)))
     }
 
     /// Attaches every item, or none: all are validated and recorded first,
@@ -503,8 +597,9 @@ impl Bridge {
                     self.detach_name(n);
                 }
                 return Err(err(format!(
-                    "bridge:attach: bridge `{}`: vm `{name}`: {e}; nothing was attached",
-                    self.0.name
+                    "bridge:attach: bridge `{}`: vm `{name}`: {}; nothing was attached",
+                    self.0.name,
+                    crate::error_chain::flatten(&e)
                 )));
             }
         }
@@ -567,17 +662,21 @@ impl Bridge {
 
     /// Realises `vm`'s NIC as guest interface `ifname` on `machine`; a no-op
     /// when already realised.
-    pub fn realise(&self, vm: &NetMember, machine: &dyn Guest, ifname: &str) -> Result<(), String> {
+    pub fn realise(
+        &self,
+        vm: &NetMember,
+        machine: &dyn Guest,
+        ifname: &str,
+    ) -> Result<(), NetworkError> {
         let mut st = self.lock();
         if st.closed {
-            return Err(format!("bridge `{}` is closed", self.0.name));
+            return Err(NetworkError::Closed {
+                bridge: self.0.name.clone(),
+            });
         }
         let name = vm.name();
         let Some(m) = st.members.get_mut(name) else {
-            return Err(format!(
-                "vm `{name}` is not attached to bridge `{}`",
-                self.0.name
-            ));
+            return Err(self.not_attached(name));
         };
         if m.nic.is_some() {
             return Ok(());
@@ -586,12 +685,9 @@ impl Bridge {
             // The virtio-net device got its port before boot (`vmm_port`).
             NicEnd::Vmm
         } else {
-            let fd = machine
-                .open_nic(ifname, m.mac)
-                .map_err(|e| crate::error_chain::flatten(&e))?;
+            let fd = machine.open_nic(ifname, m.mac)?;
             NicEnd::Tap {
-                _port: TapPort::attach(&self.0.switch, name, m.mac, fd)
-                    .map_err(|e| crate::error_chain::flatten(&e))?,
+                _port: TapPort::attach(&self.0.switch, name, m.mac, fd)?,
             }
         };
         if m.link_down {
@@ -619,45 +715,44 @@ impl Bridge {
         vm: &NetMember,
         mac: MacAddr,
         connected: Option<bool>,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, NetworkError> {
         let name = vm.name();
         let mut st = self.lock();
         if st.closed {
-            return Err(format!(
-                "bridge `{}` is closed; create another with lab:bridge(name)",
-                self.0.name
-            ));
+            return Err(NetworkError::ClosedForRestore {
+                bridge: self.0.name.clone(),
+            });
         }
         if let Some((other, _)) = st
             .members
             .iter()
             .find(|(n, m)| n.as_str() != name && m.mac == mac)
         {
-            return Err(format!(
-                "vm `{other}` on bridge `{}` already has MAC {mac}, the snapshot's NIC's; \
-                 detach it (bridge:detach) or restore under another VM name",
-                self.0.name
-            ));
+            return Err(NetworkError::MacTaken {
+                other: other.clone(),
+                bridge: self.0.name.clone(),
+                mac,
+            });
         }
         let mut replace = false;
         if let Some(m) = st.members.get_mut(name) {
             match &m.vm {
                 Some(v) if v.same(vm) => {
                     if m.nic.is_some() {
-                        return Err(format!(
-                            "vm `{name}` already has a live NIC on bridge `{}`",
-                            self.0.name
-                        ));
+                        return Err(NetworkError::LiveNic {
+                            vm: name.to_owned(),
+                            bridge: self.0.name.clone(),
+                        });
                     }
                     m.mac = mac;
                     return Ok(false);
                 }
                 Some(v) if matches!(v.phase(), Phase::Shutdown | Phase::Dead) => replace = true,
                 _ => {
-                    return Err(format!(
-                        "a vm named `{name}` is already attached to bridge `{}`; detach it first",
-                        self.0.name
-                    ))
+                    return Err(NetworkError::NameTaken {
+                        vm: name.to_owned(),
+                        bridge: self.0.name.clone(),
+                    })
                 }
             }
         }
@@ -690,21 +785,19 @@ impl Bridge {
     /// device will hold (named after the VM, with the member's MAC) and
     /// returns the device's config. A NIC disconnected before boot starts
     /// with its link down. `vm:boot()` realises the member afterwards.
-    pub fn vmm_port(&self, vm: &NetMember) -> Result<NetConfig, String> {
+    pub fn vmm_port(&self, vm: &NetMember) -> Result<NetConfig, NetworkError> {
         let st = self.lock();
         if st.closed {
-            return Err(format!("bridge `{}` is closed", self.0.name));
+            return Err(NetworkError::Closed {
+                bridge: self.0.name.clone(),
+            });
         }
         let name = vm.name();
         let m = st
             .members
             .get(name)
-            .ok_or_else(|| format!("vm `{name}` is not attached to bridge `{}`", self.0.name))?;
-        let port = self
-            .0
-            .switch
-            .attach(name, m.mac)
-            .map_err(|e| crate::error_chain::flatten(&e))?;
+            .ok_or_else(|| self.not_attached(name))?;
+        let port = self.0.switch.attach(name, m.mac)?;
         if m.link_down {
             let _ = self.0.switch.disconnect(name);
         }
@@ -736,6 +829,13 @@ impl Bridge {
     }
 
     // ---- NICs ----
+
+    fn not_attached(&self, vm: &str) -> NetworkError {
+        NetworkError::NotAttached {
+            vm: vm.to_owned(),
+            bridge: self.0.name.clone(),
+        }
+    }
 
     /// Whether `vm_name`'s NIC exists (its VM is booted and attached).
     fn is_realised(&self, vm_name: &str) -> bool {
@@ -831,17 +931,14 @@ impl Bridge {
         Ok(())
     }
 
-    pub(super) fn disable_uplink(&self) -> Result<(), String> {
+    pub(super) fn disable_uplink(&self) -> Result<(), NetworkError> {
         let up = self.lock().uplink.take();
         let Some(UplinkLink { port, uplink }) = up else {
             return Ok(());
         };
-        let r = disable_uplink(uplink).map_err(|e| {
-            format!(
-                "bridge:disable_uplink: bridge `{}`: {}",
-                self.0.name,
-                crate::error_chain::flatten(&e)
-            )
+        let r = disable_uplink(uplink).map_err(|source| NetworkError::DisableUplink {
+            bridge: self.0.name.clone(),
+            source,
         });
         drop(port);
         r
@@ -851,7 +948,7 @@ impl Bridge {
 
     /// Removes every NIC and the uplink; idempotent. Partitions and
     /// impairments stay declared (there is nothing left to apply them to).
-    pub fn close(&self) -> Result<(), String> {
+    pub fn close(&self) -> Result<(), NetworkError> {
         let members = {
             let mut st = self.lock();
             if st.closed {
@@ -936,26 +1033,35 @@ fn choose_ifname(vm: &NetMember, bridge: &Bridge) -> String {
 }
 
 /// Realises `vm`'s NIC on `bridge` (the VM is booted).
-pub fn realise_on(vm: &NetMember, bridge: &Bridge) -> Result<(), String> {
+pub fn realise_on(vm: &NetMember, bridge: &Bridge) -> Result<(), NetworkError> {
     let machine = vm
         .ctx()
         .running_machine()
-        .ok_or_else(|| format!("vm `{}` has no running machine", vm.name()))?;
+        .ok_or_else(|| NetworkError::NoMachine {
+            vm: vm.name().to_owned(),
+        })?;
     let ifname = choose_ifname(vm, bridge);
     bridge.realise(vm, machine.as_ref(), &ifname)
+}
+
+/// `vm:boot()`'s error for a NIC it could not make on `bridge`.
+fn boot_nic_error(vm: &NetMember, bridge: &Bridge, e: NetworkError) -> mlua::Error {
+    let e = NetworkError::CreateNic {
+        bridge: bridge.name().to_string(),
+        source: Box::new(e),
+    };
+    err(format!(
+        "vm:boot: vm `{}`: {}",
+        vm.name(),
+        crate::error_chain::flatten(&e)
+    ))
 }
 
 /// Called by `vm:boot()` once the guest is up: one NIC per attached bridge,
 /// `eth0`, `eth1`, … in bridge-name order.
 pub fn realise_all(vm: &NetMember) -> mlua::Result<()> {
     for b in sorted_bridges(vm) {
-        realise_on(vm, &b).map_err(|e| {
-            err(format!(
-                "vm:boot: vm `{}`: cannot create its NIC on bridge `{}`: {e}",
-                vm.name(),
-                b.name()
-            ))
-        })?;
+        realise_on(vm, &b).map_err(|e| boot_nic_error(vm, &b, e))?;
     }
     Ok(())
 }
@@ -1006,13 +1112,7 @@ impl VmmNics {
 pub fn vmm_ports(vm: &NetMember) -> mlua::Result<VmmNics> {
     let mut out = VmmNics::default();
     for b in sorted_bridges(vm) {
-        let cfg = b.vmm_port(vm).map_err(|e| {
-            err(format!(
-                "vm:boot: vm `{}`: cannot create its NIC on bridge `{}`: {e}",
-                vm.name(),
-                b.name()
-            ))
-        })?;
+        let cfg = b.vmm_port(vm).map_err(|e| boot_nic_error(vm, &b, e))?;
         out.record.push(MachineNic {
             bridge: Some(b.downgrade()),
             bridge_name: b.name().to_string(),
@@ -1048,7 +1148,7 @@ pub fn plan_nics(
     want: &[(String, bool)],
     current: &[String],
     left: &[String],
-) -> Result<Vec<NicSource>, String> {
+) -> Result<Vec<NicSource>, NetworkError> {
     let mut cur_used = vec![false; current.len()];
     let mut left_used = vec![false; left.len()];
     let mut out = Vec::with_capacity(want.len());
@@ -1078,12 +1178,11 @@ pub fn plan_nics(
         } else if let Some(i) = pick(left, &mut left_used) {
             out.push(NicSource::Rejoin(i));
         } else {
-            return Err(format!(
-                "the snapshot's VM had a NIC on bridge `{name}` (its NICs: {}), and vm `{vm_name}` is not \
-                 attached to a bridge of that name; attach it (lab:bridge(\"{name}\"):attach(vm)) before \
-                 vm:restore",
-                snap_names()
-            ));
+            return Err(NetworkError::NoSuchBridge {
+                bridge: name.clone(),
+                vm: vm_name.to_owned(),
+                snapshot_nics: snap_names(),
+            });
         }
     }
     let extra: Vec<&str> = current
@@ -1093,13 +1192,11 @@ pub fn plan_nics(
         .map(|(n, _)| n.as_str())
         .collect();
     if !extra.is_empty() {
-        return Err(format!(
-            "vm `{vm_name}` is attached to bridge(s) {} but the snapshot's VM had no NIC there (its \
-             NICs: {}); a kvm machine's NICs are fixed when it is built, so detach it \
-             (bridge:detach(vm)) before vm:restore",
-            extra.join(", "),
-            snap_names()
-        ));
+        return Err(NetworkError::ExtraBridges {
+            vm: vm_name.to_owned(),
+            extra: extra.join(", "),
+            snapshot_nics: snap_names(),
+        });
     }
     Ok(out)
 }
@@ -1111,13 +1208,10 @@ pub fn lone_port(
     bridge_name: &str,
     vm_name: &str,
     mac: MacAddr,
-) -> Result<(Switch, NetConfig), String> {
+) -> Result<(Switch, NetConfig), NetworkError> {
     let sw = Switch::new(&format!("{bridge_name}-detached"), SwitchConfig::default());
-    let port = sw
-        .attach(vm_name, mac)
-        .map_err(|e| crate::error_chain::flatten(&e))?;
-    sw.disconnect(vm_name)
-        .map_err(|e| crate::error_chain::flatten(&e))?;
+    let port = sw.attach(vm_name, mac)?;
+    sw.disconnect(vm_name)?;
     Ok((sw, NetConfig::on_port(Arc::new(port))))
 }
 
@@ -1126,7 +1220,11 @@ pub fn lone_port(
 /// the bridges the VM left at shutdown, which it joins again with the
 /// snapshot's MAC and link state). The memberships it adds are listed in
 /// `added`; on an error they are undone here.
-pub fn restore_ports(vm: &NetMember, want: &[NicDecl], left: &[Bridge]) -> Result<VmmNics, String> {
+pub fn restore_ports(
+    vm: &NetMember,
+    want: &[NicDecl],
+    left: &[Bridge],
+) -> Result<VmmNics, NetworkError> {
     let current = sorted_bridges(vm);
     let left: Vec<Bridge> = left
         .iter()
@@ -1140,7 +1238,7 @@ pub fn restore_ports(vm: &NetMember, want: &[NicDecl], left: &[Bridge]) -> Resul
         .collect();
     let plan = plan_nics(vm.name(), &wanted, &names(&current), &names(&left))?;
     let mut out = VmmNics::default();
-    let r = (|| -> Result<(), String> {
+    let r = (|| -> Result<(), NetworkError> {
         for (n, src) in want.iter().zip(plan) {
             let mac = n.mac_addr()?;
             let bridge = match src {
@@ -1162,9 +1260,10 @@ pub fn restore_ports(vm: &NetMember, want: &[NicDecl], left: &[Bridge]) -> Resul
             if bridge.restore_member(vm, mac, connected)? {
                 out.added.push(bridge.clone());
             }
-            let cfg = bridge
-                .vmm_port(vm)
-                .map_err(|e| format!("cannot create its NIC on bridge `{}`: {e}", bridge.name()))?;
+            let cfg = bridge.vmm_port(vm).map_err(|e| NetworkError::CreateNic {
+                bridge: bridge.name().to_string(),
+                source: Box::new(e),
+            })?;
             out.record.push(MachineNic {
                 bridge: Some(bridge.downgrade()),
                 bridge_name: bridge.name().to_string(),
@@ -1295,18 +1394,27 @@ mod tests {
         let b = Bridge::create(&env, "lan");
         let v = vm(&env, "v");
         let mac: MacAddr = "02:00:00:00:00:42".parse().unwrap();
-        assert_eq!(b.restore_member(&v.net(), mac, Some(false)), Ok(true));
+        assert!(
+            b.restore_member(&v.net(), mac, Some(false)).unwrap(),
+            "a member was added"
+        );
         assert!(b.has_vm(&v.net()) && v.bridges().iter().any(|x| x.ptr_eq(&b)));
         assert_eq!(b.mac_of("v"), Some(mac));
         assert!(!b.is_connected("v"), "the snapshot's NIC was disconnected");
         // Already this VM: takes the MAC, keeps its link state.
         let mac2: MacAddr = "02:00:00:00:00:43".parse().unwrap();
-        assert_eq!(b.restore_member(&v.net(), mac2, Some(true)), Ok(false));
+        assert!(
+            !b.restore_member(&v.net(), mac2, Some(true)).unwrap(),
+            "already a member"
+        );
         assert_eq!(b.mac_of("v"), Some(mac2));
         assert!(!b.is_connected("v"));
         // Another member has the MAC.
         let w = vm(&env, "w");
-        let e = b.restore_member(&w.net(), mac2, None).unwrap_err();
+        let e = b
+            .restore_member(&w.net(), mac2, None)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("vm `v` on bridge `lan` already has MAC 02:00:00:00:00:43"),
             "{e}"
@@ -1314,13 +1422,19 @@ mod tests {
         assert!(!b.is_member("w"));
         // A live VM of that name is attached: refused; a shut-down one is replaced.
         let v2 = vm(&env, "v");
-        let e = b.restore_member(&v2.net(), mac, None).unwrap_err();
+        let e = b
+            .restore_member(&v2.net(), mac, None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("a vm named `v` is already attached"), "{e}");
         v.shutdown().unwrap();
         assert!(!b.is_member("v"), "shutdown leaves the bridge");
         b.attach_all(vec![("v".into(), Some(v.net()))]).unwrap();
         assert_eq!(v.phase(), Phase::Shutdown);
-        assert_eq!(b.restore_member(&v2.net(), mac, None), Ok(true));
+        assert!(
+            b.restore_member(&v2.net(), mac, None).unwrap(),
+            "a member was added"
+        );
         assert!(b.has_vm(&v2.net()) && !b.has_vm(&v.net()));
         assert!(
             !v.bridges().iter().any(|x| x.ptr_eq(&b)),
@@ -1328,7 +1442,10 @@ mod tests {
         );
         assert_eq!(v2.phase(), Phase::Created);
         b.close().unwrap();
-        let e = b.restore_member(&w.net(), mac, None).unwrap_err();
+        let e = b
+            .restore_member(&w.net(), mac, None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("bridge `lan` is closed"), "{e}");
     }
 
@@ -1362,8 +1479,9 @@ mod tests {
                 &want(&[("lan", true), ("wan", true)]),
                 &names(&["lan", "wan"]),
                 &[]
-            ),
-            Ok(vec![Current(0), Current(1)])
+            )
+            .unwrap(),
+            vec![Current(0), Current(1)]
         );
         // `vm:shutdown(); vm:restore(s)`: the VM left its bridges.
         assert_eq!(
@@ -1372,8 +1490,9 @@ mod tests {
                 &want(&[("lan", true), ("wan", true)]),
                 &[],
                 &names(&["wan", "lan"])
-            ),
-            Ok(vec![Rejoin(1), Rejoin(0)])
+            )
+            .unwrap(),
+            vec![Rejoin(1), Rejoin(0)]
         );
         // Mixed, and a NIC that had been detached from its bridge.
         assert_eq!(
@@ -1382,8 +1501,9 @@ mod tests {
                 &want(&[("a", true), ("b", false), ("c", true)]),
                 &names(&["c"]),
                 &names(&["a", "c"])
-            ),
-            Ok(vec![Rejoin(0), Lone, Current(0)])
+            )
+            .unwrap(),
+            vec![Rejoin(0), Lone, Current(0)]
         );
         // Two NICs on bridges of one name (different labs): each once.
         assert_eq!(
@@ -1392,26 +1512,36 @@ mod tests {
                 &want(&[("lan", true), ("lan", true)]),
                 &names(&["lan"]),
                 &names(&["lan"])
-            ),
-            Ok(vec![Current(0), Rejoin(0)])
+            )
+            .unwrap(),
+            vec![Current(0), Rejoin(0)]
         );
-        assert_eq!(plan_nics("v", &[], &[], &names(&["lan"])), Ok(vec![]));
+        assert_eq!(
+            plan_nics("v", &[], &[], &names(&["lan"])).unwrap(),
+            Vec::<NicSource>::new()
+        );
     }
 
     #[test]
     fn a_nic_mismatch_names_the_bridge_and_the_fix() {
-        let e = plan_nics("v", &want(&[("lan", true)]), &[], &[]).unwrap_err();
+        let e = plan_nics("v", &want(&[("lan", true)]), &[], &[])
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             e,
             "the snapshot's VM had a NIC on bridge `lan` (its NICs: lan), and vm `v` is not attached to a \
              bridge of that name; attach it (lab:bridge(\"lan\"):attach(vm)) before vm:restore"
         );
-        let e = plan_nics("v", &want(&[("lan", true)]), &names(&["lan", "wan"]), &[]).unwrap_err();
+        let e = plan_nics("v", &want(&[("lan", true)]), &names(&["lan", "wan"]), &[])
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("vm `v` is attached to bridge(s) wan but the snapshot's VM had no NIC there (its NICs: lan)"),
             "{e}"
         );
-        let e = plan_nics("v", &[], &names(&["wan"]), &[]).unwrap_err();
+        let e = plan_nics("v", &[], &names(&["wan"]), &[])
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("(its NICs: none)") && e.contains("bridge:detach(vm)"),
             "{e}"
@@ -1425,5 +1555,30 @@ mod tests {
         assert_eq!(cfg.mac, mac);
         assert_eq!(sw.is_connected("v").ok(), Some(false));
         assert_eq!(sw.members(), ["v"]);
+    }
+
+    #[test]
+    fn a_network_error_reaches_lua_with_its_chain_once() {
+        let e = NetworkError::CreateNic {
+            bridge: "lan".into(),
+            source: Box::new(NetworkError::NotAttached {
+                vm: "v".into(),
+                bridge: "lan".into(),
+            }),
+        };
+        assert_eq!(e.to_string(), "cannot create its NIC on bridge `lan`");
+        let lua_err: mlua::Error = e.into();
+        assert_eq!(
+            crate::lua::error_message(&lua_err),
+            "cannot create its NIC on bridge `lan`: vm `v` is not attached to bridge `lan`"
+        );
+        // A restore's ports on a bridge that is gone say so through the chain.
+        let env = env(1);
+        let b = Bridge::create(&env, "lan");
+        let v = vm(&env, "v");
+        b.close().unwrap();
+        let e = b.vmm_port(&v.net()).unwrap_err();
+        assert!(matches!(e, NetworkError::Closed { .. }), "{e:?}");
+        assert_eq!(crate::error_chain::flatten(&e), "bridge `lan` is closed");
     }
 }

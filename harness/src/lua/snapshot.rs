@@ -16,6 +16,18 @@ use mlua::{UserData, UserDataMethods, Value};
 use super::err;
 use crate::runner::Closeable;
 
+/// Why a snapshot's recorded declaration cannot be used.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DeclError {
+    /// A recorded NIC's MAC does not parse (a hand-edited or foreign file).
+    #[error("the snapshot's NIC on bridge `{bridge}`")]
+    Mac {
+        bridge: String,
+        #[source]
+        source: provium_netsetup::mac::MacParseError,
+    },
+}
+
 /// A fresh temporary path `<tmp>/provium-<pid>-<random><suffix>`.
 pub fn temp_path(suffix: &str) -> PathBuf {
     let mut r = [0u8; 8];
@@ -262,10 +274,11 @@ fn yes() -> bool {
 
 impl NicDecl {
     /// The recorded MAC.
-    pub fn mac_addr(&self) -> Result<provium_netsetup::MacAddr, String> {
-        self.mac
-            .parse()
-            .map_err(|e| format!("the snapshot's NIC on bridge `{}`: {e}", self.bridge))
+    pub fn mac_addr(&self) -> Result<provium_netsetup::MacAddr, DeclError> {
+        self.mac.parse().map_err(|source| DeclError::Mac {
+            bridge: self.bridge.clone(),
+            source,
+        })
     }
 }
 
@@ -425,7 +438,7 @@ mod tests {
             mac: "nope".into(),
             ..n.clone()
         };
-        let e = bad.mac_addr().unwrap_err();
+        let e = crate::error_chain::flatten(&bad.mac_addr().unwrap_err());
         assert!(
             e.starts_with("the snapshot's NIC on bridge `lan`: `nope` is not a MAC address"),
             "{e}"

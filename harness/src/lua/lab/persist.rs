@@ -136,7 +136,10 @@ impl Lab {
             let lab = self.sub_lab_at(&rec.lab_path).map_err(Failed)?;
             let vm_names: Vec<String> = index.vms.iter().map(|v| v.name.clone()).collect();
             Lab::bridge_for_restore(&lab, &rec.name)
-                .and_then(|b| b.apply_record(rec, &vm_names))
+                .and_then(|b| {
+                    b.apply_record(rec, &vm_names)
+                        .map_err(|e| crate::error_chain::flatten(&e))
+                })
                 .map_err(|e| {
                     RestoreError::Mismatch(format!(
                         "lab:restore: bridge `{}`: {e} (a configuration mismatch)",
@@ -176,7 +179,10 @@ impl Lab {
                 for rec in index.bridges.iter().filter(|b| b.members.contains(&v.name)) {
                     let lab = self.sub_lab_at(&rec.lab_path).map_err(Failed)?;
                     Lab::bridge_for_restore(&lab, &rec.name)
-                        .and_then(|b| b.attach_vm(&vm.net()))
+                        .and_then(|b| {
+                            b.attach_vm(&vm.net())
+                                .map_err(|e| crate::error_chain::flatten(&e))
+                        })
                         .map_err(|e| {
                             RestoreError::Mismatch(format!(
                                 "lab:restore: vm `{}` on bridge `{}`: {e} (a configuration mismatch)",

@@ -82,9 +82,17 @@ impl Lab {
                 None => self.clone(),
             };
             let b = Lab::bridge_for_restore(&lab, &n.bridge).map_err(mismatch)?;
-            let mac = n.mac_addr().map_err(mismatch)?;
+            let mac = n
+                .mac_addr()
+                .map_err(|e| mismatch(crate::error_chain::flatten(&e)))?;
             b.restore_member(&vm.net(), mac, Some(n.connected))
-                .map_err(|e| mismatch(format!("bridge `{}`: {e}", n.bridge)))?;
+                .map_err(|e| {
+                    mismatch(format!(
+                        "bridge `{}`: {}",
+                        n.bridge,
+                        crate::error_chain::flatten(&e)
+                    ))
+                })?;
         }
         Ok(())
     }

@@ -125,7 +125,8 @@ impl Vm {
                 crate::lua::network::restore_ports(&self.net(), want, &self.left_bridges()).map_err(|e| {
                     Mismatch(format!(
                         "vm:restore: vm `{name}`: the snapshot's NICs do not fit this VM (a configuration \
-                         mismatch): {e}"
+                         mismatch): {}",
+                        flatten(&e)
                     ))
                 })?
             }
@@ -144,8 +145,9 @@ impl Vm {
             for b in self.left_bridges().into_iter().filter(|b| !b.is_closed()) {
                 b.attach_vm(&self.net()).map_err(|e| {
                     Failed(err(format!(
-                        "vm:restore: vm `{name}`: cannot rejoin bridge `{}`: {e}",
-                        b.name()
+                        "vm:restore: vm `{name}`: cannot rejoin bridge `{}`: {}",
+                        b.name(),
+                        flatten(&e)
                     )))
                 })?;
             }
@@ -234,7 +236,7 @@ impl Vm {
         let name = self.name();
         let (drives, new_disks) = {
             let disks = self.0.disks.lock().unwrap();
-            let failed = |e: String| Failed(err(format!("vm:restore: {e}")));
+            let failed = |e: crate::lua::disk::DiskError| Failed(err(format!("vm:restore: {e}")));
             match want_disks.filter(|_| caps.device_snapshots) {
                 Some(want) => {
                     let live: Vec<Disk> =
@@ -504,6 +506,7 @@ mod tests {
             crate::lua::network::restore_ports(&v.net(), &[nic("wan", &mac.to_string())], &left)
                 .err()
                 .unwrap();
+        let e = e.to_string();
         assert!(e.contains("NIC on bridge `wan`"), "{e}");
         assert!(!lan.is_member("v"));
     }
