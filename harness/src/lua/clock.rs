@@ -40,8 +40,12 @@ fn seconds_arg(method: &str, v: Value) -> mlua::Result<f64> {
                 Some(rest) => (true, rest.to_string()),
                 None => (false, text.clone()),
             };
-            let d = duration::parse_duration_str(&body)
-                .map_err(|e| err(format!("clock:{method}: {e}")))?;
+            let d = duration::parse_duration_str(&body).map_err(|e| {
+                err(format!(
+                    "clock:{method}: {}",
+                    crate::error_chain::flatten(&e)
+                ))
+            })?;
             Ok(if neg {
                 -d.as_secs_f64()
             } else {

@@ -192,8 +192,13 @@ impl Lab {
                 }
             }
             if vmm_nics {
-                let devices = snapshot::VmDevices::read_if_present(&file)
-                    .map_err(|e| Failed(err(format!("lab:restore: vm `{}`: {e}", v.name))))?;
+                let devices = snapshot::VmDevices::read_if_present(&file).map_err(|e| {
+                    Failed(err(format!(
+                        "lab:restore: vm `{}`: {}",
+                        v.name,
+                        crate::error_chain::flatten(&e)
+                    )))
+                })?;
                 if let Some(devices) = devices {
                     self.join_recorded_bridges(&vm, &devices)?;
                 }

@@ -65,7 +65,11 @@ impl Vm {
             return Ok(());
         }
         let decl = VmDecl::read_if_present(path).map_err(|e| {
-            RestoreError::Failed(err(format!("vm:restore: vm `{}`: {e}", self.name())))
+            RestoreError::Failed(err(format!(
+                "vm:restore: vm `{}`: {}",
+                self.name(),
+                flatten(&e)
+            )))
         })?;
         pending.rng_seed = decl.and_then(|d| d.rng_seed);
         drop(st);
@@ -106,7 +110,7 @@ impl Vm {
         let name = self.name().to_string();
         let devices = if caps.device_snapshots {
             VmDevices::read_if_present(path)
-                .map_err(|e| Failed(err(format!("vm:restore: vm `{name}`: {e}"))))?
+                .map_err(|e| Failed(err(format!("vm:restore: vm `{name}`: {}", flatten(&e)))))?
         } else {
             None
         };
