@@ -136,14 +136,12 @@ impl Lab {
             let lab = self.sub_lab_at(&rec.lab_path).map_err(Failed)?;
             let vm_names: Vec<String> = index.vms.iter().map(|v| v.name.clone()).collect();
             Lab::bridge_for_restore(&lab, &rec.name)
-                .and_then(|b| {
-                    b.apply_record(rec, &vm_names)
-                        .map_err(|e| crate::error_chain::flatten(&e))
-                })
+                .and_then(|b| Ok(b.apply_record(rec, &vm_names)?))
                 .map_err(|e| {
                     RestoreError::Mismatch(format!(
-                        "lab:restore: bridge `{}`: {e} (a configuration mismatch)",
-                        rec.name
+                        "lab:restore: bridge `{}`: {} (a configuration mismatch)",
+                        rec.name,
+                        crate::error_chain::flatten(&e)
                     ))
                 })?;
         }
@@ -179,14 +177,13 @@ impl Lab {
                 for rec in index.bridges.iter().filter(|b| b.members.contains(&v.name)) {
                     let lab = self.sub_lab_at(&rec.lab_path).map_err(Failed)?;
                     Lab::bridge_for_restore(&lab, &rec.name)
-                        .and_then(|b| {
-                            b.attach_vm(&vm.net())
-                                .map_err(|e| crate::error_chain::flatten(&e))
-                        })
+                        .and_then(|b| Ok(b.attach_vm(&vm.net())?))
                         .map_err(|e| {
                             RestoreError::Mismatch(format!(
-                                "lab:restore: vm `{}` on bridge `{}`: {e} (a configuration mismatch)",
-                                v.name, rec.name
+                                "lab:restore: vm `{}` on bridge `{}`: {} (a configuration mismatch)",
+                                v.name,
+                                rec.name,
+                                crate::error_chain::flatten(&e)
                             ))
                         })?;
                 }

@@ -3,7 +3,7 @@
 //! a restore, which bridge each recorded NIC joins again, so VMs that shared
 //! a bridge when snapshotted share one after.
 
-use super::Lab;
+use super::{Lab, LabError};
 use crate::lua::network::Bridge;
 use crate::lua::snapshot::VmDevices;
 use crate::lua::vm::{RestoreError, Vm};
@@ -27,17 +27,16 @@ impl Lab {
     /// name is made in `lab` (closed with the current scope, like any
     /// bridge). The NICs of VMs restored together thus share the bridges
     /// they shared when snapshotted.
-    pub(super) fn bridge_for_restore(lab: &Lab, name: &str) -> Result<Bridge, String> {
+    pub(super) fn bridge_for_restore(lab: &Lab, name: &str) -> Result<Bridge, LabError> {
         if let Some(b) = lab.find_bridge(name) {
             return Ok(b);
         }
-        lab.check_new_name("bridge", name).map_err(|e| {
-            format!(
-                "cannot make bridge `{name}` for the restored NICs in lab `{}`: {}",
-                lab.0.name,
-                crate::lua::error_message(&e)
-            )
-        })?;
+        lab.check_new_name("bridge", name)
+            .map_err(|e| LabError::NoRoomForBridge {
+                name: name.to_string(),
+                lab: lab.0.name.clone(),
+                reason: crate::lua::error_message(&e),
+            })?;
         let b = Bridge::create(&lab.0.env, name);
         lab.put_bridge(name.to_string(), &b);
         Ok(b)
@@ -81,7 +80,8 @@ impl Lab {
                     .map_err(|e| mismatch(crate::lua::error_message(&e)))?,
                 None => self.clone(),
             };
-            let b = Lab::bridge_for_restore(&lab, &n.bridge).map_err(mismatch)?;
+            let b = Lab::bridge_for_restore(&lab, &n.bridge)
+                .map_err(|e| mismatch(crate::error_chain::flatten(&e)))?;
             let mac = n
                 .mac_addr()
                 .map_err(|e| mismatch(crate::error_chain::flatten(&e)))?;
