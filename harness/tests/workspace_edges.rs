@@ -510,3 +510,516 @@ fn the_backend_name_check_catches_each_way_of_naming_one() {
         ]
     );
 }
+
+// ---- module import graph: no circles ----
+//
+// Inside harness/ and agent/, a module may use another only if that one does
+// not (directly or through others) use it back: the graph of `crate::a::b`
+// and `super::x` references between modules is a DAG. A reference counts by
+// its longest prefix that is a module; a module's parent or child is not a
+// separate node for it (`lua::vm` declaring `lua::vm::opts` is no cycle).
+// Comments, string and char literals, and `#[cfg(test)]` items (test modules
+// and the files they declare) are not code here, as in /work/cycles.py.
+
+/// Strongly connected groups of modules that are still circles, each with
+/// why it is one. This list only shrinks: every entry must match a cycle
+/// that exists (a stale one fails), and every cycle must be listed.
+/// Empty now: lua/'s circles (every userdata held a `Vm`) went with the
+/// per-VM context (`lua::vm_ctx`), and the others with earlier work.
+const KNOWN_CYCLES: &[(&str, &[&str])] = &[];
+
+/// Source with comments, string/char literal contents and `#[cfg(test)]`
+/// items removed; and the names of the file modules those items declared
+/// (`#[cfg(test)] mod test_utils;`), which are test code too.
+fn code_without_tests(src: &str) -> (String, Vec<String>) {
+    let plain = strip_comments_and_literals(src);
+    let chars: Vec<char> = plain.chars().collect();
+    let mut out = String::new();
+    let mut test_mods = Vec::new();
+    let marker: Vec<char> = "#[cfg(test)]".chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        if chars[i..].starts_with(&marker) {
+            i += marker.len();
+            // Skip the item: up to its `;` or its balanced `{ ... }`.
+            let start = i;
+            while i < chars.len() && chars[i] != ';' && chars[i] != '{' {
+                i += 1;
+            }
+            let head: String = chars[start..i.min(chars.len())].iter().collect();
+            if i < chars.len() && chars[i] == ';' {
+                let words: Vec<&str> = head.split_whitespace().collect();
+                if let Some(p) = words.iter().position(|w| *w == "mod") {
+                    if let Some(name) = words.get(p + 1) {
+                        test_mods.push(name.to_string());
+                    }
+                }
+                i += 1;
+            } else {
+                let mut depth = 0usize;
+                while i < chars.len() {
+                    match chars[i] {
+                        '{' => depth += 1,
+                        '}' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                i += 1;
+                                break;
+                            }
+                        }
+                        _ => {}
+                    }
+                    i += 1;
+                }
+            }
+            continue;
+        }
+        out.push(chars[i]);
+        i += 1;
+    }
+    (out, test_mods)
+}
+
+/// `src` with `//` and `/* */` comments gone and every string, raw string
+/// and char literal emptied (their text may hold braces or `crate::`).
+fn strip_comments_and_literals(src: &str) -> String {
+    let c: Vec<char> = src.chars().collect();
+    let mut out = String::with_capacity(src.len());
+    let mut i = 0;
+    let at = |i: usize| c.get(i).copied().unwrap_or('\0');
+    while i < c.len() {
+        let ch = c[i];
+        if ch == '/' && at(i + 1) == '/' {
+            while i < c.len() && c[i] != '\n' {
+                i += 1;
+            }
+        } else if ch == '/' && at(i + 1) == '*' {
+            i += 2;
+            while i < c.len() && !(c[i] == '*' && at(i + 1) == '/') {
+                i += 1;
+            }
+            i += 2;
+        } else if ch == 'r'
+            && (at(i + 1) == '"' || (at(i + 1) == '#' && matches!(at(i + 2), '"' | '#')))
+            && !at(i.wrapping_sub(1)).is_alphanumeric()
+        {
+            // r"..." or r#"..."#: ends at a quote followed by as many #.
+            let mut j = i + 1;
+            let mut hashes = 0;
+            while at(j) == '#' {
+                hashes += 1;
+                j += 1;
+            }
+            j += 1;
+            while j < c.len() && !(c[j] == '"' && (1..=hashes).all(|k| at(j + k) == '#')) {
+                j += 1;
+            }
+            out.push_str("\"\"");
+            i = j + 1 + hashes;
+        } else if ch == '"' {
+            i += 1;
+            while i < c.len() && c[i] != '"' {
+                i += if c[i] == '\\' { 2 } else { 1 };
+            }
+            out.push_str("\"\"");
+            i += 1;
+        } else if ch == '\'' && (at(i + 1) == '\\' || at(i + 2) == '\'') {
+            // A char literal ('x', '\n', '\u{..}'); a lifetime has no closing quote.
+            i += 1;
+            while i < c.len() && c[i] != '\'' {
+                i += if c[i] == '\\' { 2 } else { 1 };
+            }
+            out.push_str("' '");
+            i += 1;
+        } else {
+            out.push(ch);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The module a file under a crate's src/ is (`lua/vm/mod.rs` is
+/// `lua::vm`; `main.rs` and `lib.rs` are the root, "").
+fn module_of(rel: &str) -> String {
+    let path = rel.trim_end_matches(".rs");
+    let mut parts: Vec<&str> = path.split('/').collect();
+    if matches!(parts.last(), Some(&"mod")) {
+        parts.pop();
+    }
+    if parts.len() == 1 && matches!(parts[0], "main" | "lib") {
+        return String::new();
+    }
+    parts.join("::")
+}
+
+/// Every full path a use tree at `s[*i..]` names, below `prefix`
+/// (`{a, b::{c, self}}` names `a`, `b::c` and `b`).
+fn use_tree(s: &[char], i: &mut usize, prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
+    let mut path = prefix;
+    loop {
+        while *i < s.len() && s[*i].is_whitespace() {
+            *i += 1;
+        }
+        if *i < s.len() && s[*i] == '{' {
+            *i += 1;
+            loop {
+                while *i < s.len() && (s[*i].is_whitespace() || s[*i] == ',') {
+                    *i += 1;
+                }
+                if *i >= s.len() || s[*i] == '}' {
+                    *i += 1;
+                    return;
+                }
+                let before = *i;
+                use_tree(s, i, path.clone(), out);
+                // Skip what a tree item may end with (`as name`).
+                while *i < s.len() && !matches!(s[*i], ',' | '}') {
+                    *i += 1;
+                }
+                if *i == before {
+                    *i += 1;
+                }
+            }
+        }
+        let start = *i;
+        while *i < s.len() && (s[*i].is_alphanumeric() || s[*i] == '_') {
+            *i += 1;
+        }
+        let ident: String = s[start..*i].iter().collect();
+        if ident.is_empty() || ident == "self" {
+            out.push(path);
+            return;
+        }
+        path.push(ident);
+        if s.get(*i) == Some(&':') && s.get(*i + 1) == Some(&':') {
+            *i += 2;
+        } else {
+            out.push(path);
+            return;
+        }
+    }
+}
+
+/// The module-level import edges of one crate's files (`(rel path, src)`):
+/// each `(from, to)` with neither the other's ancestor.
+fn import_edges(files: &[(String, String)]) -> BTreeSet<(String, String)> {
+    let mut code = BTreeMap::new();
+    let mut test_only: Vec<String> = Vec::new();
+    for (rel, src) in files {
+        let m = module_of(rel);
+        let (c, test_mods) = code_without_tests(src);
+        for t in test_mods {
+            test_only.push(if m.is_empty() { t } else { format!("{m}::{t}") });
+        }
+        code.insert(m, c);
+    }
+    let is_test = |m: &str| {
+        test_only
+            .iter()
+            .any(|t| m == t || m.starts_with(&format!("{t}::")))
+    };
+    code.retain(|m, _| !is_test(m));
+    let modules: BTreeSet<String> = code.keys().cloned().collect();
+    let related = |a: &str, b: &str| {
+        a == b
+            || a.is_empty()
+            || b.is_empty()
+            || a.starts_with(&format!("{b}::"))
+            || b.starts_with(&format!("{a}::"))
+    };
+    let mut edges = BTreeSet::new();
+    for (m, c) in &code {
+        let s: Vec<char> = c.chars().collect();
+        let mut paths = Vec::new();
+        let mut i = 0;
+        while i < s.len() {
+            let boundary =
+                i == 0 || !(s[i - 1].is_alphanumeric() || s[i - 1] == '_' || s[i - 1] == ':');
+            let rest = |w: &str| s[i..].starts_with(&w.chars().collect::<Vec<_>>());
+            if boundary && rest("crate::") {
+                i += "crate::".len();
+                use_tree(&s, &mut i, Vec::new(), &mut paths);
+            } else if boundary && rest("super::") {
+                let mut base: Vec<String> = if m.is_empty() {
+                    Vec::new()
+                } else {
+                    m.split("::").map(String::from).collect()
+                };
+                while s[i..].starts_with(&"super::".chars().collect::<Vec<_>>()) {
+                    base.pop();
+                    i += "super::".len();
+                }
+                use_tree(&s, &mut i, base, &mut paths);
+            } else {
+                i += 1;
+            }
+        }
+        for p in paths {
+            let target = (1..=p.len())
+                .rev()
+                .map(|k| p[..k].join("::"))
+                .find(|cand| modules.contains(cand));
+            if let Some(t) = target {
+                if !related(m, &t) {
+                    edges.insert((m.clone(), t));
+                }
+            }
+        }
+    }
+    edges
+}
+
+/// The strongly connected groups of more than one module, each sorted, with
+/// one circle through it (`a -> b -> a`).
+fn cycles(edges: &BTreeSet<(String, String)>) -> Vec<(Vec<String>, String)> {
+    let mut succ: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (a, b) in edges {
+        succ.entry(a).or_default().push(b);
+        succ.entry(b).or_default();
+    }
+    let reach = |from: &str| {
+        let mut seen = BTreeSet::from([from.to_string()]);
+        let mut stack = vec![from];
+        while let Some(n) = stack.pop() {
+            for s in &succ[n] {
+                if seen.insert(s.to_string()) {
+                    stack.push(s);
+                }
+            }
+        }
+        seen
+    };
+    let reachable: BTreeMap<&str, BTreeSet<String>> = succ.keys().map(|n| (*n, reach(n))).collect();
+    let mut done = BTreeSet::new();
+    let mut out = Vec::new();
+    for n in succ.keys() {
+        if done.contains(*n) {
+            continue;
+        }
+        let group: Vec<String> = reachable[n]
+            .iter()
+            .filter(|m| reachable[m.as_str()].contains(*n))
+            .cloned()
+            .collect();
+        done.extend(group.iter().cloned());
+        if group.len() < 2 {
+            continue;
+        }
+        // A circle: shortest path from n back to n inside the group.
+        let mut prev: BTreeMap<&str, &str> = BTreeMap::new();
+        let mut queue = std::collections::VecDeque::from([*n]);
+        let mut back = None;
+        while let Some(x) = queue.pop_front() {
+            for y in &succ[x] {
+                if !group.iter().any(|g| g == y) {
+                    continue;
+                }
+                if y == n {
+                    back = Some(x);
+                    break;
+                }
+                if !prev.contains_key(y) {
+                    prev.insert(y, x);
+                    queue.push_back(y);
+                }
+            }
+            if back.is_some() {
+                break;
+            }
+        }
+        let mut path = vec![n.to_string()];
+        let mut x = back.expect("a group of two or more has a circle through each member");
+        while x != *n {
+            path.push(x.to_string());
+            x = prev[x];
+        }
+        path.push(n.to_string());
+        path.reverse();
+        out.push((group, path.join(" -> ")));
+    }
+    out
+}
+
+/// The circles of `krate`'s src/ that `known` (as [`KNOWN_CYCLES`]) does
+/// not list, and the listed ones that no longer exist.
+fn unexpected_cycles(
+    krate: &str,
+    files: &[(String, String)],
+    known: &[(&str, &[&str])],
+) -> Vec<String> {
+    let found = cycles(&import_edges(files));
+    let known: Vec<BTreeSet<&str>> = known
+        .iter()
+        .filter(|(k, _)| *k == krate)
+        .map(|(_, g)| g.iter().copied().collect())
+        .collect();
+    let mut problems = Vec::new();
+    for (group, circle) in &found {
+        let g: BTreeSet<&str> = group.iter().map(String::as_str).collect();
+        if known.contains(&g) {
+            eprintln!("{krate}: known import circle (KNOWN_CYCLES): {circle}");
+        } else {
+            problems.push(format!(
+                "{krate}: import circle {circle} (group: {})",
+                group.join(", ")
+            ));
+        }
+    }
+    for k in &known {
+        if !found
+            .iter()
+            .any(|(g, _)| g.iter().map(String::as_str).collect::<BTreeSet<_>>() == *k)
+        {
+            problems.push(format!(
+                "{krate}: KNOWN_CYCLES lists {k:?}, which is no longer a circle: remove it"
+            ));
+        }
+    }
+    problems
+}
+
+#[test]
+fn harness_and_agent_modules_import_no_circle() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut problems = Vec::new();
+    for (krate, src) in [
+        ("harness", root.join("src")),
+        ("agent", root.join("../agent/src")),
+    ] {
+        let files = rust_files(&src);
+        assert!(files.len() > 10, "the walk found {}", src.display());
+        problems.extend(unexpected_cycles(krate, &files, KNOWN_CYCLES));
+    }
+    assert!(
+        problems.is_empty(),
+        "modules import each other (move what both need into a module both use):\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+#[test]
+fn the_lua_layer_imports_no_circle_at_any_depth() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let files: Vec<(String, String)> = rust_files(&src)
+        .into_iter()
+        .filter(|(rel, _)| rel.starts_with("lua/"))
+        .collect();
+    let edges = import_edges(&files);
+    assert!(
+        edges.contains(&("lua::vm".to_string(), "lua::vm_ctx".to_string())),
+        "the walk sees lua/'s imports: {edges:?}"
+    );
+    // Collapsed to lua/'s direct children too (lua::vm::opts is lua::vm):
+    // a child module may not hide a circle through its parent's siblings.
+    let collapsed: BTreeSet<(String, String)> = edges
+        .iter()
+        .map(|(a, b)| {
+            let top = |m: &str| m.split("::").take(2).collect::<Vec<_>>().join("::");
+            (top(a), top(b))
+        })
+        .filter(|(a, b)| a != b)
+        .collect();
+    for e in [&edges, &collapsed] {
+        let found = cycles(e);
+        assert!(found.is_empty(), "lua/ has import circles: {found:?}");
+    }
+}
+
+#[test]
+fn the_circle_check_sees_each_way_of_importing() {
+    let files = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+        list.iter()
+            .map(|(r, s)| (r.to_string(), s.to_string()))
+            .collect()
+    };
+    let groups = |f: &[(String, String)]| -> Vec<Vec<String>> {
+        cycles(&import_edges(f))
+            .into_iter()
+            .map(|(g, _)| g)
+            .collect()
+    };
+    // A circle of three, through a grouped `use`, a `super::` path and an
+    // inline path; printed as a path.
+    let three = files(&[
+        ("lib.rs", "mod a; mod b; mod c;"),
+        ("a.rs", "use crate::{b::B, x};"),
+        ("b.rs", "fn f() { super::c::g(); }"),
+        ("c/mod.rs", "use crate::a::A;"),
+    ]);
+    let found = cycles(&import_edges(&three));
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].0, ["a", "b", "c"]);
+    assert_eq!(found[0].1, "a -> b -> c -> a");
+    // A parent using its child (and back) is no circle; nor are comments,
+    // strings, or test modules.
+    let fine = files(&[
+        ("lua/mod.rs", "pub mod vm; use self::vm::Vm; // crate::x uses crate::lua"),
+        ("lua/vm/mod.rs", "use super::err; use crate::lua::Lab;"),
+        ("x.rs", "const S: &str = \"crate::lua::vm {\"; fn f() -> char { '{' }"),
+        (
+            "y.rs",
+            "use crate::x::S;\n#[cfg(test)]\nmod tests { use crate::lua::vm::Vm; fn f() { let _ = \"}\"; } }",
+        ),
+        ("lua/vm/probe.rs", "use crate::y::Y;"),
+        ("lua/vm/helper.rs", "use crate::lua::vm::probe::P;"),
+        ("x2.rs", "/* use crate::y; */ use crate::lua::vm::probe;"),
+    ]);
+    assert_eq!(groups(&fine), Vec::<Vec<String>>::new());
+    // A file module declared under #[cfg(test)] is test code: its imports
+    // are not edges.
+    let test_utils = files(&[
+        (
+            "a.rs",
+            "#[cfg(test)]\npub(crate) mod test_utils;\nfn f() {}",
+        ),
+        ("a/test_utils.rs", "use crate::b::B;"),
+        ("b.rs", "use crate::a::A;"),
+    ]);
+    assert_eq!(
+        import_edges(&test_utils),
+        BTreeSet::from([("b".to_string(), "a".to_string())])
+    );
+    // ... while the same module declared for every build is a node, and a
+    // circle through it is found at its own level.
+    let real = files(&[
+        ("a.rs", "pub(crate) mod helpers;\nfn f() {}"),
+        ("a/helpers.rs", "use crate::b::B;"),
+        ("b.rs", "use crate::a::helpers::T;"),
+    ]);
+    assert_eq!(groups(&real), [["a::helpers", "b"]]);
+    // `super::super::` climbs two levels (from p::q::r to p).
+    let climb = files(&[
+        ("p/q/r.rs", "use super::super::s::S;"),
+        ("p/s.rs", "use crate::p::q::r::R;"),
+    ]);
+    assert_eq!(groups(&climb), [["p::q::r", "p::s"]]);
+}
+
+#[test]
+fn a_known_circle_is_printed_and_a_gone_one_must_leave_the_list() {
+    let two = [
+        ("a.rs".to_string(), "use crate::b::B;".to_string()),
+        ("b.rs".to_string(), "use crate::a::A;".to_string()),
+    ];
+    let listed: &[(&str, &[&str])] = &[("harness", &["a", "b"])];
+    assert_eq!(
+        unexpected_cycles("harness", &two, listed),
+        Vec::<String>::new()
+    );
+    let problems = unexpected_cycles("harness", &two, &[]);
+    assert_eq!(
+        problems,
+        ["harness: import circle a -> b -> a (group: a, b)"],
+        "an unlisted circle is reported with its path"
+    );
+    let problems = unexpected_cycles("harness", &two[..1], listed);
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("no longer a circle: remove it")),
+        "{problems:?}"
+    );
+    // Only the named crate's entries apply.
+    assert_eq!(unexpected_cycles("agent", &two, listed).len(), 1);
+}

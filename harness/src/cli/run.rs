@@ -176,7 +176,8 @@ fn host_memory_bytes() -> u64 {
 }
 
 fn file_timeout(args: &RunArgs) -> Result<Option<Duration>, RunError> {
-    let d = parse_duration_str(&args.timeout).map_err(RunError::Timeout)?;
+    let d = parse_duration_str(&args.timeout)
+        .map_err(|e| RunError::Timeout(crate::error_chain::flatten(&e)))?;
     Ok(if d.is_zero() { None } else { Some(d) })
 }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use provium_netsetup::Capture;
 
-use super::stream::ByteSource;
+use super::stream::{ByteSource, StreamError};
 
 /// The largest chunk one `:next()` returns.
 pub const MAX_CHUNK_BYTES: usize = 64 << 10;
@@ -44,7 +44,7 @@ impl CaptureSource {
 }
 
 impl ByteSource for CaptureSource {
-    fn next_chunk(&mut self, timeout: Duration) -> Result<Option<Vec<u8>>, String> {
+    fn next_chunk(&mut self, timeout: Duration) -> Result<Option<Vec<u8>>, StreamError> {
         if self.held.is_empty() {
             self.held = self.cap.read_timeout(timeout);
         }
@@ -60,7 +60,7 @@ impl ByteSource for CaptureSource {
         self.eof
     }
 
-    fn close(&mut self) -> Result<(), String> {
+    fn close(&mut self) -> Result<(), StreamError> {
         self.cap.close();
         self.held.clear();
         let _ = self.cap.read_available();

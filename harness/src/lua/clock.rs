@@ -2,16 +2,16 @@
 
 use mlua::{UserData, UserDataMethods, Value};
 
-use super::vm::Vm;
+use super::vm_ctx::VmCtx;
 use super::{duration, err};
 use crate::client::AgentOps;
 
 pub struct ClockUd {
-    vm: Vm,
+    vm: VmCtx,
 }
 
 impl ClockUd {
-    pub fn new(vm: Vm) -> Self {
+    pub fn new(vm: VmCtx) -> Self {
         ClockUd { vm }
     }
 }
@@ -40,8 +40,12 @@ fn seconds_arg(method: &str, v: Value) -> mlua::Result<f64> {
                 Some(rest) => (true, rest.to_string()),
                 None => (false, text.clone()),
             };
-            let d = duration::parse_duration_str(&body)
-                .map_err(|e| err(format!("clock:{method}: {e}")))?;
+            let d = duration::parse_duration_str(&body).map_err(|e| {
+                err(format!(
+                    "clock:{method}: {}",
+                    crate::error_chain::flatten(&e)
+                ))
+            })?;
             Ok(if neg {
                 -d.as_secs_f64()
             } else {

@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 use mlua::{Table, UserData, UserDataMethods, Value};
 use provium_vmm::{ConsoleRead, ConsoleSubscriber};
 
-use super::stream::ByteSource;
-use super::vm::{Phase, Vm};
+use super::phase::Phase;
+use super::stream::{ByteSource, StreamError};
+use super::vm_ctx::VmCtx;
 use super::{duration, err};
 use crate::backend::Guest;
 
@@ -27,12 +28,12 @@ const WRITE_DEFAULT: Duration = Duration::from_secs(10);
 pub type MachineLookup = Box<dyn Fn() -> Option<Arc<dyn Guest>> + Send + Sync>;
 
 pub struct ConsoleUd {
-    vm: Vm,
+    vm: VmCtx,
     machine: MachineLookup,
 }
 
 impl ConsoleUd {
-    pub fn new(vm: Vm, machine: MachineLookup) -> ConsoleUd {
+    pub fn new(vm: VmCtx, machine: MachineLookup) -> ConsoleUd {
         ConsoleUd { vm, machine }
     }
 
@@ -153,7 +154,7 @@ impl ConsoleSource {
 }
 
 impl ByteSource for ConsoleSource {
-    fn next_chunk(&mut self, timeout: Duration) -> Result<Option<Vec<u8>>, String> {
+    fn next_chunk(&mut self, timeout: Duration) -> Result<Option<Vec<u8>>, StreamError> {
         if !self.held.is_empty() {
             return Ok(Some(self.take_chunk()));
         }
@@ -177,7 +178,7 @@ impl ByteSource for ConsoleSource {
         self.held.is_empty() && (self.eof || self.sub.is_none())
     }
 
-    fn close(&mut self) -> Result<(), String> {
+    fn close(&mut self) -> Result<(), StreamError> {
         self.sub = None;
         self.held.clear();
         Ok(())

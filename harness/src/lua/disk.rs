@@ -41,6 +41,35 @@ use provium_vmm::vmm_config::DriveConfig;
 
 use super::err;
 use super::snapshot::DiskDecl;
+
+/// Why a VM's disks cannot become its machine's drives, each naming the
+/// VM or disk and the fix.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DiskError {
+    #[error(
+        "vm `{vm}`: disk `{id}` has no backing image, and the kvm backend gives the guest a \
+         file; attach it with {{image = path}} or call disk:with_image(path) before vm:boot()"
+    )]
+    NoImage { vm: String, id: String },
+    /// A restore's attached disks are not the snapshot's device list.
+    #[error(
+        "vm `{vm}` has {live} disk(s) ({live_ids}) but the snapshot's VM had {want} ({want_ids}); \
+         attach as many disks, in the same order, before vm:restore, or none to use the snapshot's images"
+    )]
+    CountMismatch {
+        vm: String,
+        live: usize,
+        live_ids: String,
+        want: usize,
+        want_ids: String,
+    },
+    /// The snapshot's image is not there (`reason`: what the path check said).
+    #[error(
+        "disk `{id}`: {reason} (a snapshot does not hold its disks' contents; put the image back, or \
+         attach another before vm:restore)"
+    )]
+    ImageGone { id: String, reason: String },
+}
 use crate::config::parse_size;
 use crate::runner::FileEnv;
 
@@ -265,7 +294,7 @@ impl BootDrives {
 /// The drives of a kvm boot: `disks` that are not detached, in attach
 /// order, each carrying its disk's shared fault set. A disk without an image
 /// cannot be given to a guest.
-pub fn boot_drives(vm_name: &str, disks: &[Disk]) -> Result<BootDrives, String> {
+pub fn boot_drives(vm_name: &str, disks: &[Disk]) -> Result<BootDrives, DiskError> {
     let live: Vec<Disk> = disks.iter().filter(|d| !d.is_detached()).cloned().collect();
     drives_of(vm_name, live)
 }
@@ -273,15 +302,14 @@ pub fn boot_drives(vm_name: &str, disks: &[Disk]) -> Result<BootDrives, String> 
 /// The drives of exactly `disks`, detached ones included (a restore from
 /// [`DiskDecl`]s: a disk detached before the snapshot is still a device of
 /// the snapshot's machine).
-pub fn drives_of(vm_name: &str, disks: Vec<Disk>) -> Result<BootDrives, String> {
+pub fn drives_of(vm_name: &str, disks: Vec<Disk>) -> Result<BootDrives, DiskError> {
     let mut drives = Vec::with_capacity(disks.len());
     for d in &disks {
         let Some(path) = d.image() else {
-            return Err(format!(
-                "vm `{vm_name}`: disk `{}` has no backing image, and the kvm backend gives the guest a \
-                 file; attach it with {{image = path}} or call disk:with_image(path) before vm:boot()",
-                d.0.id
-            ));
+            return Err(DiskError::NoImage {
+                vm: vm_name.to_owned(),
+                id: d.0.id.clone(),
+            });
         };
         drives.push(DriveConfig {
             path,
@@ -331,7 +359,11 @@ pub enum DiskPlan {
 /// device list must match: a configuration mismatch otherwise); else the
 /// snapshot's own. A VM shut down has only detached disks, so it gets the
 /// snapshot's again.
-pub fn plan_disks(vm_name: &str, want: &[DiskDecl], live: &[String]) -> Result<DiskPlan, String> {
+pub fn plan_disks(
+    vm_name: &str,
+    want: &[DiskDecl],
+    live: &[String],
+) -> Result<DiskPlan, DiskError> {
     if live.is_empty() {
         return Ok(DiskPlan::FromSnapshot);
     }
@@ -345,14 +377,13 @@ pub fn plan_disks(vm_name: &str, want: &[DiskDecl], live: &[String]) -> Result<D
             v.join(", ")
         }
     };
-    Err(format!(
-        "vm `{vm_name}` has {} disk(s) ({}) but the snapshot's VM had {} ({}); attach as many disks, in \
-         the same order, before vm:restore, or none to use the snapshot's images",
-        live.len(),
-        ids(live.iter().map(String::as_str).collect()),
-        want.len(),
-        ids(want.iter().map(|d| d.id.as_str()).collect()),
-    ))
+    Err(DiskError::CountMismatch {
+        vm: vm_name.to_owned(),
+        live: live.len(),
+        live_ids: ids(live.iter().map(String::as_str).collect()),
+        want: want.len(),
+        want_ids: ids(want.iter().map(|d| d.id.as_str()).collect()),
+    })
 }
 
 impl Disk {
@@ -384,16 +415,13 @@ impl Disk {
         vm_name: &str,
         decl: &DiskDecl,
         siblings: &DiskList,
-    ) -> Result<Disk, String> {
+    ) -> Result<Disk, DiskError> {
         let shown = decl.image.to_string_lossy();
-        let image = image_path("the snapshot's disk", &shown).map_err(|e| {
-            format!(
-                "disk `{}`: {} (a snapshot does not hold its disks' contents; put the image back, or \
-                 attach another before vm:restore)",
-                decl.id,
-                super::error_message(&e)
-            )
-        })?;
+        let image =
+            image_path("the snapshot's disk", &shown).map_err(|e| DiskError::ImageGone {
+                id: decl.id.clone(),
+                reason: super::error_message(&e),
+            })?;
         let opts = AttachOpts {
             id: decl.id.clone(),
             size_bytes: decl.size_bytes,
@@ -821,13 +849,17 @@ mod tests {
             plan_disks("v", &want, &ids(&["copy-a", "copy-b"])),
             Ok(DiskPlan::Attached)
         );
-        let e = plan_disks("v", &want, &ids(&["vdb"])).unwrap_err();
+        let e = plan_disks("v", &want, &ids(&["vdb"]))
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             e,
             "vm `v` has 1 disk(s) (vdb) but the snapshot's VM had 2 (vda, vdb); attach as many disks, in \
              the same order, before vm:restore, or none to use the snapshot's images"
         );
-        let e = plan_disks("v", &[], &ids(&["vda"])).unwrap_err();
+        let e = plan_disks("v", &[], &ids(&["vda"]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("the snapshot's VM had 0 (none)"), "{e}");
     }
 
@@ -856,7 +888,10 @@ mod tests {
         assert!(boot_drives("v", &[back]).unwrap().drives.is_empty());
         // The image is gone: say so, and how to go on.
         let gone = decl("vdb", Path::new("/nonexistent/gone.img"));
-        let e = Disk::from_decl(env, "v", &gone, &list).err().unwrap();
+        let e = Disk::from_decl(env, "v", &gone, &list)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(
             e.starts_with(
                 "disk `vdb`: the snapshot's disk: image /nonexistent/gone.img: No such file"

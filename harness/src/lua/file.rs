@@ -7,15 +7,15 @@ use mlua::{Lua, UserData, UserDataMethods, Value};
 use provium_protocol::op::{HandleId, TailSource, TailStart, Whence};
 
 use super::err;
-use super::guest::Ops;
-use super::vm::Vm;
+use super::phase::Phase;
+use super::vm_ctx::{Ops, VmCtx};
 use crate::runner::{CloseKind, Closeable};
 
 /// Largest single read the agent answers; `read_all` loops over it.
 const READ_CHUNK: u64 = 1 << 20;
 
 struct FileInner {
-    vm: Vm,
+    vm: VmCtx,
     ops: Ops,
     handle: HandleId,
     path: String,
@@ -32,7 +32,7 @@ impl Closeable for FileUd {
 }
 
 impl FileUd {
-    pub fn new(_lua: &Lua, vm: &Vm, ops: Ops, handle: HandleId, path: String) -> FileUd {
+    pub fn new(_lua: &Lua, vm: &VmCtx, ops: Ops, handle: HandleId, path: String) -> FileUd {
         vm.file_counter().fetch_add(1, Ordering::SeqCst);
         let f = FileUd(Arc::new(FileInner {
             vm: vm.clone(),
@@ -63,7 +63,7 @@ impl FileUd {
         }
         self.0.vm.file_counter().fetch_sub(1, Ordering::SeqCst);
         // The VM may already be gone (shut down first): nothing left to close.
-        if self.0.vm.phase() != super::vm::Phase::Booted {
+        if self.0.vm.phase() != Phase::Booted {
             return Ok(());
         }
         let (ops, h) = (self.0.ops.clone(), self.0.handle);
@@ -75,10 +75,15 @@ impl FileUd {
 /// reference's `file:tail_stream()` and `vm:fd_stream`), read with `tell`.
 /// A handle with no cursor (a pipe or tty: `tell` fails with ESPIPE) starts
 /// at the beginning; the tail op itself then reports a bad handle by name.
-pub fn cursor_start(vm: &Vm, ops: &Ops, handle: HandleId, method: &str) -> mlua::Result<TailStart> {
+pub fn cursor_start(
+    vm: &VmCtx,
+    ops: &Ops,
+    handle: HandleId,
+    method: &str,
+) -> mlua::Result<TailStart> {
     match vm.guard_op(method, || ops.tell(handle)) {
         Ok(offset) => Ok(TailStart::Offset { offset }),
-        Err(_) if vm.phase() == super::vm::Phase::Booted => Ok(TailStart::Beginning),
+        Err(_) if vm.phase() == Phase::Booted => Ok(TailStart::Beginning),
         Err(e) => Err(e),
     }
 }

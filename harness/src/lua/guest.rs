@@ -2,8 +2,6 @@
 //! files, handles, tails, syscall/ioctl and batch, dispatched through the
 //! agent client (`AgentOps`) of the VM or of the worker.
 
-use std::sync::Arc;
-
 use mlua::{Lua, MultiValue, Table, UserData, UserDataMethods, Value};
 use provium_protocol::op::{
     IoctlSpec, NestedPtr, Op, OpenMode, SyscallSpec, TailSource, TailStart,
@@ -13,23 +11,16 @@ use provium_protocol::result::{DirEntry, IoctlResult, OpValue, StatInfo, Syscall
 use super::file::FileUd;
 use super::process::ProcessUd;
 use super::run_result::RunResult;
-use super::vm::Vm;
+use super::vm_ctx::{client_err, Ops, VmCtx};
 use super::{command, err};
-use crate::client::{AgentOps, ClientError};
-
-pub type Ops = Arc<dyn AgentOps + Send + Sync>;
 
 /// A userdata that can run guest operations.
 pub trait GuestTarget: Sized + 'static {
     /// "vm" or "worker", for error messages.
     const PREFIX: &'static str;
     fn ops(&self) -> mlua::Result<Ops>;
-    fn vm(&self) -> &Vm;
-}
-
-/// An agent error as a Lua error.
-pub fn client_err(method: &str, e: ClientError) -> mlua::Error {
-    err(format!("{method}: {e}"))
+    /// The VM the ops run on (its phase, agent guard and streams).
+    fn ctx(&self) -> &VmCtx;
 }
 
 pub fn stat_table(lua: &Lua, s: &StatInfo) -> mlua::Result<Table> {
@@ -429,7 +420,7 @@ pub fn add_guest_methods<T: GuestTarget + UserData, M: UserDataMethods<T>>(m: &m
             let method = name("run");
             let run = command::parse(&method, cmd, second, true)?;
             let ops = this.ops()?;
-            let out = this.vm().guard_op(&method, || ops.exec(run.into_exec()))?;
+            let out = this.ctx().guard_op(&method, || ops.exec(run.into_exec()))?;
             Ok(RunResult {
                 exit: out.exit,
                 stdout: out.stdout,
@@ -446,19 +437,19 @@ pub fn add_guest_methods<T: GuestTarget + UserData, M: UserDataMethods<T>>(m: &m
             let p = ops
                 .spawn(run.into_spawn())
                 .map_err(|e| client_err(&method, e))?;
-            Ok(ProcessUd::new(lua, this.vm(), p))
+            Ok(ProcessUd::new(lua, this.ctx(), p))
         },
     );
     m.add_method("read_file", |lua, this, path: String| {
         let ops = this.ops()?;
-        let data = this.vm().guard_op("read_file", || ops.read_file(&path))?;
+        let data = this.ctx().guard_op("read_file", || ops.read_file(&path))?;
         lua.create_string(&data)
     });
     m.add_method(
         "write_file",
         |_, this, (path, data): (String, mlua::LuaString)| {
             let ops = this.ops()?;
-            this.vm()
+            this.ctx()
                 .guard_op("write_file", || ops.write_file(&path, &data.as_bytes()))
         },
     );
@@ -466,7 +457,7 @@ pub fn add_guest_methods<T: GuestTarget + UserData, M: UserDataMethods<T>>(m: &m
         "push_file",
         |lua, this, (host, guest, opts): (String, String, Option<Table>)| {
             push_file_opts(opts)?;
-            let base = calling_file_dir(lua, this.vm().env());
+            let base = calling_file_dir(lua, this.ctx().env());
             let hp = std::path::Path::new(&host);
             let hp = if hp.is_absolute() {
                 hp.to_path_buf()
@@ -476,33 +467,33 @@ pub fn add_guest_methods<T: GuestTarget + UserData, M: UserDataMethods<T>>(m: &m
             let data = std::fs::read(&hp)
                 .map_err(|e| err(format!("push_file: read host file `{}`: {e}", hp.display())))?;
             let ops = this.ops()?;
-            this.vm()
+            this.ctx()
                 .guard_op("push_file", || ops.write_file(&guest, &data))
         },
     );
     m.add_method("stat", |lua, this, path: String| {
         let ops = this.ops()?;
-        let s = this.vm().guard_op("stat", || ops.stat(&path))?;
+        let s = this.ctx().guard_op("stat", || ops.stat(&path))?;
         stat_table(lua, &s)
     });
     m.add_method("listdir", |lua, this, path: String| {
         let ops = this.ops()?;
-        let e = this.vm().guard_op("listdir", || ops.listdir(&path))?;
+        let e = this.ctx().guard_op("listdir", || ops.listdir(&path))?;
         entries_table(lua, &e)
     });
     m.add_method("mkdir", |_, this, (path, opts): (String, Option<Table>)| {
         let (parents, perm) = mkdir_opts(opts)?;
         let ops = this.ops()?;
-        this.vm()
+        this.ctx()
             .guard_op("mkdir", || ops.mkdir(&path, parents, perm))
     });
     m.add_method("unlink", |_, this, path: String| {
         let ops = this.ops()?;
-        this.vm().guard_op("unlink", || ops.unlink(&path))
+        this.ctx().guard_op("unlink", || ops.unlink(&path))
     });
     m.add_method("rename", |_, this, (from, to): (String, String)| {
         let ops = this.ops()?;
-        this.vm().guard_op("rename", || ops.rename(&from, &to))
+        this.ctx().guard_op("rename", || ops.rename(&from, &to))
     });
     m.add_method(
         "open_file",
@@ -513,9 +504,9 @@ pub fn add_guest_methods<T: GuestTarget + UserData, M: UserDataMethods<T>>(m: &m
             let (mode, perm) = parse_open_mode(&mode)?;
             let ops = this.ops()?;
             let handle = this
-                .vm()
+                .ctx()
                 .guard_op("open_file", || ops.open(&path, mode, perm))?;
-            Ok(FileUd::new(lua, this.vm(), ops, handle, path))
+            Ok(FileUd::new(lua, this.ctx(), ops, handle, path))
         },
     );
     m.add_method(
@@ -527,7 +518,7 @@ pub fn add_guest_methods<T: GuestTarget + UserData, M: UserDataMethods<T>>(m: &m
                 .tail(TailSource::Path { path: path.clone() }, start)
                 .map_err(|e| client_err("tail_file", e))?;
             Ok(this
-                .vm()
+                .ctx()
                 .open_stream(lua, Box::new(reader), "tail_file", path))
         },
     );
@@ -543,11 +534,11 @@ pub fn add_guest_methods<T: GuestTarget + UserData, M: UserDataMethods<T>>(m: &m
             }
         };
         let ops = this.ops()?;
-        let start = super::file::cursor_start(this.vm(), &ops, handle, "fd_stream")?;
+        let start = super::file::cursor_start(this.ctx(), &ops, handle, "fd_stream")?;
         let reader = ops
             .tail(TailSource::Handle { handle }, start)
             .map_err(|e| client_err("fd_stream", e))?;
-        Ok(this.vm().open_stream(
+        Ok(this.ctx().open_stream(
             lua,
             Box::new(reader),
             "fd_stream",
@@ -557,7 +548,7 @@ pub fn add_guest_methods<T: GuestTarget + UserData, M: UserDataMethods<T>>(m: &m
     m.add_method("syscall", |lua, this, (nr, rest): (i64, MultiValue)| {
         let spec = parse_syscall("syscall", nr, rest, true)?;
         let ops = this.ops()?;
-        let r = this.vm().guard_op("syscall", || ops.syscall(spec))?;
+        let r = this.ctx().guard_op("syscall", || ops.syscall(spec))?;
         syscall_table(lua, &r)
     });
     m.add_method(
@@ -590,7 +581,7 @@ pub fn add_guest_methods<T: GuestTarget + UserData, M: UserDataMethods<T>>(m: &m
             };
             spec.check().map_err(|e| err(format!("ioctl: {e}")))?;
             let ops = this.ops()?;
-            let r = this.vm().guard_op("ioctl", || ops.ioctl(spec))?;
+            let r = this.ctx().guard_op("ioctl", || ops.ioctl(spec))?;
             ioctl_table(lua, &r)
         },
     );
@@ -601,7 +592,7 @@ pub fn add_guest_methods<T: GuestTarget + UserData, M: UserDataMethods<T>>(m: &m
         f.call::<()>(builder.clone())?;
         let ops_list = std::mem::take(&mut *builder.borrow::<BatchBuilder>()?.ops.lock().unwrap());
         let ops = this.ops()?;
-        let results = this.vm().guard_op("batch", || ops.batch(ops_list))?;
+        let results = this.ctx().guard_op("batch", || ops.batch(ops_list))?;
         let out = lua.create_table()?;
         for r in results {
             let entry = lua.create_table()?;

@@ -13,13 +13,16 @@ pub mod guest;
 pub mod json;
 pub mod lab;
 pub mod meta;
+pub mod network;
 pub mod nic;
+pub mod phase;
 pub mod process;
 pub mod run_result;
 pub mod snapshot;
 pub mod stream;
 pub mod test_file;
 pub mod vm;
+pub mod vm_ctx;
 pub mod worker;
 
 use std::sync::Arc;

@@ -6,14 +6,15 @@ use std::time::Duration;
 use mlua::{Lua, UserData, UserDataMethods, Value};
 use provium_protocol::signal::{parse_signal, SIGTERM};
 
+use super::phase::Phase;
 use super::run_result::RunResult;
-use super::vm::Vm;
+use super::vm_ctx::VmCtx;
 use super::{duration, err};
 use crate::client::Process;
 use crate::runner::{CloseKind, Closeable};
 
 struct ProcInner {
-    vm: Vm,
+    vm: VmCtx,
     handle: u64,
     proc: Mutex<Option<Process>>,
 }
@@ -25,7 +26,7 @@ impl Closeable for ProcessUd {
     fn auto_close(&self) -> Result<(), crate::runner::file::TestFailure> {
         // SIGTERM, then the agent escalates to SIGKILL after its grace period.
         if let Some(mut p) = self.0.proc.lock().unwrap().take() {
-            if self.0.vm.phase() == super::vm::Phase::Booted {
+            if self.0.vm.phase() == Phase::Booted {
                 p.release().map_err(|e| format!("proc:close: {e}"))?;
             }
         }
@@ -50,7 +51,7 @@ pub fn signal_arg(v: Value, method: &str) -> mlua::Result<i32> {
 }
 
 impl ProcessUd {
-    pub fn new(_lua: &Lua, vm: &Vm, p: Process) -> ProcessUd {
+    pub fn new(_lua: &Lua, vm: &VmCtx, p: Process) -> ProcessUd {
         let ud = ProcessUd(Arc::new(ProcInner {
             vm: vm.clone(),
             handle: p.handle(),

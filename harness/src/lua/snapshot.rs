@@ -16,6 +16,29 @@ use mlua::{UserData, UserDataMethods, Value};
 use super::err;
 use crate::runner::Closeable;
 
+/// Why a snapshot's recorded declaration cannot be read or used.
+#[derive(Debug, thiserror::Error)]
+pub enum DeclError {
+    /// The container itself (header, checksum, section table).
+    #[error(transparent)]
+    Container(#[from] provium_snapshot::SnapshotError),
+    /// A section the Lua layer wrote does not decode.
+    #[error("snapshot {}: the `{section}` section is invalid", path.display())]
+    InvalidSection {
+        path: PathBuf,
+        section: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A recorded NIC's MAC does not parse (a hand-edited or foreign file).
+    #[error("the snapshot's NIC on bridge `{bridge}`")]
+    Mac {
+        bridge: String,
+        #[source]
+        source: provium_netsetup::mac::MacParseError,
+    },
+}
+
 /// A fresh temporary path `<tmp>/provium-<pid>-<random><suffix>`.
 pub fn temp_path(suffix: &str) -> PathBuf {
     let mut r = [0u8; 8];
@@ -262,10 +285,11 @@ fn yes() -> bool {
 
 impl NicDecl {
     /// The recorded MAC.
-    pub fn mac_addr(&self) -> Result<provium_netsetup::MacAddr, String> {
-        self.mac
-            .parse()
-            .map_err(|e| format!("the snapshot's NIC on bridge `{}`: {e}", self.bridge))
+    pub fn mac_addr(&self) -> Result<provium_netsetup::MacAddr, DeclError> {
+        self.mac.parse().map_err(|source| DeclError::Mac {
+            bridge: self.bridge.clone(),
+            source,
+        })
     }
 }
 
@@ -276,13 +300,13 @@ impl VmDecl {
 
     /// Read the declaration from the snapshot at `path` (header, checksum
     /// and section verified).
-    pub fn read(path: &Path) -> Result<VmDecl, String> {
+    pub fn read(path: &Path) -> Result<VmDecl, DeclError> {
         decode_section(&open_snapshot(path)?, path, VM_DECL_SECTION)
     }
 
     /// [`VmDecl::read`], or `None` for a snapshot without
     /// [`VM_DECL_SECTION`] (one written below Lua).
-    pub fn read_if_present(path: &Path) -> Result<Option<VmDecl>, String> {
+    pub fn read_if_present(path: &Path) -> Result<Option<VmDecl>, DeclError> {
         let snap = open_snapshot(path)?;
         if !snap.has_section(VM_DECL_SECTION) {
             return Ok(None);
@@ -299,7 +323,7 @@ impl VmDevices {
     /// The devices recorded in the snapshot at `path`, or `None` for a
     /// snapshot without [`VM_DEVICES_SECTION`] (header and checksums
     /// verified; an invalid section is an error).
-    pub fn read_if_present(path: &Path) -> Result<Option<VmDevices>, String> {
+    pub fn read_if_present(path: &Path) -> Result<Option<VmDevices>, DeclError> {
         let snap = open_snapshot(path)?;
         if !snap.has_section(VM_DEVICES_SECTION) {
             return Ok(None);
@@ -308,27 +332,23 @@ impl VmDevices {
     }
 }
 
-fn open_snapshot(path: &Path) -> Result<provium_snapshot::Snapshot, String> {
-    provium_snapshot::Snapshot::open(
+fn open_snapshot(path: &Path) -> Result<provium_snapshot::Snapshot, DeclError> {
+    Ok(provium_snapshot::Snapshot::open(
         path,
         &provium_snapshot::Expect::protocol(provium_protocol::PROTOCOL_VERSION),
-    )
-    .map_err(|e| crate::error_chain::flatten(&e))
+    )?)
 }
 
 fn decode_section<T: serde::de::DeserializeOwned>(
     snap: &provium_snapshot::Snapshot,
     path: &Path,
     section: &str,
-) -> Result<T, String> {
-    let bytes = snap
-        .section(section)
-        .map_err(|e| crate::error_chain::flatten(&e))?;
-    serde_json::from_slice(&bytes).map_err(|e| {
-        format!(
-            "snapshot {}: the `{section}` section is invalid: {e}",
-            path.display()
-        )
+) -> Result<T, DeclError> {
+    let bytes = snap.section(section)?;
+    serde_json::from_slice(&bytes).map_err(|source| DeclError::InvalidSection {
+        path: path.to_path_buf(),
+        section: section.to_string(),
+        source,
     })
 }
 
@@ -410,11 +430,11 @@ mod tests {
             p
         };
         let with = write("with.snap", &[(VM_DEVICES_SECTION, d.to_json())]);
-        assert_eq!(VmDevices::read_if_present(&with), Ok(Some(d.clone())));
+        assert_eq!(VmDevices::read_if_present(&with).unwrap(), Some(d.clone()));
         let without = write("without.snap", &[(VM_DECL_SECTION, b"{}".to_vec())]);
-        assert_eq!(VmDevices::read_if_present(&without), Ok(None));
+        assert_eq!(VmDevices::read_if_present(&without).unwrap(), None);
         let bad = write("bad.snap", &[(VM_DEVICES_SECTION, b"[1]".to_vec())]);
-        let e = VmDevices::read_if_present(&bad).unwrap_err();
+        let e = crate::error_chain::flatten(&VmDevices::read_if_present(&bad).unwrap_err());
         assert!(e.contains("the `vm-devices` section is invalid"), "{e}");
         let n = &d.nics[0];
         assert_eq!(
@@ -425,7 +445,7 @@ mod tests {
             mac: "nope".into(),
             ..n.clone()
         };
-        let e = bad.mac_addr().unwrap_err();
+        let e = crate::error_chain::flatten(&bad.mac_addr().unwrap_err());
         assert!(
             e.starts_with("the snapshot's NIC on bridge `lan`: `nope` is not a MAC address"),
             "{e}"

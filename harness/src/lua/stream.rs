@@ -8,29 +8,37 @@ use std::time::{Duration, Instant};
 use mlua::{Lua, UserData, UserDataMethods, Value};
 
 use super::{duration, err};
-use crate::client::StreamReader;
+use crate::client::{ClientError, StreamReader};
 use crate::runner::{CloseKind, Closeable, FileEnv};
 
 const DEFAULT_NEXT: Duration = Duration::from_secs(10);
 const DEFAULT_DRAIN: Duration = Duration::from_millis(500);
 
+/// Why a stream's source failed. Console and capture sources cannot; an
+/// agent stream fails as its connection does.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error(transparent)]
+    Agent(#[from] ClientError),
+}
+
 /// Where a stream's bytes come from.
 pub trait ByteSource: Send {
     /// Next chunk; `Ok(None)` on timeout or EOF (see `is_eof`).
-    fn next_chunk(&mut self, timeout: Duration) -> Result<Option<Vec<u8>>, String>;
+    fn next_chunk(&mut self, timeout: Duration) -> Result<Option<Vec<u8>>, StreamError>;
     fn is_eof(&self) -> bool;
-    fn close(&mut self) -> Result<(), String>;
+    fn close(&mut self) -> Result<(), StreamError>;
 }
 
 impl ByteSource for StreamReader {
-    fn next_chunk(&mut self, timeout: Duration) -> Result<Option<Vec<u8>>, String> {
-        self.next(timeout).map_err(|e| e.to_string())
+    fn next_chunk(&mut self, timeout: Duration) -> Result<Option<Vec<u8>>, StreamError> {
+        Ok(self.next(timeout)?)
     }
     fn is_eof(&self) -> bool {
         StreamReader::is_eof(self)
     }
-    fn close(&mut self) -> Result<(), String> {
-        StreamReader::close(self).map_err(|e| e.to_string())
+    fn close(&mut self) -> Result<(), StreamError> {
+        Ok(StreamReader::close(self)?)
     }
 }
 
@@ -169,7 +177,11 @@ impl Stream {
             self.env.check_cancelled()?;
             let left = end.saturating_duration_since(Instant::now());
             let slice = left.min(Duration::from_millis(200));
-            if let Some(chunk) = st.source.next_chunk(slice).map_err(err)? {
+            if let Some(chunk) = st
+                .source
+                .next_chunk(slice)
+                .map_err(|e| err(crate::error_chain::flatten(&e)))?
+            {
                 return Ok(Some(chunk));
             }
             if st.source.is_eof() || left <= slice {

@@ -6,14 +6,15 @@ use std::sync::{Arc, Mutex};
 use mlua::{UserData, UserDataMethods, Value};
 
 use super::err;
-use super::guest::{add_guest_methods, GuestTarget, Ops};
+use super::guest::{add_guest_methods, GuestTarget};
+use super::phase::Phase;
 use super::process::signal_arg;
-use super::vm::Vm;
+use super::vm_ctx::{Ops, VmCtx};
 use crate::client::{AgentOps, Worker};
 use crate::runner::{CloseKind, Closeable};
 
 struct WorkerInner {
-    vm: Vm,
+    vm: VmCtx,
     id: u64,
     worker: Mutex<Option<Arc<Worker>>>,
 }
@@ -25,7 +26,7 @@ impl Closeable for WorkerUd {
     fn auto_close(&self) -> Result<(), crate::runner::file::TestFailure> {
         let w = self.0.worker.lock().unwrap().take();
         if let Some(w) = w {
-            if self.0.vm.phase() == super::vm::Phase::Booted {
+            if self.0.vm.phase() == Phase::Booted {
                 if let Ok(w) = Arc::try_unwrap(w) {
                     w.close().map_err(|e| format!("worker:close: {e}"))?;
                 }
@@ -36,7 +37,7 @@ impl Closeable for WorkerUd {
 }
 
 impl WorkerUd {
-    pub fn new(vm: Vm, w: Worker) -> WorkerUd {
+    pub fn new(vm: VmCtx, w: Worker) -> WorkerUd {
         let ud = WorkerUd(Arc::new(WorkerInner {
             id: w.id(),
             vm: vm.clone(),
@@ -64,7 +65,7 @@ impl GuestTarget for WorkerUd {
         Ok(self.worker("op")? as Arc<dyn AgentOps + Send + Sync>)
     }
 
-    fn vm(&self) -> &Vm {
+    fn ctx(&self) -> &VmCtx {
         &self.0.vm
     }
 }

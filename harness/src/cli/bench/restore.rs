@@ -379,11 +379,12 @@ pub(super) fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, R
         .ok_or_else(|| RestoreBenchError::NoEntry {
             name: fixture_name.clone(),
         })?;
-    let decl = crate::lua::snapshot::VmDecl::read(&entry).map_err(RestoreBenchError::Section)?;
+    let decl = crate::lua::snapshot::VmDecl::read(&entry)
+        .map_err(|e| RestoreBenchError::Section(crate::error_chain::flatten(&e)))?;
     // The bench restores bare machines: a kvm snapshot whose machine had
     // disks or NICs needs them again, which only the Lua layer recreates.
     let devices = crate::lua::snapshot::VmDevices::read_if_present(&entry)
-        .map_err(RestoreBenchError::Section)?;
+        .map_err(|e| RestoreBenchError::Section(crate::error_chain::flatten(&e)))?;
     if let Some(d) = devices {
         if !d.disks.is_empty() || !d.nics.is_empty() {
             return Err(RestoreBenchError::HasDevices {

@@ -62,7 +62,8 @@ impl Lab {
     pub(super) fn vm_fixture(&self, name: &str, vm_name: Option<&str>) -> mlua::Result<Vm> {
         let env = self.0.env.clone();
         let mut restore = |path: &std::path::Path| -> Result<Vm, RestoreFailure> {
-            let mut decl = snapshot::VmDecl::read(path).map_err(RestoreFailure::Corrupt)?;
+            let mut decl =
+                snapshot::VmDecl::read(path).map_err(|e| RestoreFailure::Corrupt(flatten(&e)))?;
             let other = |e: mlua::Error| RestoreFailure::Other(error_message(&e));
             decl.name = match vm_name {
                 Some(n) => {
@@ -81,7 +82,7 @@ impl Lab {
                 Ok(devices) => self
                     .join_recorded_bridges(&vm, &devices.unwrap_or_default())
                     .and_then(|()| vm.restore_checked(path)),
-                Err(e) => Err(RestoreError::Failed(err(e))),
+                Err(e) => Err(RestoreError::Failed(err(flatten(&e)))),
             };
             if let Err(e) = r {
                 let _ = vm.shutdown();

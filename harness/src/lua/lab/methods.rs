@@ -6,7 +6,7 @@
 use mlua::{Lua, MetaMethod, MultiValue, Table, UserData, UserDataMethods, Value};
 
 use super::Lab;
-use crate::lua::bridge::Bridge;
+use crate::lua::network::Bridge;
 use crate::lua::vm::{Vm, VmSizing};
 use crate::lua::{duration, err};
 

@@ -25,7 +25,24 @@ use provium_protocol::event::{ClaimReleased, Event};
 use self::file_scope::FileScope;
 pub use self::fixture::ChunkBuilder;
 use self::state::LabState;
+use crate::lua::network::NetworkError;
 use crate::runner::FileEnv;
+
+/// Why a lab could not put a recorded topology back, naming the bridge
+/// or lab and what was in the way.
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    /// The lab has no bridge of a restored NIC's name and cannot make one
+    /// (`reason`: why the name is refused).
+    #[error("cannot make bridge `{name}` for the restored NICs in lab `{lab}`: {reason}")]
+    NoRoomForBridge {
+        name: String,
+        lab: String,
+        reason: String,
+    },
+    #[error(transparent)]
+    Network(#[from] NetworkError),
+}
 
 /// Keys of the `provium` table that never resolve to a resource.
 pub const RESERVED_NAMES: &[&str] = &[
@@ -133,7 +150,7 @@ mod test_utils {
     use std::sync::Arc;
 
     use super::Lab;
-    use crate::lua::bridge::Bridge;
+    use crate::lua::network::Bridge;
     use crate::lua::vm::{Vm, VmSizing};
     use crate::runner::{BackendKind, FileEnv};
 

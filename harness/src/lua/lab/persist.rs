@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use mlua::{Lua, Value};
 
 use super::Lab;
-use crate::lua::bridge::Bridge;
+use crate::lua::network::Bridge;
 use crate::lua::snapshot::{self, LabSnapshotUd};
 use crate::lua::vm::{Phase, RestoreError, Vm, VmSizing};
 use crate::lua::{err, error_message};
@@ -136,11 +136,12 @@ impl Lab {
             let lab = self.sub_lab_at(&rec.lab_path).map_err(Failed)?;
             let vm_names: Vec<String> = index.vms.iter().map(|v| v.name.clone()).collect();
             Lab::bridge_for_restore(&lab, &rec.name)
-                .and_then(|b| b.apply_record(rec, &vm_names))
+                .and_then(|b| Ok(b.apply_record(rec, &vm_names)?))
                 .map_err(|e| {
                     RestoreError::Mismatch(format!(
-                        "lab:restore: bridge `{}`: {e} (a configuration mismatch)",
-                        rec.name
+                        "lab:restore: bridge `{}`: {} (a configuration mismatch)",
+                        rec.name,
+                        crate::error_chain::flatten(&e)
                     ))
                 })?;
         }
@@ -176,18 +177,25 @@ impl Lab {
                 for rec in index.bridges.iter().filter(|b| b.members.contains(&v.name)) {
                     let lab = self.sub_lab_at(&rec.lab_path).map_err(Failed)?;
                     Lab::bridge_for_restore(&lab, &rec.name)
-                        .and_then(|b| b.attach_vm(&vm))
+                        .and_then(|b| Ok(b.attach_vm(&vm.net())?))
                         .map_err(|e| {
                             RestoreError::Mismatch(format!(
-                                "lab:restore: vm `{}` on bridge `{}`: {e} (a configuration mismatch)",
-                                v.name, rec.name
+                                "lab:restore: vm `{}` on bridge `{}`: {} (a configuration mismatch)",
+                                v.name,
+                                rec.name,
+                                crate::error_chain::flatten(&e)
                             ))
                         })?;
                 }
             }
             if vmm_nics {
-                let devices = snapshot::VmDevices::read_if_present(&file)
-                    .map_err(|e| Failed(err(format!("lab:restore: vm `{}`: {e}", v.name))))?;
+                let devices = snapshot::VmDevices::read_if_present(&file).map_err(|e| {
+                    Failed(err(format!(
+                        "lab:restore: vm `{}`: {}",
+                        v.name,
+                        crate::error_chain::flatten(&e)
+                    )))
+                })?;
                 if let Some(devices) = devices {
                     self.join_recorded_bridges(&vm, &devices)?;
                 }

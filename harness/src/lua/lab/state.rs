@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use mlua::{Lua, Table, Value};
 
 use super::{Lab, RESERVED_NAMES};
-use crate::lua::bridge::Bridge;
 use crate::lua::err;
+use crate::lua::network::Bridge;
 use crate::lua::vm::Vm;
 
 /// One lab's own members; the scope chain is [`Lab::find_in_chain`]'s.

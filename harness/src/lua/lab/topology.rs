@@ -3,8 +3,8 @@
 //! a restore, which bridge each recorded NIC joins again, so VMs that shared
 //! a bridge when snapshotted share one after.
 
-use super::Lab;
-use crate::lua::bridge::Bridge;
+use super::{Lab, LabError};
+use crate::lua::network::Bridge;
 use crate::lua::snapshot::VmDevices;
 use crate::lua::vm::{RestoreError, Vm};
 
@@ -27,17 +27,16 @@ impl Lab {
     /// name is made in `lab` (closed with the current scope, like any
     /// bridge). The NICs of VMs restored together thus share the bridges
     /// they shared when snapshotted.
-    pub(super) fn bridge_for_restore(lab: &Lab, name: &str) -> Result<Bridge, String> {
+    pub(super) fn bridge_for_restore(lab: &Lab, name: &str) -> Result<Bridge, LabError> {
         if let Some(b) = lab.find_bridge(name) {
             return Ok(b);
         }
-        lab.check_new_name("bridge", name).map_err(|e| {
-            format!(
-                "cannot make bridge `{name}` for the restored NICs in lab `{}`: {}",
-                lab.0.name,
-                crate::lua::error_message(&e)
-            )
-        })?;
+        lab.check_new_name("bridge", name)
+            .map_err(|e| LabError::NoRoomForBridge {
+                name: name.to_string(),
+                lab: lab.0.name.clone(),
+                reason: crate::lua::error_message(&e),
+            })?;
         let b = Bridge::create(&lab.0.env, name);
         lab.put_bridge(name.to_string(), &b);
         Ok(b)
@@ -71,7 +70,7 @@ impl Lab {
             let on = vm
                 .bridges()
                 .iter()
-                .any(|b| b.name() == n.bridge && b.has_vm(vm));
+                .any(|b| b.name() == n.bridge && b.has_vm(&vm.net()));
             if on || left.iter().any(|b| b.name() == n.bridge && !b.is_closed()) {
                 continue;
             }
@@ -81,10 +80,19 @@ impl Lab {
                     .map_err(|e| mismatch(crate::lua::error_message(&e)))?,
                 None => self.clone(),
             };
-            let b = Lab::bridge_for_restore(&lab, &n.bridge).map_err(mismatch)?;
-            let mac = n.mac_addr().map_err(mismatch)?;
-            b.restore_member(vm, mac, Some(n.connected))
-                .map_err(|e| mismatch(format!("bridge `{}`: {e}", n.bridge)))?;
+            let b = Lab::bridge_for_restore(&lab, &n.bridge)
+                .map_err(|e| mismatch(crate::error_chain::flatten(&e)))?;
+            let mac = n
+                .mac_addr()
+                .map_err(|e| mismatch(crate::error_chain::flatten(&e)))?;
+            b.restore_member(&vm.net(), mac, Some(n.connected))
+                .map_err(|e| {
+                    mismatch(format!(
+                        "bridge `{}`: {}",
+                        n.bridge,
+                        crate::error_chain::flatten(&e)
+                    ))
+                })?;
         }
         Ok(())
     }
@@ -125,7 +133,7 @@ mod tests {
         root.join_recorded_bridges(&v, &decl(vec![n])).unwrap();
         assert_eq!(root.bridge_names(), ["lan"]);
         let lan = root.find_bridge("lan").unwrap();
-        assert!(lan.has_vm(&v));
+        assert!(lan.has_vm(&v.net()));
         assert_eq!(lan.mac_of("v").unwrap().to_string(), "02:00:00:00:00:0a");
         assert!(!lan.is_connected("v"));
         let w = vm(&root, "w");
@@ -150,7 +158,7 @@ mod tests {
         scope
             .join_recorded_bridges(&v, &decl(vec![nic("lan", "02:00:00:00:00:0a", None)]))
             .unwrap();
-        assert!(lan.has_vm(&v), "the file's bridge");
+        assert!(lan.has_vm(&v.net()), "the file's bridge");
         assert!(
             scope.bridge_names().is_empty(),
             "no new bridge in the test scope"
@@ -164,7 +172,7 @@ mod tests {
             .unwrap();
         let site = scope.find_sub_lab("site").expect("the sub-lab is made");
         assert_eq!(site.bridge_names(), ["dmz"]);
-        assert!(site.find_bridge("dmz").unwrap().has_vm(&w));
+        assert!(site.find_bridge("dmz").unwrap().has_vm(&w.net()));
         // A name taken by a VM of that lab cannot be a bridge: a mismatch.
         let x = vm(&scope, "x");
         scope.put_vm("wan".into(), &x);
@@ -187,15 +195,16 @@ mod tests {
         root.put_bridge("lan".into(), &lan);
         let site = root.sub_lab_at(&["site".into()]).unwrap();
         let v = vm(&site, "v");
-        let mac = crate::lua::bridge::nic_mac("v", "lan", &[]);
-        lan.restore_member(&v, mac, None).unwrap();
+        let mac = crate::lua::network::nic_mac("v", "lan", &[]);
+        lan.restore_member(&v.net(), mac, None).unwrap();
         v.shutdown().unwrap();
         let devices = decl(vec![nic("lan", &mac.to_string(), None)]);
         site.join_recorded_bridges(&v, &devices).unwrap();
         assert!(site.bridge_names().is_empty(), "no second `lan`");
-        let ports = crate::lua::nic::restore_ports(&v, &devices.nics, &v.left_bridges()).unwrap();
+        let ports =
+            crate::lua::network::restore_ports(&v.net(), &devices.nics, &v.left_bridges()).unwrap();
         assert_eq!(ports.configs.len(), 1);
-        assert!(lan.has_vm(&v), "back on the bridge it left");
+        assert!(lan.has_vm(&v.net()), "back on the bridge it left");
     }
 
     /// `lab:snapshot()` records each bridge's sub-lab path.

@@ -10,16 +10,15 @@ use mlua::Table;
 use provium_protocol::event::{Event, VmShutdown, VmSpawned};
 
 use super::opts::boot_spec;
-use super::{provium_ops, Phase, Vm, VmState};
+use super::{provium_ops, Phase, Vm};
 use crate::backend::{Guest, MachineSpec};
 use crate::client::AgentClient;
 use crate::error_chain::flatten;
-use crate::lua::bridge::{Bridge, WeakBridge};
 use crate::lua::disk::{BootDrives, Disk, DiskPlan};
 use crate::lua::err;
-use crate::lua::guest::client_err;
-use crate::lua::nic::{MachineNic, VmmNics};
+use crate::lua::network::{MachineNic, VmmNics};
 use crate::lua::snapshot::{VmDecl, VmDevices};
+use crate::lua::vm_ctx::{client_err, VmState};
 
 /// Why `vm:restore` failed.
 #[derive(Debug)]
@@ -60,14 +59,20 @@ impl Vm {
     /// stream continues deterministically in every VM restored from it. A
     /// snapshot without a declaration (written below Lua) pins nothing.
     fn adopt_recorded_rng_seed(&self, path: &std::path::Path) -> Result<(), RestoreError> {
-        let mut st = self.0.state.lock().unwrap();
-        if st.pending.rng_seed.is_some() {
+        let st = self.lock_state();
+        let mut pending = self.0.pending.lock().unwrap();
+        if pending.rng_seed.is_some() {
             return Ok(());
         }
         let decl = VmDecl::read_if_present(path).map_err(|e| {
-            RestoreError::Failed(err(format!("vm:restore: vm `{}`: {e}", self.0.name)))
+            RestoreError::Failed(err(format!(
+                "vm:restore: vm `{}`: {}",
+                self.name(),
+                flatten(&e)
+            )))
         })?;
-        st.pending.rng_seed = decl.and_then(|d| d.rng_seed);
+        pending.rng_seed = decl.and_then(|d| d.rng_seed);
+        drop(st);
         Ok(())
     }
 
@@ -102,10 +107,10 @@ impl Vm {
             )));
         }
         let caps = self.capabilities();
-        let name = self.0.name.clone();
+        let name = self.name().to_string();
         let devices = if caps.device_snapshots {
             VmDevices::read_if_present(path)
-                .map_err(|e| Failed(err(format!("vm:restore: vm `{name}`: {e}"))))?
+                .map_err(|e| Failed(err(format!("vm:restore: vm `{name}`: {}", flatten(&e)))))?
         } else {
             None
         };
@@ -121,14 +126,15 @@ impl Vm {
         let nics = match (&want_nics, vmm_nics) {
             (_, false) => VmmNics::default(),
             (Some(want), true) => {
-                crate::lua::nic::restore_ports(self, want, &self.left_bridges()).map_err(|e| {
+                crate::lua::network::restore_ports(&self.net(), want, &self.left_bridges()).map_err(|e| {
                     Mismatch(format!(
                         "vm:restore: vm `{name}`: the snapshot's NICs do not fit this VM (a configuration \
-                         mismatch): {e}"
+                         mismatch): {}",
+                        flatten(&e)
                     ))
                 })?
             }
-            (None, true) => crate::lua::nic::vmm_ports(self).map_err(Failed)?,
+            (None, true) => crate::lua::network::vmm_ports(&self.net()).map_err(Failed)?,
         };
         let VmmNics {
             configs,
@@ -141,10 +147,11 @@ impl Vm {
         // snapshot holds, are put back once it runs).
         if !vmm_nics {
             for b in self.left_bridges().into_iter().filter(|b| !b.is_closed()) {
-                b.attach_vm(self).map_err(|e| {
+                b.attach_vm(&self.net()).map_err(|e| {
                     Failed(err(format!(
-                        "vm:restore: vm `{name}`: cannot rejoin bridge `{}`: {e}",
-                        b.name()
+                        "vm:restore: vm `{name}`: cannot rejoin bridge `{}`: {}",
+                        b.name(),
+                        flatten(&e)
                     )))
                 })?;
             }
@@ -160,17 +167,18 @@ impl Vm {
         // was built and then lost its agent is dead with its NICs, as after
         // a failed boot.
         if r.is_err() && !built {
+            let me = self.net();
             for b in &added {
-                b.vm_gone(self);
+                b.vm_gone(&me);
             }
         }
         let has_nics = r?;
-        self.0.left_bridges.lock().unwrap().clear();
+        self.net().forget_left();
         // The restored NICs' members are realised (as after a boot); host
         // TAPs are made now, then the interface configuration the snapshot
         // holds goes back on them.
         if has_nics || (!vmm_nics && !self.bridges().is_empty()) {
-            crate::lua::nic::realise_all(self).map_err(Failed)?;
+            crate::lua::network::realise_all(&self.net()).map_err(Failed)?;
         }
         if !vmm_nics {
             self.machine()
@@ -197,7 +205,7 @@ impl Vm {
     ) -> Result<bool, RestoreError> {
         use RestoreError::{Failed, Mismatch};
         let has_nics = !nics.is_empty();
-        let mut st = self.0.state.lock().unwrap();
+        let mut st = self.lock_state();
         if !matches!(st.phase, Phase::Created | Phase::Shutdown) {
             return Err(Failed(self.wrong_state(
                 "restore",
@@ -209,24 +217,30 @@ impl Vm {
         if !live.is_empty() {
             return Err(Failed(err(crate::lua::snapshot::live_streams_refusal(
                 "vm:restore()",
-                &self.0.env.rel_path,
+                &self.env().rel_path,
                 &live,
             ))));
         }
-        let env = &self.0.env;
+        let env = self.env();
         let caps = self.capabilities();
         // A pinned rng_seed (vm:boot opts given before the restore) keeps
         // the restored rng's stream deterministic; without one it is reseeded.
         let mut spec = MachineSpec {
-            rng_seed: st.pending.rng_seed.filter(|_| caps.seeded_rng),
+            rng_seed: self
+                .0
+                .pending
+                .lock()
+                .unwrap()
+                .rng_seed
+                .filter(|_| caps.seeded_rng),
             ..self.declared_spec()
         };
         // The restored VM's disks (their devices are in the snapshot; the
         // images are not: they are used as they are now).
-        let name = &self.0.name;
+        let name = self.name();
         let (drives, new_disks) = {
             let disks = self.0.disks.lock().unwrap();
-            let failed = |e: String| Failed(err(format!("vm:restore: {e}")));
+            let failed = |e: crate::lua::disk::DiskError| Failed(err(format!("vm:restore: {e}")));
             match want_disks.filter(|_| caps.device_snapshots) {
                 Some(want) => {
                     let live: Vec<Disk> =
@@ -297,7 +311,7 @@ impl Vm {
         // (A VM past Created gets the wrong-state error below, with no port
         // attached.)
         let nics = if self.capabilities().has_vmm_nics() && self.phase() == Phase::Created {
-            crate::lua::nic::vmm_ports(self)?
+            crate::lua::network::vmm_ports(&self.net())?
         } else {
             VmmNics::default()
         };
@@ -306,7 +320,7 @@ impl Vm {
             record: nic_record,
             ..
         } = nics;
-        let mut st = self.0.state.lock().unwrap();
+        let mut st = self.lock_state();
         if st.phase != Phase::Created {
             return Err(self.wrong_state(
                 "boot",
@@ -314,29 +328,25 @@ impl Vm {
                 "created (a VM boots once; create another or restore a snapshot)",
             ));
         }
+        let mut pending = self.0.pending.lock().unwrap();
         if let Some(o) = &opts {
-            st.pending.merge(o)?;
+            pending.merge(o)?;
         }
-        let env = &self.0.env;
+        let env = self.env();
         let drives = {
             let disks = self.0.disks.lock().unwrap();
-            crate::lua::disk::boot_drives(&self.0.name, &disks)
+            crate::lua::disk::boot_drives(self.name(), &disks)
                 .map_err(|e| err(format!("vm:boot: {e}")))?
         };
-        let spec = boot_spec(
-            self.declared_spec(),
-            &st.pending,
-            drives.drives.clone(),
-            nics,
-        );
+        let spec = boot_spec(self.declared_spec(), &pending, drives.drives.clone(), nics);
         let machine: Arc<dyn Guest> = Arc::from(
             env.machines()
                 .boot(&spec)
-                .map_err(|e| err(format!("vm:boot: vm `{}`: {}", self.0.name, flatten(&e))))?,
+                .map_err(|e| err(format!("vm:boot: vm `{}`: {}", self.name(), flatten(&e))))?,
         );
         let client = self.bring_up(&mut st, "boot", &machine, &drives, nic_record)?;
         // Files of boot opts land before the test runs anything.
-        for (path, content) in std::mem::take(&mut st.pending.files) {
+        for (path, content) in std::mem::take(&mut pending.files) {
             if let Some(parent) = std::path::Path::new(&path).parent() {
                 let _ = provium_ops(&client).mkdir(&parent.to_string_lossy(), true, None);
             }
@@ -347,7 +357,7 @@ impl Vm {
         self.mark_booted(&mut st, client, machine.as_ref());
         // NICs of bridges attached before boot (eth0, eth1, … by bridge name).
         drop(st);
-        crate::lua::nic::realise_all(self)?;
+        crate::lua::network::realise_all(&self.net())?;
         Ok(self.clone())
     }
 
@@ -367,13 +377,13 @@ impl Vm {
         drives.given_to_guest();
         *self.0.machine_disks.lock().unwrap() = drives.disks().to_vec();
         *self.0.machine_nics.lock().unwrap() = nics;
-        *self.0.machine.lock().unwrap() = Some(machine.clone());
+        self.set_machine(machine.clone());
         machine.connect().map_err(|e| {
             machine.kill();
             st.phase = Phase::Dead;
             err(format!(
                 "vm:{method}: vm `{}`: the agent did not answer: {}",
-                self.0.name,
+                self.name(),
                 flatten(&e)
             ))
         })
@@ -384,10 +394,10 @@ impl Vm {
         st.client = Some(client);
         st.phase = Phase::Booted;
         st.booted_at = Some(Instant::now());
-        let env = &self.0.env;
+        let env = self.env();
         env.events.emit(Event::VmSpawned(VmSpawned {
             file: env.rel_path.clone(),
-            vm_name: self.0.name.clone(),
+            vm_name: self.name().to_string(),
             profile: self.0.profile.clone(),
             memory_bytes: self.0.sizing.memory_bytes,
             cid: machine.cid().unwrap_or(0),
@@ -395,22 +405,22 @@ impl Vm {
     }
 
     pub fn shutdown(&self) -> mlua::Result<()> {
-        let mut st = self.0.state.lock().unwrap();
+        let mut st = self.lock_state();
         if st.phase == Phase::Shutdown {
             return Ok(());
         }
         if let Some(c) = st.client.take() {
             c.close();
         }
-        if let Some(m) = self.0.machine.lock().unwrap().take() {
+        if let Some(m) = self.take_machine() {
             m.kill();
         }
         let was_up = st.booted_at.take();
         st.phase = Phase::Shutdown;
         if let Some(t0) = was_up {
-            self.0.env.events.emit(Event::VmShutdown(VmShutdown {
-                file: self.0.env.rel_path.clone(),
-                vm_name: self.0.name.clone(),
+            self.env().events.emit(Event::VmShutdown(VmShutdown {
+                file: self.env().rel_path.clone(),
+                vm_name: self.name().to_string(),
                 duration_ns: t0.elapsed().as_nanos() as u64,
             }));
         }
@@ -418,11 +428,7 @@ impl Vm {
         // may read this VM's phase), remembering them for a later
         // `vm:restore` of a snapshot whose NICs were on them.
         drop(st);
-        let on: Vec<WeakBridge> = self.bridges().iter().map(Bridge::downgrade).collect();
-        if !on.is_empty() {
-            *self.0.left_bridges.lock().unwrap() = on;
-        }
-        crate::lua::nic::vm_gone(self);
+        self.net().leave_all();
         self.0.lone_switches.lock().unwrap().clear();
         // A disk does not outlive its VM's life: the guest is gone, and a
         // later sector op must say so rather than act on a dead VM's image.
@@ -436,6 +442,7 @@ impl Vm {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lua::network::Bridge;
     use crate::lua::snapshot::{DiskDecl, NicDecl, VM_DEVICES_SECTION};
     use crate::lua::vm::test_utils::{env, message, vm};
     use crate::runner::{BackendKind, FileEnv};
@@ -483,30 +490,27 @@ mod tests {
         let env = kvm_env();
         let lan = Bridge::create(&env, "lan");
         let v = vm(&env);
-        let mac = crate::lua::bridge::nic_mac("v", "lan", &[]);
-        lan.restore_member(&v, mac, None).unwrap();
+        let mac = crate::lua::network::nic_mac("v", "lan", &[]);
+        lan.restore_member(&v.net(), mac, None).unwrap();
         v.shutdown().unwrap();
         assert!(!lan.is_member("v"), "a shut-down VM is off its bridges");
-        let left: Vec<Bridge> =
-            v.0.left_bridges
-                .lock()
-                .unwrap()
-                .iter()
-                .filter_map(WeakBridge::upgrade)
-                .collect();
+        let left: Vec<Bridge> = v.left_bridges();
         assert_eq!(left.len(), 1);
         let nics =
-            crate::lua::nic::restore_ports(&v, &[nic("lan", &mac.to_string())], &left).unwrap();
+            crate::lua::network::restore_ports(&v.net(), &[nic("lan", &mac.to_string())], &left)
+                .unwrap();
         assert_eq!(nics.configs.len(), 1);
         assert_eq!(nics.configs[0].mac, mac);
-        assert!(lan.has_vm(&v), "back on lan");
+        assert!(lan.has_vm(&v.net()), "back on lan");
         assert_eq!(nics.added.len(), 1);
-        nics.undo(&v);
+        nics.undo(&v.net());
         assert!(!lan.is_member("v"), "undone");
         // A snapshot naming a bridge it was never on is a mismatch.
-        let e = crate::lua::nic::restore_ports(&v, &[nic("wan", &mac.to_string())], &left)
-            .err()
-            .unwrap();
+        let e =
+            crate::lua::network::restore_ports(&v.net(), &[nic("wan", &mac.to_string())], &left)
+                .err()
+                .unwrap();
+        let e = e.to_string();
         assert!(e.contains("NIC on bridge `wan`"), "{e}");
         assert!(!lan.is_member("v"));
     }

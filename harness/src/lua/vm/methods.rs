@@ -26,7 +26,7 @@ impl UserData for Vm {
             let machine = this.booted_machine("power_button")?;
             // A backend without a power button refuses with the VM as it was.
             if let Some(why) = machine.capabilities().power_button.refusal() {
-                return Err(err(format!("vm:power_button: vm `{}`: {why}", this.0.name)));
+                return Err(err(format!("vm:power_button: vm `{}`: {why}", this.name())));
             }
             let pressed = machine.power_button();
             // Shutdown either way (the reference's post-state); a guest that
@@ -35,7 +35,7 @@ impl UserData for Vm {
             pressed.map_err(|e| {
                 err(format!(
                     "vm:power_button: vm `{}`: {}",
-                    this.0.name,
+                    this.name(),
                     flatten(&e)
                 ))
             })
@@ -48,7 +48,7 @@ impl UserData for Vm {
             };
             this.snapshot_to(&path)?;
             if temp {
-                delete_at_scope_end(&this.0.env, &path);
+                delete_at_scope_end(this.env(), &path);
             }
             Ok(SnapshotUd { path })
         });
@@ -60,14 +60,14 @@ impl UserData for Vm {
         // Always succeeds (the reference): a backend without a console
         // refuses at the console's first use.
         m.add_method("console", |_, this, ()| {
-            let vm = this.clone();
-            let machine = move || vm.0.machine.lock().unwrap().clone();
+            let vm = this.ctx().clone();
+            let machine = move || vm.current_machine();
             Ok(crate::lua::console::ConsoleUd::new(
-                this.clone(),
+                this.ctx().clone(),
                 Box::new(machine),
             ))
         });
-        m.add_method("clock", |_, this, ()| Ok(ClockUd::new(this.clone())));
+        m.add_method("clock", |_, this, ()| Ok(ClockUd::new(this.ctx().clone())));
         m.add_method("spawn_worker", |_, this, opts: Option<Table>| {
             if let Some(o) = opts {
                 for pair in o.pairs::<Value, Value>() {
@@ -93,10 +93,10 @@ impl UserData for Vm {
             }
             let client = this.client("vm:spawn_worker")?;
             let w = this.guard_op("vm:spawn_worker", || client.spawn_worker())?;
-            Ok(WorkerUd::new(this.clone(), w))
+            Ok(WorkerUd::new(this.ctx().clone(), w))
         });
         m.add_method("nic", |_, this, name: String| {
-            crate::lua::nic::vm_nic(this, &name)
+            crate::lua::nic::vm_nic(&this.net(), &name)
         });
         m.add_method("disk", |_, this, id: Value| {
             let Value::String(id) = &id else {
@@ -110,33 +110,27 @@ impl UserData for Vm {
         m.add_method("attach_disk", |_, this, opts: Value| {
             this.attach_disk(&opts)
         });
-        m.add_method("name", |_, this, ()| Ok(this.0.name.clone()));
+        m.add_method("name", |_, this, ()| Ok(this.name().to_string()));
         m.add_method("profile", |_, this, ()| Ok(this.0.profile.clone()));
         m.add_method("state", |_, this, ()| Ok(this.phase().as_str()));
         m.add_method("cid", |_, this, ()| {
             Ok(this
-                .0
-                .machine
-                .lock()
-                .unwrap()
-                .as_ref()
+                .current_machine()
                 .and_then(|m| m.cid())
                 .filter(|c| *c != 0))
         });
         m.add_method("is_quiescent", |_, this, ()| {
-            Ok(this.0.in_flight.load(Ordering::SeqCst) == 0
-                && this.0.open_files.load(Ordering::SeqCst) == 0
-                && this.0.open_streams.load(Ordering::SeqCst) == 0)
+            Ok(this.in_flight() == 0
+                && this.file_counter().load(Ordering::SeqCst) == 0
+                && this.stream_count() == 0)
         });
         m.add_method("open_file_count", |_, this, ()| {
-            Ok(this.0.open_files.load(Ordering::SeqCst))
+            Ok(this.file_counter().load(Ordering::SeqCst))
         });
-        m.add_method("open_stream_count", |_, this, ()| {
-            Ok(this.0.open_streams.load(Ordering::SeqCst))
-        });
+        m.add_method("open_stream_count", |_, this, ()| Ok(this.stream_count()));
         add_guest_methods::<Vm, M>(m);
         m.add_meta_method(mlua::MetaMethod::ToString, |_, this, ()| {
-            Ok(format!("VM({}, {})", this.0.name, this.phase().as_str()))
+            Ok(format!("VM({}, {})", this.name(), this.phase().as_str()))
         });
         m.add_meta_method(mlua::MetaMethod::Eq, |_, this, other: mlua::AnyUserData| {
             Ok(other

@@ -9,54 +9,39 @@
 mod lifecycle;
 mod methods;
 mod opts;
-mod phase;
 #[cfg(test)]
 pub(crate) mod test_utils;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::ops::Deref;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
-use mlua::{Lua, Value};
+use mlua::Value;
 
 pub use lifecycle::RestoreError;
 pub use opts::{BootOpts, VmSizing, DEFAULT_CPUS, DEFAULT_MEMORY_BYTES};
-pub use phase::Phase;
 
-use super::bridge::{Bridge, WeakBridge};
 use super::disk::{AttachOpts, Disk, DiskList};
 use super::err;
-use super::guest::{client_err, GuestTarget, Ops};
-use super::nic::MachineNic;
+use super::guest::GuestTarget;
+use super::network::{Bridge, MachineNic, NetMember, VmLinks};
+pub use super::phase::Phase;
 use super::snapshot::{VmDecl, VmDevices};
-use super::stream::{ByteSource, Stream};
-use crate::backend::{Capabilities, Guest, MachineSpec};
-use crate::client::{AgentClient, ClientError};
+use super::vm_ctx::{Ops, VmCtx};
+use crate::backend::{Guest, MachineSpec};
+use crate::client::AgentClient;
 use crate::error_chain::flatten;
-use crate::runner::{CloseKind, Closeable, FileEnv, LiveResource};
-
-struct VmState {
-    phase: Phase,
-    pending: BootOpts,
-    client: Option<AgentClient>,
-    booted_at: Option<Instant>,
-}
+use crate::runner::{CloseKind, Closeable, FileEnv};
 
 pub struct VmInner {
-    name: String,
+    /// What the VM's userdata share (see `lua::vm_ctx`).
+    ctx: VmCtx,
+    /// The bridges it is on and those it left (see `lua::network`).
+    links: Arc<VmLinks>,
     profile: String,
     sizing: VmSizing,
-    env: Arc<FileEnv>,
-    state: Mutex<VmState>,
-    /// Held only briefly, so the watchdog can always reach the kill switch.
-    machine: Mutex<Option<Arc<dyn Guest>>>,
-    open_files: Arc<AtomicUsize>,
-    open_streams: Arc<AtomicUsize>,
-    /// Streams opened on this VM, so a snapshot can name the live ones.
-    streams: Mutex<Vec<Stream>>,
-    in_flight: AtomicUsize,
-    /// Bridges this VM is attached to (weak: bridges hold their VMs).
-    bridges: Mutex<Vec<WeakBridge>>,
+    /// The `vm:boot` opts given so far. Locked after the state lock, never
+    /// before it.
+    pending: Mutex<BootOpts>,
     /// Disks in attach order (the guest's vda, vdb, … on kvm).
     disks: DiskList,
     /// The kvm machine's disks and NICs, in device order, set when a boot
@@ -65,28 +50,19 @@ pub struct VmInner {
     machine_nics: Mutex<Vec<MachineNic>>,
     /// Switches of NICs restored without a network (their ports need them).
     lone_switches: Mutex<Vec<provium_netsetup::Switch>>,
-    /// The bridges this VM was on when it last shut down: a restore from a
-    /// snapshot with NICs on them joins them again.
-    left_bridges: Mutex<Vec<WeakBridge>>,
 }
 
 /// A VM handle; clones share the VM.
 #[derive(Clone)]
 pub struct Vm(Arc<VmInner>);
 
-impl LiveResource for VmInner {
-    fn teardown(&self) {
-        // Only the machine's kill switch: never wait on the state lock, which
-        // the file's thread may hold while blocked on the agent.
-        if let Some(m) = self.machine.lock().unwrap().as_ref() {
-            m.kill();
-        }
-    }
+/// A VM is its context plus the state only the VM itself touches, so the
+/// context's accessors (name, phase, guard_op, ...) are the VM's.
+impl Deref for Vm {
+    type Target = VmCtx;
 
-    fn console_excerpt(&self) -> Option<String> {
-        let m = self.machine.lock().unwrap().clone()?;
-        m.console_tail(crate::runner::file::CONSOLE_EXCERPT_BYTES)
-            .map(|t| format!("--- {} console ---\n{t}", self.name))
+    fn deref(&self) -> &VmCtx {
+        &self.0.ctx
     }
 }
 
@@ -115,181 +91,46 @@ impl Vm {
             )));
         }
         let vm = Vm(Arc::new(VmInner {
-            name,
+            ctx: VmCtx::new(env.clone(), name),
+            links: Arc::new(VmLinks::default()),
             profile,
             sizing,
-            env: env.clone(),
-            state: Mutex::new(VmState {
-                phase: Phase::Created,
-                pending: BootOpts::default(),
-                client: None,
-                booted_at: None,
-            }),
-            machine: Mutex::new(None),
-            open_files: Arc::new(AtomicUsize::new(0)),
-            open_streams: Arc::new(AtomicUsize::new(0)),
-            streams: Mutex::new(Vec::new()),
-            in_flight: AtomicUsize::new(0),
-            bridges: Mutex::new(Vec::new()),
+            pending: Mutex::new(BootOpts::default()),
             disks: Arc::new(Mutex::new(Vec::new())),
             machine_disks: Mutex::new(Vec::new()),
             machine_nics: Mutex::new(Vec::new()),
             lone_switches: Mutex::new(Vec::new()),
-            left_bridges: Mutex::new(Vec::new()),
         }));
-        let live: Arc<dyn LiveResource> = vm.0.clone();
-        env.track(Arc::downgrade(&live));
         env.register_closeable(CloseKind::Vm, Arc::new(vm.clone()));
         Ok(vm)
     }
 
-    pub fn name(&self) -> &str {
-        &self.0.name
+    /// The VM's context, for the userdata made from it.
+    pub fn ctx(&self) -> &VmCtx {
+        &self.0.ctx
     }
 
-    pub fn env(&self) -> &Arc<FileEnv> {
-        &self.0.env
-    }
-
-    pub fn phase(&self) -> Phase {
-        self.0.state.lock().unwrap().phase
-    }
-
-    /// True when both handles are the same VM.
-    pub fn same(&self, other: &Vm) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
-
-    /// Records that this VM is attached to `b` (called by the bridge).
-    pub fn link_bridge(&self, b: &Bridge) {
-        let mut bs = self.0.bridges.lock().unwrap();
-        bs.retain(|w| w.upgrade().is_some());
-        if !bs.iter().any(|w| w.is(b)) {
-            bs.push(b.downgrade());
-        }
-    }
-
-    /// Forgets the attachment to `b` (called by the bridge).
-    pub fn unlink_bridge(&self, b: &Bridge) {
-        self.0.bridges.lock().unwrap().retain(|w| !w.is(b));
+    /// The VM as its bridges see it.
+    pub fn net(&self) -> NetMember {
+        NetMember::new(self.0.ctx.clone(), self.0.links.clone())
     }
 
     /// The live bridges this VM is attached to.
     pub fn bridges(&self) -> Vec<Bridge> {
-        let bs = self.0.bridges.lock().unwrap().clone();
-        bs.iter().filter_map(WeakBridge::upgrade).collect()
+        self.net().bridges()
     }
 
     /// The live bridges this VM was on when it last shut down (until a
     /// restore puts it back).
     pub fn left_bridges(&self) -> Vec<Bridge> {
-        let bs = self.0.left_bridges.lock().unwrap().clone();
-        bs.iter().filter_map(WeakBridge::upgrade).collect()
-    }
-
-    /// The machine, while booted (for creating NICs).
-    pub fn running_machine(&self) -> Option<Arc<dyn Guest>> {
-        if self.phase() != Phase::Booted {
-            return None;
-        }
-        self.0.machine.lock().unwrap().clone()
-    }
-
-    pub fn file_counter(&self) -> Arc<AtomicUsize> {
-        self.0.open_files.clone()
-    }
-
-    fn wrong_state(&self, method: &str, phase: Phase, wanted: &str) -> mlua::Error {
-        err(format!(
-            "vm:{method}: vm `{}`: {}; {method} needs it {wanted}",
-            self.0.name,
-            phase.hint()
-        ))
-    }
-
-    /// The connection for guest ops: only while booted.
-    pub fn client(&self, method: &str) -> mlua::Result<AgentClient> {
-        let st = self.0.state.lock().unwrap();
-        match (st.phase, &st.client) {
-            (Phase::Booted, Some(c)) => Ok(c.clone()),
-            (phase, _) => Err(err(format!(
-                "{method}: vm `{}`: {}",
-                self.0.name,
-                phase.hint()
-            ))),
-        }
-    }
-
-    /// Run an agent call, counted as in flight, with the watchdog's reason
-    /// taking precedence over the connection error it causes.
-    pub fn guard_op<T>(
-        &self,
-        method: &str,
-        f: impl FnOnce() -> Result<T, ClientError>,
-    ) -> mlua::Result<T> {
-        self.0.in_flight.fetch_add(1, Ordering::SeqCst);
-        let r = f();
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
-        r.map_err(|e| {
-            if let Some(reason) = self.0.env.cancel_reason() {
-                if let ClientError::StdinUnacknowledged { .. } = e {
-                    // What the call was stuck on, besides why it was stopped.
-                    return err(format!(
-                        "{method}: {} (vm `{}`: {e})",
-                        reason.message(),
-                        self.0.name
-                    ));
-                }
-                return err(format!("{method}: {}", reason.message()));
-            }
-            if e.is_connection_lost() {
-                let mut st = self.0.state.lock().unwrap();
-                if st.phase == Phase::Booted {
-                    st.phase = Phase::Dead;
-                }
-            }
-            if blames_the_agent(&e) {
-                // Name the VM whose agent misbehaved: a file may have many.
-                return err(format!(
-                    "{method}: vm `{}`: {}",
-                    self.0.name,
-                    crate::error_chain::flatten(&e)
-                ));
-            }
-            client_err(method, e)
-        })
-    }
-
-    pub fn open_stream(
-        &self,
-        lua: &Lua,
-        source: Box<dyn ByteSource>,
-        kind: &'static str,
-        detail: String,
-    ) -> Stream {
-        let s = Stream::open(
-            lua,
-            self.0.env.clone(),
-            source,
-            kind,
-            detail,
-            Some(self.0.open_streams.clone()),
-        );
-        let mut streams = self.0.streams.lock().unwrap();
-        streams.retain(Stream::is_open);
-        streams.push(s.clone());
-        s
+        self.net().left_bridges()
     }
 
     /// This VM's open streams, each as `kind(detail) at file:line`.
     /// A `bridge:capture()` on a bridge this VM is attached to counts too
     /// (the reference: it blocks this VM's snapshot, as `nic:capture` does).
     pub fn live_streams(&self) -> Vec<String> {
-        let mut streams = {
-            let mut own = self.0.streams.lock().unwrap();
-            own.retain(Stream::is_open);
-            own.clone()
-        };
+        let mut streams = self.own_streams();
         for b in self.bridges() {
             streams.extend(b.live_capture_streams());
         }
@@ -310,20 +151,15 @@ impl Vm {
         self.0.sizing
     }
 
-    /// What every guest of this file's backend can do.
-    pub fn capabilities(&self) -> Capabilities {
-        self.0.env.machines().capabilities()
-    }
-
     /// The spec of this VM's declaration: sizing and profile, no boot opts
     /// or devices (what a restore starts from).
     fn declared_spec(&self) -> MachineSpec {
         MachineSpec {
-            settings: self.0.env.config.settings.clone(),
+            settings: self.env().config.settings.clone(),
             ..MachineSpec::for_profile(
-                &self.0.name,
+                self.name(),
                 &self.0.profile,
-                self.0.env.config.profiles.get(&self.0.profile).cloned(),
+                self.env().config.profiles.get(&self.0.profile).cloned(),
                 self.0.sizing.memory_bytes,
                 self.0.sizing.cpus,
             )
@@ -346,9 +182,9 @@ impl Vm {
         // Read from the bridges before the state lock (a bridge may read
         // this VM's phase).
         let machine_nics = self.0.machine_nics.lock().unwrap().clone();
-        let nics = super::nic::nic_decls(self, &machine_nics, bridge_lab);
+        let nics = super::network::nic_decls(&self.net(), &machine_nics, bridge_lab);
         let disks = super::disk::disk_decls(&self.0.machine_disks.lock().unwrap());
-        let st = self.0.state.lock().unwrap();
+        let st = self.lock_state();
         if !matches!(st.phase, Phase::Booted | Phase::Paused) {
             return Err(self.wrong_state("snapshot", st.phase, "booted"));
         }
@@ -356,17 +192,17 @@ impl Vm {
         if !live.is_empty() {
             return Err(err(super::snapshot::live_streams_refusal(
                 "vm:snapshot()",
-                &self.0.env.rel_path,
+                &self.env().rel_path,
                 &live,
             )));
         }
         let machine = self.machine()?;
         let decl = VmDecl {
-            name: self.0.name.clone(),
+            name: self.name().to_string(),
             profile: self.0.profile.clone(),
             memory_bytes: self.0.sizing.memory_bytes,
             cpus: self.0.sizing.cpus,
-            rng_seed: st.pending.rng_seed,
+            rng_seed: self.0.pending.lock().unwrap().rng_seed,
         };
         let devices = VmDevices { disks, nics };
         machine
@@ -380,7 +216,7 @@ impl Vm {
             .map_err(|e| {
                 err(format!(
                     "vm:snapshot: vm `{}`: {}",
-                    self.0.name,
+                    self.name(),
                     flatten(&e)
                 ))
             })
@@ -390,15 +226,15 @@ impl Vm {
     pub fn attach_disk(&self, opts: &Value) -> mlua::Result<Disk> {
         const M: &str = "vm:attach_disk";
         if let Some(why) = self.capabilities().disks.refusal() {
-            return Err(err(format!("{M}: vm `{}`: {why}", self.0.name)));
+            return Err(err(format!("{M}: vm `{}`: {why}", self.name())));
         }
-        let opts = AttachOpts::parse(&self.0.name, opts)?;
+        let opts = AttachOpts::parse(self.name(), opts)?;
         let phase = self.phase();
         if phase != Phase::Created {
             return Err(err(format!(
                 "{M}: vm `{}` is {}; the kvm backend's virtio-mmio disks are announced on the kernel \
                  command line at boot and cannot be hot-plugged (no ACPI), so attach disks before vm:boot()",
-                self.0.name,
+                self.name(),
                 phase.as_str()
             )));
         }
@@ -407,13 +243,13 @@ impl Vm {
             return Err(err(format!(
                 "{M}: vm `{}` already has a disk `{}` (ids are unique per VM: pick another id, or use \
                  vm:disk(\"{}\"))",
-                self.0.name, opts.id, opts.id
+                self.name(), opts.id, opts.id
             )));
         }
         if let Some(img) = &opts.image {
-            super::disk::check_image_unused(M, &self.0.name, img, &disks)?;
+            super::disk::check_image_unused(M, self.name(), img, &disks)?;
         }
-        let disk = Disk::new(self.0.env.clone(), &self.0.name, opts, &self.0.disks);
+        let disk = Disk::new(self.env().clone(), self.name(), opts, &self.0.disks);
         disks.push(disk.clone());
         Ok(disk)
     }
@@ -427,13 +263,13 @@ impl Vm {
         let ids: Vec<&str> = disks.iter().map(Disk::id).collect();
         Err(err(format!(
             "vm:disk(\"{id}\"): vm `{}` has no disk with that id (disks: {}); attach one with vm:attach_disk{{id = \"{id}\", ...}}",
-            self.0.name,
+            self.name(),
             if ids.is_empty() { "none".to_string() } else { ids.join(", ") }
         )))
     }
 
     pub fn pause(&self) -> mlua::Result<()> {
-        let mut st = self.0.state.lock().unwrap();
+        let mut st = self.lock_state();
         if st.phase != Phase::Booted {
             return Err(self.wrong_state("pause", st.phase, "booted"));
         }
@@ -445,7 +281,7 @@ impl Vm {
     }
 
     pub fn resume(&self) -> mlua::Result<()> {
-        let mut st = self.0.state.lock().unwrap();
+        let mut st = self.lock_state();
         if st.phase != Phase::Paused {
             return Err(self.wrong_state("resume", st.phase, "paused"));
         }
@@ -463,9 +299,9 @@ impl Vm {
         let machine = self.booted_machine("reset")?;
         // A backend that cannot reset refuses before anything changes.
         if let Some(why) = machine.capabilities().reset.refusal() {
-            return Err(err(format!("vm:reset: vm `{}`: {why}", self.0.name)));
+            return Err(err(format!("vm:reset: vm `{}`: {why}", self.name())));
         }
-        let mut st = self.0.state.lock().unwrap();
+        let mut st = self.lock_state();
         if st.phase != Phase::Booted {
             return Err(self.wrong_state("reset", st.phase, "booted"));
         }
@@ -483,20 +319,11 @@ impl Vm {
                 st.phase = Phase::Dead;
                 Err(err(format!(
                     "vm:reset: vm `{}`: {}",
-                    self.0.name,
+                    self.name(),
                     flatten(&e)
                 )))
             }
         }
-    }
-
-    fn machine(&self) -> mlua::Result<Arc<dyn Guest>> {
-        self.0
-            .machine
-            .lock()
-            .unwrap()
-            .clone()
-            .ok_or_else(|| err(format!("vm `{}` has no running machine", self.0.name)))
     }
 
     fn booted_machine(&self, method: &str) -> mlua::Result<Arc<dyn Guest>> {
@@ -520,23 +347,9 @@ impl GuestTarget for Vm {
         Ok(Arc::new(self.client("vm")?))
     }
 
-    fn vm(&self) -> &Vm {
-        self
+    fn ctx(&self) -> &VmCtx {
+        &self.0.ctx
     }
-}
-
-/// Errors about the agent or its connection rather than an op the agent
-/// ran and reported failed.
-fn blames_the_agent(e: &ClientError) -> bool {
-    matches!(
-        e,
-        ClientError::ConnectionClosed { .. }
-            | ClientError::ConnectionBroken { .. }
-            | ClientError::Timeout { .. }
-            | ClientError::OutputTooLarge { .. }
-            | ClientError::StdinUnacknowledged { .. }
-            | ClientError::UnexpectedValue { .. }
-    )
 }
 
 #[cfg(test)]
@@ -544,6 +357,7 @@ mod tests {
     use super::test_utils::{env, message, vm};
     use super::*;
     use crate::runner::BackendKind;
+    use mlua::Lua;
     use mlua::Table;
 
     fn vm_on(backend: BackendKind) -> Vm {

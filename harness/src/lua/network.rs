@@ -1,0 +1,1585 @@
+//! The file's virtual networks below the Lua API: a bridge's switch and
+//! members ([`Bridge`]), each VM's attachment records ([`VmLinks`], seen by
+//! a bridge as a [`NetMember`]), and the VM side of networking: which guest
+//! interface a bridge gets, realising NICs at boot, and the virtio-net
+//! ports of a kvm boot or restore. The `bridge` and `nic` userdata are thin
+//! Lua faces over this module; neither imports the other's internals.
+//!
+//! # Declared vs realised
+//! `bridge:attach(vm)` records a member (the graph). A member is *realised*
+//! when its VM is booted: the backend creates the guest's NIC (local: a TAP
+//! inside the sandbox's network namespace, see
+//! `backend::local::net`) and the switch holds its fd as a port named after
+//! the VM. A VM attached before boot is realised by `vm:boot()`; one attached
+//! while booted is realised at once. Shutting a VM down removes its member.
+//!
+//! Partitions, isolation and impairments live in the switch, keyed by VM
+//! name, so symmetric partitions and isolation can be declared before a VM
+//! is realised. Directional forms need both ends realised, as the reference
+//! says (the rule would otherwise wait for a port that may never come).
+//!
+//! # Guest interface names
+//! A VM's bridges, sorted by bridge name, are `eth0`, `eth1`, … (the
+//! reference's rule). A VM attached before boot gets exactly these names.
+//! Attaching a booted VM to another bridge creates the new interface under
+//! its rule name if that is free, else under the lowest free `ethN` (an
+//! existing interface is never renamed under a running guest);
+//! `nic:ifname()` tells the real name. `vm:nic("eth1")` always follows the
+//! rule (the Nth bridge by name); prefer `vm:nic("bridge_name")`.
+//!
+//! # Locking
+//! The bridge's state lock may take a VM's state lock (its phase); VM code
+//! never calls into a bridge while holding its own state lock.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use mlua::Lua;
+use provium_netsetup::impair::fnv1a;
+use provium_netsetup::{
+    disable_uplink, enable_uplink, Capture, MacAddr, PortCounters, Switch, SwitchConfig, Tap,
+    TapPort, Uplink, UplinkEnv,
+};
+use provium_vmm::vmm_config::NetConfig;
+
+use super::capture::CaptureSource;
+use super::err;
+use super::phase::Phase;
+use super::snapshot::NicDecl;
+use super::stream::{creation_site, Stream};
+use super::vm_ctx::VmCtx;
+use crate::backend::BackendError;
+use crate::backend::Guest;
+use crate::runner::{CloseKind, Closeable, FileEnv};
+
+/// Why a bridge or a VM's attachment refused, each naming the bridge or VM
+/// and the fix. The layers below (switch, TAP, uplink, backend) come as
+/// sources, or transparently where their message is the whole story.
+#[derive(Debug, thiserror::Error)]
+pub enum NetworkError {
+    #[error("bridge `{bridge}` is closed")]
+    Closed { bridge: String },
+    /// A restore wants a member on a closed bridge.
+    #[error("bridge `{bridge}` is closed; create another with lab:bridge(name)")]
+    ClosedForRestore { bridge: String },
+    #[error("vm `{vm}` is not attached to bridge `{bridge}`")]
+    NotAttached { vm: String, bridge: String },
+    #[error("vm `{vm}` has no running machine")]
+    NoMachine { vm: String },
+    #[error(
+        "vm `{other}` on bridge `{bridge}` already has MAC {mac}, the snapshot's NIC's; \
+         detach it (bridge:detach) or restore under another VM name"
+    )]
+    MacTaken {
+        other: String,
+        bridge: String,
+        mac: MacAddr,
+    },
+    #[error("vm `{vm}` already has a live NIC on bridge `{bridge}`")]
+    LiveNic { vm: String, bridge: String },
+    #[error("a vm named `{vm}` is already attached to bridge `{bridge}`; detach it first")]
+    NameTaken { vm: String, bridge: String },
+    /// A Lua-facing refusal of `bridge:attach` (already a message).
+    #[error("{0}")]
+    Refused(String),
+    #[error("drop rate")]
+    DropRate(#[source] provium_netsetup::SwitchError),
+    #[error("drop rate {from} -> {to}")]
+    PairDropRate {
+        from: String,
+        to: String,
+        #[source]
+        source: provium_netsetup::SwitchError,
+    },
+    #[error(
+        "the snapshot's VM had a NIC on bridge `{bridge}` (its NICs: {snapshot_nics}), and vm `{vm}` is not \
+         attached to a bridge of that name; attach it (lab:bridge(\"{bridge}\"):attach(vm)) before \
+         vm:restore"
+    )]
+    NoSuchBridge {
+        bridge: String,
+        vm: String,
+        snapshot_nics: String,
+    },
+    #[error(
+        "vm `{vm}` is attached to bridge(s) {extra} but the snapshot's VM had no NIC there (its \
+         NICs: {snapshot_nics}); a kvm machine's NICs are fixed when it is built, so detach it \
+         (bridge:detach(vm)) before vm:restore"
+    )]
+    ExtraBridges {
+        vm: String,
+        extra: String,
+        snapshot_nics: String,
+    },
+    #[error("cannot create its NIC on bridge `{bridge}`")]
+    CreateNic {
+        bridge: String,
+        #[source]
+        source: Box<NetworkError>,
+    },
+    #[error("bridge:disable_uplink: bridge `{bridge}`")]
+    DisableUplink {
+        bridge: String,
+        #[source]
+        source: provium_netsetup::UplinkError,
+    },
+    #[error(transparent)]
+    Mac(#[from] super::snapshot::DeclError),
+    #[error(transparent)]
+    Guest(#[from] BackendError),
+    #[error(transparent)]
+    Switch(#[from] provium_netsetup::SwitchError),
+    #[error(transparent)]
+    Tap(#[from] provium_netsetup::TapError),
+}
+
+/// A network error raised into Lua, its chain flattened.
+impl From<NetworkError> for mlua::Error {
+    fn from(e: NetworkError) -> Self {
+        err(crate::error_chain::flatten(&e))
+    }
+}
+
+/// The bridges one VM is attached to and those it was on when it last shut
+/// down (weak: bridges hold their members, so a VM and its bridges never
+/// form a cycle).
+#[derive(Default)]
+pub struct VmLinks {
+    on: Mutex<Vec<WeakBridge>>,
+    /// A restore from a snapshot with NICs on them joins them again.
+    left: Mutex<Vec<WeakBridge>>,
+}
+
+/// A VM as its bridges see it: its context and its attachment records.
+#[derive(Clone)]
+pub struct NetMember {
+    ctx: VmCtx,
+    links: Arc<VmLinks>,
+}
+
+impl NetMember {
+    pub fn new(ctx: VmCtx, links: Arc<VmLinks>) -> NetMember {
+        NetMember { ctx, links }
+    }
+
+    pub fn ctx(&self) -> &VmCtx {
+        &self.ctx
+    }
+
+    pub fn name(&self) -> &str {
+        self.ctx.name()
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.ctx.phase()
+    }
+
+    /// True when both are the same VM.
+    pub fn same(&self, other: &NetMember) -> bool {
+        self.ctx.same(&other.ctx)
+    }
+
+    /// Records that this VM is attached to `b` (called by the bridge).
+    fn link_bridge(&self, b: &Bridge) {
+        let mut bs = self.links.on.lock().unwrap();
+        bs.retain(|w| w.upgrade().is_some());
+        if !bs.iter().any(|w| w.is(b)) {
+            bs.push(b.downgrade());
+        }
+    }
+
+    /// Forgets the attachment to `b` (called by the bridge).
+    fn unlink_bridge(&self, b: &Bridge) {
+        self.links.on.lock().unwrap().retain(|w| !w.is(b));
+    }
+
+    /// The live bridges this VM is attached to.
+    pub fn bridges(&self) -> Vec<Bridge> {
+        let bs = self.links.on.lock().unwrap().clone();
+        bs.iter().filter_map(WeakBridge::upgrade).collect()
+    }
+
+    /// The live bridges this VM was on when it last shut down (until a
+    /// restore puts it back).
+    pub fn left_bridges(&self) -> Vec<Bridge> {
+        let bs = self.links.left.lock().unwrap().clone();
+        bs.iter().filter_map(WeakBridge::upgrade).collect()
+    }
+
+    /// Called by `vm:shutdown()`: remembers the bridges it is on as the
+    /// ones it left, then leaves every one.
+    pub fn leave_all(&self) {
+        let on: Vec<WeakBridge> = self.bridges().iter().map(Bridge::downgrade).collect();
+        if !on.is_empty() {
+            *self.links.left.lock().unwrap() = on;
+        }
+        for b in self.bridges() {
+            b.vm_gone(self);
+        }
+    }
+
+    /// A restore put the VM back: it has left nothing.
+    pub fn forget_left(&self) {
+        self.links.left.lock().unwrap().clear();
+    }
+}
+
+/// The switch port name of a bridge's uplink (not a valid VM name on any
+/// backend, so it never collides with a member).
+pub const UPLINK_PORT: &str = "@uplink";
+/// The uplink's default address (the guests' gateway).
+pub const DEFAULT_UPLINK_ADDR: &str = "10.0.2.1/24";
+
+/// A bridge handle; clones share the bridge.
+#[derive(Clone)]
+pub struct Bridge(Arc<BridgeInner>);
+
+/// A bridge reference that does not keep it alive (held by VMs, so a VM and
+/// its bridges never form a cycle).
+#[derive(Clone)]
+pub struct WeakBridge(Weak<BridgeInner>);
+
+struct BridgeInner {
+    name: String,
+    env: Arc<FileEnv>,
+    switch: Switch,
+    state: Mutex<BridgeState>,
+    /// Open `bridge:capture()` streams. They block snapshots of every VM on
+    /// this bridge, as a `nic:capture()` stream blocks its VM's. A lock of
+    /// its own: a VM reads it while holding its state lock.
+    captures: Mutex<Vec<Stream>>,
+}
+
+#[derive(Default)]
+pub(super) struct BridgeState {
+    members: BTreeMap<String, Member>,
+    uplink: Option<UplinkLink>,
+    closed: bool,
+    /// `bridge:route` targets (bridge names, first-call order, no repeats):
+    /// graph state only, as the reference's v1.
+    pub(super) routes: Vec<String>,
+    /// The one-shot "routes are not realised" warning was printed.
+    pub(super) route_warned: bool,
+}
+
+struct Member {
+    /// None for a bare-string attachment (graph-state only).
+    vm: Option<NetMember>,
+    mac: MacAddr,
+    /// The realised NIC: the guest-side interface name and the host end.
+    nic: Option<(String, NicEnd)>,
+    /// `nic:disconnect()` before the NIC was realised: realise it link-down.
+    link_down: bool,
+}
+
+/// The host end of a realised NIC.
+enum NicEnd {
+    /// Local sandbox: the switch port holding the TAP (dropping it detaches
+    /// the port and removes the interface from the guest).
+    Tap {
+        /// Held for its drop.
+        _port: TapPort,
+    },
+    /// kvm: the port is held by the VM's virtio-net device (attached before
+    /// boot by [`Bridge::vmm_port`]); the switch detaches it by name.
+    Vmm,
+}
+
+struct UplinkLink {
+    port: TapPort,
+    uplink: Uplink,
+}
+
+/// A deterministic, locally administered unicast MAC for (vm, bridge),
+/// salted until it differs from every MAC in `taken`.
+pub fn nic_mac(vm: &str, bridge: &str, taken: &[MacAddr]) -> MacAddr {
+    let mut salt: u32 = 0;
+    loop {
+        let h = fnv1a(&[
+            b"provium-nic",
+            vm.as_bytes(),
+            b"\0",
+            bridge.as_bytes(),
+            &salt.to_le_bytes(),
+        ])
+        .to_le_bytes();
+        let mac = MacAddr([0x02, h[0], h[1], h[2], h[3], h[4]]);
+        if !taken.contains(&mac) {
+            return mac;
+        }
+        salt += 1;
+    }
+}
+
+impl Closeable for Bridge {
+    fn auto_close(&self) -> Result<(), crate::runner::file::TestFailure> {
+        self.close()
+            .map_err(|e| crate::error_chain::flatten(&e).into())
+    }
+}
+
+impl WeakBridge {
+    pub fn upgrade(&self) -> Option<Bridge> {
+        self.0.upgrade().map(Bridge)
+    }
+
+    pub fn is(&self, b: &Bridge) -> bool {
+        std::ptr::eq(self.0.as_ptr(), Arc::as_ptr(&b.0))
+    }
+}
+
+impl Bridge {
+    /// A new bridge (its switch seeded with the run seed), auto-closed at the
+    /// end of the current scope.
+    pub fn create(env: &Arc<FileEnv>, name: &str) -> Bridge {
+        let switch = Switch::new(
+            name,
+            SwitchConfig {
+                run_seed: env.run_seed,
+                ..SwitchConfig::default()
+            },
+        );
+        let b = Bridge(Arc::new(BridgeInner {
+            name: name.to_owned(),
+            env: env.clone(),
+            switch,
+            state: Mutex::new(BridgeState::default()),
+            captures: Mutex::new(Vec::new()),
+        }));
+        env.register_closeable(CloseKind::Bridge, Arc::new(b.clone()));
+        b
+    }
+
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    pub fn env(&self) -> &Arc<FileEnv> {
+        &self.0.env
+    }
+
+    /// Whether the uplink is enabled.
+    pub(super) fn has_uplink(&self) -> bool {
+        self.lock().uplink.is_some()
+    }
+
+    /// The bridge's switch (for the `bridge` userdata's methods).
+    pub(super) fn switch(&self) -> &Switch {
+        &self.0.switch
+    }
+
+    pub fn downgrade(&self) -> WeakBridge {
+        WeakBridge(Arc::downgrade(&self.0))
+    }
+
+    pub fn ptr_eq(&self, other: &Bridge) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, BridgeState> {
+        self.0.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn open_state(&self, method: &str) -> mlua::Result<MutexGuard<'_, BridgeState>> {
+        let st = self.lock();
+        if st.closed {
+            return Err(err(format!(
+                "bridge:{method}: bridge `{}` is closed; create another with lab:bridge(name)",
+                self.0.name
+            )));
+        }
+        Ok(st)
+    }
+
+    /// The run seed and the bridge seed derived from it.
+    pub fn seeds(&self) -> (u64, u64) {
+        (self.0.switch.run_seed(), self.0.switch.seed())
+    }
+
+    // ---- lab snapshots ----
+
+    /// This bridge as a lab snapshot records it (`lab_path`: where it sits
+    /// below the snapshotted lab): attachments, partitions, isolation,
+    /// impairments and routes.
+    pub fn record(&self, lab_path: &[String]) -> provium_snapshot::LabBridge {
+        use provium_snapshot::{LabImpairment, LabPairImpairment};
+        let sw = &self.0.switch;
+        let imp = |i: &provium_netsetup::Impairment| LabImpairment {
+            latency_ns: i
+                .latency
+                .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+            drop_pct: i.drop_pct,
+            bandwidth_bps: i.bandwidth_bps,
+        };
+        let whole = provium_netsetup::Impairment {
+            latency: sw.latency(),
+            drop_pct: sw.drop_rate_pct(),
+            bandwidth_bps: sw.bandwidth_bps(),
+        };
+        let st = self.lock();
+        provium_snapshot::LabBridge {
+            lab_path: lab_path.to_vec(),
+            name: self.0.name.clone(),
+            members: st.members.keys().cloned().collect(),
+            partitions: sw.partitions(),
+            isolated: sw.isolated(),
+            impairment: imp(&whole),
+            pair_impairments: sw
+                .pair_impairments()
+                .into_iter()
+                .map(|((from, to), i)| LabPairImpairment {
+                    from,
+                    to,
+                    impairment: imp(&i),
+                })
+                .collect(),
+            routes: st.routes.clone(),
+        }
+    }
+
+    /// Puts a recorded bridge's graph state back: recorded attachments this
+    /// bridge lacks come back as bare names (a recorded VM joins through
+    /// its own restore), and partitions, isolation, impairments and routes
+    /// become exactly the recorded ones.
+    pub fn apply_record(
+        &self,
+        rec: &provium_snapshot::LabBridge,
+        vm_names: &[String],
+    ) -> Result<(), NetworkError> {
+        let to_imp = |i: &provium_snapshot::LabImpairment| provium_netsetup::Impairment {
+            latency: i.latency_ns.map(std::time::Duration::from_nanos),
+            drop_pct: i.drop_pct,
+            bandwidth_bps: i.bandwidth_bps,
+        };
+        let missing: Vec<(String, Option<NetMember>)> = {
+            let st = self
+                .open_state("restore")
+                .map_err(|e| NetworkError::Refused(super::error_message(&e)))?;
+            rec.members
+                .iter()
+                .filter(|m| !st.members.contains_key(*m) && !vm_names.contains(m))
+                .map(|m| (m.clone(), None))
+                .collect()
+        };
+        if !missing.is_empty() {
+            self.attach_all(missing)
+                .map_err(|e| NetworkError::Refused(super::error_message(&e)))?;
+        }
+        let sw = &self.0.switch;
+        // reset(): no impairment, no partition (isolation is kept).
+        sw.reset();
+        let whole = to_imp(&rec.impairment);
+        sw.set_latency(whole.latency.unwrap_or_default());
+        sw.set_drop_rate(whole.drop_pct.unwrap_or(0.0))
+            .map_err(NetworkError::DropRate)?;
+        sw.set_bandwidth(whole.bandwidth_bps.unwrap_or(0));
+        for p in &rec.pair_impairments {
+            let i = to_imp(&p.impairment);
+            if let Some(l) = i.latency {
+                sw.set_pair_latency(&p.from, &p.to, l);
+            }
+            if let Some(d) = i.drop_pct {
+                sw.set_pair_drop_rate(&p.from, &p.to, d).map_err(|source| {
+                    NetworkError::PairDropRate {
+                        from: p.from.clone(),
+                        to: p.to.clone(),
+                        source,
+                    }
+                })?;
+            }
+            if let Some(b) = i.bandwidth_bps {
+                sw.set_pair_bandwidth(&p.from, &p.to, b);
+            }
+        }
+        // Symmetric inserts need no attached ports; then drop the reverse
+        // directions that were not recorded.
+        for (a, b) in &rec.partitions {
+            sw.partition(a, b);
+        }
+        for (a, b) in &rec.partitions {
+            if !rec.partitions.contains(&(b.clone(), a.clone())) {
+                sw.unpartition_directional(b, a);
+            }
+        }
+        for n in sw.isolated() {
+            if !rec.isolated.contains(&n) {
+                sw.unisolate(&n);
+            }
+        }
+        for n in &rec.isolated {
+            sw.isolate(n);
+        }
+        self.lock().routes = rec.routes.clone();
+        Ok(())
+    }
+
+    // ---- membership ----
+
+    /// Attaches `vm` (a local restore re-joining the bridges its sandbox
+    /// was on); a no-op when it is a member already.
+    pub fn attach_vm(&self, vm: &NetMember) -> Result<(), NetworkError> {
+        if self.has_vm(vm) {
+            return Ok(());
+        }
+        self.attach_all(vec![(vm.name().to_string(), Some(vm.clone()))])
+            .map_err(|e| NetworkError::Refused(super::error_message(&e)))
+    }
+
+    /// Attaches every item, or none: all are validated and recorded first,
+    /// then booted VMs are realised; any failure undoes the whole call.
+    pub(super) fn attach_all(&self, items: Vec<(String, Option<NetMember>)>) -> mlua::Result<()> {
+        let mut added: Vec<(String, Option<NetMember>)> = Vec::new();
+        {
+            let mut st = self.open_state("attach")?;
+            let mut seen: Vec<&str> = Vec::new();
+            for (name, vm) in &items {
+                if seen.contains(&name.as_str()) {
+                    return Err(err(format!(
+                        "bridge:attach: `{name}` appears twice in the list"
+                    )));
+                }
+                seen.push(name);
+                if let Some(m) = st.members.get(name) {
+                    let same = match (&m.vm, vm) {
+                        (Some(a), Some(b)) => a.same(b),
+                        (None, None) => true,
+                        _ => false,
+                    };
+                    let stale =
+                        m.vm.as_ref()
+                            .is_some_and(|v| matches!(v.phase(), Phase::Shutdown | Phase::Dead));
+                    if !same && !stale {
+                        return Err(err(format!(
+                            "bridge:attach: a vm named `{name}` is already attached to bridge `{}`; detach it first",
+                            self.0.name
+                        )));
+                    }
+                }
+            }
+            for (name, vm) in items {
+                if let Some(m) = st.members.get(&name) {
+                    let same = match (&m.vm, &vm) {
+                        (Some(a), Some(b)) => a.same(b),
+                        (None, None) => true,
+                        _ => false,
+                    };
+                    if same {
+                        continue; // already attached: attach is idempotent
+                    }
+                    st.members.remove(&name);
+                    let _ = self.0.switch.detach(&name);
+                }
+                let taken: Vec<MacAddr> = st.members.values().map(|m| m.mac).collect();
+                let mac = nic_mac(&name, &self.0.name, &taken);
+                st.members.insert(
+                    name.clone(),
+                    Member {
+                        vm: vm.clone(),
+                        mac,
+                        nic: None,
+                        link_down: false,
+                    },
+                );
+                added.push((name, vm));
+            }
+        }
+        for (_, vm) in &added {
+            if let Some(vm) = vm {
+                vm.link_bridge(self);
+            }
+        }
+        for (name, vm) in &added {
+            let Some(vm) = vm else { continue };
+            if vm.phase() != Phase::Booted {
+                continue;
+            }
+            if let Err(e) = realise_on(vm, self) {
+                for (n, _) in &added {
+                    self.detach_name(n);
+                }
+                return Err(err(format!(
+                    "bridge:attach: bridge `{}`: vm `{name}`: {}; nothing was attached",
+                    self.0.name,
+                    crate::error_chain::flatten(&e)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes a member (its NIC disappears from the guest); false if absent.
+    pub(super) fn detach_name(&self, name: &str) -> bool {
+        let removed = self.lock().members.remove(name);
+        let Some(m) = removed else { return false };
+        // Dropping the TAP port detaches it and closes the fd, which removes
+        // the interface from the guest. A kvm guest keeps its virtio-net
+        // device (no hot-unplug), so it is told link down first.
+        if matches!(m.nic, Some((_, NicEnd::Vmm))) {
+            let _ = self.0.switch.disconnect(name);
+        }
+        drop(m.nic);
+        let _ = self.0.switch.detach(name);
+        if let Some(vm) = m.vm {
+            vm.unlink_bridge(self);
+        }
+        true
+    }
+
+    /// Called by `vm:shutdown()`: the VM's NIC and membership go.
+    pub fn vm_gone(&self, vm: &NetMember) {
+        let is_member = self
+            .lock()
+            .members
+            .get(vm.name())
+            .is_some_and(|m| m.vm.as_ref().is_some_and(|v| v.same(vm)));
+        if is_member {
+            self.detach_name(vm.name());
+        }
+    }
+
+    /// True when `vm` (this very VM) is a member.
+    pub fn has_vm(&self, vm: &NetMember) -> bool {
+        self.lock()
+            .members
+            .get(vm.name())
+            .is_some_and(|m| m.vm.as_ref().is_some_and(|v| v.same(vm)))
+    }
+
+    /// The guest-side interface name of `vm_name`'s realised NIC.
+    pub fn ifname_of(&self, vm_name: &str) -> Option<String> {
+        self.lock()
+            .members
+            .get(vm_name)
+            .and_then(|m| m.nic.as_ref().map(|(n, _)| n.clone()))
+    }
+
+    pub fn mac_of(&self, vm_name: &str) -> Option<MacAddr> {
+        self.lock().members.get(vm_name).map(|m| m.mac)
+    }
+
+    pub fn is_member(&self, vm_name: &str) -> bool {
+        self.lock().members.contains_key(vm_name)
+    }
+
+    /// Realises `vm`'s NIC as guest interface `ifname` on `machine`; a no-op
+    /// when already realised.
+    pub fn realise(
+        &self,
+        vm: &NetMember,
+        machine: &dyn Guest,
+        ifname: &str,
+    ) -> Result<(), NetworkError> {
+        let mut st = self.lock();
+        if st.closed {
+            return Err(NetworkError::Closed {
+                bridge: self.0.name.clone(),
+            });
+        }
+        let name = vm.name();
+        let Some(m) = st.members.get_mut(name) else {
+            return Err(self.not_attached(name));
+        };
+        if m.nic.is_some() {
+            return Ok(());
+        }
+        let end = if machine.capabilities().has_vmm_nics() && self.0.switch.port_mac(name).is_ok() {
+            // The virtio-net device got its port before boot (`vmm_port`).
+            NicEnd::Vmm
+        } else {
+            let fd = machine.open_nic(ifname, m.mac)?;
+            NicEnd::Tap {
+                _port: TapPort::attach(&self.0.switch, name, m.mac, fd)?,
+            }
+        };
+        if m.link_down {
+            let _ = self.0.switch.disconnect(name);
+        }
+        m.nic = Some((ifname.to_owned(), end));
+        Ok(())
+    }
+
+    /// Whether `close` ran (a closed bridge takes no member).
+    pub fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
+    /// For a restore: makes `vm` a member with the snapshot's `mac` (the
+    /// restored guest has it cached), link down when `connected` is
+    /// `Some(false)`. A member that is already this VM keeps its link
+    /// state and takes `mac`; a member of that name that is another VM
+    /// which is shut down or dead is replaced. Errors (nothing changed)
+    /// when the bridge is closed, a live VM of that name is attached, or
+    /// another member has the MAC. Returns whether a member was added.
+    /// The VM is not realised here: the restore does it.
+    pub fn restore_member(
+        &self,
+        vm: &NetMember,
+        mac: MacAddr,
+        connected: Option<bool>,
+    ) -> Result<bool, NetworkError> {
+        let name = vm.name();
+        let mut st = self.lock();
+        if st.closed {
+            return Err(NetworkError::ClosedForRestore {
+                bridge: self.0.name.clone(),
+            });
+        }
+        if let Some((other, _)) = st
+            .members
+            .iter()
+            .find(|(n, m)| n.as_str() != name && m.mac == mac)
+        {
+            return Err(NetworkError::MacTaken {
+                other: other.clone(),
+                bridge: self.0.name.clone(),
+                mac,
+            });
+        }
+        let mut replace = false;
+        if let Some(m) = st.members.get_mut(name) {
+            match &m.vm {
+                Some(v) if v.same(vm) => {
+                    if m.nic.is_some() {
+                        return Err(NetworkError::LiveNic {
+                            vm: name.to_owned(),
+                            bridge: self.0.name.clone(),
+                        });
+                    }
+                    m.mac = mac;
+                    return Ok(false);
+                }
+                Some(v) if matches!(v.phase(), Phase::Shutdown | Phase::Dead) => replace = true,
+                _ => {
+                    return Err(NetworkError::NameTaken {
+                        vm: name.to_owned(),
+                        bridge: self.0.name.clone(),
+                    })
+                }
+            }
+        }
+        if replace {
+            if let Some(old) = st.members.remove(name) {
+                drop(old.nic);
+                let _ = self.0.switch.detach(name);
+                if let Some(v) = old.vm {
+                    drop(st);
+                    v.unlink_bridge(self);
+                    st = self.lock();
+                }
+            }
+        }
+        st.members.insert(
+            name.to_owned(),
+            Member {
+                vm: Some(vm.clone()),
+                mac,
+                nic: None,
+                link_down: connected == Some(false),
+            },
+        );
+        drop(st);
+        vm.link_bridge(self);
+        Ok(true)
+    }
+
+    /// For a kvm VM about to boot: attaches the switch port its virtio-net
+    /// device will hold (named after the VM, with the member's MAC) and
+    /// returns the device's config. A NIC disconnected before boot starts
+    /// with its link down. `vm:boot()` realises the member afterwards.
+    pub fn vmm_port(&self, vm: &NetMember) -> Result<NetConfig, NetworkError> {
+        let st = self.lock();
+        if st.closed {
+            return Err(NetworkError::Closed {
+                bridge: self.0.name.clone(),
+            });
+        }
+        let name = vm.name();
+        let m = st
+            .members
+            .get(name)
+            .ok_or_else(|| self.not_attached(name))?;
+        let port = self.0.switch.attach(name, m.mac)?;
+        if m.link_down {
+            let _ = self.0.switch.disconnect(name);
+        }
+        Ok(NetConfig::on_port(Arc::new(port)))
+    }
+
+    /// Both ends attached and realised (the directional forms' rule).
+    pub(super) fn check_realised(&self, method: &str, names: &[&str]) -> mlua::Result<()> {
+        let st = self.lock();
+        for n in names {
+            match st.members.get(*n) {
+                Some(m) if m.nic.is_some() => {}
+                Some(_) => {
+                    return Err(err(format!(
+                        "bridge:{method}: vm `{n}` is attached to bridge `{}` but not booted; \
+                         directional rules need both ends booted (call vm:boot() first)",
+                        self.0.name
+                    )))
+                }
+                None => {
+                    return Err(err(format!(
+                        "bridge:{method}: vm `{n}` is not attached to bridge `{}`; call bridge:attach first",
+                        self.0.name
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // ---- NICs ----
+
+    fn not_attached(&self, vm: &str) -> NetworkError {
+        NetworkError::NotAttached {
+            vm: vm.to_owned(),
+            bridge: self.0.name.clone(),
+        }
+    }
+
+    /// Whether `vm_name`'s NIC exists (its VM is booted and attached).
+    fn is_realised(&self, vm_name: &str) -> bool {
+        self.lock()
+            .members
+            .get(vm_name)
+            .is_some_and(|m| m.nic.is_some())
+    }
+
+    /// Counters of `vm_name`'s NIC (guest's perspective); zeros when not
+    /// realised.
+    pub fn counters(&self, vm_name: &str) -> PortCounters {
+        if !self.is_realised(vm_name) {
+            return PortCounters::default();
+        }
+        self.0.switch.counters(vm_name).unwrap_or_default()
+    }
+
+    /// Link down (`up == false`) or up for `vm_name`'s NIC; recorded for a
+    /// NIC not realised yet.
+    pub fn set_link(&self, method: &str, vm_name: &str, up: bool) -> mlua::Result<()> {
+        let mut st = self.lock();
+        let Some(m) = st.members.get_mut(vm_name) else {
+            return Err(err(format!(
+                "nic:{method}: vm `{vm_name}` is not attached to bridge `{}`",
+                self.0.name
+            )));
+        };
+        m.link_down = !up;
+        if m.nic.is_some() {
+            let r = if up {
+                self.0.switch.reconnect(vm_name)
+            } else {
+                self.0.switch.disconnect(vm_name)
+            };
+            r.map_err(|e| err(format!("nic:{method}: {e}")))?;
+        }
+        Ok(())
+    }
+
+    pub fn is_connected(&self, vm_name: &str) -> bool {
+        let st = self.lock();
+        match st.members.get(vm_name) {
+            Some(m) if m.nic.is_some() => self.0.switch.is_connected(vm_name).unwrap_or(false),
+            Some(m) => !m.link_down,
+            None => false,
+        }
+    }
+
+    /// A capture of `vm_name`'s NIC; errors when it is not realised.
+    pub fn capture_nic(&self, vm_name: &str, label: &str) -> mlua::Result<Capture> {
+        if !self.is_realised(vm_name) {
+            return Err(err(format!(
+                "nic:capture: vm `{vm_name}` has no TAP on bridge `{}` (not booted?). Call lab:boot() / vm:boot() first.",
+                self.0.name
+            )));
+        }
+        self.0
+            .switch
+            .capture_port(vm_name, label)
+            .map_err(|e| err(format!("nic:capture: {e}")))
+    }
+
+    /// Labels (creation sites) of live captures on this bridge.
+    pub fn live_captures(&self) -> Vec<String> {
+        self.0.switch.live_captures()
+    }
+
+    // ---- uplink ----
+
+    pub(super) fn enable_uplink(&self, addr: &str) -> mlua::Result<()> {
+        let mut st = self.open_state("enable_uplink")?;
+        if st.uplink.is_some() {
+            return Ok(());
+        }
+        let tap_name = format!(
+            "pvup{:08x}",
+            fnv1a(&[self.0.name.as_bytes(), &std::process::id().to_le_bytes()]) as u32
+        );
+        let fail = |what: String| {
+            err(format!(
+                "bridge:enable_uplink: bridge `{}`: {what}",
+                self.0.name
+            ))
+        };
+        let tap = Tap::open(&tap_name).map_err(|e| fail(crate::error_chain::flatten(&e)))?;
+        let mac = nic_mac(UPLINK_PORT, &self.0.name, &[]);
+        let port = TapPort::attach(&self.0.switch, UPLINK_PORT, mac, tap.into_fd())
+            .map_err(|e| fail(crate::error_chain::flatten(&e)))?;
+        let uplink = enable_uplink(&self.0.name, port.fd(), addr, &UplinkEnv::from_process())
+            .map_err(|e| fail(crate::error_chain::flatten(&e)))?;
+        st.uplink = Some(UplinkLink { port, uplink });
+        Ok(())
+    }
+
+    pub(super) fn disable_uplink(&self) -> Result<(), NetworkError> {
+        let up = self.lock().uplink.take();
+        let Some(UplinkLink { port, uplink }) = up else {
+            return Ok(());
+        };
+        let r = disable_uplink(uplink).map_err(|source| NetworkError::DisableUplink {
+            bridge: self.0.name.clone(),
+            source,
+        });
+        drop(port);
+        r
+    }
+
+    // ---- lifetime ----
+
+    /// Removes every NIC and the uplink; idempotent. Partitions and
+    /// impairments stay declared (there is nothing left to apply them to).
+    pub fn close(&self) -> Result<(), NetworkError> {
+        let members = {
+            let mut st = self.lock();
+            if st.closed {
+                return Ok(());
+            }
+            st.closed = true;
+            std::mem::take(&mut st.members)
+        };
+        for (name, m) in members {
+            drop(m.nic);
+            let _ = self.0.switch.detach(&name);
+            if let Some(vm) = m.vm {
+                vm.unlink_bridge(self);
+            }
+        }
+        self.disable_uplink()
+    }
+
+    pub(crate) fn members_sorted(&self) -> Vec<String> {
+        self.lock().members.keys().cloned().collect()
+    }
+
+    pub(super) fn capture_stream(&self, lua: &Lua) -> mlua::Result<Stream> {
+        drop(self.open_state("capture")?);
+        let label = creation_site(lua).map_or_else(
+            || format!("bridge:capture() on `{}`", self.0.name),
+            |s| format!("{}:{}", s.file, s.line),
+        );
+        let cap = self.0.switch.capture(&label);
+        let s = Stream::open(
+            lua,
+            self.0.env.clone(),
+            Box::new(CaptureSource::new(cap)),
+            "capture",
+            format!("bridge {}", self.0.name),
+            None,
+        );
+        let mut caps = self.0.captures.lock().unwrap();
+        caps.retain(Stream::is_open);
+        caps.push(s.clone());
+        Ok(s)
+    }
+
+    /// This bridge's open `bridge:capture()` streams, as
+    /// `Vm::live_streams` names them (they count as live streams of every
+    /// VM on the bridge).
+    pub fn live_capture_streams(&self) -> Vec<Stream> {
+        let mut caps = self.0.captures.lock().unwrap();
+        caps.retain(Stream::is_open);
+        caps.clone()
+    }
+}
+
+/// `vm`'s live bridges, sorted by name (the guest-name order).
+pub fn sorted_bridges(vm: &NetMember) -> Vec<Bridge> {
+    let mut bs: Vec<Bridge> = vm.bridges().into_iter().filter(|b| b.has_vm(vm)).collect();
+    bs.sort_by(|a, b| a.name().cmp(b.name()));
+    bs
+}
+
+/// The interface name for `bridge` on `vm`: its rule name (index among the
+/// VM's bridges by name) if free, else the lowest free `ethN`.
+fn choose_ifname(vm: &NetMember, bridge: &Bridge) -> String {
+    let bridges = sorted_bridges(vm);
+    let taken: Vec<String> = bridges
+        .iter()
+        .filter(|b| !b.ptr_eq(bridge))
+        .filter_map(|b| b.ifname_of(vm.name()))
+        .collect();
+    let rule = bridges
+        .iter()
+        .position(|b| b.ptr_eq(bridge))
+        .unwrap_or(bridges.len());
+    let rule_name = format!("eth{rule}");
+    if !taken.contains(&rule_name) {
+        return rule_name;
+    }
+    (0..)
+        .map(|i| format!("eth{i}"))
+        .find(|n| !taken.contains(n))
+        .expect("an unbounded range always has a free name")
+}
+
+/// Realises `vm`'s NIC on `bridge` (the VM is booted).
+pub fn realise_on(vm: &NetMember, bridge: &Bridge) -> Result<(), NetworkError> {
+    let machine = vm
+        .ctx()
+        .running_machine()
+        .ok_or_else(|| NetworkError::NoMachine {
+            vm: vm.name().to_owned(),
+        })?;
+    let ifname = choose_ifname(vm, bridge);
+    bridge.realise(vm, machine.as_ref(), &ifname)
+}
+
+/// `vm:boot()`'s error for a NIC it could not make on `bridge`.
+fn boot_nic_error(vm: &NetMember, bridge: &Bridge, e: NetworkError) -> mlua::Error {
+    let e = NetworkError::CreateNic {
+        bridge: bridge.name().to_string(),
+        source: Box::new(e),
+    };
+    err(format!(
+        "vm:boot: vm `{}`: {}",
+        vm.name(),
+        crate::error_chain::flatten(&e)
+    ))
+}
+
+/// Called by `vm:boot()` once the guest is up: one NIC per attached bridge,
+/// `eth0`, `eth1`, … in bridge-name order.
+pub fn realise_all(vm: &NetMember) -> mlua::Result<()> {
+    for b in sorted_bridges(vm) {
+        realise_on(vm, &b).map_err(|e| boot_nic_error(vm, &b, e))?;
+    }
+    Ok(())
+}
+
+/// One virtio-net device of a VM's kvm machine, in device order: what a
+/// snapshot of it records ([`NicDecl`]).
+#[derive(Clone)]
+pub struct MachineNic {
+    /// The bridge its port was on (weak: bridges hold their VMs). A NIC
+    /// restored without a network (see [`NicDecl::attached`]) has none.
+    pub bridge: Option<WeakBridge>,
+    pub bridge_name: String,
+    pub mac: MacAddr,
+}
+
+/// The virtio-net devices of a kvm machine about to be built.
+#[derive(Default)]
+pub struct VmmNics {
+    /// For `MachineSpec::nics`, in device order.
+    pub configs: Vec<NetConfig>,
+    /// The same NICs as the VM records them.
+    pub record: Vec<MachineNic>,
+    /// Private switches of NICs restored without a network (their ports
+    /// need them alive; see [`lone_port`]).
+    pub lone: Vec<Switch>,
+    /// Bridges a restore made the VM a member of (undone if it fails).
+    pub added: Vec<Bridge>,
+}
+
+impl VmmNics {
+    pub fn is_empty(&self) -> bool {
+        self.configs.is_empty()
+    }
+
+    /// Undoes the memberships a failed restore added.
+    pub fn undo(&self, vm: &NetMember) {
+        for b in &self.added {
+            b.vm_gone(vm);
+        }
+    }
+}
+
+/// For a kvm boot: one virtio-net device per attached bridge, in bridge-name
+/// order, so the guest kernel (which numbers NICs in probe order, i.e. the
+/// order of `virtio_mmio.device=` entries) names them eth0, eth1, … exactly
+/// like the local backend's TAPs. Each port is attached to its bridge's
+/// switch now; dropping the list (a failed boot) detaches them again.
+pub fn vmm_ports(vm: &NetMember) -> mlua::Result<VmmNics> {
+    let mut out = VmmNics::default();
+    for b in sorted_bridges(vm) {
+        let cfg = b.vmm_port(vm).map_err(|e| boot_nic_error(vm, &b, e))?;
+        out.record.push(MachineNic {
+            bridge: Some(b.downgrade()),
+            bridge_name: b.name().to_string(),
+            mac: cfg.mac,
+        });
+        out.configs.push(cfg);
+    }
+    Ok(out)
+}
+
+/// Where a restored NIC's port comes from (see [`plan_nics`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NicSource {
+    /// The bridge at this index of the VM's current bridges.
+    Current(usize),
+    /// The bridge at this index of the bridges the VM left at shutdown:
+    /// the VM joins it again.
+    Rejoin(usize),
+    /// A port on a switch of its own, link down (the snapshot's VM had been
+    /// detached from that bridge).
+    Lone,
+}
+
+/// Matches the snapshot's NICs `want` (bridge name, attached) against the
+/// bridges the VM is attached to now (`current`, by name) and those it left
+/// when it shut down (`left`): each wanted NIC takes a current bridge of
+/// its name, else a left one (each bridge once). Errors, as a configuration
+/// mismatch, when a wanted bridge is in neither, or when the VM is attached
+/// to a bridge the snapshot's VM was not on (the restored machine would
+/// have another device list).
+pub fn plan_nics(
+    vm_name: &str,
+    want: &[(String, bool)],
+    current: &[String],
+    left: &[String],
+) -> Result<Vec<NicSource>, NetworkError> {
+    let mut cur_used = vec![false; current.len()];
+    let mut left_used = vec![false; left.len()];
+    let mut out = Vec::with_capacity(want.len());
+    let snap_names = || {
+        let names: Vec<&str> = want.iter().map(|(n, _)| n.as_str()).collect();
+        if names.is_empty() {
+            "none".to_string()
+        } else {
+            names.join(", ")
+        }
+    };
+    for (name, attached) in want {
+        if !attached {
+            out.push(NicSource::Lone);
+            continue;
+        }
+        let pick = |names: &[String], used: &mut [bool]| {
+            let i = names
+                .iter()
+                .enumerate()
+                .position(|(i, n)| n == name && !used[i])?;
+            used[i] = true;
+            Some(i)
+        };
+        if let Some(i) = pick(current, &mut cur_used) {
+            out.push(NicSource::Current(i));
+        } else if let Some(i) = pick(left, &mut left_used) {
+            out.push(NicSource::Rejoin(i));
+        } else {
+            return Err(NetworkError::NoSuchBridge {
+                bridge: name.clone(),
+                vm: vm_name.to_owned(),
+                snapshot_nics: snap_names(),
+            });
+        }
+    }
+    let extra: Vec<&str> = current
+        .iter()
+        .zip(&cur_used)
+        .filter(|(_, used)| !**used)
+        .map(|(n, _)| n.as_str())
+        .collect();
+    if !extra.is_empty() {
+        return Err(NetworkError::ExtraBridges {
+            vm: vm_name.to_owned(),
+            extra: extra.join(", "),
+            snapshot_nics: snap_names(),
+        });
+    }
+    Ok(out)
+}
+
+/// A port for a restored NIC whose VM had been detached from `bridge_name`:
+/// on a switch of its own (no other member), link down, as the detached
+/// NIC was. Keep the switch alive as long as the machine.
+pub fn lone_port(
+    bridge_name: &str,
+    vm_name: &str,
+    mac: MacAddr,
+) -> Result<(Switch, NetConfig), NetworkError> {
+    let sw = Switch::new(&format!("{bridge_name}-detached"), SwitchConfig::default());
+    let port = sw.attach(vm_name, mac)?;
+    sw.disconnect(vm_name)?;
+    Ok((sw, NetConfig::on_port(Arc::new(port))))
+}
+
+/// For a kvm restore from a snapshot that recorded its NICs (`want`, in
+/// device order): the ports, on the bridges [`plan_nics`] picks (`left`:
+/// the bridges the VM left at shutdown, which it joins again with the
+/// snapshot's MAC and link state). The memberships it adds are listed in
+/// `added`; on an error they are undone here.
+pub fn restore_ports(
+    vm: &NetMember,
+    want: &[NicDecl],
+    left: &[Bridge],
+) -> Result<VmmNics, NetworkError> {
+    let current = sorted_bridges(vm);
+    let left: Vec<Bridge> = left
+        .iter()
+        .filter(|b| !b.is_closed() && !current.iter().any(|c| c.ptr_eq(b)))
+        .cloned()
+        .collect();
+    let names = |bs: &[Bridge]| bs.iter().map(|b| b.name().to_string()).collect::<Vec<_>>();
+    let wanted: Vec<(String, bool)> = want
+        .iter()
+        .map(|n| (n.bridge.clone(), n.attached))
+        .collect();
+    let plan = plan_nics(vm.name(), &wanted, &names(&current), &names(&left))?;
+    let mut out = VmmNics::default();
+    let r = (|| -> Result<(), NetworkError> {
+        for (n, src) in want.iter().zip(plan) {
+            let mac = n.mac_addr()?;
+            let bridge = match src {
+                NicSource::Lone => {
+                    let (sw, cfg) = lone_port(&n.bridge, vm.name(), mac)?;
+                    out.lone.push(sw);
+                    out.record.push(MachineNic {
+                        bridge: None,
+                        bridge_name: n.bridge.clone(),
+                        mac,
+                    });
+                    out.configs.push(cfg);
+                    continue;
+                }
+                NicSource::Current(i) => current[i].clone(),
+                NicSource::Rejoin(i) => left[i].clone(),
+            };
+            let connected = matches!(src, NicSource::Rejoin(_)).then_some(n.connected);
+            if bridge.restore_member(vm, mac, connected)? {
+                out.added.push(bridge.clone());
+            }
+            let cfg = bridge.vmm_port(vm).map_err(|e| NetworkError::CreateNic {
+                bridge: bridge.name().to_string(),
+                source: Box::new(e),
+            })?;
+            out.record.push(MachineNic {
+                bridge: Some(bridge.downgrade()),
+                bridge_name: bridge.name().to_string(),
+                mac: cfg.mac,
+            });
+            out.configs.push(cfg);
+        }
+        Ok(())
+    })();
+    match r {
+        Ok(()) => Ok(out),
+        Err(e) => {
+            out.undo(vm);
+            Err(e)
+        }
+    }
+}
+
+/// What a snapshot of `vm` records for its machine's NICs `nics`:
+/// `bridge_lab` maps a bridge to its sub-lab path in the snapshotted lab.
+pub fn nic_decls(
+    vm: &NetMember,
+    nics: &[MachineNic],
+    bridge_lab: &dyn Fn(&Bridge) -> Option<Vec<String>>,
+) -> Vec<NicDecl> {
+    nics.iter()
+        .map(|n| {
+            let bridge = n.bridge.as_ref().and_then(WeakBridge::upgrade);
+            let attached = bridge.as_ref().is_some_and(|b| b.has_vm(vm));
+            NicDecl {
+                bridge: n.bridge_name.clone(),
+                mac: n.mac.to_string(),
+                attached,
+                connected: attached && bridge.as_ref().is_some_and(|b| b.is_connected(vm.name())),
+                bridge_lab: bridge.as_ref().filter(|_| attached).and_then(bridge_lab),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::events::EventSender;
+    use crate::lua::vm::Vm;
+    use crate::runner::BackendKind;
+
+    fn env(seed: u64) -> Arc<FileEnv> {
+        Arc::new(
+            FileEnv::new(
+                "t.test.lua".into(),
+                "/t.test.lua".into(),
+                Vec::new(),
+                Arc::new(Config::default()),
+                crate::backend::for_kind(BackendKind::Local),
+                EventSender::disabled(),
+            )
+            .with_run_seed(seed),
+        )
+    }
+
+    #[test]
+    fn the_run_seed_reaches_the_switch() {
+        let b = Bridge::create(&env(99), "lan");
+        assert_eq!(
+            b.seeds(),
+            (99, provium_netsetup::impair::bridge_seed(99, "lan"))
+        );
+    }
+
+    #[test]
+    fn close_drops_members_and_is_idempotent() {
+        let b = Bridge::create(&env(1), "lan");
+        b.attach_all(vec![("x".into(), None), ("y".into(), None)])
+            .unwrap();
+        assert_eq!(b.members_sorted(), vec!["x", "y"]);
+        b.close().unwrap();
+        b.close().unwrap();
+        assert!(b.members_sorted().is_empty());
+        assert!(b.attach_all(vec![("x".into(), None)]).is_err());
+    }
+
+    #[test]
+    fn uplink_failure_carries_the_detail_and_leaves_nothing() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 || !std::path::Path::new("/dev/net/tun").exists() {
+            eprintln!("SKIP uplink_failure_carries_the_detail_and_leaves_nothing: needs root and /dev/net/tun");
+            return;
+        }
+        // A fresh network namespace for this thread only: it has no default
+        // route, so enable_uplink must fail, saying why.
+        std::thread::spawn(|| {
+            // SAFETY: unshare affects only this thread's network namespace.
+            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
+            let b = Bridge::create(&env(1), "lan");
+            let e = b
+                .enable_uplink(DEFAULT_UPLINK_ADDR)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("bridge:enable_uplink: bridge `lan`: "), "{e}");
+            assert!(
+                e.contains("no default route") || e.contains("not found on PATH"),
+                "the underlying detail is missing: {e}"
+            );
+            assert!(b.lock().uplink.is_none());
+            assert!(
+                !b.0.switch.members().iter().any(|m| m == UPLINK_PORT),
+                "the uplink port was left on the switch"
+            );
+            b.disable_uplink().unwrap();
+        })
+        .join()
+        .unwrap();
+    }
+
+    fn vm(env: &Arc<FileEnv>, name: &str) -> Vm {
+        let sizing = crate::lua::vm::VmSizing {
+            memory_bytes: 64 << 20,
+            cpus: 1,
+        };
+        Vm::create(env.clone(), name.into(), "p".into(), sizing).unwrap()
+    }
+
+    #[test]
+    fn a_restored_member_has_the_snapshots_mac_and_link() {
+        let env = env(1);
+        let b = Bridge::create(&env, "lan");
+        let v = vm(&env, "v");
+        let mac: MacAddr = "02:00:00:00:00:42".parse().unwrap();
+        assert!(
+            b.restore_member(&v.net(), mac, Some(false)).unwrap(),
+            "a member was added"
+        );
+        assert!(b.has_vm(&v.net()) && v.bridges().iter().any(|x| x.ptr_eq(&b)));
+        assert_eq!(b.mac_of("v"), Some(mac));
+        assert!(!b.is_connected("v"), "the snapshot's NIC was disconnected");
+        // Already this VM: takes the MAC, keeps its link state.
+        let mac2: MacAddr = "02:00:00:00:00:43".parse().unwrap();
+        assert!(
+            !b.restore_member(&v.net(), mac2, Some(true)).unwrap(),
+            "already a member"
+        );
+        assert_eq!(b.mac_of("v"), Some(mac2));
+        assert!(!b.is_connected("v"));
+        // Another member has the MAC.
+        let w = vm(&env, "w");
+        let e = b
+            .restore_member(&w.net(), mac2, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("vm `v` on bridge `lan` already has MAC 02:00:00:00:00:43"),
+            "{e}"
+        );
+        assert!(!b.is_member("w"));
+        // A live VM of that name is attached: refused; a shut-down one is replaced.
+        let v2 = vm(&env, "v");
+        let e = b
+            .restore_member(&v2.net(), mac, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a vm named `v` is already attached"), "{e}");
+        v.shutdown().unwrap();
+        assert!(!b.is_member("v"), "shutdown leaves the bridge");
+        b.attach_all(vec![("v".into(), Some(v.net()))]).unwrap();
+        assert_eq!(v.phase(), Phase::Shutdown);
+        assert!(
+            b.restore_member(&v2.net(), mac, None).unwrap(),
+            "a member was added"
+        );
+        assert!(b.has_vm(&v2.net()) && !b.has_vm(&v.net()));
+        assert!(
+            !v.bridges().iter().any(|x| x.ptr_eq(&b)),
+            "the old VM forgets it"
+        );
+        assert_eq!(v2.phase(), Phase::Created);
+        b.close().unwrap();
+        let e = b
+            .restore_member(&w.net(), mac, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bridge `lan` is closed"), "{e}");
+    }
+
+    #[test]
+    fn macs_are_deterministic_local_unicast_and_distinct() {
+        let a = nic_mac("a", "lan", &[]);
+        assert_eq!(a, nic_mac("a", "lan", &[]));
+        assert_eq!(a.0[0], 0x02, "locally administered, unicast");
+        assert_ne!(a, nic_mac("b", "lan", &[]));
+        assert_ne!(a, nic_mac("a", "wan", &[]));
+        let salted = nic_mac("a", "lan", &[a]);
+        assert_ne!(salted, a);
+        assert_eq!(salted.0[0], 0x02);
+    }
+
+    fn want(list: &[(&str, bool)]) -> Vec<(String, bool)> {
+        list.iter().map(|(n, a)| (n.to_string(), *a)).collect()
+    }
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|n| n.to_string()).collect()
+    }
+
+    #[test]
+    fn restored_nics_take_current_bridges_then_the_ones_left_at_shutdown() {
+        use NicSource::{Current, Lone, Rejoin};
+        // Attached now: as at boot.
+        assert_eq!(
+            plan_nics(
+                "v",
+                &want(&[("lan", true), ("wan", true)]),
+                &names(&["lan", "wan"]),
+                &[]
+            )
+            .unwrap(),
+            vec![Current(0), Current(1)]
+        );
+        // `vm:shutdown(); vm:restore(s)`: the VM left its bridges.
+        assert_eq!(
+            plan_nics(
+                "v",
+                &want(&[("lan", true), ("wan", true)]),
+                &[],
+                &names(&["wan", "lan"])
+            )
+            .unwrap(),
+            vec![Rejoin(1), Rejoin(0)]
+        );
+        // Mixed, and a NIC that had been detached from its bridge.
+        assert_eq!(
+            plan_nics(
+                "v",
+                &want(&[("a", true), ("b", false), ("c", true)]),
+                &names(&["c"]),
+                &names(&["a", "c"])
+            )
+            .unwrap(),
+            vec![Rejoin(0), Lone, Current(0)]
+        );
+        // Two NICs on bridges of one name (different labs): each once.
+        assert_eq!(
+            plan_nics(
+                "v",
+                &want(&[("lan", true), ("lan", true)]),
+                &names(&["lan"]),
+                &names(&["lan"])
+            )
+            .unwrap(),
+            vec![Current(0), Rejoin(0)]
+        );
+        assert_eq!(
+            plan_nics("v", &[], &[], &names(&["lan"])).unwrap(),
+            Vec::<NicSource>::new()
+        );
+    }
+
+    #[test]
+    fn a_nic_mismatch_names_the_bridge_and_the_fix() {
+        let e = plan_nics("v", &want(&[("lan", true)]), &[], &[])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "the snapshot's VM had a NIC on bridge `lan` (its NICs: lan), and vm `v` is not attached to a \
+             bridge of that name; attach it (lab:bridge(\"lan\"):attach(vm)) before vm:restore"
+        );
+        let e = plan_nics("v", &want(&[("lan", true)]), &names(&["lan", "wan"]), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("vm `v` is attached to bridge(s) wan but the snapshot's VM had no NIC there (its NICs: lan)"),
+            "{e}"
+        );
+        let e = plan_nics("v", &[], &names(&["wan"]), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("(its NICs: none)") && e.contains("bridge:detach(vm)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_lone_port_is_link_down_with_the_snapshot_mac() {
+        let mac: MacAddr = "02:00:00:00:00:07".parse().unwrap();
+        let (sw, cfg) = lone_port("lan", "v", mac).unwrap();
+        assert_eq!(cfg.mac, mac);
+        assert_eq!(sw.is_connected("v").ok(), Some(false));
+        assert_eq!(sw.members(), ["v"]);
+    }
+
+    #[test]
+    fn a_network_error_reaches_lua_with_its_chain_once() {
+        let e = NetworkError::CreateNic {
+            bridge: "lan".into(),
+            source: Box::new(NetworkError::NotAttached {
+                vm: "v".into(),
+                bridge: "lan".into(),
+            }),
+        };
+        assert_eq!(e.to_string(), "cannot create its NIC on bridge `lan`");
+        let lua_err: mlua::Error = e.into();
+        assert_eq!(
+            crate::lua::error_message(&lua_err),
+            "cannot create its NIC on bridge `lan`: vm `v` is not attached to bridge `lan`"
+        );
+        // A restore's ports on a bridge that is gone say so through the chain.
+        let env = env(1);
+        let b = Bridge::create(&env, "lan");
+        let v = vm(&env, "v");
+        b.close().unwrap();
+        let e = b.vmm_port(&v.net()).unwrap_err();
+        assert!(matches!(e, NetworkError::Closed { .. }), "{e:?}");
+        assert_eq!(crate::error_chain::flatten(&e), "bridge `lan` is closed");
+    }
+}
