@@ -23,7 +23,10 @@
 //! cargos share one set of job tokens) are kept.
 //!
 //! The result reaches the harness as `PROVIUM_GUEST_AGENT` (a path, read
-//! with `option_env!` in `backend/kvm/config.rs`). A failed nested build
+//! with `option_env!` in `backend/kvm/config.rs`). The same nested build
+//! makes the hostile agent double (harness/examples/hostile_agent.rs,
+//! declared as the agent's example `hostile_guest_agent`) static too, for
+//! harness/tests/hostile_guest.rs: `PROVIUM_GUEST_HOSTILE_AGENT`. A failed nested build
 //! fails this build, saying why and how to skip it
 //! (`PROVIUM_SKIP_GUEST_AGENT_BUILD=1`: the kvm backend then needs
 //! `PROVIUM_AGENT`).
@@ -33,6 +36,8 @@ use std::process::{Command, Stdio};
 
 const GUEST_TARGET: &str = "x86_64-unknown-linux-gnu";
 const SKIP_ENV: &str = "PROVIUM_SKIP_GUEST_AGENT_BUILD";
+/// The hostile agent double, as the agent crate's example.
+const HOSTILE_EXAMPLE: &str = "hostile_guest_agent";
 
 /// Variables of the outer cargo that the nested one may keep (all other
 /// `CARGO_*` go): where cargo lives, the jobserver, how it reaches
@@ -88,6 +93,7 @@ fn main() {
         "protocol/Cargo.toml",
         "Cargo.toml",
         "Cargo.lock",
+        "harness/examples/hostile_agent.rs",
     ] {
         println!("cargo:rerun-if-changed={}", workspace.join(p).display());
     }
@@ -117,6 +123,7 @@ fn main() {
     let mut cmd = Command::new(&cargo);
     cmd.current_dir(&workspace)
         .args(["build", "-p", "provium-agent", "--release", "--locked"])
+        .args(["--bin", "provium-agent", "--example", HOSTILE_EXAMPLE])
         .args(["--target", GUEST_TARGET])
         .arg("--target-dir")
         .arg(&agent_target);
@@ -163,11 +170,18 @@ fn main() {
         Ok(s) => fail(format!("the nested cargo exited with {s}")),
         Err(e) => fail(format!("cannot run {}: {e}", Path::new(&cargo).display())),
     }
-    if !agent.is_file() {
-        fail(format!(
-            "the nested cargo succeeded but {} is missing",
-            agent.display()
-        ));
+    let hostile = agent_target
+        .join(GUEST_TARGET)
+        .join("release")
+        .join("examples")
+        .join(HOSTILE_EXAMPLE);
+    for built in [&agent, &hostile] {
+        if !built.is_file() {
+            fail(format!(
+                "the nested cargo succeeded but {} is missing",
+                built.display()
+            ));
+        }
     }
     eprintln!(
         "guest agent: {} ({} bytes) in {:.1} s",
@@ -176,6 +190,10 @@ fn main() {
         started.elapsed().as_secs_f64()
     );
     println!("cargo:rustc-env=PROVIUM_GUEST_AGENT={}", agent.display());
+    println!(
+        "cargo:rustc-env=PROVIUM_GUEST_HOSTILE_AGENT={}",
+        hostile.display()
+    );
 }
 
 /// The target directory this build writes to: the first ancestor of

@@ -137,12 +137,6 @@ struct Run {
     maxrss_kib: u64,
 }
 
-fn vm_hwm_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
 // The child is reaped by wait4 (for its rusage), not `Child::wait`.
 #[allow(clippy::zombie_processes)]
 fn run_provium(dir: &Path, extra: &[&str]) -> Run {
@@ -179,7 +173,7 @@ fn run_provium(dir: &Path, extra: &[&str]) -> Run {
     let started = Instant::now();
     let mut hwm_kib = 0;
     let (status, usage) = loop {
-        if let Some(h) = vm_hwm_kib(pid) {
+        if let Some(h) = common::vm_hwm_kib(pid) {
             hwm_kib = hwm_kib.max(h);
         }
         let mut status = 0;
@@ -221,17 +215,8 @@ fn hostile(mode: &str, body: &str, test_timeout: &str, expect: &str, bound_mib: 
     );
     assert!(!run.stderr.contains("panicked"), "{ctx}");
     assert_eq!(run.code, 1, "{ctx}");
-    let files: Vec<serde_json::Value> = run
-        .stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}\n{ctx}")))
-        .collect();
-    let file = |name: &str| {
-        files
-            .iter()
-            .find(|f| f["path"] == name)
-            .unwrap_or_else(|| panic!("no result for {name}\n{ctx}"))
-    };
+    let files = common::json_file_results(&run.stdout, &ctx);
+    let file = |name: &str| common::file_result(&files, name, &ctx);
     let h = file("hostile.test.lua");
     assert_eq!(h["tests"][0]["name"], "hostile", "{ctx}");
     assert_eq!(h["tests"][0]["status"], "failed", "{ctx}");

@@ -2,14 +2,7 @@
 //! agent inside a Linux guest on the `kvm` backend, through the real
 //! `provium` binary.
 //!
-//! The guest, in order of preference:
-//! - the user's own kernel and initrd (`PROVIUM_TEST_KERNEL`,
-//!   `PROVIUM_TEST_INITRD`), for hardware KVM;
-//! - the probe kernel with its kvm_pvm shims (`scripts/build-probe-kernel.sh`,
-//!   booted as the stripped vmlinux) and the busybox initrd
-//!   (`scripts/build-guest-initrd.sh`), which `.ci/run` builds before the
-//!   tests. Missing, the test fails saying how to build them, unless
-//!   `PROVIUM_SKIP_REAL_GUEST=1` (then it skips, printing why).
+//! The guest and when the tier skips: harness/tests/common/real_guest.rs.
 //!
 //! `tests/lua/linux/` is the suite, run with a fresh fixture cache: the
 //! first file that asks for the `base` fixture boots it once and snapshots
@@ -26,13 +19,14 @@
 
 mod common;
 
-use common::{ensure_agent, env_is_1, read_events, repo_root};
+use common::real_guest::{guest, profile, static_guest_binary, write_overlay, Guest};
+use common::{ensure_agent, read_events, repo_root};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use provium_protocol::event::{Event, EventFrame};
-use provium_vmm::initrd::inject::{overlay_cpio, BootFile};
+use provium_vmm::initrd::inject::BootFile;
 
 /// The local-backend suites that also run on the kvm backend where boots
 /// are cheap (hardware KVM with a user's kernel).
@@ -50,74 +44,6 @@ const FIXTURE_FILES: &[&str] = &[
     "run.test.lua",
 ];
 
-struct Guest {
-    kernel: PathBuf,
-    initrd: PathBuf,
-    /// The user's own kernel (PROVIUM_TEST_KERNEL), not the probe kernel.
-    users: bool,
-}
-
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("target"))
-}
-
-/// The guest to boot, or None after printing why the tier is skipped.
-fn guest(test: &str) -> Option<Guest> {
-    if let Some(kernel) = std::env::var_os("PROVIUM_TEST_KERNEL") {
-        let initrd = std::env::var_os("PROVIUM_TEST_INITRD").unwrap_or_else(|| {
-            panic!("{test}: PROVIUM_TEST_KERNEL is set but PROVIUM_TEST_INITRD is not; set both")
-        });
-        let g = Guest {
-            kernel: PathBuf::from(kernel),
-            initrd: PathBuf::from(initrd),
-            users: true,
-        };
-        for (what, p) in [
-            ("PROVIUM_TEST_KERNEL", &g.kernel),
-            ("PROVIUM_TEST_INITRD", &g.initrd),
-        ] {
-            assert!(p.is_file(), "{test}: {what}={} is not a file", p.display());
-        }
-        return Some(g);
-    }
-    let g = Guest {
-        kernel: target_dir().join("probe-kernel/vmlinux"),
-        initrd: target_dir().join("guest-initrd/initrd.cpio"),
-        users: false,
-    };
-    let missing: Vec<String> = [
-        (&g.kernel, "scripts/build-probe-kernel.sh"),
-        (&g.initrd, "scripts/build-guest-initrd.sh"),
-    ]
-    .iter()
-    .filter(|(p, _)| !p.is_file())
-    .map(|(p, script)| format!("{} (build it with `{script}`)", p.display()))
-    .collect();
-    if missing.is_empty() {
-        return Some(Guest {
-            kernel: g.kernel.canonicalize().unwrap(),
-            initrd: g.initrd.canonicalize().unwrap(),
-            users: false,
-        });
-    }
-    let why = format!(
-        "the real-guest tier needs {} (.ci/run builds both), or PROVIUM_TEST_KERNEL and \
-         PROVIUM_TEST_INITRD",
-        missing.join(" and ")
-    );
-    if env_is_1("PROVIUM_SKIP_REAL_GUEST") {
-        eprintln!("SKIP {test}: {why} (PROVIUM_SKIP_REAL_GUEST=1)");
-        return None;
-    }
-    if std::fs::metadata("/dev/kvm").is_err() && env_is_1("PROVIUM_SKIP_KVM") {
-        eprintln!("SKIP {test}: no /dev/kvm (PROVIUM_SKIP_KVM=1)");
-        return None;
-    }
-    panic!("{test}: {why}; set PROVIUM_SKIP_REAL_GUEST=1 to skip this tier");
-}
-
 /// What the prebuilt agent overlay puts at [`OVERLAY_MARKER_PATH`]: the
 /// pair fixture's guests read it back, which proves the kvm backend booted
 /// them from the overlay as it is (`agent_overlay_path`), not from an
@@ -128,37 +54,20 @@ const OVERLAY_MARKER_PATH: &str = "/etc/provium-prebuilt-overlay";
 /// A prebuilt agent overlay (what a user ships as `agent_overlay_path`):
 /// the static guest agent harness/build.rs built, plus the marker file.
 fn prebuilt_overlay(dir: &Path) -> PathBuf {
-    let agent = option_env!("PROVIUM_GUEST_AGENT").unwrap_or_else(|| {
-        panic!(
-            "the real-guest tier needs the static guest agent harness/build.rs builds \
-             (unset PROVIUM_SKIP_GUEST_AGENT_BUILD and rebuild)"
-        )
-    });
-    let agent = std::fs::read(agent).unwrap();
+    let agent = static_guest_binary(option_env!("PROVIUM_GUEST_AGENT"), "guest agent");
     let marker = BootFile {
         path: OVERLAY_MARKER_PATH.into(),
         content: OVERLAY_MARKER.as_bytes().to_vec(),
         mode: 0o644,
     };
-    let path = dir.join("agent-overlay.cpio");
-    std::fs::write(&path, overlay_cpio(&agent, &[marker]).unwrap()).unwrap();
-    path
+    write_overlay(&dir.join("agent-overlay.cpio"), &agent, &[marker])
 }
 
 /// A provium.toml whose `linux` profile (the one every suite asks for) is
 /// `guest`, with a fresh fixture cache under `dir`; `linux-overlay` is the
 /// same guest with a [`prebuilt_overlay`] (the pair fixture boots it).
 fn config(dir: &Path, guest: &Guest, root: &Path) -> PathBuf {
-    // A profile written for hardware KVM: on kvm_pvm the backend adds the
-    // command-line words that KVM needs itself.
-    // No `quiet` by default: the console lines a failed boot's error quotes
-    // are how an emulated boot that stalls is diagnosed.
-    let cmdline = std::env::var("PROVIUM_TEST_CMDLINE").unwrap_or_else(|_| "console=ttyS0".into());
-    let profile = format!(
-        "kernel = {kernel:?}\ninitrd = {initrd:?}\ncmdline = {cmdline:?}\nguest_os = \"linux\"\n",
-        kernel = guest.kernel.display().to_string(),
-        initrd = guest.initrd.display().to_string(),
-    );
+    let profile = profile(guest);
     let path = dir.join("provium.toml");
     std::fs::write(
         &path,
@@ -266,11 +175,7 @@ fn run_suite(guest: &Guest, suite: &str) -> Vec<EventFrame> {
     let config = config(scratch.path(), guest, &dir);
     let events = scratch.path().join("events.bin");
     let (code, out) = provium(&config, &dir, &["--save-events", events.to_str().unwrap()]);
-    let kernel = if guest.users {
-        "the user's kernel"
-    } else {
-        "the probe kernel"
-    };
+    let kernel = guest.kernel_kind();
     eprintln!(
         "== {suite} on the kvm backend ({kernel}; kvm_pvm: {}): exit {code:?}\n{out}",
         provium::settings::Settings::from_env().host_kvm_pvm,

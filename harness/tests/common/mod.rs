@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests. Each test crate uses a subset.
 #![allow(dead_code)]
 
+pub mod real_guest;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -109,6 +111,35 @@ pub fn probe_initrd(dir: &Path) -> PathBuf {
     let path = dir.join("initrd.cpio");
     std::fs::write(&path, w.finish()).unwrap();
     path
+}
+
+/// The peak resident set (`VmHWM`, KiB) of process `pid`, from
+/// /proc/<pid>/status; None once it is gone.
+pub fn vm_hwm_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The per-file results of a `provium --json` run's stdout, one JSON
+/// object a line; `ctx` (the run's output) goes into any failure.
+pub fn json_file_results(stdout: &str, ctx: &str) -> Vec<serde_json::Value> {
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}\n{ctx}")))
+        .collect()
+}
+
+/// The result of file `name` among [`json_file_results`].
+pub fn file_result<'a>(
+    files: &'a [serde_json::Value],
+    name: &str,
+    ctx: &str,
+) -> &'a serde_json::Value {
+    files
+        .iter()
+        .find(|f| f["path"] == name)
+        .unwrap_or_else(|| panic!("no result for {name}\n{ctx}"))
 }
 
 /// The event frames a `provium --save-events PATH` run wrote.
