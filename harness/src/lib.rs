@@ -34,3 +34,4 @@ pub mod report;
 pub mod runner;
 pub mod scheduler;
 pub mod settings;
+pub mod verified_entries;

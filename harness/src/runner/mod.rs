@@ -43,7 +43,7 @@ pub trait LiveResource: Send + Sync {
 pub struct RunResources {
     live: Arc<Mutex<Vec<Weak<dyn LiveResource>>>>,
     file_digests: FileDigests,
-    verified_entries: crate::fixture::verified::VerifiedEntries,
+    verified_entries: crate::verified_entries::VerifiedEntries,
 }
 
 impl std::fmt::Debug for RunResources {
@@ -61,7 +61,7 @@ impl RunResources {
 
     /// The run's memo of fixture cache entries that passed their
     /// whole-entry check (checked once per entry per run).
-    pub fn verified_entries(&self) -> &crate::fixture::verified::VerifiedEntries {
+    pub fn verified_entries(&self) -> &crate::verified_entries::VerifiedEntries {
         &self.verified_entries
     }
 
