@@ -45,12 +45,14 @@ impl Lab {
     }
 
     /// Restore the baseline after a test (only with reset_between_tests).
-    pub fn restore_between_tests(&self) -> Result<(), String> {
+    /// Fails with the test failure the runner reports (the Lua error's
+    /// message, flattened once here).
+    pub fn restore_between_tests(&self) -> Result<(), crate::runner::file::TestFailure> {
         let Some(dir) = self.0.file.baseline.lock().unwrap().clone() else {
             return Ok(());
         };
         self.restore_from_dir(&dir)
-            .map_err(|e| format!("reset_between_tests: {}", error_message(&e)))
+            .map_err(|e| format!("reset_between_tests: {}", error_message(&e)).into())
     }
 
     /// `lab:snapshot()` into `dir`: one snapshot per booted VM (this lab and
