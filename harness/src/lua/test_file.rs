@@ -162,7 +162,7 @@ impl FileRuntime for LuaTestFile {
     }
 
     fn restore_between_tests(&self) -> Result<(), TestFailure> {
-        Ok(self.root.restore_between_tests()?)
+        self.root.restore_between_tests()
     }
 
     fn close_all(&mut self) {
