@@ -148,12 +148,18 @@ fn pid1_powers_off_gracefully_on_sigint() {
     let mut c = a.client();
     let dir = tempfile::tempdir_in(scratch_base()).unwrap();
     let marker = dir.path().join("stopped");
-    // A service that must be stopped gracefully: it records SIGTERM.
+    let ready = dir.path().join("ready");
+    // A service that must be stopped gracefully: it records SIGTERM. The
+    // exec returns once the service is in the background, maybe before its
+    // subshell has set the trap (a SIGTERM then would kill it unrecorded):
+    // it says when it has.
     let (_, exit) = c.exec(shell(&format!(
-        "(trap 'echo stopped > {}; exit 0' TERM; while :; do sleep 0.05; done) >/dev/null 2>&1 &",
-        marker.display()
+        "(trap 'echo stopped > {}; exit 0' TERM; : > {}; while :; do sleep 0.05; done) >/dev/null 2>&1 &",
+        marker.display(),
+        ready.display()
     )));
     assert_eq!(exit.exit_code, 0);
+    wait_until("the service to trap SIGTERM", || ready.exists());
     let init = ns_init_host_pid(a.child.id()).expect("unshare's child is the namespace's PID 1");
     // What the kernel does on Ctrl-Alt-Del once init turned C-A-D off
     // (kill_cad_pid(SIGINT)): the VMM's power button.
