@@ -4,7 +4,7 @@
 #
 #   bash benches/switch.sh
 #
-# Installs iperf3 and ethtool from Debian's packages when they are missing
+# Installs iperf3, ethtool and ping from Debian's packages when they are missing
 # (bench tools, never installed by CI), builds the release agent, and runs
 # harness/benches/switch.rs. Prints the machine, then `switch: ...` lines:
 # per run and path, TCP throughput with one stream and four, and 64-byte UDP
@@ -23,6 +23,7 @@ fi
 missing=()
 command -v iperf3 >/dev/null || missing+=(iperf3)
 command -v ethtool >/dev/null || missing+=(ethtool)
+command -v ping >/dev/null || missing+=(iputils-ping)
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "switch: installing ${missing[*]} (apt-get)" >&2
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null ||

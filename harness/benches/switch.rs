@@ -4,11 +4,13 @@
 //!   bash benches/switch.sh      (root; installs iperf3 with apt-get if missing)
 //!   cargo bench -p provium --bench switch
 //!
-//! Each of two sandboxes gets four NICs: `eth0`, a TAP on our switch
+//! Each of two sandboxes gets five NICs: `eth0`, a TAP on our switch
 //! (exactly as the local backend wires a bridge member: `open_tap_in_netns` +
 //! `TapPort`, so with the vnet header and TSO/checksum offloads on);
 //! `eth3`, the same on a second switch with TSO, GSO and GRO turned off
-//! inside the sandbox (ethtool), so it carries MTU-sized frames; `eth1`, one
+//! inside the sandbox (ethtool), so it carries MTU-sized frames; `eth4`, as
+//! `eth0` but with a reader thread per TAP instead of one poller thread for
+//! the switch's TAPs (the design before the shared poller); `eth1`, one
 //! end of a veth pair whose host end is a port of a Linux bridge; and `eth2`,
 //! the same on a second bridge with TSO, GSO and GRO off. Same namespaces,
 //! same processes, same tools; only the path between them differs, and the
@@ -36,7 +38,7 @@ use std::process::Command;
 use provium::backend::local::net::open_tap_in_netns;
 use provium::backend::local::{LocalOptions, LocalSandbox};
 use provium::client::{AgentClient, AgentOps};
-use provium_netsetup::{MacAddr, Switch, SwitchConfig, TapPort};
+use provium_netsetup::{MacAddr, Switch, SwitchConfig, TapPoller, TapPort};
 
 /// Host links this bench created, deleted by [`fail`] (which exits without
 /// running destructors) as well as by [`KernelBridge`]'s drop.
@@ -272,28 +274,40 @@ fn main() {
         .unwrap_or_else(|e| fail(&format!("connect b: {e}")));
     for c in [&ca, &cb] {
         if !c
-            .run("command -v iperf3 && command -v ethtool")
+            .run("command -v iperf3 && command -v ethtool && command -v ping")
             .is_ok_and(|r| r.success())
         {
-            fail("iperf3 or ethtool is not installed (benches/switch.sh installs them: apt-get install iperf3 ethtool)");
+            fail("iperf3, ethtool or ping is not installed (benches/switch.sh installs them: apt-get install iperf3 ethtool iputils-ping)");
         }
     }
 
     // Our paths: eth0, a TAP on the userspace switch, as bridge:attach does
-    // (vnet header, offloads on); eth3, the same on a second switch with
-    // TSO/GSO/GRO off inside the sandbox.
+    // (vnet header, offloads on, one poller thread for the bridge's TAPs);
+    // eth3, the same on a second switch with TSO/GSO/GRO off inside the
+    // sandbox; eth4, as eth0 but with a reader thread per TAP (each port its
+    // own poller), the design before the shared poller, so the run shows
+    // what sharing one thread changes.
     let sw = Switch::new("bench", SwitchConfig::default());
     let sw_plain = Switch::new("bench-plain", SwitchConfig::default());
+    let sw_threads = Switch::new("bench-threads", SwitchConfig::default());
+    let poller = TapPoller::new("bench").unwrap_or_else(|e| fail(&format!("tap poller: {e}")));
+    let poller_plain =
+        TapPoller::new("bench-plain").unwrap_or_else(|e| fail(&format!("tap poller: {e}")));
     let mut ports = Vec::new();
-    for (sw, ifname, net, offloads) in [(&sw, "eth0", 0, true), (&sw_plain, "eth3", 3, false)] {
+    for (sw, poller, ifname, net, offloads) in [
+        (&sw, Some(&poller), "eth0", 0, true),
+        (&sw_plain, Some(&poller_plain), "eth3", 3, false),
+        (&sw_threads, None, "eth4", 4, true),
+    ] {
         for (name, sandbox, c, n) in [("a", &sa, &ca, 1u32), ("b", &sb, &cb, 2)] {
             let mac = MacAddr::local(n + 16 * net);
             let fd = open_tap_in_netns(sandbox.init_pid(), ifname, mac)
                 .unwrap_or_else(|e| fail(&format!("tap {ifname} in sandbox {name}: {e}")));
-            ports.push(
-                TapPort::attach(sw, name, mac, fd)
-                    .unwrap_or_else(|e| fail(&format!("attach {name}: {e}"))),
-            );
+            let port = match poller {
+                Some(p) => TapPort::attach_on(p, sw, name, mac, fd),
+                None => TapPort::attach(sw, name, mac, fd),
+            };
+            ports.push(port.unwrap_or_else(|e| fail(&format!("attach {name}: {e}"))));
             run_ok(c, &format!("ip addr add 10.0.{net}.{n}/24 dev {ifname}"));
             if !offloads {
                 run_ok(c, &format!("ethtool -K {ifname} tso off gso off gro off"));
@@ -321,7 +335,7 @@ fn main() {
     let nf = common::first_line("/proc/sys/net/bridge/bridge-nf-call-iptables");
     let tap_off = run_ok(&ca, "ethtool -k eth0 | grep -E '^(tcp-segmentation-offload|tx-checksumming|generic-receive-offload):' | tr '\\n' ' '");
     println!(
-        "switch: kernel bridges {} (offloads on) and {} (tso/gso/gro off), bridge-nf-call-iptables={nf}; ours: one TAP per sandbox, MTU 1500, eth0 offloads: {}; eth3 tso/gso/gro off",
+        "switch: kernel bridges {} (offloads on) and {} (tso/gso/gro off), bridge-nf-call-iptables={nf}; ours: one TAP per sandbox, MTU 1500, eth0 offloads: {}; eth3 tso/gso/gro off; eth4 as eth0 with a reader thread per TAP",
         kernels[0].bridge, kernels[1].bridge, tap_off.trim()
     );
 
@@ -332,7 +346,9 @@ fn main() {
         ("bridge", "10.0.1.2"),
         ("ours_no_offload", "10.0.3.2"),
         ("bridge_no_offload", "10.0.2.2"),
+        ("ours_tap_threads", "10.0.4.2"),
     ];
+    const PATHS: usize = 5;
     for (_, addr) in paths {
         // Until the daemon listens, and to warm ARP and caches on each path.
         let mut up = false;
@@ -352,9 +368,9 @@ fn main() {
     }
 
     // Per path: TCP 1 stream, TCP 4 streams (bits/s), UDP 64 B (packets/s).
-    let mut tcp1: [Vec<f64>; 4] = Default::default();
-    let mut tcp4: [Vec<f64>; 4] = Default::default();
-    let mut udp: [Vec<f64>; 4] = Default::default();
+    let mut tcp1: [Vec<f64>; PATHS] = Default::default();
+    let mut tcp4: [Vec<f64>; PATHS] = Default::default();
+    let mut udp: [Vec<f64>; PATHS] = Default::default();
     for rep in 0..reps {
         for (i, (name, addr)) in paths.iter().enumerate() {
             let b = iperf(&ca, addr, seconds, 1);
@@ -372,7 +388,7 @@ fn main() {
             udp[i].push(pps);
         }
     }
-    let mut p50 = [0.0; 4];
+    let mut p50 = [0.0; PATHS];
     for (i, (name, addr)) in paths.iter().enumerate() {
         let v = rtts_us(&ca, addr, pings);
         let (q50, q99) = (
@@ -395,8 +411,9 @@ fn main() {
             p50[i]
         );
     }
-    // ours / bridge (offloads on both), ours_no_offload / bridge_no_offload.
-    for (ours, kernel) in [(0, 1), (2, 3)] {
+    // ours / bridge (offloads on both), ours_no_offload / bridge_no_offload,
+    // and the shared poller against a thread per TAP.
+    for (ours, kernel) in [(0, 1), (2, 3), (0, 4)] {
         println!(
             "switch: ratio {}/{} tcp={:.2} tcp4={:.2} udp64_pps={:.2} rtt_p50_added_us={:.0}",
             paths[ours].0,
@@ -416,6 +433,8 @@ fn main() {
     drop(ports);
     drop(sw);
     drop(sw_plain);
+    drop(sw_threads);
+    drop((poller, poller_plain));
     drop((ca, cb));
     let _ = sa.shutdown();
     let _ = sb.shutdown();

@@ -48,5 +48,5 @@ pub use port::{DirectWriter, LinkWatcher, RxWaker};
 pub use switch::{
     Port, PortCounters, SendError, Switch, SwitchConfig, SwitchError, SwitchStats, Timer,
 };
-pub use tap::{Tap, TapError, TapPort};
+pub use tap::{Tap, TapError, TapPoller, TapPort};
 pub use uplink::{disable_uplink, enable_uplink, Uplink, UplinkEnv, UplinkError};

@@ -16,29 +16,35 @@
 //! `IFF_VNET_HDR` still works, frame by frame, with no offloads.
 //!
 //! [`TapPort`] owns a TAP fd opened elsewhere (the local backend opens it inside
-//! a sandbox's namespace and hands it over) and runs two threads: a reader that
-//! waits in `poll(2)` on the fd and a stop pipe and feeds frames to the switch,
-//! and a writer that blocks on the port's receive queue and writes frames out.
-//! No thread spins. While the port's queue is idle, a sender writes its
-//! frames straight into the fd from its own thread (the switch's direct path,
-//! [`crate::DirectWriter`]): a frame from one TAP to another then crosses no
-//! thread at all, and the writer thread only drains what the direct path
-//! queued because the fd would block or the queue was busy. Link changes from [`crate::Switch::disconnect`] set the
+//! a sandbox's namespace and hands it over). A [`TapPoller`] thread reads it
+//! and feeds its frames to the switch: one poller per bridge serves all of
+//! the bridge's TAPs ([`TapPort::attach_on`]; the module docs of
+//! `tap/poller.rs` say why), or each port gets its own ([`TapPort::attach`]).
+//! A writer thread per port blocks on the port's receive queue and writes
+//! frames out. No thread spins. While the port's queue is idle, a sender
+//! writes its frames straight into the fd from its own thread (the switch's
+//! direct path, [`crate::DirectWriter`]): a frame from one TAP to another
+//! then crosses no thread at all, and the writer thread only drains what
+//! the direct path queued because the fd would block or the queue was busy.
+//! Link changes from [`crate::Switch::disconnect`] set the
 //! carrier with `TUNSETCARRIER` (Linux ≥ 4.9), so the interface shows
 //! NO-CARRIER inside the sandbox.
 
 use std::ffi::CStr;
 use std::fs::OpenOptions;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use crate::mac::{MacAddr, MAX_FRAME_BYTES};
+use crate::mac::MacAddr;
 use crate::offload::{Offloads, VnetHdr, VNET_HDR_BYTES};
 use crate::switch::{Port, Switch, SwitchError};
+
+mod poller;
+pub use poller::TapPoller;
 
 // From <linux/if_tun.h>: _IOW('T', 202, int), _IOR('T', 210, unsigned int),
 // _IOW('T', 226, int).
@@ -58,7 +64,7 @@ const TUN_F_TSO_ECN: libc::c_uint = 0x08;
 const TUN_F_USO4: libc::c_uint = 0x20;
 const TUN_F_USO6: libc::c_uint = 0x40;
 
-/// Frames read from a TAP per wake-up and forwarded as one batch.
+/// Frames read from a TAP per round of its poller and forwarded as one batch.
 const RX_BATCH: usize = 16;
 
 /// Errors opening or configuring a TAP.
@@ -256,24 +262,15 @@ pub fn set_link_up(name: &str) -> Result<(), TapError> {
     Ok(())
 }
 
-fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0 as RawFd; 2];
-    // SAFETY: pipe2 writes two fds into the array.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: both fds are fresh and ours.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
-
-/// A TAP fd attached to a switch. Dropping it stops its threads, detaches
-/// the port and closes the fd.
+/// A TAP fd attached to a switch. Dropping it detaches the port, takes
+/// the fd off its poller, stops its writer thread and closes the fd.
 pub struct TapPort {
     port: Arc<Port>,
     fd: Arc<OwnedFd>,
-    stop: Option<OwnedFd>,
+    poller: TapPoller,
+    /// This fd's registration on `poller`.
+    token: u64,
     write_errors: Arc<AtomicU64>,
-    reader: Option<JoinHandle<()>>,
     writer: Option<JoinHandle<()>>,
 }
 
@@ -285,8 +282,22 @@ impl std::fmt::Debug for TapPort {
 
 impl TapPort {
     /// Attaches `fd` (a TAP opened with IFF_TAP|IFF_NO_PI, anywhere) to
-    /// `switch` as port `name` with `mac`. The fd is made non-blocking.
+    /// `switch` as port `name` with `mac`, read by a poller thread of its
+    /// own. The fd is made non-blocking.
     pub fn attach(
+        switch: &Switch,
+        name: &str,
+        mac: MacAddr,
+        fd: OwnedFd,
+    ) -> Result<TapPort, TapError> {
+        let poller = TapPoller::new(name).map_err(TapError::Spawn)?;
+        TapPort::attach_on(&poller, switch, name, mac, fd)
+    }
+
+    /// As [`TapPort::attach`], read by `poller` together with the other
+    /// TAPs on it (one poller per bridge: see [`TapPoller`] for why).
+    pub fn attach_on(
+        poller: &TapPoller,
         switch: &Switch,
         name: &str,
         mac: MacAddr,
@@ -310,7 +321,6 @@ impl TapPort {
             port.set_offloads(offloads);
         }
         let fd = Arc::new(fd);
-        let (stop_r, stop_w) = pipe().map_err(TapError::Spawn)?;
         let write_errors = Arc::new(AtomicU64::new(0));
         {
             let fd = Arc::clone(&fd);
@@ -327,13 +337,6 @@ impl TapPort {
                 write_one(fd.as_fd(), vnet, hdr, frame, &errs) != Written::WouldBlock
             })));
         }
-        let reader = {
-            let (port, fd) = (Arc::clone(&port), Arc::clone(&fd));
-            std::thread::Builder::new()
-                .name(format!("tap-rx-{name}"))
-                .spawn(move || reader_loop(&port, fd.as_fd(), stop_r, vnet))
-                .map_err(TapError::Spawn)?
-        };
         let writer = {
             let (port, fd, errs) = (
                 Arc::clone(&port),
@@ -345,12 +348,13 @@ impl TapPort {
                 .spawn(move || writer_loop(&port, fd.as_fd(), &errs, vnet))
                 .map_err(TapError::Spawn)?
         };
+        let token = poller.add(Arc::clone(&port), Arc::clone(&fd), vnet);
         Ok(TapPort {
             port,
             fd,
-            stop: Some(stop_w),
+            poller: poller.clone(),
+            token,
             write_errors,
-            reader: Some(reader),
             writer: Some(writer),
         })
     }
@@ -373,12 +377,9 @@ impl TapPort {
 
 impl Drop for TapPort {
     fn drop(&mut self) {
-        // Closing the pipe's write end makes the reader's poll return.
-        drop(self.stop.take());
+        // Detaching closes the receive queue, which ends the writer.
         self.port.detach();
-        if let Some(t) = self.reader.take() {
-            let _ = t.join();
-        }
+        self.poller.remove(self.token);
         if let Some(t) = self.writer.take() {
             let _ = t.join();
         }
@@ -425,72 +426,6 @@ fn read_one(
         } else {
             Some(n.saturating_sub(skip))
         };
-    }
-}
-
-fn reader_loop(port: &Port, fd: BorrowedFd<'_>, stop: OwnedFd, vnet: bool) {
-    // One byte more than the largest accepted frame, so an oversized frame is
-    // seen as oversized (and counted) rather than silently cut. Up to
-    // RX_BATCH frames are read per wake-up and forwarded as one batch.
-    let mut bufs: Vec<Vec<u8>> = (0..RX_BATCH)
-        .map(|_| vec![0u8; MAX_FRAME_BYTES + 1])
-        .collect();
-    let mut hdrs = [[0u8; VNET_HDR_BYTES]; RX_BATCH];
-    let mut lens = [0usize; RX_BATCH];
-    loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: stop.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: poll reads/writes the two pollfds, which outlive the call.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if r < 0 {
-            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return;
-        }
-        if fds[1].revents != 0 {
-            return;
-        }
-        if fds[0].revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
-            return;
-        }
-        loop {
-            let mut n = 0;
-            while n < RX_BATCH {
-                match read_one(fd, vnet, &mut hdrs[n], &mut bufs[n]) {
-                    Some(len) => {
-                        lens[n] = len;
-                        n += 1;
-                    }
-                    None => break,
-                }
-            }
-            if n == 0 {
-                break;
-            }
-            // Refusals are counted on the port; the reader carries on.
-            port.send_batch((0..n).map(|i| {
-                let hdr = if vnet {
-                    VnetHdr::from_bytes(&hdrs[i]).unwrap_or_default()
-                } else {
-                    VnetHdr::default()
-                };
-                (hdr, &bufs[i][..lens[i]])
-            }));
-            if n < RX_BATCH {
-                break;
-            }
-        }
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::{in_fresh_netns, sh};
 use provium_netsetup::{
-    offload, tap, MacAddr, Offloads, Switch, SwitchConfig, Tap, TapPort, VnetHdr,
+    offload, tap, MacAddr, Offloads, Switch, SwitchConfig, Tap, TapPoller, TapPort, VnetHdr,
 };
 
 const ETHERTYPE: [u8; 2] = [0x88, 0xb5];
@@ -167,6 +167,75 @@ fn tap_frames_flow_both_ways_and_carrier_follows_link() {
         // Dropping the TapPort stops its threads and detaches it.
         drop(sbx);
         assert_eq!(sw.members(), ["vm"]);
+    });
+}
+
+/// Threads of this process whose name is `comm`.
+fn threads_named(comm: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|c| c.trim_end() == comm)
+        .count()
+}
+
+#[test]
+fn one_poller_reads_every_tap_of_a_bridge() {
+    in_fresh_netns("one_poller_reads_every_tap", || {
+        let sw = Switch::new("lan", SwitchConfig::default());
+        let poller = TapPoller::new("lan").expect("poller");
+        let mut taps = Vec::new();
+        let mut sockets = Vec::new();
+        for i in 1..=2u32 {
+            let name = format!("ptap{i}");
+            let t = Tap::open(&name).expect("open tap");
+            tap::set_link_up(&name).expect("link up");
+            sockets.push(packet_socket(&name));
+            let mac = MacAddr::local(i);
+            taps.push(TapPort::attach_on(&poller, &sw, &name, mac, t.into_fd()).unwrap());
+        }
+        assert_eq!(threads_named("tap-poll-lan"), 1, "one thread serves both");
+        let deadline = || Instant::now() + Duration::from_secs(20);
+        // Each direction: sent by one TAP's kernel side, read by the shared
+        // poller, forwarded to the other TAP.
+        for (from, to, tag) in [(0usize, 1usize, 0x11u32), (1, 0, 0x22)] {
+            let f = frame(
+                MacAddr::local(u32::try_from(to).unwrap() + 1),
+                MacAddr::local(u32::try_from(from).unwrap() + 1),
+                tag,
+            );
+            psend(&sockets[from], &f);
+            assert_eq!(
+                precv_tag(&sockets[to], tag, deadline()).as_deref(),
+                Some(&f[..]),
+                "ptap{} -> ptap{}",
+                from + 1,
+                to + 1
+            );
+        }
+        // Dropping one TapPort takes its fd off the poller and closes it
+        // (the TAP interface goes away); the other keeps flowing.
+        drop(taps.remove(0));
+        assert!(
+            !std::path::Path::new("/sys/class/net/ptap1").exists(),
+            "the dropped port's TAP fd was closed"
+        );
+        assert_eq!(sw.members(), ["ptap2"]);
+        let vm = sw.attach("vm", MacAddr::local(9)).unwrap();
+        let f = frame(MacAddr::local(9), MacAddr::local(2), 0x33);
+        psend(&sockets[1], &f);
+        let d = deadline();
+        let mut seen = None;
+        while seen.is_none() && Instant::now() < d {
+            seen = vm
+                .recv_timeout(Duration::from_millis(200))
+                .filter(|g| is_ours(g, 0x33));
+        }
+        assert_eq!(seen.as_deref(), Some(&f[..]), "ptap2 still read");
+        // The thread ends with the last handle: ours and the TapPort's.
+        drop(taps);
+        drop(poller);
+        assert_eq!(threads_named("tap-poll-lan"), 0, "poller thread joined");
     });
 }
 

@@ -38,7 +38,7 @@ use mlua::Lua;
 use provium_netsetup::impair::fnv1a;
 use provium_netsetup::{
     disable_uplink, enable_uplink, Capture, MacAddr, PortCounters, Switch, SwitchConfig, Tap,
-    TapPort, Uplink, UplinkEnv,
+    TapPoller, TapPort, Uplink, UplinkEnv,
 };
 use provium_vmm::vmm_config::NetConfig;
 
@@ -260,6 +260,21 @@ pub(super) struct BridgeState {
     pub(super) routes: Vec<String>,
     /// The one-shot "routes are not realised" warning was printed.
     pub(super) route_warned: bool,
+    /// The one thread that reads every TAP on this bridge (sandbox NICs and
+    /// the uplink), started with the first.
+    taps: Option<TapPoller>,
+}
+
+impl BridgeState {
+    /// The bridge's TAP poller, started on first use.
+    fn tap_poller(&mut self, bridge: &str) -> Result<TapPoller, provium_netsetup::TapError> {
+        if let Some(p) = &self.taps {
+            return Ok(p.clone());
+        }
+        let poller = TapPoller::new(bridge).map_err(provium_netsetup::TapError::Spawn)?;
+        self.taps = Some(poller.clone());
+        Ok(poller)
+    }
 }
 
 struct Member {
@@ -676,20 +691,25 @@ impl Bridge {
             });
         }
         let name = vm.name();
-        let Some(m) = st.members.get_mut(name) else {
+        let Some(m) = st.members.get(name) else {
             return Err(self.not_attached(name));
         };
         if m.nic.is_some() {
             return Ok(());
         }
+        let mac = m.mac;
         let end = if machine.capabilities().has_vmm_nics() && self.0.switch.port_mac(name).is_ok() {
             // The virtio-net device got its port before boot (`vmm_port`).
             NicEnd::Vmm
         } else {
-            let fd = machine.open_nic(ifname, m.mac)?;
+            let poller = st.tap_poller(&self.0.name)?;
+            let fd = machine.open_nic(ifname, mac)?;
             NicEnd::Tap {
-                _port: TapPort::attach(&self.0.switch, name, m.mac, fd)?,
+                _port: TapPort::attach_on(&poller, &self.0.switch, name, mac, fd)?,
             }
+        };
+        let Some(m) = st.members.get_mut(name) else {
+            return Err(self.not_attached(name));
         };
         if m.link_down {
             let _ = self.0.switch.disconnect(name);
@@ -924,7 +944,10 @@ impl Bridge {
         };
         let tap = Tap::open(&tap_name).map_err(|e| fail(crate::error_chain::flatten(&e)))?;
         let mac = nic_mac(UPLINK_PORT, &self.0.name, &[]);
-        let port = TapPort::attach(&self.0.switch, UPLINK_PORT, mac, tap.into_fd())
+        let poller = st
+            .tap_poller(&self.0.name)
+            .map_err(|e| fail(crate::error_chain::flatten(&e)))?;
+        let port = TapPort::attach_on(&poller, &self.0.switch, UPLINK_PORT, mac, tap.into_fd())
             .map_err(|e| fail(crate::error_chain::flatten(&e)))?;
         let uplink = enable_uplink(&self.0.name, port.fd(), addr, &UplinkEnv::from_process())
             .map_err(|e| fail(crate::error_chain::flatten(&e)))?;
