@@ -2,14 +2,12 @@
 //! [`Topology`] snapshot and takes only its own sender lock and the
 //! destinations' queue locks.
 
-use std::cmp::Reverse;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::counters::{add, bump};
-use super::delay::Delayed;
 use super::topology::{duration_ns, Topology};
 use super::{Inner, PortId, SendError};
 use crate::impair::{DropRng, Effective, TokenBucket};
@@ -446,25 +444,8 @@ impl Inner {
             self.deliver(topo, to, hdr, frame, now, Direct::Never, after);
             return;
         }
-        let mut q = self.delay_lock();
-        if q.bytes.saturating_add(frame.len()) > self.config.delay_queue_bytes {
-            bump(&self.stats.dropped_delay_queue_full);
-            return;
-        }
-        q.bytes += frame.len();
-        q.seq += 1;
-        bump(&self.stats.delayed);
-        let was_first = q.heap.peek().is_none_or(|d| release < d.0.release);
-        let seq = q.seq;
-        q.heap.push(Reverse(Delayed {
-            release,
-            seq,
-            to,
-            frame: frame.to_vec(),
-        }));
-        drop(q);
-        if was_first {
-            self.timer_cv.notify_all();
+        if let Some(view) = topo.ports.get(&to) {
+            self.hold(&view.shared, release, frame);
         }
     }
 

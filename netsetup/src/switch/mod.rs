@@ -17,30 +17,33 @@
 //! either end, a directed partition from→to, the destination's link state, then
 //! the pair's effective impairment ([`crate::impair`]): a seeded drop draw, the
 //! pair's token bucket, the latency. A frame whose release time is in the future
-//! waits in the delay queue (a min-heap by release time, bounded by
+//! waits in its destination port's delay queue (a min-heap by release time and
+//! a switch-wide sequence number; all ports' queues together are bounded by
 //! [`SwitchConfig::delay_queue_bytes`]); a timer thread (or, with a manual
-//! clock, [`Switch::release_due`]) hands it over when due. Nothing sleeps in the
-//! forwarding path.
+//! clock, [`Switch::release_due`]) hands it over when due, in (release,
+//! sequence) order across all ports. Nothing sleeps in the forwarding path.
 //!
 //! # Threading: no lock shared by all ports on the forwarding path
 //! Forwarding runs synchronously in the sender's thread. It reads an
-//! immutable [`Topology`] snapshot (ports, partitions, isolation, declared
+//! immutable `Topology` snapshot (ports, partitions, isolation, declared
 //! impairments, captures, the MAC table) that every control-plane change
 //! (attach, detach, partition, impair, link, capture, a newly learned MAC)
 //! rebuilds under the control mutex and publishes with a generation number.
 //! Each [`Port`] caches the snapshot in its own sender state, together with
 //! its pairs' runtime (drop streams, token buckets) and its segmentation
 //! scratch, so a steady-state frame takes only its own port's sender lock and
-//! its destination's receive-queue lock; it touches the shared publication
-//! lock only once after each control change. Counters are atomics. Refreshing
-//! a known MAC is an atomic store; only a new or moved MAC takes the control
-//! mutex. Two things are still switch-wide, and only for the traffic that
-//! asks for them: the delay queue (frames of pairs with latency or a
-//! bandwidth backlog) and a bridge-wide capture's buffer.
+//! its destination's receive-queue lock (and, for a delayed frame, the
+//! destination's delay-queue lock next to it); it touches the shared
+//! publication lock only once after each control change. Counters, the delay
+//! queues' sequence number and their byte bound are atomics. Refreshing a
+//! known MAC is an atomic store; only a new or moved MAC takes the control
+//! mutex. One thing is still switch-wide, and only for the traffic that asks
+//! for it: a bridge-wide capture's buffer.
 //!
 //! Callbacks (RX wakers, link watchers) run after the locks are released.
-//! With [`Timer::Thread`] one thread sleeps on a condition variable until the
-//! earliest release time.
+//! With [`Timer::Thread`] one thread parks until the earliest release time
+//! any port publishes; a sender whose frame is due earlier unparks it (the
+//! protocol, and why it loses no wake-up, is in `delay`).
 //!
 //! # Counters
 //! Per-port counters are from the guest's perspective: `tx_*` is what the
@@ -50,8 +53,8 @@
 //! This file holds the public [`Switch`] and its control operations, the
 //! errors and the configuration. `topology` has the declared state
 //! (`Control`) and the snapshot built from it (`Topology`); `forward` the
-//! forwarding path that runs in the sender's thread; `delay` the delay queue
-//! and its timer; `counters` the counter structs and their atomic mirrors;
+//! forwarding path that runs in the sender's thread; `delay` the per-port
+//! delay queues and their timer; `counters` the counter structs and their atomic mirrors;
 //! `handle` the public [`Port`].
 
 mod counters;
@@ -63,23 +66,22 @@ mod topology;
 #[cfg(test)]
 mod tests;
 
-use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
 use crate::impair::{bridge_seed, check_drop_pct, ImpairError, Impairment};
 use crate::mac::MacAddr;
-use crate::offload::{OffloadError, Offloads, VnetHdr};
+use crate::offload::{OffloadError, Offloads};
 use crate::pcap::{Capture, CaptureScope};
 use crate::port::RxQueue;
 
 use counters::{add, PortCounterCells, SwitchStatCells};
-use delay::{DelayQueue, Delayed};
-use forward::{After, Direct, Sender};
+use delay::{DelayShared, PortDelay, Release};
+use forward::{After, Sender};
 use topology::{Control, ControlSlot, PortShared, Topology};
 
 /// Errors from switch control operations.
@@ -145,7 +147,8 @@ pub struct SwitchConfig {
     pub rx_queue_frames: usize,
     /// Bytes a port's receive queue holds before further frames are dropped.
     pub rx_queue_bytes: usize,
-    /// Bytes the delay queue (latency and bandwidth backlog) holds in all.
+    /// Bytes all ports' delay queues (latency and bandwidth backlog) hold
+    /// together.
     pub delay_queue_bytes: usize,
     /// Bytes a capture buffers for a slow consumer before dropping records.
     pub capture_buffer_bytes: usize,
@@ -174,7 +177,7 @@ impl Default for SwitchConfig {
     }
 }
 
-/// How the delay queue is driven.
+/// How the delay queues are driven.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Timer {
     /// A thread releases due frames (production; pair it with a real clock).
@@ -200,8 +203,8 @@ pub(crate) struct Inner {
     published: Mutex<Arc<Topology>>,
     generation: AtomicU64,
     stats: SwitchStatCells,
-    delay: Mutex<DelayQueue>,
-    timer_cv: Condvar,
+    /// What the ports' delay queues share (order, byte bound, timer).
+    delay: DelayShared,
 }
 
 /// One bridge's switch. Dropping it stops the timer thread and closes every
@@ -249,6 +252,7 @@ impl Switch {
             closed: false,
         };
         let first = Arc::new(control.snapshot());
+        let delay_queue_bytes = config.delay_queue_bytes;
         let inner = Arc::new(Inner {
             name: name.to_owned(),
             run_seed: config.run_seed,
@@ -259,19 +263,19 @@ impl Switch {
             published: Mutex::new(first),
             generation: AtomicU64::new(0),
             stats: SwitchStatCells::default(),
-            delay: Mutex::new(DelayQueue::default()),
-            timer_cv: Condvar::new(),
+            delay: DelayShared::new(delay_queue_bytes),
         });
         let timer = match timer {
             Timer::Manual => None,
             Timer::Thread => {
-                let inner = Arc::clone(&inner);
-                Some(
-                    std::thread::Builder::new()
-                        .name(format!("switch-{}", inner.name))
-                        .spawn(move || inner.timer_loop())
-                        .expect("spawning the switch timer thread"),
-                )
+                let timer_inner = Arc::clone(&inner);
+                let handle = std::thread::Builder::new()
+                    .name(format!("switch-{}", inner.name))
+                    .spawn(move || timer_inner.timer_loop())
+                    .expect("spawning the switch timer thread");
+                // Before any port exists, so no sender misses it.
+                inner.delay.set_timer(handle.thread().clone());
+                Some(handle)
             }
         };
         Switch { inner, timer }
@@ -314,6 +318,7 @@ impl Switch {
                 link_up: AtomicBool::new(!c.closed),
                 counters: PortCounterCells::default(),
                 rx: Arc::clone(&rx),
+                delay: PortDelay::new(),
             });
             c.ports.insert(
                 id,
@@ -562,29 +567,8 @@ impl Switch {
             // Every pair's drop stream and bucket start over.
             c.reset_epoch += 1;
         });
-        let held: Vec<Delayed> = {
-            let mut q = self.inner.delay_lock();
-            q.bytes = 0;
-            // Sorted ascending by `Reverse`, so latest release first.
-            std::mem::take(&mut q.heap).into_sorted_vec()
-        }
-        .into_iter()
-        .rev()
-        .map(|Reverse(d)| d)
-        .collect();
-        let topo = self.inner.snapshot();
         let mut after = After::default();
-        for d in held {
-            self.inner.deliver(
-                &topo,
-                d.to,
-                VnetHdr::default(),
-                &d.frame,
-                now,
-                Direct::Never,
-                &mut after,
-            );
-        }
+        self.inner.release(Release::All { now }, &mut after);
         after.run();
     }
 
@@ -656,19 +640,20 @@ impl Switch {
     pub fn release_due(&self) -> usize {
         let now = self.inner.clock.now();
         let mut after = After::default();
-        let n = self.inner.release_due(now, &mut after);
+        let n = self.inner.release(Release::Due(now), &mut after);
         after.run();
         n
     }
 
-    /// The earliest pending release time, if any frame is delayed.
+    /// The earliest pending release time, if any frame is delayed (the
+    /// minimum over all ports' delay queues).
     pub fn next_release(&self) -> Option<Duration> {
-        self.inner.delay_lock().heap.peek().map(|d| d.0.release)
+        self.inner.next_release()
     }
 
-    /// Frames waiting in the delay queue.
+    /// Frames waiting in the delay queues, all ports together.
     pub fn delayed_frames(&self) -> usize {
-        self.inner.delay_lock().heap.len()
+        self.inner.delayed_frames()
     }
 }
 
@@ -680,10 +665,9 @@ impl Drop for Switch {
                 p.shared.rx.close();
             }
         });
-        // Under the delay lock, so the timer cannot miss it between its
-        // check and its wait.
-        self.inner.delay_lock().closed = true;
-        self.inner.timer_cv.notify_all();
+        // Sets a flag and unparks the timer, which checks the flag between
+        // its unpark token and its park (see `delay::DelayShared`).
+        self.inner.delay.close();
         if let Some(t) = self.timer.take() {
             let _ = t.join();
         }
@@ -755,6 +739,9 @@ impl Inner {
         self.update(|c| {
             if let Some(slot) = c.ports.remove(&id) {
                 slot.shared.rx.close();
+                // Its delayed frames go now (their bytes back to the bound),
+                // and a sender with a stale snapshot can queue no more.
+                self.drop_held(&slot.shared);
                 c.by_name.remove(&slot.shared.name);
                 for m in &slot.learned {
                     c.forget_mac(m, id);

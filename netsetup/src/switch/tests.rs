@@ -1,9 +1,11 @@
-//! Unit tests of the switch that reach into its internals.
+//! Unit tests of the switch that reach into its internals, and the
+//! helpers the submodules' tests share.
 
 use super::*;
 use crate::clock::ManualClock;
 
-fn frame(dst: MacAddr, src: MacAddr, tag: u8) -> Vec<u8> {
+/// A 60-byte frame whose payload bytes are all `tag`.
+pub(super) fn frame(dst: MacAddr, src: MacAddr, tag: u8) -> Vec<u8> {
     let mut f = Vec::with_capacity(60);
     f.extend_from_slice(&dst.0);
     f.extend_from_slice(&src.0);
@@ -12,10 +14,16 @@ fn frame(dst: MacAddr, src: MacAddr, tag: u8) -> Vec<u8> {
     f
 }
 
-fn manual() -> (Switch, Arc<ManualClock>) {
+/// A switch on a manual clock with no timer thread.
+pub(super) fn manual() -> (Switch, Arc<ManualClock>) {
+    manual_with(SwitchConfig::default())
+}
+
+/// [`manual`] with `config`.
+pub(super) fn manual_with(config: SwitchConfig) -> (Switch, Arc<ManualClock>) {
     let c = Arc::new(ManualClock::new());
     (
-        Switch::with_clock("lan", SwitchConfig::default(), c.clone(), Timer::Manual),
+        Switch::with_clock("lan", config, c.clone(), Timer::Manual),
         c,
     )
 }
@@ -80,11 +88,11 @@ fn forwarding_proceeds_while_the_control_plane_is_held() {
     a.send(&frame(MacAddr::local(2), MacAddr::local(1), 0))
         .unwrap();
     while b.try_recv().is_some() {}
-    // A third party holds every switch-wide lock the control plane
-    // uses; a unicast a -> b must still cross.
+    // A third party holds every switch-wide lock the control plane and
+    // the delay releasers use; a unicast a -> b must still cross.
     let control = sw.inner.lock();
     let published = sw.inner.published.lock().unwrap();
-    let delay = sw.inner.delay_lock();
+    let releasing = sw.inner.delay.releasing.lock().unwrap();
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     let sender = {
         let a = Arc::clone(&a);
@@ -98,7 +106,7 @@ fn forwarding_proceeds_while_the_control_plane_is_held() {
     };
     let crossed = done_rx.recv_timeout(Duration::from_secs(30)).is_ok();
     let tags: Vec<u8> = std::iter::from_fn(|| b.try_recv()).map(|f| f[20]).collect();
-    drop((control, published, delay));
+    drop((control, published, releasing));
     sender.join().unwrap();
     assert!(crossed, "a send blocked on a switch-wide lock");
     assert_eq!(tags, [1, 2, 3]);

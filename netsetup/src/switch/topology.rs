@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::counters::PortCounterCells;
+use super::delay::PortDelay;
 use super::PortId;
 use crate::impair::Impairment;
 use crate::mac::MacAddr;
@@ -21,6 +22,9 @@ pub(super) struct PortShared {
     pub(super) link_up: AtomicBool,
     pub(super) counters: PortCounterCells,
     pub(super) rx: Arc<RxQueue>,
+    /// Frames held for this port (latency, bandwidth backlog); locked by
+    /// the same senders that lock `rx`, and by releasers.
+    pub(super) delay: PortDelay,
 }
 
 /// One port as a snapshot sees it.
