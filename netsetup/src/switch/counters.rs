@@ -37,7 +37,7 @@ pub struct SwitchStats {
     pub flooded: u64,
     /// Frames queued to a destination port.
     pub delivered: u64,
-    /// Frames that waited in the delay queue.
+    /// Frames that waited in a delay queue.
     pub delayed: u64,
     /// Frames refused at ingress as malformed.
     pub dropped_invalid: u64,
@@ -51,7 +51,9 @@ pub struct SwitchStats {
     pub dropped_impairment: u64,
     /// Dropped because the destination's receive queue was full.
     pub dropped_rx_queue_full: u64,
-    /// Dropped because the delay queue was full.
+    /// Dropped because the delay queues held
+    /// [`SwitchConfig::delay_queue_bytes`](super::SwitchConfig::delay_queue_bytes)
+    /// already.
     pub dropped_delay_queue_full: u64,
     /// Unicast to a destination behind the ingress port itself.
     pub dropped_hairpin: u64,

@@ -54,8 +54,8 @@
 //! errors and the configuration. `topology` has the declared state
 //! (`Control`) and the snapshot built from it (`Topology`); `forward` the
 //! forwarding path that runs in the sender's thread; `delay` the per-port
-//! delay queues and their timer; `counters` the counter structs and their atomic mirrors;
-//! `handle` the public [`Port`].
+//! delay queues and their timer; `counters` the counter structs and their
+//! atomic mirrors; `handle` the public [`Port`].
 
 mod counters;
 mod delay;
@@ -557,7 +557,7 @@ impl Switch {
 
     /// Lifts every impairment (whole-bridge and per pair) and every
     /// partition; keeps isolation, ports and links. Frames waiting in the
-    /// delay queue are delivered now, in release order.
+    /// delay queues are delivered now, in release order across all ports.
     pub fn reset(&self) {
         let now = self.inner.clock.now();
         self.inner.update(|c| {
@@ -633,7 +633,7 @@ impl Switch {
         })
     }
 
-    // ---- the delay queue ----
+    // ---- the delay queues ----
 
     /// Delivers every delayed frame whose release time has come; returns how
     /// many were handed over (delivered or dropped at the destination).
