@@ -79,7 +79,12 @@ impl Effective {
     pub fn combine(bridge: &Impairment, pair: Option<&Impairment>) -> Effective {
         let none = Impairment::default();
         let pair = pair.unwrap_or(&none);
-        let latency = bridge.latency.unwrap_or_default() + pair.latency.unwrap_or_default();
+        // Saturating: two absurd declared latencies hold frames "forever"
+        // (until a reset) rather than overflow.
+        let latency = bridge
+            .latency
+            .unwrap_or_default()
+            .saturating_add(pair.latency.unwrap_or_default());
         let pb = bridge.drop_pct.unwrap_or(0.0).clamp(0.0, 100.0) / 100.0;
         let pp = pair.drop_pct.unwrap_or(0.0).clamp(0.0, 100.0) / 100.0;
         let p = 1.0 - (1.0 - pb) * (1.0 - pp);

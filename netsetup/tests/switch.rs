@@ -550,6 +550,24 @@ fn reset_releases_delayed_frames_now() {
 }
 
 #[test]
+fn an_absurd_latency_holds_frames_until_a_reset_without_overflow() {
+    let l = lab();
+    let (a, b, _c) = abc(&l);
+    // Whole-bridge plus pair latency would overflow a Duration if added
+    // plainly, and so would the release time: both saturate instead.
+    l.sw.set_latency(Duration::MAX);
+    l.sw.set_pair_latency("a", "b", Duration::MAX);
+    a.send(&frame(mac(2), mac(1), 1)).unwrap();
+    assert_eq!(l.sw.delayed_frames(), 1);
+    l.clock.advance(Duration::from_secs(365 * 24 * 3600));
+    l.sw.release_due();
+    assert_eq!(drain(&b), Vec::<u32>::new(), "still held a year later");
+    l.sw.reset();
+    assert_eq!(drain(&b), [1]);
+    assert_eq!(l.sw.delayed_frames(), 0);
+}
+
+#[test]
 fn counters_from_the_guest_perspective() {
     let l = lab();
     let a = l.sw.attach("a", mac(1)).unwrap();

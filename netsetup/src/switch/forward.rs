@@ -438,7 +438,9 @@ impl Inner {
             Some(b) => b.schedule(now, frame.len()),
             None => now,
         };
-        let release = depart + rt.eff.latency;
+        // Saturating, as the combined latency: a latency near Duration::MAX
+        // holds the frame until a reset instead of panicking.
+        let release = depart.saturating_add(rt.eff.latency);
         if release <= now {
             let hdr = VnetHdr::default();
             self.deliver(topo, to, hdr, frame, now, Direct::Never, after);
