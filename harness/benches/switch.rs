@@ -25,6 +25,11 @@
 //! - Round-trip time: `ping` every 5 ms, SWITCH_BENCH_PINGS (default 1000)
 //!   echoes per path; p50 and p99 of the per-echo times.
 //!
+//! SWITCH_BENCH_PATHS (a comma-separated subset of ours, bridge,
+//! ours_no_offload, bridge_no_offload, ours_tap_threads) and
+//! SWITCH_BENCH_MEASURE (of tcp1, tcp4, udp, rtt) narrow a run to what a
+//! profile should see; what is left out prints as NaN.
+//!
 //! Prints `switch: ...` lines per measurement, then the ratios (ours /
 //! bridge) and the latency the switch adds at p50 (ours - bridge). The switch
 //! runs in this process, built with the bench (release) profile, as in a
@@ -66,6 +71,37 @@ fn env_count(name: &str, default: usize) -> usize {
             .unwrap_or_else(|| fail(&format!("{name}=`{v}`: not a positive whole number"))),
         Err(_) => default,
     }
+}
+
+/// The paths, in measuring order (see `main`).
+const PATH_NAMES: [&str; 5] = [
+    "ours",
+    "bridge",
+    "ours_no_offload",
+    "bridge_no_offload",
+    "ours_tap_threads",
+];
+const MEASUREMENTS: [&str; 4] = ["tcp1", "tcp4", "udp", "rtt"];
+
+/// A comma-separated subset of `known` from `name`, or all of `known`.
+fn env_list(name: &str, known: &[&'static str]) -> Vec<&'static str> {
+    let Ok(v) = std::env::var(name) else {
+        return known.to_vec();
+    };
+    v.split(',')
+        .map(|item| {
+            known
+                .iter()
+                .copied()
+                .find(|k| *k == item.trim())
+                .unwrap_or_else(|| {
+                    fail(&format!(
+                        "{name}: `{item}` is not one of {}",
+                        known.join(", ")
+                    ))
+                })
+        })
+        .collect()
 }
 
 /// Runs `ip ARGS` on the host; fails the bench with its stderr.
@@ -233,7 +269,11 @@ fn rtts_us(c: &AgentClient, addr: &str, pings: usize) -> Vec<f64> {
     v
 }
 
+/// The median; NaN for a path that was not measured.
 fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
     v.sort_by(f64::total_cmp);
     common::nearest_rank(&v, 0.5)
 }
@@ -249,6 +289,10 @@ fn main() {
     let seconds = env_count("SWITCH_BENCH_SECONDS", 5);
     let reps = env_count("SWITCH_BENCH_REPS", 3);
     let pings = env_count("SWITCH_BENCH_PINGS", 1000);
+    // For a profile of one path and one measurement (perf record -a):
+    // SWITCH_BENCH_PATHS=ours,bridge and SWITCH_BENCH_MEASURE=tcp4.
+    let only_paths = env_list("SWITCH_BENCH_PATHS", &PATH_NAMES);
+    let measure = env_list("SWITCH_BENCH_MEASURE", &MEASUREMENTS);
     let agent = common::release_agent().unwrap_or_else(|e| fail(&e));
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
@@ -341,15 +385,19 @@ fn main() {
 
     // One iperf3 server in b serves every path.
     run_ok(&cb, "iperf3 -s -D");
-    let paths = [
-        ("ours", "10.0.0.2"),
-        ("bridge", "10.0.1.2"),
-        ("ours_no_offload", "10.0.3.2"),
-        ("bridge_no_offload", "10.0.2.2"),
-        ("ours_tap_threads", "10.0.4.2"),
-    ];
-    const PATHS: usize = 5;
-    for (_, addr) in paths {
+    let paths = PATH_NAMES.map(|name| {
+        let addr = match name {
+            "ours" => "10.0.0.2",
+            "bridge" => "10.0.1.2",
+            "ours_no_offload" => "10.0.3.2",
+            "bridge_no_offload" => "10.0.2.2",
+            _ => "10.0.4.2",
+        };
+        (name, addr)
+    });
+    const PATHS: usize = PATH_NAMES.len();
+    let selected = |name: &str| only_paths.contains(&name);
+    for (_, addr) in paths.iter().filter(|(name, _)| selected(name)) {
         // Until the daemon listens, and to warm ARP and caches on each path.
         let mut up = false;
         for _ in 0..50 {
@@ -371,11 +419,28 @@ fn main() {
     let mut tcp1: [Vec<f64>; PATHS] = Default::default();
     let mut tcp4: [Vec<f64>; PATHS] = Default::default();
     let mut udp: [Vec<f64>; PATHS] = Default::default();
+    // A measurement left out (SWITCH_BENCH_MEASURE) reads NaN.
+    let wanted = |m: &str| measure.contains(&m);
     for rep in 0..reps {
         for (i, (name, addr)) in paths.iter().enumerate() {
-            let b = iperf(&ca, addr, seconds, 1);
-            let b4 = iperf(&ca, addr, seconds, 4);
-            let pps = udp_pps(&ca, addr, seconds);
+            if !selected(name) {
+                continue;
+            }
+            let b = if wanted("tcp1") {
+                iperf(&ca, addr, seconds, 1)
+            } else {
+                f64::NAN
+            };
+            let b4 = if wanted("tcp4") {
+                iperf(&ca, addr, seconds, 4)
+            } else {
+                f64::NAN
+            };
+            let pps = if wanted("udp") {
+                udp_pps(&ca, addr, seconds)
+            } else {
+                f64::NAN
+            };
             println!(
                 "switch: run={} path={name} seconds={seconds} tcp_gbit_per_s={:.3} tcp4_gbit_per_s={:.3} udp64_kpps={:.1}",
                 rep + 1,
@@ -388,8 +453,11 @@ fn main() {
             udp[i].push(pps);
         }
     }
-    let mut p50 = [0.0; PATHS];
+    let mut p50 = [f64::NAN; PATHS];
     for (i, (name, addr)) in paths.iter().enumerate() {
+        if !selected(name) || !wanted("rtt") {
+            continue;
+        }
         let v = rtts_us(&ca, addr, pings);
         let (q50, q99) = (
             common::nearest_rank(&v, 0.5),
