@@ -471,6 +471,9 @@ fn main() {
     }
     let (t1, t4, u) = (tcp1.map(median), tcp4.map(median), udp.map(median));
     for (i, (name, _)) in paths.iter().enumerate() {
+        if !selected(name) {
+            continue;
+        }
         println!(
             "switch: median path={name} tcp_gbit_per_s={:.3} tcp4_gbit_per_s={:.3} udp64_kpps={:.1} rtt_p50_us={:.0}",
             t1[i] / 1e9,
@@ -482,6 +485,9 @@ fn main() {
     // ours / bridge (offloads on both), ours_no_offload / bridge_no_offload,
     // and the shared poller against a thread per TAP.
     for (ours, kernel) in [(0, 1), (2, 3), (0, 4)] {
+        if !selected(paths[ours].0) || !selected(paths[kernel].0) {
+            continue;
+        }
         println!(
             "switch: ratio {}/{} tcp={:.2} tcp4={:.2} udp64_pps={:.2} rtt_p50_added_us={:.0}",
             paths[ours].0,

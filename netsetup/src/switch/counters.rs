@@ -41,7 +41,9 @@ pub struct SwitchStats {
     pub delayed: u64,
     /// Frames refused at ingress as malformed.
     pub dropped_invalid: u64,
-    /// Dropped because the sender's or receiver's link was down.
+    /// Dropped because the sender's or receiver's link was down, or the
+    /// receiver was detached (frames it had waiting in a delay queue
+    /// included).
     pub dropped_link_down: u64,
     /// Dropped because either end was isolated.
     pub dropped_isolated: u64,

@@ -36,7 +36,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::thread::Thread;
 use std::time::Duration;
 
-use super::counters::bump;
+use super::counters::{add, bump};
 use super::forward::{After, Direct};
 use super::topology::{duration_ns, PortShared, Topology};
 use super::{Inner, PortId};
@@ -174,14 +174,16 @@ impl PortDelay {
         bytes
     }
 
-    /// Closes the queue for good and drops its frames; returns their bytes.
-    pub(super) fn close(&self) -> usize {
+    /// Closes the queue for good and drops its frames; returns their
+    /// bytes and how many there were.
+    pub(super) fn close(&self) -> (usize, usize) {
         let mut q = self.lock();
         q.closed = true;
+        let frames = q.heap.len();
         q.heap.clear();
         let bytes = std::mem::take(&mut q.bytes);
         self.publish(&q);
-        bytes
+        (bytes, frames)
     }
 
     fn next_release(&self) -> Option<Duration> {
@@ -316,8 +318,10 @@ impl Inner {
             frame: frame.to_vec(),
         };
         if let Err(refused) = to.delay.push(held) {
-            // Detached since our snapshot: dropped as at delivery.
+            // Detached since our snapshot: dropped (and counted) as at
+            // delivery.
             shared.give_back(refused.frame.len());
+            bump(&self.stats.dropped_link_down);
             return;
         }
         bump(&self.stats.delayed);
@@ -329,10 +333,12 @@ impl Inner {
         }
     }
 
-    /// Drops the frames held for a port being detached.
+    /// Drops the frames held for a port being detached, counted as
+    /// dropped for a link that went down.
     pub(super) fn drop_held(&self, port: &PortShared) {
-        let bytes = port.delay.close();
+        let (bytes, frames) = port.delay.close();
         self.delay.give_back(bytes);
+        add(&self.stats.dropped_link_down, frames as u64);
     }
 
     /// Delivers the delayed frames `which` names, in (release, seq) order
@@ -526,15 +532,22 @@ mod tests {
         assert_eq!(sw.stats().dropped_delay_queue_full, 1, "the bound is hit");
 
         let b_shared = shared(&sw, &b);
+        let link_down_before = sw.stats().dropped_link_down;
         drop(b);
         assert_eq!(sw.delayed_frames(), 2);
         assert_eq!(sw.inner.delay.held_bytes(), 2 * FRAME_BYTES);
+        assert_eq!(
+            sw.stats().dropped_link_down - link_down_before,
+            2,
+            "b's two held frames are counted as dropped"
+        );
         // A sender whose snapshot still shows b queues nothing for it and
         // keeps no bytes.
         sw.inner
             .hold(&b_shared, Duration::from_millis(10), &to_b(9));
         assert_eq!(b_shared.delay.len(), 0);
         assert_eq!(sw.inner.delay.held_bytes(), 2 * FRAME_BYTES);
+        assert_eq!(sw.stats().dropped_link_down - link_down_before, 3);
 
         for tag in 4..=5 {
             a.send(&to_c(tag)).unwrap();

@@ -466,6 +466,8 @@ impl Inner {
         after: &mut After,
     ) {
         let Some(view) = topo.ports.get(&to) else {
+            // Detached meanwhile.
+            bump(&self.stats.dropped_link_down);
             return;
         };
         let port = &view.shared;
