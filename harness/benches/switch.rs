@@ -269,6 +269,30 @@ fn rtts_us(c: &AgentClient, addr: &str, pings: usize) -> Vec<f64> {
     v
 }
 
+/// Times the switch's TAP threads (pollers `tap-poll-*`, writers
+/// `tap-tx-*`) have gone to sleep so far: each is a wake-up later.
+fn sleeps_of_tap_threads() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .filter_map(|t| {
+            let dir = t.ok()?.path();
+            let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
+            comm.starts_with("tap-")
+                .then(|| std::fs::read_to_string(dir.join("status")).ok())?
+        })
+        .filter_map(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
 /// The median; NaN for a path that was not measured.
 fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
@@ -458,13 +482,17 @@ fn main() {
         if !selected(name) || !wanted("rtt") {
             continue;
         }
+        let sleeps = sleeps_of_tap_threads();
         let v = rtts_us(&ca, addr, pings);
+        // Per echo: how often a TAP thread of ours slept and had to be
+        // woken (0 for the bridge's paths).
+        let sleeps_per_echo = (sleeps_of_tap_threads() - sleeps) as f64 / v.len() as f64;
         let (q50, q99) = (
             common::nearest_rank(&v, 0.5),
             common::nearest_rank(&v, 0.99),
         );
         println!(
-            "switch: rtt path={name} n={} p50_us={q50:.0} p99_us={q99:.0}",
+            "switch: rtt path={name} n={} p50_us={q50:.0} p99_us={q99:.0} tap_thread_sleeps_per_echo={sleeps_per_echo:.2}",
             v.len()
         );
         p50[i] = q50;
