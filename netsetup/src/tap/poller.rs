@@ -55,26 +55,57 @@ enum Command {
     Add(u64, Registration),
     /// Forget the fd; the sender is told once the thread has dropped it.
     Remove(u64, mpsc::Sender<()>),
+    /// Ends the thread as a bug in the forwarding path would.
+    #[cfg(test)]
+    Panic,
+}
+
+/// Commands for the poller thread, and whether it still takes them.
+#[derive(Default)]
+struct Commands {
+    pending: Vec<Command>,
+    /// The thread has ended: a command would never be read.
+    thread_gone: bool,
 }
 
 /// What the poller thread and its handles share.
 struct Shared {
     epoll: Epoll,
     commands_ready: EventFd,
-    commands: Mutex<Vec<Command>>,
+    commands: Mutex<Commands>,
     next_token: AtomicU64,
     stop: AtomicBool,
 }
 
 impl Shared {
+    fn lock_commands(&self) -> std::sync::MutexGuard<'_, Commands> {
+        self.commands.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn submit(&self, cmd: Command) {
-        self.commands
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(cmd);
+        let mut commands = self.lock_commands();
+        if commands.thread_gone {
+            // Dropped here: a waiting `remove` sees its channel close.
+            return;
+        }
+        commands.pending.push(cmd);
+        drop(commands);
         // An eventfd write fails only when its counter would overflow,
         // which a pending wake-up already covers.
         let _ = self.commands_ready.write(1);
+    }
+}
+
+/// Marks the thread gone however it ends (a broken epoll fd, or a panic
+/// in the forwarding path), dropping what it will never read, so no
+/// [`TapPoller::remove`] waits for it forever.
+struct GoneOnExit(Arc<Shared>);
+
+impl Drop for GoneOnExit {
+    fn drop(&mut self) {
+        let mut commands = self.0.lock_commands();
+        commands.thread_gone = true;
+        commands.pending.clear();
     }
 }
 
@@ -125,7 +156,7 @@ impl TapPoller {
         let shared = Arc::new(Shared {
             epoll,
             commands_ready,
-            commands: Mutex::new(Vec::new()),
+            commands: Mutex::new(Commands::default()),
             next_token: AtomicU64::new(COMMAND_TOKEN + 1),
             stop: AtomicBool::new(false),
         });
@@ -133,7 +164,10 @@ impl TapPoller {
             let shared = Arc::clone(&shared);
             std::thread::Builder::new()
                 .name(format!("tap-poll-{name}"))
-                .spawn(move || PollLoop::new(shared).run())?
+                .spawn(move || {
+                    let _gone = GoneOnExit(Arc::clone(&shared));
+                    PollLoop::new(shared).run();
+                })?
         };
         let thread = Arc::new(Thread {
             shared: Arc::clone(&shared),
@@ -154,7 +188,8 @@ impl TapPoller {
     }
 
     /// Stops reading the fd registered as `token` and returns once the
-    /// poller thread no longer holds it.
+    /// poller thread no longer holds it (at once if the thread has ended:
+    /// its registrations went with it).
     pub(super) fn remove(&self, token: u64) {
         let (done, wait) = mpsc::channel();
         self.shared.submit(Command::Remove(token, done));
@@ -222,13 +257,7 @@ impl PollLoop {
     }
 
     fn apply_commands(&mut self) {
-        let commands = std::mem::take(
-            &mut *self
-                .shared
-                .commands
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()),
-        );
+        let commands = std::mem::take(&mut self.shared.lock_commands().pending);
         for cmd in commands {
             match cmd {
                 Command::Add(token, reg) => {
@@ -248,6 +277,8 @@ impl PollLoop {
                     self.forget(token);
                     let _ = done.send(());
                 }
+                #[cfg(test)]
+                Command::Panic => panic!("poller thread ended by a test"),
             }
         }
     }
@@ -297,5 +328,54 @@ impl PollLoop {
             };
             (hdr, &bufs[i][..lens[i]])
         }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::sync::{mpsc, Arc};
+    use std::time::Duration;
+
+    use super::{Command, TapPoller};
+    use crate::mac::MacAddr;
+    use crate::switch::{Switch, SwitchConfig};
+
+    /// A fd the poller can watch: the read end of a pipe.
+    fn pipe_read_end() -> (OwnedFd, OwnedFd) {
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 writes two fresh fds into the array.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: both fds are fresh and ours.
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+    }
+
+    #[test]
+    fn removing_from_a_poller_whose_thread_ended_returns() {
+        // The whole scenario runs in a thread of its own, so that a
+        // regression fails this test after the timeout instead of hanging.
+        let (done, finished) = mpsc::channel();
+        std::thread::spawn(move || {
+            let sw = Switch::new("lan", SwitchConfig::default());
+            let port = Arc::new(sw.attach("p", MacAddr::local(1)).unwrap());
+            let poller = TapPoller::new("gone").unwrap();
+            let (read, _write) = pipe_read_end();
+            let token = poller.add(Arc::clone(&port), Arc::new(read), false);
+            poller.shared.submit(Command::Panic);
+            // Queued before or after the thread ends, the removal must come
+            // back rather than wait forever.
+            poller.remove(token);
+            // So must a later one, and the last handle's drop joins the
+            // ended thread.
+            let (read2, _write2) = pipe_read_end();
+            let token2 = poller.add(port, Arc::new(read2), false);
+            poller.remove(token2);
+            drop(poller);
+            let _ = done.send(());
+        });
+        assert!(
+            finished.recv_timeout(Duration::from_secs(20)).is_ok(),
+            "remove() or drop hung on a poller whose thread had ended"
+        );
     }
 }
