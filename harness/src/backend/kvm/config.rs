@@ -210,7 +210,19 @@ pub const KVM_PVM_CMDLINE_WORDS: &[&str] = &[
     "nokaslr",
     "tsc=reliable",
     "clearcpuid=308,141,151,145,158,288,298,306,291,296,156,293",
+    // Guest user code runs natively on kvm_pvm and its CPUID is the host's,
+    // so glibc picks AVX/AVX2/AVX-512 routines, while the guest kernel
+    // (noxsave) saves only the FXSAVE state across context switches. On an
+    // AMD family 26 host with AVX-512 (2026-12-02) the real-guest tier
+    // failed without this word (guest processes killed by SIGSEGV, empty
+    // exec output) and passed with it. An unknown `KEY=value` word reaches
+    // init as an environment variable, and every process inherits it.
+    GLIBC_NO_WIDE_VECTORS,
 ];
+
+/// The glibc tunable that keeps guest user space to SSE (see
+/// [`KVM_PVM_CMDLINE_WORDS`]).
+pub const GLIBC_NO_WIDE_VECTORS: &str = "GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX,-AVX2,-AVX512F,-AVX512CD,-AVX512BW,-AVX512DQ,-AVX512VL,-AVX512ER,-AVX512PF,-FMA,-FMA4,-F16C";
 
 /// `cmdline` with those of `words` it does not have put in front (so a
 /// profile written for hardware KVM boots on kvm_pvm unchanged), and the
