@@ -766,11 +766,20 @@ mod tests {
             "tsc=unstable clearcpuid=1 kaslr console=ttyS0",
             KVM_PVM_CMDLINE_WORDS,
         );
-        assert_eq!(added, ["noxsave"]);
+        assert_eq!(added, ["noxsave", GLIBC_NO_WIDE_VECTORS]);
         assert_eq!(
             line,
-            "noxsave tsc=unstable clearcpuid=1 kaslr console=ttyS0"
+            format!(
+                "noxsave {GLIBC_NO_WIDE_VECTORS} tsc=unstable clearcpuid=1 kaslr console=ttyS0"
+            )
         );
+        // A profile that sets GLIBC_TUNABLES itself keeps its own.
+        let (line, added) = with_missing_words(
+            "GLIBC_TUNABLES=glibc.malloc.check=3 console=ttyS0",
+            &[GLIBC_NO_WIDE_VECTORS],
+        );
+        assert!(added.is_empty());
+        assert_eq!(line, "GLIBC_TUNABLES=glibc.malloc.check=3 console=ttyS0");
         // Words after `--` are init's: they do not count.
         let (line, added) = with_missing_words("ro -- noxsave", &["noxsave"]);
         assert_eq!((line.as_str(), added.len()), ("noxsave ro -- noxsave", 1));
