@@ -265,16 +265,19 @@ pub(super) struct BridgeState {
     taps: Option<TapPoller>,
 }
 
-impl BridgeState {
-    /// The bridge's TAP poller, started on first use.
-    fn tap_poller(&mut self, bridge: &str) -> Result<TapPoller, provium_netsetup::TapError> {
-        if let Some(p) = &self.taps {
-            return Ok(p.clone());
-        }
-        let poller = TapPoller::new(bridge).map_err(provium_netsetup::TapError::Spawn)?;
-        self.taps = Some(poller.clone());
-        Ok(poller)
+/// The bridge's TAP poller in `taps`, started on first use. A function of
+/// the one field, not of the whole state, so a caller can hold a member of
+/// `BridgeState::members` while it gets the poller.
+fn tap_poller(
+    taps: &mut Option<TapPoller>,
+    bridge: &str,
+) -> Result<TapPoller, provium_netsetup::TapError> {
+    if let Some(p) = taps {
+        return Ok(p.clone());
     }
+    let poller = TapPoller::new(bridge).map_err(provium_netsetup::TapError::Spawn)?;
+    *taps = Some(poller.clone());
+    Ok(poller)
 }
 
 struct Member {
@@ -691,7 +694,8 @@ impl Bridge {
             });
         }
         let name = vm.name();
-        let Some(m) = st.members.get(name) else {
+        let BridgeState { members, taps, .. } = &mut *st;
+        let Some(m) = members.get_mut(name) else {
             return Err(self.not_attached(name));
         };
         if m.nic.is_some() {
@@ -702,14 +706,11 @@ impl Bridge {
             // The virtio-net device got its port before boot (`vmm_port`).
             NicEnd::Vmm
         } else {
-            let poller = st.tap_poller(&self.0.name)?;
+            let poller = tap_poller(taps, &self.0.name)?;
             let fd = machine.open_nic(ifname, mac)?;
             NicEnd::Tap {
                 _port: TapPort::attach_on(&poller, &self.0.switch, name, mac, fd)?,
             }
-        };
-        let Some(m) = st.members.get_mut(name) else {
-            return Err(self.not_attached(name));
         };
         if m.link_down {
             let _ = self.0.switch.disconnect(name);
@@ -944,8 +945,7 @@ impl Bridge {
         };
         let tap = Tap::open(&tap_name).map_err(|e| fail(crate::error_chain::flatten(&e)))?;
         let mac = nic_mac(UPLINK_PORT, &self.0.name, &[]);
-        let poller = st
-            .tap_poller(&self.0.name)
+        let poller = tap_poller(&mut st.taps, &self.0.name)
             .map_err(|e| fail(crate::error_chain::flatten(&e)))?;
         let port = TapPort::attach_on(&poller, &self.0.switch, UPLINK_PORT, mac, tap.into_fd())
             .map_err(|e| fail(crate::error_chain::flatten(&e)))?;

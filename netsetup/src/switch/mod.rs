@@ -180,7 +180,10 @@ impl Default for SwitchConfig {
 /// How the delay queues are driven.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Timer {
-    /// A thread releases due frames (production; pair it with a real clock).
+    /// A thread releases due frames (production; pair it with a real clock:
+    /// the thread sleeps in wall-clock time until the next release it
+    /// computed from the switch clock, so with a manual clock an `advance`
+    /// is seen only when that sleep ends).
     Thread,
     /// The caller calls [`Switch::release_due`] (tests with a manual clock).
     Manual,

@@ -127,3 +127,36 @@ fn control_changes_reach_a_sender_with_a_cached_snapshot() {
     assert_eq!(b.pending(), 2);
     assert_eq!(sw.stats().dropped_partition, 1);
 }
+
+#[test]
+fn a_lowered_latency_lets_new_frames_overtake_the_waiting_ones() {
+    // docs/networking.md: the release time is fixed when a frame is held,
+    // so frames sent after a pair's latency is lowered leave first (as
+    // netem's frames in flight do); frames under one setting keep order.
+    let (sw, clock) = manual();
+    let a = sw.attach("a", MacAddr::local(1)).unwrap();
+    let b = sw.attach("b", MacAddr::local(2)).unwrap();
+    b.send(&frame(MacAddr::BROADCAST, MacAddr::local(2), 0))
+        .unwrap();
+    sw.set_pair_latency("a", "b", Duration::from_millis(100));
+    for tag in [1, 2] {
+        a.send(&frame(MacAddr::local(2), MacAddr::local(1), tag))
+            .unwrap();
+    }
+    sw.set_pair_latency("a", "b", Duration::from_millis(10));
+    for tag in [3, 4] {
+        a.send(&frame(MacAddr::local(2), MacAddr::local(1), tag))
+            .unwrap();
+    }
+    sw.set_pair_latency("a", "b", Duration::ZERO);
+    a.send(&frame(MacAddr::local(2), MacAddr::local(1), 5))
+        .unwrap();
+    let arrived = || -> Vec<u8> { std::iter::from_fn(|| b.try_recv()).map(|f| f[20]).collect() };
+    assert_eq!(arrived(), [5], "an unimpaired frame crosses at once");
+    clock.advance(Duration::from_millis(10));
+    sw.release_due();
+    assert_eq!(arrived(), [3, 4]);
+    clock.advance(Duration::from_millis(90));
+    sw.release_due();
+    assert_eq!(arrived(), [1, 2]);
+}
