@@ -6,11 +6,13 @@
 //!
 //! Each of two sandboxes gets five NICs: `eth0`, a TAP on our switch
 //! (exactly as the local backend wires a bridge member: `open_tap_in_netns` +
-//! `TapPort`, so with the vnet header and TSO/checksum offloads on);
+//! `TapPort` + `offer_kernel_path`, so with the vnet header, TSO/checksum
+//! offloads on and the kernel path for the plain directions);
 //! `eth3`, the same on a second switch with TSO, GSO and GRO turned off
 //! inside the sandbox (ethtool), so it carries MTU-sized frames; `eth4`, as
-//! `eth0` but with a reader thread per TAP instead of one poller thread for
-//! the switch's TAPs (the design before the shared poller); `eth1`, one
+//! `eth0` on a switch with the kernel path off, so every frame passes the
+//! userspace switch (what a pair with an impairment or a capture takes,
+//! and what every pair took before the kernel path); `eth1`, one
 //! end of a veth pair whose host end is a port of a Linux bridge; and `eth2`,
 //! the same on a second bridge with TSO, GSO and GRO off. Same namespaces,
 //! same processes, same tools; only the path between them differs, and the
@@ -26,7 +28,7 @@
 //!   echoes per path; p50 and p99 of the per-echo times.
 //!
 //! SWITCH_BENCH_PATHS (a comma-separated subset of ours, bridge,
-//! ours_no_offload, bridge_no_offload, ours_tap_threads) and
+//! ours_no_offload, bridge_no_offload, ours_switch) and
 //! SWITCH_BENCH_MEASURE (of tcp1, tcp4, udp, rtt) narrow a run to what a
 //! profile should see; what is left out prints as NaN.
 //!
@@ -79,7 +81,7 @@ const PATH_NAMES: [&str; 5] = [
     "bridge",
     "ours_no_offload",
     "bridge_no_offload",
-    "ours_tap_threads",
+    "ours_switch",
 ];
 const MEASUREMENTS: [&str; 4] = ["tcp1", "tcp4", "udp", "rtt"];
 
@@ -350,32 +352,37 @@ fn main() {
     }
 
     // Our paths: eth0, a TAP on the userspace switch, as bridge:attach does
-    // (vnet header, offloads on, one poller thread for the bridge's TAPs);
-    // eth3, the same on a second switch with TSO/GSO/GRO off inside the
-    // sandbox; eth4, as eth0 but with a reader thread per TAP (each port its
-    // own poller), the design before the shared poller, so the run shows
-    // what sharing one thread changes.
+    // (vnet header, offloads on, one poller thread for the bridge's TAPs,
+    // the kernel path offered); eth3, the same on a second switch with
+    // TSO/GSO/GRO off inside the sandbox; eth4, as eth0 on a switch with
+    // the kernel path off, so every frame passes our switch.
     let sw = Switch::new("bench", SwitchConfig::default());
     let sw_plain = Switch::new("bench-plain", SwitchConfig::default());
-    let sw_threads = Switch::new("bench-threads", SwitchConfig::default());
+    let switch_only = SwitchConfig {
+        kernel_path: false,
+        ..SwitchConfig::default()
+    };
+    let sw_switch = Switch::new("bench-switch", switch_only);
     let poller = TapPoller::new("bench").unwrap_or_else(|e| fail(&format!("tap poller: {e}")));
     let poller_plain =
         TapPoller::new("bench-plain").unwrap_or_else(|e| fail(&format!("tap poller: {e}")));
+    let poller_switch =
+        TapPoller::new("bench-switch").unwrap_or_else(|e| fail(&format!("tap poller: {e}")));
     let mut ports = Vec::new();
     for (sw, poller, ifname, net, offloads) in [
-        (&sw, Some(&poller), "eth0", 0, true),
-        (&sw_plain, Some(&poller_plain), "eth3", 3, false),
-        (&sw_threads, None, "eth4", 4, true),
+        (&sw, &poller, "eth0", 0, true),
+        (&sw_plain, &poller_plain, "eth3", 3, false),
+        (&sw_switch, &poller_switch, "eth4", 4, true),
     ] {
         for (name, sandbox, c, n) in [("a", &sa, &ca, 1u32), ("b", &sb, &cb, 2)] {
             let mac = MacAddr::local(n + 16 * net);
             let fd = open_tap_in_netns(sandbox.init_pid(), ifname, mac)
                 .unwrap_or_else(|e| fail(&format!("tap {ifname} in sandbox {name}: {e}")));
-            let port = match poller {
-                Some(p) => TapPort::attach_on(p, sw, name, mac, fd),
-                None => TapPort::attach(sw, name, mac, fd),
-            };
-            ports.push(port.unwrap_or_else(|e| fail(&format!("attach {name}: {e}"))));
+            let port = TapPort::attach_on(poller, sw, name, mac, fd)
+                .unwrap_or_else(|e| fail(&format!("attach {name}: {e}")));
+            port.offer_kernel_path()
+                .unwrap_or_else(|e| fail(&format!("kernel path for {name}: {e}")));
+            ports.push(port);
             run_ok(c, &format!("ip addr add 10.0.{net}.{n}/24 dev {ifname}"));
             if !offloads {
                 run_ok(c, &format!("ethtool -K {ifname} tso off gso off gro off"));
@@ -403,7 +410,7 @@ fn main() {
     let nf = common::first_line("/proc/sys/net/bridge/bridge-nf-call-iptables");
     let tap_off = run_ok(&ca, "ethtool -k eth0 | grep -E '^(tcp-segmentation-offload|tx-checksumming|generic-receive-offload):' | tr '\\n' ' '");
     println!(
-        "switch: kernel bridges {} (offloads on) and {} (tso/gso/gro off), bridge-nf-call-iptables={nf}; ours: one TAP per sandbox, MTU 1500, eth0 offloads: {}; eth3 tso/gso/gro off; eth4 as eth0 with a reader thread per TAP",
+        "switch: kernel bridges {} (offloads on) and {} (tso/gso/gro off), bridge-nf-call-iptables={nf}; ours: one TAP per sandbox, MTU 1500, eth0 offloads: {}; eth3 tso/gso/gro off; eth4 as eth0 with the kernel path off",
         kernels[0].bridge, kernels[1].bridge, tap_off.trim()
     );
 
@@ -510,9 +517,26 @@ fn main() {
             p50[i]
         );
     }
+    // Never report a path that was not taken: the kernel path must have
+    // carried eth0's and eth3's traffic, and none of eth4's.
+    for (sw, wanted) in [(&sw, true), (&sw_plain, true), (&sw_switch, false)] {
+        let carried = sw.stats().kernel_path;
+        println!(
+            "switch: {} kernel_path_packets={carried} kernel_directions={:?}",
+            sw.name(),
+            sw.kernel_directions()
+        );
+        if (carried > 0) != wanted && (selected("ours") || selected("ours_switch")) {
+            fail(&format!(
+                "{}: the kernel path carried {carried} packets",
+                sw.name()
+            ));
+        }
+    }
     // ours / bridge (offloads on both), ours_no_offload / bridge_no_offload,
-    // and the shared poller against a thread per TAP.
-    for (ours, kernel) in [(0, 1), (2, 3), (0, 4)] {
+    // the userspace switch alone against the bridge, and the kernel path
+    // against the userspace switch.
+    for (ours, kernel) in [(0, 1), (2, 3), (4, 1), (0, 4)] {
         if !selected(paths[ours].0) || !selected(paths[kernel].0) {
             continue;
         }
@@ -535,8 +559,8 @@ fn main() {
     drop(ports);
     drop(sw);
     drop(sw_plain);
-    drop(sw_threads);
-    drop((poller, poller_plain));
+    drop(sw_switch);
+    drop((poller, poller_plain, poller_switch));
     drop((ca, cb));
     let _ = sa.shutdown();
     let _ = sb.shutdown();

@@ -95,6 +95,7 @@ fn network_suite_passes() {
         "impairments.test.lua",
         "scope.test.lua",
         "statistics.test.lua",
+        "kernel_path.test.lua",
     ] {
         assert!(out.contains(file), "{file} did not run:\n{}", show(&o));
     }

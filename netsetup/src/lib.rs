@@ -31,6 +31,7 @@
 
 pub mod clock;
 pub mod impair;
+pub mod kernel_path;
 pub mod mac;
 pub mod offload;
 pub mod pcap;
@@ -41,6 +42,7 @@ pub mod uplink;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use impair::Impairment;
+pub use kernel_path::{KernelNic, KernelPathError, WireCount};
 pub use mac::{MacAddr, MAX_FRAME_BYTES};
 pub use offload::{OffloadError, Offloads, VnetHdr};
 pub use pcap::{Capture, CaptureScope};

@@ -364,6 +364,18 @@ impl TapPort {
         &self.port
     }
 
+    /// Lets the kernel forward this port's plain directions to the other
+    /// ports of its switch that did the same (see [`crate::kernel_path`]):
+    /// for a TAP whose interface is a sandbox's NIC, not for the uplink
+    /// (whose frames must reach the host's NAT through us). Errors when
+    /// the TAP's namespace or name cannot be read (not root, Linux < 5.2);
+    /// the port then stays on the switch.
+    pub fn offer_kernel_path(&self) -> Result<(), crate::KernelPathError> {
+        let nic = crate::KernelNic::of_tap(self.fd.as_fd(), self.port.mac())?;
+        self.port.set_kernel_nic(nic);
+        Ok(())
+    }
+
     /// The TAP fd.
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()

@@ -253,6 +253,7 @@ impl UserData for Bridge {
             t.set("dropped_rx_queue_full", s.dropped_rx_queue_full)?;
             t.set("dropped_delay_queue_full", s.dropped_delay_queue_full)?;
             t.set("dropped_hairpin", s.dropped_hairpin)?;
+            t.set("kernel_path", s.kernel_path)?;
             Ok(t)
         });
         m.add_method("seed", |lua, this, ()| u64_value(lua, this.seeds().0));

@@ -263,6 +263,8 @@ pub(super) struct BridgeState {
     /// The one thread that reads every TAP on this bridge (sandbox NICs and
     /// the uplink), started with the first.
     taps: Option<TapPoller>,
+    /// The one-shot "a NIC gets no kernel path" warning was printed.
+    kernel_path_warned: bool,
 }
 
 /// The bridge's TAP poller in `taps`, started on first use. A function of
@@ -694,7 +696,12 @@ impl Bridge {
             });
         }
         let name = vm.name();
-        let BridgeState { members, taps, .. } = &mut *st;
+        let BridgeState {
+            members,
+            taps,
+            kernel_path_warned,
+            ..
+        } = &mut *st;
         let Some(m) = members.get_mut(name) else {
             return Err(self.not_attached(name));
         };
@@ -708,9 +715,21 @@ impl Bridge {
         } else {
             let poller = tap_poller(taps, &self.0.name)?;
             let fd = machine.open_nic(ifname, mac)?;
-            NicEnd::Tap {
-                _port: TapPort::attach_on(&poller, &self.0.switch, name, mac, fd)?,
+            let port = TapPort::attach_on(&poller, &self.0.switch, name, mac, fd)?;
+            // The kernel forwards this NIC's plain directions to the other
+            // sandboxes' (docs/networking.md, "The kernel path"). Without
+            // it traffic still flows, through the switch.
+            if let Err(e) = port.offer_kernel_path() {
+                if !std::mem::replace(kernel_path_warned, true) {
+                    eprintln!(
+                        "provium: warning: bridge `{}`: vm `{name}`'s NIC gets no kernel path, \
+                         so its traffic goes through the userspace switch: {}",
+                        self.0.name,
+                        crate::error_chain::flatten(&e)
+                    );
+                }
             }
+            NicEnd::Tap { _port: port }
         };
         if m.link_down {
             let _ = self.0.switch.disconnect(name);

@@ -68,6 +68,10 @@ pub struct SwitchStats {
     pub segments: u64,
     /// Offloaded frames handed to a destination whole (both ends offload).
     pub offloaded: u64,
+    /// Wire packets the kernel forwarded on a plain direction between
+    /// kernel NICs (also in `frames_in` and `delivered`; a GSO frame there
+    /// counts as its wire packets).
+    pub kernel_path: u64,
 }
 
 pub(super) fn bump(counter: &AtomicU64) {
@@ -117,6 +121,6 @@ counter_cells!(
         frames_in, flooded, delivered, delayed, dropped_invalid, dropped_link_down,
         dropped_isolated, dropped_partition, dropped_impairment, dropped_rx_queue_full,
         dropped_delay_queue_full, dropped_hairpin, mac_evictions, segmented, segments,
-        offloaded,
+        offloaded, kernel_path,
     }
 );

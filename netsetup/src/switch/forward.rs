@@ -285,7 +285,7 @@ impl Inner {
             }
         }
         let cap = self.config.mac_entries_per_port.max(1);
-        let evicted = self.update(|c| {
+        let evicted = self.update_learned(|c| {
             // Detached meanwhile: nothing to learn it for.
             if c.ports.contains_key(&port) {
                 c.learn(mac, port, now, cap)

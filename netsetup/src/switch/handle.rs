@@ -179,12 +179,18 @@ impl Port {
 
     /// This port's counters (zeros once detached).
     pub fn counters(&self) -> PortCounters {
-        self.inner
-            .lock()
-            .ports
-            .get(&self.id)
-            .map(|p| p.shared.counters.read())
-            .unwrap_or_default()
+        self.inner.port_counters(self.id)
+    }
+
+    /// Gives this port a kernel NIC (see
+    /// [`Switch::set_kernel_nic`](super::Switch::set_kernel_nic)); a
+    /// detached port ignores it.
+    pub fn set_kernel_nic(&self, nic: crate::KernelNic) {
+        self.inner.update(|c| {
+            if let Some(slot) = c.ports.get_mut(&self.id) {
+                slot.kernel_nic = Some(nic);
+            }
+        });
     }
 
     /// Detaches now (idempotent; drop does the same).

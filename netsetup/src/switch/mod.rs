@@ -61,6 +61,7 @@ mod counters;
 mod delay;
 mod forward;
 mod handle;
+mod kernel;
 mod topology;
 
 #[cfg(test)]
@@ -79,9 +80,11 @@ use crate::offload::{OffloadError, Offloads};
 use crate::pcap::{Capture, CaptureScope};
 use crate::port::RxQueue;
 
+use crate::kernel_path::KernelNic;
 use counters::{add, PortCounterCells, SwitchStatCells};
 use delay::{DelayShared, PortDelay, Release};
 use forward::{After, Sender};
+use kernel::KernelPaths;
 use topology::{Control, ControlSlot, PortShared, Topology};
 
 /// Errors from switch control operations.
@@ -160,6 +163,10 @@ pub struct SwitchConfig {
     /// [`TokenBucket::default_burst_bits`](crate::impair::TokenBucket::default_burst_bits)
     /// of the rate.
     pub bandwidth_burst_bits: Option<u64>,
+    /// Let the kernel forward the plain directions between ports with a
+    /// kernel NIC ([`Switch::set_kernel_nic`]; see [`crate::kernel_path`]).
+    /// Off, every frame goes through the switch (the bench compares both).
+    pub kernel_path: bool,
 }
 
 impl Default for SwitchConfig {
@@ -173,6 +180,7 @@ impl Default for SwitchConfig {
             mac_entries_per_port: 256,
             mac_ageing: Duration::from_secs(300),
             bandwidth_burst_bits: None,
+            kernel_path: true,
         }
     }
 }
@@ -208,6 +216,8 @@ pub(crate) struct Inner {
     stats: SwitchStatCells,
     /// What the ports' delay queues share (order, byte bound, timer).
     delay: DelayShared,
+    /// The kernel paths between this switch's kernel NICs.
+    kernel: Mutex<KernelPaths>,
 }
 
 /// One bridge's switch. Dropping it stops the timer thread and closes every
@@ -267,6 +277,7 @@ impl Switch {
             generation: AtomicU64::new(0),
             stats: SwitchStatCells::default(),
             delay: DelayShared::new(delay_queue_bytes),
+            kernel: Mutex::new(KernelPaths::default()),
         });
         let timer = match timer {
             Timer::Manual => None,
@@ -331,6 +342,7 @@ impl Switch {
                     offloads: Offloads::default(),
                     link_watcher: None,
                     learned: VecDeque::new(),
+                    kernel_nic: None,
                 },
             );
             c.by_name.insert(name.to_owned(), id);
@@ -600,14 +612,45 @@ impl Switch {
     /// `name`'s counters (guest's perspective).
     pub fn counters(&self, name: &str) -> Result<PortCounters, SwitchError> {
         let c = self.inner.lock();
-        c.slot(name)
-            .map(|p| p.shared.counters.read())
-            .ok_or_else(|| self.inner.no_port(name))
+        let id = *c
+            .by_name
+            .get(name)
+            .ok_or_else(|| self.inner.no_port(name))?;
+        drop(c);
+        Ok(self.inner.port_counters(id))
     }
 
     /// Switch-wide counters.
     pub fn stats(&self) -> SwitchStats {
-        self.inner.stats.read()
+        let mut s = self.inner.stats.read();
+        let kernel = self.inner.kernel_packets();
+        s.frames_in += kernel;
+        s.delivered += kernel;
+        s.kernel_path += kernel;
+        s
+    }
+
+    /// Gives port `name` a kernel NIC: from now on the kernel forwards its
+    /// plain directions to other ports with one (see
+    /// [`crate::kernel_path`]). The first error building a path is printed
+    /// once, and the bridge then stays on the switch.
+    pub fn set_kernel_nic(&self, name: &str, nic: KernelNic) -> Result<(), SwitchError> {
+        self.inner.update(|c| {
+            let id = *c
+                .by_name
+                .get(name)
+                .ok_or_else(|| self.inner.no_port(name))?;
+            if let Some(slot) = c.ports.get_mut(&id) {
+                slot.kernel_nic = Some(nic);
+            }
+            Ok(())
+        })
+    }
+
+    /// The directions the kernel forwards now, as sorted (from, to) names.
+    pub fn kernel_directions(&self) -> Vec<(String, String)> {
+        let c = self.inner.lock();
+        self.inner.kernel_directions(&c)
     }
 
     // ---- captures ----
@@ -717,7 +760,31 @@ impl Inner {
         let mut c = self.lock();
         let r = f(&mut c);
         self.publish(&mut c);
+        self.reconcile_kernel(&c);
         r
+    }
+
+    /// As [`Inner::update`] for a change no kernel path depends on (a
+    /// learned MAC): the forwarding path makes it and must not wait for
+    /// `tc`.
+    fn update_learned<R>(&self, f: impl FnOnce(&mut Control) -> R) -> R {
+        let mut c = self.lock();
+        let r = f(&mut c);
+        self.publish(&mut c);
+        r
+    }
+
+    /// A port's counters, with what the kernel forwarded for it.
+    fn port_counters(&self, id: PortId) -> PortCounters {
+        let Some(mut n) = self.lock().ports.get(&id).map(|p| p.shared.counters.read()) else {
+            return PortCounters::default();
+        };
+        let (sent, received) = self.kernel_counts(id);
+        n.tx_packets += sent.packets;
+        n.tx_bytes += sent.bytes;
+        n.rx_packets += received.packets;
+        n.rx_bytes += received.bytes;
+        n
     }
 
     fn publish(&self, c: &mut Control) {

@@ -10,6 +10,7 @@ use super::counters::PortCounterCells;
 use super::delay::PortDelay;
 use super::PortId;
 use crate::impair::Impairment;
+use crate::kernel_path::KernelNic;
 use crate::mac::MacAddr;
 use crate::offload::Offloads;
 use crate::pcap::{CaptureScope, CaptureShared};
@@ -88,6 +89,8 @@ pub(super) struct ControlSlot {
     pub(super) link_watcher: Option<LinkWatcher>,
     /// MACs learned on this port, oldest first.
     pub(super) learned: VecDeque<MacAddr>,
+    /// The TAP NIC behind this port, for a kernel path.
+    pub(super) kernel_nic: Option<KernelNic>,
 }
 
 /// Declared state and membership; only control operations (and the

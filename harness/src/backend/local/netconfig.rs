@@ -128,7 +128,8 @@ pub fn parse_addrs(text: &str) -> Result<Vec<IfaceConfig>, NetConfigError> {
     let mut out = Vec::new();
     for link in json(text, "addr")? {
         let name = str_field(&link, "ifname", "addr")?.to_string();
-        if name == "lo" {
+        // Our kernel paths' wire ends come back with the bridge, not here.
+        if name == "lo" || provium_netsetup::kernel_path::is_wire_end(&name) {
             continue;
         }
         let up = link

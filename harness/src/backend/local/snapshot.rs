@@ -510,7 +510,9 @@ impl LocalSandbox {
         text.lines()
             .skip(2)
             .filter_map(|l| l.split(':').next().map(|n| n.trim().to_string()))
-            .filter(|n| !n.is_empty() && n != "lo")
+            .filter(|n| {
+                !n.is_empty() && n != "lo" && !provium_netsetup::kernel_path::is_wire_end(n)
+            })
             .collect()
     }
 

@@ -1,0 +1,465 @@
+//! The kernel path: unimpaired traffic between two TAP NICs forwarded by
+//! the kernel, in the sender's own context, without passing our switch.
+//!
+//! Why: a frame through the userspace switch is read from one TAP and
+//! written into the other by our poller thread: two copies and a thread
+//! wake-up per batch, and a third busy thread beside the two endpoints.
+//! That costs the throughput and round-trip time a Linux bridge does not
+//! pay (docs/networking.md, "Numbers"). For a direction with nothing to
+//! impose (no impairment, partition, isolation, capture, link down) the
+//! switch has nothing to do but forward, so the kernel does it.
+//!
+//! How, for a pair of TAPs `A` and `B` (each in its own network namespace):
+//!
+//! - one veth pair, the *wire*, with its `a` end in A's namespace and its
+//!   `b` end in B's. Each end carries the MAC of the TAP beside it, so a
+//!   frame for that TAP arrives as `PACKET_HOST`; it has no addresses, no
+//!   IPv6 address generation and no ARP, so the kernel sends nothing on it;
+//! - on each wire end, a tc ingress filter that redirects every frame into
+//!   its TAP's ingress: the stack sees it arrive on the TAP, as from us;
+//! - per enabled direction A -> B, a tc egress filter on A's TAP matching
+//!   B's MAC as destination, whose action (a `mirred` egress redirect to
+//!   the wire's `a` end) is created standalone with its own index, once
+//!   per wire. Disabling deletes only the filter; the action, and so its
+//!   count of everything the direction ever forwarded, lives as long as
+//!   the wire, and enabling again binds the same action. (Deleting the
+//!   action right after its filter fails anyway: the filter lets go of it
+//!   only after an RCU grace period.)
+//!
+//! Frames to other destinations (broadcast, other ports, a MAC the guest
+//! changed to) match no filter and reach our switch as before. Everything
+//! here runs `ip` and `tc` (iproute2) inside the TAPs' namespaces; the
+//! switch decides which directions are enabled (see
+//! [`Switch`](crate::Switch)).
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use crate::mac::MacAddr;
+
+/// `TUNGETDEVNETNS` (`_IO('T', 227)`, Linux 5.2): an fd of the namespace
+/// a TAP's interface lives in.
+const TUNGETDEVNETNS: libc::c_ulong = 0x54e3;
+/// `TUNGETIFF` (`_IOR('T', 210, unsigned int)`): the interface's name.
+const TUNGETIFF: libc::c_ulong = 0x8004_54d2;
+
+/// Why a kernel path could not be set up or changed.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelPathError {
+    /// An ioctl on the TAP fd failed.
+    #[error("{op} on the TAP fd")]
+    Ioctl {
+        /// The ioctl.
+        op: &'static str,
+        /// The errno.
+        #[source]
+        source: io::Error,
+    },
+    /// `ip` or `tc` could not be started (iproute2 missing?).
+    #[error("cannot run `{command}` (is iproute2 installed? `apt-get install iproute2`)")]
+    Spawn {
+        /// The command line.
+        command: String,
+        /// Why it did not start.
+        #[source]
+        source: io::Error,
+    },
+    /// `ip` or `tc` failed.
+    #[error("`{command}` failed: {stderr}")]
+    Command {
+        /// The command line.
+        command: String,
+        /// What it printed on stderr (trimmed).
+        stderr: String,
+    },
+    /// `tc` printed counts this module cannot read.
+    #[error("cannot read the counts of `{command}` in: {output}")]
+    Counts {
+        /// The command line.
+        command: String,
+        /// What it printed.
+        output: String,
+    },
+}
+
+/// A TAP NIC as the kernel path needs it: its namespace, name and MAC.
+#[derive(Clone, Debug)]
+pub struct KernelNic {
+    netns: Arc<OwnedFd>,
+    ifname: String,
+    mac: MacAddr,
+}
+
+impl KernelNic {
+    /// The NIC behind TAP `fd` (root; Linux 5.2 or later), with `mac` the
+    /// MAC its guest uses (the port's).
+    pub fn of_tap(fd: BorrowedFd<'_>, mac: MacAddr) -> Result<KernelNic, KernelPathError> {
+        // SAFETY: TUNGETDEVNETNS takes no argument and returns a new fd.
+        let ns = unsafe { libc::ioctl(fd.as_raw_fd(), TUNGETDEVNETNS as _) };
+        if ns < 0 {
+            return Err(KernelPathError::Ioctl {
+                op: "TUNGETDEVNETNS",
+                source: io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: the kernel just gave us this fd; nothing else owns it.
+        let netns = Arc::new(unsafe { OwnedFd::from_raw_fd(ns) });
+        let mut ifr = [0u8; 40];
+        // SAFETY: TUNGETIFF writes a `struct ifreq` (40 bytes) into `ifr`.
+        if unsafe { libc::ioctl(fd.as_raw_fd(), TUNGETIFF as _, ifr.as_mut_ptr()) } < 0 {
+            return Err(KernelPathError::Ioctl {
+                op: "TUNGETIFF",
+                source: io::Error::last_os_error(),
+            });
+        }
+        let len = ifr[..16].iter().position(|b| *b == 0).unwrap_or(16);
+        Ok(KernelNic {
+            netns,
+            ifname: String::from_utf8_lossy(&ifr[..len]).into_owned(),
+            mac,
+        })
+    }
+
+    /// The interface name inside its namespace.
+    pub fn ifname(&self) -> &str {
+        &self.ifname
+    }
+
+    /// Runs `prog args` inside this NIC's namespace; returns stdout.
+    fn run(&self, prog: &str, args: &[&str]) -> Result<String, KernelPathError> {
+        run_in(&self.netns, prog, args)
+    }
+}
+
+fn run_in(netns: &OwnedFd, prog: &str, args: &[&str]) -> Result<String, KernelPathError> {
+    let command = format!("{prog} {}", args.join(" "));
+    let ns = netns.as_raw_fd();
+    let mut cmd = Command::new(prog);
+    cmd.args(args);
+    // SAFETY: only setns, async-signal-safe, runs between fork and exec;
+    // it moves the child alone into the NIC's namespace.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(ns, libc::CLONE_NEWNET) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().map_err(|source| KernelPathError::Spawn {
+        command: command.clone(),
+        source,
+    })?;
+    if !out.status.success() {
+        return Err(KernelPathError::Command {
+            command,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Frames and bytes the kernel forwarded in one direction. A GSO frame
+/// counts as the wire packets it stands for, and its bytes as theirs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WireCount {
+    /// Wire packets.
+    pub packets: u64,
+    /// Their bytes, Ethernet headers included.
+    pub bytes: u64,
+}
+
+/// Reads `Sent N bytes M pkt` from `tc -s` output.
+fn parse_sent(out: &str) -> Option<WireCount> {
+    let rest = &out[out.find("Sent ")? + 5..];
+    let mut words = rest.split_whitespace();
+    let bytes = words.next()?.parse().ok()?;
+    (words.next()? == "bytes").then_some(())?;
+    let packets = words.next()?.parse().ok()?;
+    (words.next()? == "pkt").then_some(())?;
+    Some(WireCount { packets, bytes })
+}
+
+/// Whether `ifname` is an end of a kernel path's wire (`pvk` and nine
+/// more characters: eight hex digits and the side): the host's plumbing
+/// inside a sandbox, not one of its interfaces, so a snapshot of the
+/// sandbox's network leaves it out.
+pub fn is_wire_end(ifname: &str) -> bool {
+    let Some(rest) = ifname.strip_prefix("pvk") else {
+        return false;
+    };
+    rest.len() == 9
+        && rest[..8].bytes().all(|b| b.is_ascii_hexdigit())
+        && matches!(&rest[8..], "a" | "b")
+}
+
+/// Wires are numbered process-wide: the number names the veth ends (which
+/// must be unique in each namespace, whatever bridge made them), the
+/// filter preference on the TAPs and the action indices.
+static NEXT_WIRE: AtomicU32 = AtomicU32::new(0);
+
+/// One direction of a [`Wire`]: from the TAP at one end to the other.
+#[derive(Debug)]
+struct Direction {
+    enabled: bool,
+    /// The action exists (from the first enable to the wire's drop).
+    created: bool,
+    action_index: u32,
+}
+
+/// The veth pair between two TAP NICs and the filters on it (see the
+/// module docs). Dropping it disables both directions and deletes it.
+#[derive(Debug)]
+pub struct Wire {
+    nics: [KernelNic; 2],
+    ends: [String; 2],
+    pref: u32,
+    dirs: [Direction; 2],
+}
+
+impl Wire {
+    /// Builds the wire between `a` and `b`; both directions start
+    /// disabled. On an error nothing is left behind.
+    pub fn create(a: &KernelNic, b: &KernelNic) -> Result<Wire, KernelPathError> {
+        let n = NEXT_WIRE.fetch_add(1, Ordering::Relaxed);
+        let wire = Wire {
+            nics: [a.clone(), b.clone()],
+            ends: [format!("pvk{n:08x}a"), format!("pvk{n:08x}b")],
+            // tc preferences are 16-bit and 0 means "any".
+            pref: n % 0xfff0 + 1,
+            dirs: [0, 1].map(|d| Direction {
+                enabled: false,
+                created: false,
+                // Clear of the small indices `tc` picks for actions of its own.
+                action_index: 0x4000_0000 | (n.wrapping_mul(2) + d) & 0x3fff_ffff,
+            }),
+        };
+        // Dropped on an error below: deletes the veth (and its filters).
+        let peer_ns = format!("/proc/{}/fd/{}", std::process::id(), b.netns.as_raw_fd());
+        a.run(
+            "ip",
+            &[
+                "link",
+                "add",
+                &wire.ends[0],
+                "address",
+                &a.mac.to_string(),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &wire.ends[1],
+                "address",
+                &b.mac.to_string(),
+                "netns",
+                &peer_ns,
+            ],
+        )?;
+        for side in 0..2 {
+            let (nic, end) = (&wire.nics[side], wire.ends[side].as_str());
+            nic.run("ip", &["link", "set", end, "addrgenmode", "none"])?;
+            nic.run("ip", &["link", "set", end, "arp", "off", "up"])?;
+            nic.run("tc", &["qdisc", "add", "dev", end, "clsact"])?;
+            nic.run(
+                "tc",
+                &[
+                    "filter",
+                    "add",
+                    "dev",
+                    end,
+                    "ingress",
+                    "pref",
+                    "1",
+                    "protocol",
+                    "all",
+                    "u32",
+                    "match",
+                    "u32",
+                    "0",
+                    "0",
+                    "action",
+                    "mirred",
+                    "ingress",
+                    "redirect",
+                    "dev",
+                    &nic.ifname,
+                ],
+            )?;
+            // `replace`: another wire may have added the TAP's clsact already.
+            nic.run("tc", &["qdisc", "replace", "dev", &nic.ifname, "clsact"])?;
+        }
+        Ok(wire)
+    }
+
+    /// Whether the direction from side `from` (0 for `a`, 1 for `b`) is
+    /// forwarded by the kernel.
+    pub fn is_enabled(&self, from: usize) -> bool {
+        self.dirs[from].enabled
+    }
+
+    /// Forwards frames from side `from` to the other side's MAC in the
+    /// kernel from now on.
+    pub fn enable(&mut self, from: usize) -> Result<(), KernelPathError> {
+        if self.dirs[from].enabled {
+            return Ok(());
+        }
+        let (nic, to) = (&self.nics[from], &self.nics[1 - from]);
+        let index = self.dirs[from].action_index.to_string();
+        if !self.dirs[from].created {
+            nic.run(
+                "tc",
+                &[
+                    "actions",
+                    "add",
+                    "action",
+                    "mirred",
+                    "egress",
+                    "redirect",
+                    "dev",
+                    &self.ends[from],
+                    "index",
+                    &index,
+                ],
+            )?;
+            self.dirs[from].created = true;
+        }
+        nic.run(
+            "tc",
+            &[
+                "filter",
+                "add",
+                "dev",
+                &nic.ifname,
+                "egress",
+                "pref",
+                &self.pref.to_string(),
+                "protocol",
+                "all",
+                "u32",
+                "match",
+                "ether",
+                "dst",
+                &to.mac.to_string(),
+                "action",
+                "mirred",
+                "index",
+                &index,
+            ],
+        )?;
+        self.dirs[from].enabled = true;
+        Ok(())
+    }
+
+    /// What the kernel forwarded from side `from` over this wire's life,
+    /// enabled or not now.
+    pub fn count(&self, from: usize) -> Result<WireCount, KernelPathError> {
+        if !self.dirs[from].created {
+            return Ok(WireCount::default());
+        }
+        self.action_count(from)
+    }
+
+    fn action_count(&self, from: usize) -> Result<WireCount, KernelPathError> {
+        let index = self.dirs[from].action_index.to_string();
+        let args = ["-s", "actions", "get", "action", "mirred", "index", &index];
+        let out = self.nics[from].run("tc", &args)?;
+        parse_sent(&out).ok_or_else(|| KernelPathError::Counts {
+            command: format!("tc {}", args.join(" ")),
+            output: out.trim().to_owned(),
+        })
+    }
+
+    /// Stops forwarding side `from`'s frames in the kernel: when this
+    /// returns, the next frame goes to the switch. Its count stays.
+    pub fn disable(&mut self, from: usize) -> Result<(), KernelPathError> {
+        if !self.dirs[from].enabled {
+            return Ok(());
+        }
+        let nic = &self.nics[from];
+        let pref = self.pref.to_string();
+        let del = nic.run(
+            "tc",
+            &[
+                "filter",
+                "del",
+                "dev",
+                &nic.ifname,
+                "egress",
+                "pref",
+                &pref,
+                "protocol",
+                "all",
+                "u32",
+            ],
+        );
+        if let Err(e) = del {
+            // The filter must go, whatever else it takes: without the TAP's
+            // clsact no filter is left on it. Other wires' directions from
+            // this TAP then go through the switch (always correct) while
+            // their actions, and so their counts, stay.
+            nic.run("tc", &["qdisc", "del", "dev", &nic.ifname, "clsact"])
+                .map_err(|_| e)?;
+        }
+        self.dirs[from].enabled = false;
+        Ok(())
+    }
+}
+
+impl Drop for Wire {
+    fn drop(&mut self) {
+        for from in 0..2 {
+            let _ = self.disable(from);
+        }
+        // Deleting one end deletes the pair, its qdiscs and filters.
+        let _ = self.nics[0].run("ip", &["link", "del", &self.ends[0]]);
+        for (nic, dir) in self.nics.iter().zip(&self.dirs) {
+            if dir.created {
+                let index = dir.action_index.to_string();
+                let _ = nic.run(
+                    "tc",
+                    &["actions", "del", "action", "mirred", "index", &index],
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sent_counts_are_read_from_tc_output() {
+        let out = "\taction order 1: mirred (Egress Redirect to device pvk0a) stolen\n\
+                   \tindex 1000 ref 1 bind 0\n\tAction statistics:\n\
+                   \tSent 294 bytes 3 pkt (dropped 0, overlimits 0 requeues 0) \n";
+        assert_eq!(
+            parse_sent(out),
+            Some(WireCount {
+                packets: 3,
+                bytes: 294
+            })
+        );
+        assert_eq!(parse_sent("total acts 0"), None);
+        assert_eq!(parse_sent("Sent x bytes 3 pkt"), None);
+    }
+
+    #[test]
+    fn wire_ends_are_told_from_other_interfaces() {
+        assert!(is_wire_end("pvk0000001fa"));
+        assert!(is_wire_end("pvkdeadbeefb"));
+        for other in [
+            "eth0",
+            "pvk0000001fc",
+            "pvk000001fa",
+            "pvkxx00001fa",
+            "pvup00000000",
+        ] {
+            assert!(!is_wire_end(other), "{other}");
+        }
+    }
+}

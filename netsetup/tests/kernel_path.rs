@@ -1,0 +1,199 @@
+//! The kernel path between two TAP NICs in two fresh network namespaces
+//! (root and iproute2 only; skipped with a printed reason otherwise): plain
+//! directions are forwarded by the kernel, and every partition, impairment
+//! and capture takes its direction back to the switch before the call
+//! returns, so what was declared still holds for the next frame.
+
+mod common;
+
+use std::os::fd::OwnedFd;
+use std::process::Command;
+use std::sync::mpsc;
+
+use common::{have, in_fresh_netns, sh};
+use provium_netsetup::{MacAddr, Switch, SwitchConfig, Tap, TapPoller, TapPort};
+
+/// A thread in a network namespace of its own that runs what it is sent.
+struct Netns {
+    jobs: mpsc::Sender<Box<dyn FnOnce() + Send>>,
+}
+
+impl Netns {
+    fn new() -> Netns {
+        let (tx, rx) = mpsc::channel::<Box<dyn FnOnce() + Send>>();
+        std::thread::spawn(move || {
+            // SAFETY: unshare affects only this thread's namespaces.
+            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
+            for job in rx {
+                job();
+            }
+        });
+        Netns { jobs: tx }
+    }
+
+    fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = mpsc::channel();
+        self.jobs
+            .send(Box::new(move || {
+                let _ = tx.send(f());
+            }))
+            .unwrap();
+        rx.recv().expect("netns job panicked")
+    }
+
+    fn sh(&self, cmd: &str) -> String {
+        let cmd = cmd.to_owned();
+        self.run(move || sh(&cmd))
+    }
+
+    /// Whether `ping` to `ip` gets its echoes back.
+    fn pings(&self, ip: &str) -> bool {
+        let ip = ip.to_owned();
+        self.run(move || {
+            Command::new("ping")
+                .args(["-c", "2", "-i", "0.2", "-W", "1", &ip])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+    }
+
+    fn open_tap(&self, name: &str, mac: MacAddr, ip: &str) -> OwnedFd {
+        let (name, ip) = (name.to_owned(), ip.to_owned());
+        self.run(move || {
+            let fd = Tap::open(&name).unwrap().into_fd();
+            sh(&format!(
+                "ip link set lo up && ip link set {name} address {mac} up && ip addr add {ip}/24 dev {name}"
+            ));
+            fd
+        })
+    }
+}
+
+fn directions(sw: &Switch) -> Vec<(String, String)> {
+    sw.kernel_directions()
+}
+
+fn pair(a: &str, b: &str) -> (String, String) {
+    (a.to_owned(), b.to_owned())
+}
+
+#[test]
+fn plain_directions_go_through_the_kernel_and_every_rule_takes_them_back() {
+    if !have("tc") || !have("ping") {
+        eprintln!(
+            "SKIP kernel_path: needs `tc` and `ping` (apt-get install iproute2 iputils-ping)"
+        );
+        return;
+    }
+    in_fresh_netns("kernel_path", || {
+        let (ns_a, ns_b) = (Netns::new(), Netns::new());
+        let (mac_a, mac_b) = (MacAddr::local(0xa), MacAddr::local(0xb));
+        let sw = Switch::new("lan", SwitchConfig::default());
+        let poller = TapPoller::new("kp").unwrap();
+        let fd_a = ns_a.open_tap("tapa", mac_a, "10.7.0.1");
+        let fd_b = ns_b.open_tap("tapb", mac_b, "10.7.0.2");
+        let a = TapPort::attach_on(&poller, &sw, "a", mac_a, fd_a).unwrap();
+        let b = TapPort::attach_on(&poller, &sw, "b", mac_b, fd_b).unwrap();
+        assert!(directions(&sw).is_empty(), "no kernel NIC offered yet");
+        a.offer_kernel_path().unwrap();
+        b.offer_kernel_path().unwrap();
+        assert_eq!(directions(&sw), [pair("a", "b"), pair("b", "a")]);
+        let wires = ns_a.sh("ip -o link show type veth");
+        assert!(
+            wires.contains("pvk"),
+            "a wire end in a's namespace: {wires}"
+        );
+
+        assert!(ns_a.pings("10.7.0.2"));
+        let st = sw.stats();
+        assert!(
+            st.kernel_path >= 4,
+            "the echoes took the kernel path: {st:?}"
+        );
+        let before = a.port().counters();
+        assert!(
+            before.tx_packets >= 2 && before.rx_packets >= 2,
+            "{before:?}"
+        );
+
+        // A partition a -> b: that direction is the switch's again, and
+        // the switch drops it; b -> a stays in the kernel.
+        sw.partition_directional("a", "b").unwrap();
+        assert_eq!(directions(&sw), [pair("b", "a")]);
+        let dropped = sw.stats().dropped_partition;
+        assert!(!ns_a.pings("10.7.0.2"));
+        assert!(sw.stats().dropped_partition > dropped);
+        // Counts of the disabled direction were kept, not lost.
+        assert!(a.port().counters().tx_packets >= before.tx_packets);
+        sw.unpartition_directional("a", "b");
+        assert_eq!(directions(&sw).len(), 2);
+        assert!(ns_a.pings("10.7.0.2"));
+
+        // A 100 % drop rate on b -> a: the echo replies die in the switch.
+        sw.set_pair_drop_rate("b", "a", 100.0).unwrap();
+        assert_eq!(directions(&sw), [pair("a", "b")]);
+        let dropped = sw.stats().dropped_impairment;
+        assert!(!ns_a.pings("10.7.0.2"));
+        assert!(sw.stats().dropped_impairment > dropped);
+        sw.set_pair_drop_rate("b", "a", 0.0).unwrap();
+        assert_eq!(directions(&sw).len(), 2);
+
+        // A whole-bridge latency and a capture each take every direction.
+        sw.set_latency(std::time::Duration::from_millis(1));
+        assert!(directions(&sw).is_empty());
+        assert!(ns_a.pings("10.7.0.2"));
+        sw.reset();
+        assert_eq!(directions(&sw).len(), 2);
+        let cap = sw.capture("test");
+        assert!(directions(&sw).is_empty());
+        assert!(ns_a.pings("10.7.0.2"));
+        assert!(cap.records() >= 4, "the capture saw the echoes");
+        drop(cap);
+
+        // Link down on b: b's directions leave the kernel.
+        sw.reset();
+        sw.disconnect("b").unwrap();
+        assert!(directions(&sw).is_empty());
+        assert!(!ns_a.pings("10.7.0.2"));
+        sw.reconnect("b").unwrap();
+        assert_eq!(directions(&sw).len(), 2);
+        assert!(ns_a.pings("10.7.0.2"));
+
+        // Detaching b removes the wire and its ends.
+        drop(b);
+        assert!(directions(&sw).is_empty());
+        let wires = ns_a.sh("ip -o link show type veth");
+        assert!(!wires.contains("pvk"), "the wire is gone: {wires}");
+        drop(a);
+    });
+}
+
+#[test]
+fn with_the_kernel_path_off_every_frame_passes_the_switch() {
+    if !have("tc") || !have("ping") {
+        eprintln!(
+            "SKIP kernel_path: needs `tc` and `ping` (apt-get install iproute2 iputils-ping)"
+        );
+        return;
+    }
+    in_fresh_netns("kernel_path_off", || {
+        let (ns_a, ns_b) = (Netns::new(), Netns::new());
+        let (mac_a, mac_b) = (MacAddr::local(0xa), MacAddr::local(0xb));
+        let config = SwitchConfig {
+            kernel_path: false,
+            ..SwitchConfig::default()
+        };
+        let sw = Switch::new("lan", config);
+        let poller = TapPoller::new("kp").unwrap();
+        let fd_a = ns_a.open_tap("tapa", mac_a, "10.7.0.1");
+        let fd_b = ns_b.open_tap("tapb", mac_b, "10.7.0.2");
+        let a = TapPort::attach_on(&poller, &sw, "a", mac_a, fd_a).unwrap();
+        let b = TapPort::attach_on(&poller, &sw, "b", mac_b, fd_b).unwrap();
+        a.offer_kernel_path().unwrap();
+        b.offer_kernel_path().unwrap();
+        assert!(directions(&sw).is_empty());
+        assert!(ns_a.pings("10.7.0.2"));
+        assert_eq!(sw.stats().kernel_path, 0);
+        assert!(!ns_a.sh("ip -o link show type veth").contains("pvk"));
+    });
+}
