@@ -24,6 +24,7 @@ missing=()
 command -v iperf3 >/dev/null || missing+=(iperf3)
 command -v ethtool >/dev/null || missing+=(ethtool)
 command -v ping >/dev/null || missing+=(iputils-ping)
+command -v tc >/dev/null || missing+=(iproute2)
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "switch: installing ${missing[*]} (apt-get)" >&2
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null ||

@@ -129,9 +129,13 @@ impl KernelNic {
         &self.ifname
     }
 
-    /// Runs `prog args` inside this NIC's namespace; returns stdout.
-    fn run(&self, prog: &str, args: &[&str]) -> Result<String, KernelPathError> {
-        run_in(&self.netns, prog, args)
+    /// Runs `line` (a program and its arguments, split at whitespace: our
+    /// names, MACs and paths have none) inside this NIC's namespace;
+    /// returns stdout.
+    fn run(&self, line: &str) -> Result<String, KernelPathError> {
+        let mut words = line.split_whitespace();
+        let prog = words.next().unwrap_or_default();
+        run_in(&self.netns, prog, &words.collect::<Vec<_>>())
     }
 }
 
@@ -240,57 +244,22 @@ impl Wire {
         };
         // Dropped on an error below: deletes the veth (and its filters).
         let peer_ns = format!("/proc/{}/fd/{}", std::process::id(), b.netns.as_raw_fd());
-        a.run(
-            "ip",
-            &[
-                "link",
-                "add",
-                &wire.ends[0],
-                "address",
-                &a.mac.to_string(),
-                "type",
-                "veth",
-                "peer",
-                "name",
-                &wire.ends[1],
-                "address",
-                &b.mac.to_string(),
-                "netns",
-                &peer_ns,
-            ],
-        )?;
-        for side in 0..2 {
-            let (nic, end) = (&wire.nics[side], wire.ends[side].as_str());
-            nic.run("ip", &["link", "set", end, "addrgenmode", "none"])?;
-            nic.run("ip", &["link", "set", end, "arp", "off", "up"])?;
-            nic.run("tc", &["qdisc", "add", "dev", end, "clsact"])?;
-            nic.run(
-                "tc",
-                &[
-                    "filter",
-                    "add",
-                    "dev",
-                    end,
-                    "ingress",
-                    "pref",
-                    "1",
-                    "protocol",
-                    "all",
-                    "u32",
-                    "match",
-                    "u32",
-                    "0",
-                    "0",
-                    "action",
-                    "mirred",
-                    "ingress",
-                    "redirect",
-                    "dev",
-                    &nic.ifname,
-                ],
-            )?;
+        let [end_a, end_b] = &wire.ends;
+        a.run(&format!(
+            "ip link add {end_a} address {} type veth peer name {end_b} address {} netns {peer_ns}",
+            a.mac, b.mac
+        ))?;
+        for (nic, end) in wire.nics.iter().zip(&wire.ends) {
+            let tap = &nic.ifname;
+            nic.run(&format!("ip link set {end} addrgenmode none"))?;
+            nic.run(&format!("ip link set {end} arp off up"))?;
+            nic.run(&format!("tc qdisc add dev {end} clsact"))?;
+            nic.run(&format!(
+                "tc filter add dev {end} ingress pref 1 protocol all u32 match u32 0 0 \
+                 action mirred ingress redirect dev {tap}"
+            ))?;
             // `replace`: another wire may have added the TAP's clsact already.
-            nic.run("tc", &["qdisc", "replace", "dev", &nic.ifname, "clsact"])?;
+            nic.run(&format!("tc qdisc replace dev {tap} clsact"))?;
         }
         Ok(wire)
     }
@@ -308,48 +277,19 @@ impl Wire {
             return Ok(());
         }
         let (nic, to) = (&self.nics[from], &self.nics[1 - from]);
-        let index = self.dirs[from].action_index.to_string();
+        let (tap, end, pref) = (&nic.ifname, &self.ends[from], self.pref);
+        let index = self.dirs[from].action_index;
         if !self.dirs[from].created {
-            nic.run(
-                "tc",
-                &[
-                    "actions",
-                    "add",
-                    "action",
-                    "mirred",
-                    "egress",
-                    "redirect",
-                    "dev",
-                    &self.ends[from],
-                    "index",
-                    &index,
-                ],
-            )?;
+            nic.run(&format!(
+                "tc actions add action mirred egress redirect dev {end} index {index}"
+            ))?;
             self.dirs[from].created = true;
         }
-        nic.run(
-            "tc",
-            &[
-                "filter",
-                "add",
-                "dev",
-                &nic.ifname,
-                "egress",
-                "pref",
-                &self.pref.to_string(),
-                "protocol",
-                "all",
-                "u32",
-                "match",
-                "ether",
-                "dst",
-                &to.mac.to_string(),
-                "action",
-                "mirred",
-                "index",
-                &index,
-            ],
-        )?;
+        nic.run(&format!(
+            "tc filter add dev {tap} egress pref {pref} protocol all u32 match ether dst {} \
+             action mirred index {index}",
+            to.mac
+        ))?;
         self.dirs[from].enabled = true;
         Ok(())
     }
@@ -360,15 +300,13 @@ impl Wire {
         if !self.dirs[from].created {
             return Ok(WireCount::default());
         }
-        self.action_count(from)
-    }
-
-    fn action_count(&self, from: usize) -> Result<WireCount, KernelPathError> {
-        let index = self.dirs[from].action_index.to_string();
-        let args = ["-s", "actions", "get", "action", "mirred", "index", &index];
-        let out = self.nics[from].run("tc", &args)?;
+        let line = format!(
+            "tc -s actions get action mirred index {}",
+            self.dirs[from].action_index
+        );
+        let out = self.nics[from].run(&line)?;
         parse_sent(&out).ok_or_else(|| KernelPathError::Counts {
-            command: format!("tc {}", args.join(" ")),
+            command: line,
             output: out.trim().to_owned(),
         })
     }
@@ -380,28 +318,16 @@ impl Wire {
             return Ok(());
         }
         let nic = &self.nics[from];
-        let pref = self.pref.to_string();
-        let del = nic.run(
-            "tc",
-            &[
-                "filter",
-                "del",
-                "dev",
-                &nic.ifname,
-                "egress",
-                "pref",
-                &pref,
-                "protocol",
-                "all",
-                "u32",
-            ],
-        );
+        let (tap, pref) = (&nic.ifname, self.pref);
+        let del = nic.run(&format!(
+            "tc filter del dev {tap} egress pref {pref} protocol all u32"
+        ));
         if let Err(e) = del {
             // The filter must go, whatever else it takes: without the TAP's
             // clsact no filter is left on it. Other wires' directions from
             // this TAP then go through the switch (always correct) while
             // their actions, and so their counts, stay.
-            nic.run("tc", &["qdisc", "del", "dev", &nic.ifname, "clsact"])
+            nic.run(&format!("tc qdisc del dev {tap} clsact"))
                 .map_err(|_| e)?;
         }
         self.dirs[from].enabled = false;
@@ -415,14 +341,11 @@ impl Drop for Wire {
             let _ = self.disable(from);
         }
         // Deleting one end deletes the pair, its qdiscs and filters.
-        let _ = self.nics[0].run("ip", &["link", "del", &self.ends[0]]);
+        let _ = self.nics[0].run(&format!("ip link del {}", self.ends[0]));
         for (nic, dir) in self.nics.iter().zip(&self.dirs) {
             if dir.created {
-                let index = dir.action_index.to_string();
-                let _ = nic.run(
-                    "tc",
-                    &["actions", "del", "action", "mirred", "index", &index],
-                );
+                let index = dir.action_index;
+                let _ = nic.run(&format!("tc actions del action mirred index {index}"));
             }
         }
     }

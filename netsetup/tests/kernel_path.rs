@@ -77,23 +77,65 @@ fn pair(a: &str, b: &str) -> (String, String) {
     (a.to_owned(), b.to_owned())
 }
 
-#[test]
-fn plain_directions_go_through_the_kernel_and_every_rule_takes_them_back() {
-    if !have("tc") || !have("ping") {
+/// Two namespaces with a TAP each (10.7.0.1 and .2) on one switch made
+/// with `config`; with `offer`, both ports offer the kernel path.
+struct Pair {
+    ns_a: Netns,
+    sw: Switch,
+    a: TapPort,
+    b: TapPort,
+    _ns_b: Netns,
+    _poller: TapPoller,
+}
+
+fn pair_on(config: SwitchConfig, offer: bool) -> Pair {
+    let (ns_a, ns_b) = (Netns::new(), Netns::new());
+    let (mac_a, mac_b) = (MacAddr::local(0xa), MacAddr::local(0xb));
+    let sw = Switch::new("lan", config);
+    let poller = TapPoller::new("kp").unwrap();
+    let fd_a = ns_a.open_tap("tapa", mac_a, "10.7.0.1");
+    let fd_b = ns_b.open_tap("tapb", mac_b, "10.7.0.2");
+    let a = TapPort::attach_on(&poller, &sw, "a", mac_a, fd_a).unwrap();
+    let b = TapPort::attach_on(&poller, &sw, "b", mac_b, fd_b).unwrap();
+    if offer {
+        a.offer_kernel_path().unwrap();
+        b.offer_kernel_path().unwrap();
+    }
+    Pair {
+        ns_a,
+        sw,
+        a,
+        b,
+        _ns_b: ns_b,
+        _poller: poller,
+    }
+}
+
+fn tools_missing() -> bool {
+    let missing = !have("tc") || !have("ping");
+    if missing {
         eprintln!(
             "SKIP kernel_path: needs `tc` and `ping` (apt-get install iproute2 iputils-ping)"
         );
+    }
+    missing
+}
+
+#[test]
+fn plain_directions_go_through_the_kernel_and_every_rule_takes_them_back() {
+    if tools_missing() {
         return;
     }
     in_fresh_netns("kernel_path", || {
-        let (ns_a, ns_b) = (Netns::new(), Netns::new());
-        let (mac_a, mac_b) = (MacAddr::local(0xa), MacAddr::local(0xb));
-        let sw = Switch::new("lan", SwitchConfig::default());
-        let poller = TapPoller::new("kp").unwrap();
-        let fd_a = ns_a.open_tap("tapa", mac_a, "10.7.0.1");
-        let fd_b = ns_b.open_tap("tapb", mac_b, "10.7.0.2");
-        let a = TapPort::attach_on(&poller, &sw, "a", mac_a, fd_a).unwrap();
-        let b = TapPort::attach_on(&poller, &sw, "b", mac_b, fd_b).unwrap();
+        // Every field bound: a field left to `..` would drop here.
+        let Pair {
+            ns_a,
+            sw,
+            a,
+            b,
+            _ns_b,
+            _poller,
+        } = pair_on(SwitchConfig::default(), false);
         assert!(directions(&sw).is_empty(), "no kernel NIC offered yet");
         a.offer_kernel_path().unwrap();
         b.offer_kernel_path().unwrap();
@@ -170,27 +212,22 @@ fn plain_directions_go_through_the_kernel_and_every_rule_takes_them_back() {
 
 #[test]
 fn with_the_kernel_path_off_every_frame_passes_the_switch() {
-    if !have("tc") || !have("ping") {
-        eprintln!(
-            "SKIP kernel_path: needs `tc` and `ping` (apt-get install iproute2 iputils-ping)"
-        );
+    if tools_missing() {
         return;
     }
     in_fresh_netns("kernel_path_off", || {
-        let (ns_a, ns_b) = (Netns::new(), Netns::new());
-        let (mac_a, mac_b) = (MacAddr::local(0xa), MacAddr::local(0xb));
         let config = SwitchConfig {
             kernel_path: false,
             ..SwitchConfig::default()
         };
-        let sw = Switch::new("lan", config);
-        let poller = TapPoller::new("kp").unwrap();
-        let fd_a = ns_a.open_tap("tapa", mac_a, "10.7.0.1");
-        let fd_b = ns_b.open_tap("tapb", mac_b, "10.7.0.2");
-        let a = TapPort::attach_on(&poller, &sw, "a", mac_a, fd_a).unwrap();
-        let b = TapPort::attach_on(&poller, &sw, "b", mac_b, fd_b).unwrap();
-        a.offer_kernel_path().unwrap();
-        b.offer_kernel_path().unwrap();
+        let Pair {
+            ns_a,
+            sw,
+            a: _a,
+            b: _b,
+            _ns_b,
+            _poller,
+        } = pair_on(config, true);
         assert!(directions(&sw).is_empty());
         assert!(ns_a.pings("10.7.0.2"));
         assert_eq!(sw.stats().kernel_path, 0);
