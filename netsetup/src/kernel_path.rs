@@ -33,9 +33,10 @@
 //! [`Switch`](crate::Switch)).
 
 use std::io;
+use std::io::Write;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
@@ -135,15 +136,60 @@ impl KernelNic {
     fn run(&self, line: &str) -> Result<String, KernelPathError> {
         let mut words = line.split_whitespace();
         let prog = words.next().unwrap_or_default();
-        run_in(&self.netns, prog, &words.collect::<Vec<_>>())
+        let inv = Invocation {
+            prog,
+            args: words.collect(),
+            stdin: None,
+        };
+        run_in(&self.netns, inv)
+    }
+
+    /// Runs `prog -batch -` (`ip` or `tc`) on `lines` inside this NIC's
+    /// namespace: one process for several commands. The tool stops at the
+    /// first that fails and names its line.
+    fn run_batch(&self, prog: &str, lines: &[String]) -> Result<String, KernelPathError> {
+        let inv = Invocation {
+            prog,
+            args: vec!["-batch", "-"],
+            stdin: Some(lines.iter().map(|l| format!("{l}\n")).collect()),
+        };
+        run_in(&self.netns, inv)
     }
 }
 
-fn run_in(netns: &OwnedFd, prog: &str, args: &[&str]) -> Result<String, KernelPathError> {
-    let command = format!("{prog} {}", args.join(" "));
+/// What a command runs and reads: its arguments, and for `-batch -` the
+/// lines it reads from stdin.
+struct Invocation<'a> {
+    prog: &'a str,
+    args: Vec<&'a str>,
+    stdin: Option<String>,
+}
+
+impl Invocation<'_> {
+    fn describe(&self) -> String {
+        match &self.stdin {
+            None => format!("{} {}", self.prog, self.args.join(" ")),
+            Some(lines) => format!(
+                "{} -batch: {}",
+                self.prog,
+                lines.trim_end().replace('\n', "; ")
+            ),
+        }
+    }
+}
+
+fn run_in(netns: &OwnedFd, inv: Invocation<'_>) -> Result<String, KernelPathError> {
+    let command = inv.describe();
     let ns = netns.as_raw_fd();
-    let mut cmd = Command::new(prog);
-    cmd.args(args);
+    let mut cmd = Command::new(inv.prog);
+    cmd.args(&inv.args)
+        .stdin(if inv.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     // SAFETY: only setns, async-signal-safe, runs between fork and exec;
     // it moves the child alone into the NIC's namespace.
     unsafe {
@@ -154,10 +200,17 @@ fn run_in(netns: &OwnedFd, prog: &str, args: &[&str]) -> Result<String, KernelPa
             Ok(())
         });
     }
-    let out = cmd.output().map_err(|source| KernelPathError::Spawn {
+    let spawn_error = |source| KernelPathError::Spawn {
         command: command.clone(),
         source,
-    })?;
+    };
+    let mut child = cmd.spawn().map_err(spawn_error)?;
+    if let (Some(mut input), Some(lines)) = (child.stdin.take(), inv.stdin) {
+        // A short write means the tool stopped reading: its exit status
+        // and stderr below say why.
+        let _ = input.write_all(lines.as_bytes());
+    }
+    let out = child.wait_with_output().map_err(spawn_error)?;
     if !out.status.success() {
         return Err(KernelPathError::Command {
             command,
@@ -251,15 +304,27 @@ impl Wire {
         ))?;
         for (nic, end) in wire.nics.iter().zip(&wire.ends) {
             let tap = &nic.ifname;
-            nic.run(&format!("ip link set {end} addrgenmode none"))?;
-            nic.run(&format!("ip link set {end} arp off up"))?;
-            nic.run(&format!("tc qdisc add dev {end} clsact"))?;
-            nic.run(&format!(
-                "tc filter add dev {end} ingress pref 1 protocol all u32 match u32 0 0 \
-                 action mirred ingress redirect dev {tap}"
-            ))?;
-            // `replace`: another wire may have added the TAP's clsact already.
-            nic.run(&format!("tc qdisc replace dev {tap} clsact"))?;
+            // Address generation off before the link is up, so it never
+            // gets an IPv6 link-local address to speak from.
+            nic.run_batch(
+                "ip",
+                &[
+                    format!("link set {end} addrgenmode none"),
+                    format!("link set {end} arp off up"),
+                ],
+            )?;
+            nic.run_batch(
+                "tc",
+                &[
+                    format!("qdisc add dev {end} clsact"),
+                    format!(
+                        "filter add dev {end} ingress pref 1 protocol all u32 match u32 0 0 \
+                         action mirred ingress redirect dev {tap}"
+                    ),
+                    // `replace`: another wire may have added the TAP's clsact.
+                    format!("qdisc replace dev {tap} clsact"),
+                ],
+            )?;
         }
         Ok(wire)
     }
@@ -279,19 +344,36 @@ impl Wire {
         let (nic, to) = (&self.nics[from], &self.nics[1 - from]);
         let (tap, end, pref) = (&nic.ifname, &self.ends[from], self.pref);
         let index = self.dirs[from].action_index;
+        let mut lines = Vec::new();
         if !self.dirs[from].created {
-            nic.run(&format!(
-                "tc actions add action mirred egress redirect dev {end} index {index}"
-            ))?;
-            self.dirs[from].created = true;
+            lines.push(format!(
+                "actions add action mirred egress redirect dev {end} index {index}"
+            ));
         }
-        nic.run(&format!(
-            "tc filter add dev {tap} egress pref {pref} protocol all u32 match ether dst {} \
+        lines.push(format!(
+            "filter add dev {tap} egress pref {pref} protocol all u32 match ether dst {} \
              action mirred index {index}",
             to.mac
-        ))?;
+        ));
+        if let Err(e) = nic.run_batch("tc", &lines) {
+            // The action may exist although its filter failed; a later
+            // enable must not add it twice.
+            if !self.dirs[from].created && self.action_exists(from) {
+                self.dirs[from].created = true;
+            }
+            return Err(e);
+        }
+        self.dirs[from].created = true;
         self.dirs[from].enabled = true;
         Ok(())
+    }
+
+    fn action_exists(&self, from: usize) -> bool {
+        let line = format!(
+            "tc actions get action mirred index {}",
+            self.dirs[from].action_index
+        );
+        self.nics[from].run(&line).is_ok()
     }
 
     /// What the kernel forwarded from side `from` over this wire's life,

@@ -192,6 +192,15 @@ fn plain_directions_go_through_the_kernel_and_every_rule_takes_them_back() {
         assert!(cap.records() >= 4, "the capture saw the echoes");
         drop(cap);
 
+        // Isolation of a, and a bandwidth cap on one direction.
+        sw.isolate("a");
+        assert!(directions(&sw).is_empty());
+        assert!(!ns_a.pings("10.7.0.2"));
+        sw.unisolate("a");
+        sw.set_pair_bandwidth("a", "b", 1_000_000_000);
+        assert_eq!(directions(&sw), [pair("b", "a")]);
+        assert!(ns_a.pings("10.7.0.2"));
+
         // Link down on b: b's directions leave the kernel.
         sw.reset();
         sw.disconnect("b").unwrap();
