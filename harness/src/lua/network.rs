@@ -348,14 +348,35 @@ impl WeakBridge {
     }
 }
 
+/// What `provium:bridge(name, opts)` may set on a bridge it creates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BridgeOpts {
+    /// Let the kernel forward the plain directions between sandbox NICs
+    /// (docs/networking.md, "The kernel path"); `{kernel_path = false}`
+    /// sends every frame through the switch.
+    pub kernel_path: bool,
+}
+
+impl Default for BridgeOpts {
+    fn default() -> Self {
+        BridgeOpts { kernel_path: true }
+    }
+}
+
 impl Bridge {
     /// A new bridge (its switch seeded with the run seed), auto-closed at the
     /// end of the current scope.
     pub fn create(env: &Arc<FileEnv>, name: &str) -> Bridge {
+        Bridge::create_with(env, name, BridgeOpts::default())
+    }
+
+    /// [`Bridge::create`] with `opts`.
+    pub fn create_with(env: &Arc<FileEnv>, name: &str, opts: BridgeOpts) -> Bridge {
         let switch = Switch::new(
             name,
             SwitchConfig {
                 run_seed: env.run_seed,
+                kernel_path: opts.kernel_path,
                 ..SwitchConfig::default()
             },
         );

@@ -51,3 +51,26 @@ test("a latency on one direction applies to the next echo", function(t)
   t:assert(ms ~= nil and ms >= 150, "rtt " .. tostring(ms) .. " ms under a 150 ms latency")
   lan:reset()
 end)
+
+-- A bridge made with {kernel_path = false} sends every frame through the
+-- switch (for captures inside the sandboxes: docs/networking.md).
+local switched = provium:bridge("switched", {kernel_path = false})
+switched:attach({a, b})
+
+test("a bridge with kernel_path = false carries every frame itself", function(t)
+  local ea, eb = a:nic("switched"):ifname(), b:nic("switched"):ifname()
+  t:assert(ea ~= "eth0", "the second bridge's NIC: " .. ea)
+  a:run("ip addr add 10.1.0.1/24 dev " .. ea .. " && ip link set " .. ea .. " up"):assert_ok()
+  b:run("ip addr add 10.1.0.2/24 dev " .. eb .. " && ip link set " .. eb .. " up"):assert_ok()
+  local s0 = switched:stats()
+  t:assert(a:run("ping -c 3 -i 0.2 -W 1 10.1.0.2"):ok())
+  local s1 = switched:stats()
+  t:assert_eq(s1.kernel_path, 0, "nothing took the kernel path")
+  t:assert(s1.delivered - s0.delivered >= 6, "the switch delivered the echoes")
+end)
+
+test("opts apply only where a bridge is created", function(t)
+  local ok, e = pcall(function() provium:bridge("switched", {kernel_path = true}) end)
+  t:assert(not ok)
+  t:assert(tostring(e):find("exists already", 1, true) ~= nil, tostring(e))
+end)

@@ -54,7 +54,7 @@ end)
 
 test("opts are reserved", function(t)
   t:assert_eq(provium:bridge("lan", {}), lan)
-  raises(t, function() provium:bridge("x", {mtu = 9000}) end, "bridge opts are reserved")
+  raises(t, function() provium:bridge("x", {mtu = 9000}) end, "the one bridge option is kernel_path")
 end)
 
 test("sub-labs hold bridges; remove and include", function(t)

@@ -6,7 +6,7 @@
 use mlua::{Lua, MetaMethod, MultiValue, Table, UserData, UserDataMethods, Value};
 
 use super::Lab;
-use crate::lua::network::Bridge;
+use crate::lua::network::{Bridge, BridgeOpts};
 use crate::lua::vm::{Vm, VmSizing};
 use crate::lua::{duration, err};
 
@@ -98,24 +98,54 @@ fn vm(this: &Lab, name: String, profile: Option<String>, opts: Option<Table>) ->
 }
 
 /// `lab:bridge(name, opts?)`: the bridge of that name up the scope chain,
-/// else a new one here. No opts are accepted yet.
+/// else a new one here, with `opts` (`{kernel_path = false}`).
 fn bridge(this: &Lab, name: String, opts: Option<Table>) -> mlua::Result<Bridge> {
-    if let Some(o) = &opts {
-        if let Some(pair) = o.pairs::<Value, Value>().next() {
-            let (k, _) = pair?;
-            return Err(err(format!(
-                "bridge(\"{name}\", opts): unknown option {k:?} (bridge opts are reserved; none are accepted yet)"
-            )));
-        }
-    }
+    let parsed = bridge_opts(&name, opts.as_ref())?;
     // Lookup walks up the scope chain; otherwise create here.
     if let Some(b) = this.find_bridge(&name) {
+        if opts.is_some_and(|o| o.pairs::<Value, Value>().next().is_some()) {
+            return Err(err(format!(
+                "bridge(\"{name}\", opts): bridge `{name}` exists already and opts apply only \
+                 where a bridge is created; drop the opts, or give the new bridge another name"
+            )));
+        }
         return Ok(b);
     }
     this.check_new_name("bridge", &name)?;
-    let b = Bridge::create(&this.0.env, &name);
+    let b = Bridge::create_with(&this.0.env, &name, parsed);
     this.put_bridge(name, &b);
     Ok(b)
+}
+
+/// The options of `bridge(name, opts)`; each bad one is named with the fix.
+fn bridge_opts(name: &str, opts: Option<&Table>) -> mlua::Result<BridgeOpts> {
+    let mut out = BridgeOpts::default();
+    let Some(o) = opts else {
+        return Ok(out);
+    };
+    for pair in o.pairs::<Value, Value>() {
+        let (k, v) = pair?;
+        let key = match &k {
+            Value::String(s) => s.to_str().ok().map(|s| s.to_string()),
+            _ => None,
+        };
+        match (key.as_deref(), v) {
+            (Some("kernel_path"), Value::Boolean(on)) => out.kernel_path = on,
+            (Some("kernel_path"), other) => {
+                return Err(err(format!(
+                    "bridge(\"{name}\", opts): kernel_path must be true or false, got {}",
+                    other.type_name()
+                )))
+            }
+            _ => {
+                return Err(err(format!(
+                    "bridge(\"{name}\", opts): unknown option {k:?} (the one bridge option is \
+                     kernel_path = true|false)"
+                )))
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// `lab:lab(name?)`: a new sub-lab (anonymous `__lab_N` without a name).
@@ -354,7 +384,19 @@ mod tests {
         );
         assert_eq!(
             run_err(&lua, r#"provium:bridge("b", {mtu = 1})"#),
-            "bridge(\"b\", opts): unknown option String(\"mtu\") (bridge opts are reserved; none are accepted yet)"
+            "bridge(\"b\", opts): unknown option String(\"mtu\") (the one bridge option is kernel_path = true|false)"
+        );
+        assert_eq!(
+            run_err(&lua, r#"provium:bridge("b", {kernel_path = "no"})"#),
+            "bridge(\"b\", opts): kernel_path must be true or false, got string"
+        );
+        assert_eq!(
+            run_err(
+                &lua,
+                r#"provium:bridge("c", {kernel_path = false}); provium:bridge("c", {kernel_path = true})"#
+            ),
+            "bridge(\"c\", opts): bridge `c` exists already and opts apply only where a bridge is \
+             created; drop the opts, or give the new bridge another name"
         );
         assert_eq!(
             run_err(&lua, "provium:remove(1)"),
