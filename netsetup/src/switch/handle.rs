@@ -182,9 +182,11 @@ impl Port {
         self.inner.port_counters(self.id)
     }
 
-    /// Gives this port a kernel NIC (see
-    /// [`Switch::set_kernel_nic`](super::Switch::set_kernel_nic)); a
-    /// detached port ignores it.
+    /// Gives this port a kernel NIC: from now on the kernel forwards its
+    /// plain directions to the other ports with one (see
+    /// [`crate::kernel_path`]). The first error building a path is printed
+    /// once, and the bridge then stays on the switch. A detached port
+    /// ignores it.
     pub fn set_kernel_nic(&self, nic: crate::KernelNic) {
         self.inner.update(|c| {
             if let Some(slot) = c.ports.get_mut(&self.id) {

@@ -157,8 +157,9 @@ impl Inner {
         *broken = true;
     }
 
-    /// What the enabled directions from or to `port` forwarded so far, as
-    /// (sent by it, received by it).
+    /// What the kernel forwarded from or to `port` over its current wires'
+    /// lives (enabled now or not), as (sent by it, received by it); wires
+    /// already gone were folded into the counters.
     pub(super) fn kernel_counts(&self, port: PortId) -> (WireCount, WireCount) {
         let k = self.kernel.lock().unwrap_or_else(|e| e.into_inner());
         let (mut sent, mut received) = (WireCount::default(), WireCount::default());
@@ -177,7 +178,7 @@ impl Inner {
         (sent, received)
     }
 
-    /// What every enabled direction forwarded so far, in wire packets.
+    /// What the current wires forwarded over their lives, in wire packets.
     pub(super) fn kernel_packets(&self) -> u64 {
         let k = self.kernel.lock().unwrap_or_else(|e| e.into_inner());
         k.wires

@@ -80,7 +80,6 @@ use crate::offload::{OffloadError, Offloads};
 use crate::pcap::{Capture, CaptureScope};
 use crate::port::RxQueue;
 
-use crate::kernel_path::KernelNic;
 use counters::{add, PortCounterCells, SwitchStatCells};
 use delay::{DelayShared, PortDelay, Release};
 use forward::{After, Sender};
@@ -164,7 +163,7 @@ pub struct SwitchConfig {
     /// of the rate.
     pub bandwidth_burst_bits: Option<u64>,
     /// Let the kernel forward the plain directions between ports with a
-    /// kernel NIC ([`Switch::set_kernel_nic`]; see [`crate::kernel_path`]).
+    /// kernel NIC ([`Port::set_kernel_nic`]; see [`crate::kernel_path`]).
     /// Off, every frame goes through the switch (the bench compares both).
     pub kernel_path: bool,
 }
@@ -628,23 +627,6 @@ impl Switch {
         s.delivered += kernel;
         s.kernel_path += kernel;
         s
-    }
-
-    /// Gives port `name` a kernel NIC: from now on the kernel forwards its
-    /// plain directions to other ports with one (see
-    /// [`crate::kernel_path`]). The first error building a path is printed
-    /// once, and the bridge then stays on the switch.
-    pub fn set_kernel_nic(&self, name: &str, nic: KernelNic) -> Result<(), SwitchError> {
-        self.inner.update(|c| {
-            let id = *c
-                .by_name
-                .get(name)
-                .ok_or_else(|| self.inner.no_port(name))?;
-            if let Some(slot) = c.ports.get_mut(&id) {
-                slot.kernel_nic = Some(nic);
-            }
-            Ok(())
-        })
     }
 
     /// The directions the kernel forwards now, as sorted (from, to) names.

@@ -103,7 +103,7 @@ fn bridge(this: &Lab, name: String, opts: Option<Table>) -> mlua::Result<Bridge>
     let parsed = bridge_opts(&name, opts.as_ref())?;
     // Lookup walks up the scope chain; otherwise create here.
     if let Some(b) = this.find_bridge(&name) {
-        if opts.is_some_and(|o| o.pairs::<Value, Value>().next().is_some()) {
+        if parsed.is_some() {
             return Err(err(format!(
                 "bridge(\"{name}\", opts): bridge `{name}` exists already and opts apply only \
                  where a bridge is created; drop the opts, or give the new bridge another name"
@@ -112,14 +112,15 @@ fn bridge(this: &Lab, name: String, opts: Option<Table>) -> mlua::Result<Bridge>
         return Ok(b);
     }
     this.check_new_name("bridge", &name)?;
-    let b = Bridge::create_with(&this.0.env, &name, parsed);
+    let b = Bridge::create_with(&this.0.env, &name, parsed.unwrap_or_default());
     this.put_bridge(name, &b);
     Ok(b)
 }
 
-/// The options of `bridge(name, opts)`; each bad one is named with the fix.
-fn bridge_opts(name: &str, opts: Option<&Table>) -> mlua::Result<BridgeOpts> {
-    let mut out = BridgeOpts::default();
+/// The options of `bridge(name, opts)`, `None` when none were given (no
+/// table, or an empty one); each bad one is named with the fix.
+fn bridge_opts(name: &str, opts: Option<&Table>) -> mlua::Result<Option<BridgeOpts>> {
+    let mut out = None;
     let Some(o) = opts else {
         return Ok(out);
     };
@@ -130,7 +131,9 @@ fn bridge_opts(name: &str, opts: Option<&Table>) -> mlua::Result<BridgeOpts> {
             _ => None,
         };
         match (key.as_deref(), v) {
-            (Some("kernel_path"), Value::Boolean(on)) => out.kernel_path = on,
+            (Some("kernel_path"), Value::Boolean(on)) => {
+                out.get_or_insert_with(BridgeOpts::default).kernel_path = on
+            }
             (Some("kernel_path"), other) => {
                 return Err(err(format!(
                     "bridge(\"{name}\", opts): kernel_path must be true or false, got {}",
