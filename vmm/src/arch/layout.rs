@@ -38,6 +38,17 @@ pub const HIMEM_START: u64 = 0x10_0000;
 pub const MMIO_GAP_START: u64 = 0xc000_0000;
 /// End of the 32-bit MMIO hole: RAM beyond `MMIO_GAP_START` continues here.
 pub const MMIO_GAP_END: u64 = 0x1_0000_0000;
+/// The PCI root complex's 32-bit BAR window (virtio-pci BARs are allocated
+/// here): the bottom of the MMIO gap, up to the virtio-mmio windows at
+/// `device_manager::mmio::MMIO_BASE` (0xd000_0000).
+pub const PCI_MMIO32_BASE: u64 = MMIO_GAP_START;
+/// Size of the 32-bit BAR window.
+pub const PCI_MMIO32_BYTES: u64 = 0x1000_0000;
+/// PCI Express enhanced configuration space (ECAM), announced in the ACPI
+/// MCFG table; bus 0 only (32 devices x 8 functions x 4 KiB = 1 MiB).
+pub const PCI_ECAM_BASE: u64 = 0xe000_0000;
+/// Size of the ECAM window (bus 0).
+pub const PCI_ECAM_BYTES: u64 = 1 << 20;
 /// KVM's TSS region (three pages just below the BIOS area at the top of 4 GiB).
 pub const KVM_TSS_ADDR: u64 = 0xfffb_d000;
 
