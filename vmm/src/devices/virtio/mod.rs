@@ -13,6 +13,7 @@
 pub mod block;
 pub mod mmio;
 pub mod net;
+pub mod pci;
 pub mod persist;
 pub mod rng;
 #[cfg(test)]
