@@ -705,6 +705,14 @@ impl Vm {
         Some(slot.status())
     }
 
+    /// Accesses (vCPU exits) the current boot's (PIO, MMIO) buses have
+    /// dispatched.
+    pub fn bus_accesses(&self) -> Option<(u64, u64)> {
+        let g = self.shared.lock();
+        let m = g.machine.as_ref()?;
+        Some((m.pio.accesses(), m.mmio.accesses()))
+    }
+
     /// The PCI root complex's refused-access counters, when the current
     /// boot has one.
     pub fn pci_counters(&self) -> Option<crate::devices::pci::root::PciCounters> {

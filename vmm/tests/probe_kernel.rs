@@ -283,7 +283,20 @@ fn probe_kernel_boots_to_init_and_probes_devices() {
     );
     // The guest kernel's vsock transport answers: nothing listens on the
     // port (no user space here), so it refuses with RST.
+    // Exits spent on one vsock exchange (the host's request in, the
+    // guest's RST out): the transports' cost per I/O, printed for docs/vmm.md.
+    let before = vm.bus_accesses().expect("booted");
     let refused = vsock.connect(1024, Duration::from_secs(60));
+    let after = vm.bus_accesses().expect("booted");
+    let boot_exits = before;
+    eprintln!(
+        "{test}: one vsock connect+RST cost {} MMIO-bus and {} PIO-bus exits; the restored \
+         boot until then {} MMIO and {} PIO",
+        after.1 - before.1,
+        after.0 - before.0,
+        boot_exits.1,
+        boot_exits.0
+    );
     assert_eq!(
         refused.as_ref().map(|_| ()),
         Err(&VsockConnectError::Refused {
@@ -436,7 +449,20 @@ fn probe_kernel_probes_devices_over_virtio_pci() {
         seen.discovers >= 1 && seen.requests >= 1,
         "DHCP over virtio-net on pci: {seen:?}"
     );
+    // Exits spent on one vsock exchange (the host's request in, the
+    // guest's RST out): the transports' cost per I/O, printed for docs/vmm.md.
+    let before = vm.bus_accesses().expect("booted");
     let refused = vsock.connect(1024, Duration::from_secs(60));
+    let after = vm.bus_accesses().expect("booted");
+    let boot_exits = before;
+    eprintln!(
+        "{test}: one vsock connect+RST cost {} MMIO-bus and {} PIO-bus exits; the restored \
+         boot until then {} MMIO and {} PIO",
+        after.1 - before.1,
+        after.0 - before.0,
+        boot_exits.1,
+        boot_exits.0
+    );
     assert_eq!(
         refused.as_ref().map(|_| ()),
         Err(&VsockConnectError::Refused {

@@ -92,9 +92,12 @@ impl PciDevice for HostBridge {
     fn write_bar(&mut self, _bar: usize, _offset: u64, _data: &[u8]) {}
 }
 
+/// A function as the bus holds it.
+pub type SharedPciDevice = Arc<Mutex<dyn PciDevice>>;
+
 /// Bus 0.
 pub struct PciRoot {
-    slots: Vec<Option<Arc<Mutex<dyn PciDevice>>>>,
+    slots: Vec<Option<SharedPciDevice>>,
     config_address: u32,
     ecam: (u64, u64),
     window: (u64, u64),
@@ -228,7 +231,7 @@ impl PciRoot {
     }
 
     /// The function and BAR that decode `[gpa, gpa + len)`, and the offset.
-    fn claim(&self, gpa: u64, len: u64) -> Option<(Arc<Mutex<dyn PciDevice>>, usize, u64)> {
+    fn claim(&self, gpa: u64, len: u64) -> Option<(SharedPciDevice, usize, u64)> {
         for d in self.slots.iter().flatten() {
             let dev = lock(d);
             if !dev.config().memory_enabled() {
