@@ -326,6 +326,7 @@ fn tiny_profile(dir: &Path) -> provium::config::Profile {
         cmdline: "tiny".into(),
         cmdline_file: None,
         guest_os: "linux".into(),
+        transport: Default::default(),
         inject_agent: false,
         agent_overlay_path: None,
         build: None,

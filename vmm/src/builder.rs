@@ -26,16 +26,18 @@ use crate::arch::regs::write_boot_tables;
 use crate::console::Console;
 use crate::device_manager::legacy::{attach_legacy_devices, LegacyDevices, LegacyDevicesError};
 use crate::device_manager::mmio::{attach_virtio_device, MmioDevicesError, MmioSlot, MmioSlots};
+use crate::device_manager::pci::{PciDevices, PciDevicesError};
+use crate::device_manager::VirtioSlot;
 use crate::devices::bus::Bus;
+use crate::devices::pci::PciRoot;
 use crate::devices::virtio::block::{Block, BlockConfig, DiskImage};
-use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::net::Net;
 use crate::devices::virtio::rng::Rng;
 use crate::devices::virtio::vsock::Vsock;
 use crate::devices::virtio::VirtioDevice;
 use crate::devices::GuestRequestSink;
 use crate::vmm_config::machine_config::MachineConfigError;
-use crate::vmm_config::{KernelImage, VmConfig};
+use crate::vmm_config::{KernelImage, VirtioTransportKind, VmConfig};
 use crate::vstate::kvm::KvmContext;
 use crate::vstate::memory::{create_guest_ram, GuestRam, MemoryError};
 use crate::vstate::vcpu::{
@@ -149,6 +151,9 @@ pub enum BuildError {
     /// A virtio-mmio slot.
     #[error("cannot attach a virtio device")]
     Virtio(#[source] MmioDevicesError),
+    /// The PCI root complex or a virtio-pci slot.
+    #[error("cannot attach a virtio-pci device")]
+    Pci(#[source] PciDevicesError),
     /// vCPU setup.
     #[error("cannot set up vCPUs")]
     Vcpu(#[source] VcpuError),
@@ -182,10 +187,13 @@ pub struct Machine {
     pub legacy: LegacyDevices,
     /// The PIO bus.
     pub pio: Arc<Bus>,
-    /// The MMIO bus (virtio-mmio windows).
+    /// The MMIO bus (virtio-mmio windows, PCI ECAM and BARs).
     pub mmio: Arc<Bus>,
-    /// The virtio transports in slot order (also on `mmio`), for snapshots.
-    pub virtio: Vec<Arc<std::sync::Mutex<MmioTransport>>>,
+    /// The virtio transports in attach order (also on the buses), for
+    /// status and snapshots.
+    pub virtio: Vec<VirtioSlot>,
+    /// The PCI root complex, when the devices are on virtio-pci.
+    pub pci: Option<Arc<std::sync::Mutex<PciRoot>>>,
     /// The KVM VM.
     pub vm: KvmVm,
     /// Guest RAM.
@@ -394,14 +402,29 @@ pub fn build_and_start(
         .map_err(BuildError::Legacy)?;
     attach_boot_timer(cfg, console, &mut pio)?;
     let mut mmio = Bus::new();
-    let mut slots = MmioSlots::default();
     let mut cmdline_text = cfg.boot.cmdline.clone();
     let mut virtio = Vec::new();
-    for dev in virtio_devices(cfg)? {
-        let a = attach_virtio_device(&mut slots, &vm, &mut mmio, &ram.memory, dev)
-            .map_err(BuildError::Virtio)?;
-        announce(&mut cmdline_text, &a.slot);
-        virtio.push(a.transport);
+    let mut pci = None;
+    match cfg.transport {
+        VirtioTransportKind::Mmio => {
+            let mut slots = MmioSlots::default();
+            for dev in virtio_devices(cfg)? {
+                let a = attach_virtio_device(&mut slots, &vm, &mut mmio, &ram.memory, dev)
+                    .map_err(BuildError::Virtio)?;
+                announce(&mut cmdline_text, &a.slot);
+                virtio.push(VirtioSlot::Mmio(a.transport));
+            }
+        }
+        VirtioTransportKind::Pci => {
+            let mut devs = PciDevices::new(&mut pio, &mut mmio).map_err(BuildError::Pci)?;
+            for dev in virtio_devices(cfg)? {
+                let t = devs
+                    .attach(&vm, &ram.memory, dev, None)
+                    .map_err(BuildError::Pci)?;
+                virtio.push(VirtioSlot::Pci(t));
+            }
+            pci = Some(devs.root);
+        }
     }
 
     let cmdline_cap = match hdr {
@@ -464,6 +487,7 @@ pub fn build_and_start(
             pio,
             mmio,
             virtio,
+            pci,
             vcpu_fds: fds,
             stops,
             boot,
@@ -481,7 +505,8 @@ pub(crate) struct MachineParts {
     pub legacy: LegacyDevices,
     pub pio: Bus,
     pub mmio: Bus,
-    pub virtio: Vec<Arc<std::sync::Mutex<MmioTransport>>>,
+    pub virtio: Vec<VirtioSlot>,
+    pub pci: Option<Arc<std::sync::Mutex<PciRoot>>>,
     pub vcpu_fds: Vec<VcpuFd>,
     pub stops: Arc<dyn VcpuStopSink>,
     pub boot: BootInfo,
@@ -508,6 +533,7 @@ pub(crate) fn start_machine(cfg: &VmConfig, parts: MachineParts) -> Result<Machi
         pio,
         mmio,
         virtio: parts.virtio,
+        pci: parts.pci,
         vm: parts.vm,
         ram: parts.ram,
         boot: parts.boot,

@@ -693,18 +693,33 @@ impl Vm {
             .map_err(|_| bad())
     }
 
-    /// The virtio-mmio status register (virtio 1.2, 2.1) of the `index`th
-    /// virtio device of the current boot (attach order: disks, rng, vsock, nets), as
-    /// the guest's driver last wrote it: `DRIVER_OK` (4) means its driver
-    /// probed and started the device. `None` when not booted or no such device.
+    /// The device status register (virtio 1.2, 2.1) of the `index`th
+    /// virtio device of the current boot (attach order: disks, rng, vsock,
+    /// nets), on either transport, as the guest's driver last wrote it:
+    /// `DRIVER_OK` (4) means its driver probed and started the device.
+    /// `None` when not booted or no such device.
     pub fn virtio_status(&self, index: u32) -> Option<u32> {
         let g = self.shared.lock();
         let m = g.machine.as_ref()?;
-        let gpa = crate::device_manager::mmio::MMIO_BASE
-            + u64::from(index) * crate::devices::virtio::mmio::MMIO_WINDOW_BYTES
-            + 0x70;
-        let mut b = [0u8; 4];
-        m.mmio.read(gpa, &mut b).then(|| u32::from_le_bytes(b))
+        let slot = m.virtio.get(usize::try_from(index).ok()?)?;
+        Some(slot.status())
+    }
+
+    /// Accesses (vCPU exits) the current boot's (PIO, MMIO) buses have
+    /// dispatched.
+    pub fn bus_accesses(&self) -> Option<(u64, u64)> {
+        let g = self.shared.lock();
+        let m = g.machine.as_ref()?;
+        Some((m.pio.accesses(), m.mmio.accesses()))
+    }
+
+    /// The PCI root complex's refused-access counters, when the current
+    /// boot has one.
+    pub fn pci_counters(&self) -> Option<crate::devices::pci::root::PciCounters> {
+        let g = self.shared.lock();
+        let root = g.machine.as_ref()?.pci.as_ref()?;
+        let c = root.lock().unwrap_or_else(|e| e.into_inner()).counters();
+        Some(c)
     }
 
     /// Writes guest RAM of the current boot, as a device doing DMA would

@@ -46,12 +46,13 @@ use crate::builder::{
 use crate::console::Console;
 use crate::device_manager::legacy::attach_legacy_devices;
 use crate::device_manager::mmio::{attach_restored_virtio_device, MmioSlots};
+use crate::device_manager::pci::PciDevices;
+use crate::device_manager::{VirtioSlot, VirtioTransportState};
 use crate::devices::bus::Bus;
 use crate::devices::legacy::serial::SerialDeviceState;
-use crate::devices::virtio::mmio::{MmioTransport, MmioTransportState};
 use crate::devices::GuestRequestSink;
 use crate::snapshot::{Expect, Shape, Snapshot, SnapshotBuilder, SnapshotError};
-use crate::vmm_config::VmConfig;
+use crate::vmm_config::{VirtioTransportKind, VmConfig};
 use crate::vstate::kvm::KvmContext;
 use crate::vstate::memory::{data_masks, host_parts, MemoryError, RestoreRamCache};
 use crate::vstate::vcpu::{
@@ -64,7 +65,7 @@ use crate::vstate::vm::{KvmVm, KvmVmError, KvmVmState};
 pub const SNAPSHOT_BACKEND: &str = "kvm";
 /// Version of [`MicrovmState`]'s layout. Bump it with any change to a state
 /// struct; `tests::state_version_pin` makes a change visible.
-pub const VM_STATE_VERSION: u32 = 1;
+pub const VM_STATE_VERSION: u32 = 2;
 /// Section names.
 pub const VM_SECTION: &str = "vm";
 /// The guest memory section.
@@ -90,8 +91,9 @@ pub struct MicrovmState {
     pub vcpus: Vec<VcpuState>,
     /// COM1.
     pub serial: SerialDeviceState,
-    /// Virtio transports and their devices, in slot order.
-    pub virtio: Vec<MmioTransportState>,
+    /// Virtio transports (mmio or pci, all the same) and their devices,
+    /// in attach order.
+    pub virtio: Vec<VirtioTransportState>,
 }
 
 /// Why a snapshot or restore failed.
@@ -192,10 +194,10 @@ pub fn save_machine(
     path: &Path,
     extra: &[(&str, Vec<u8>)],
 ) -> Result<SnapshotStats, PersistError> {
-    let virtio: Vec<MmioTransportState> = m.virtio.iter().map(|t| lock(t).save()).collect();
+    let virtio: Vec<VirtioTransportState> = m.virtio.iter().map(VirtioSlot::save).collect();
     let r = save_quiesced(m, kvm, cfg, console, path, virtio, extra);
     for t in &m.virtio {
-        lock(t).resume_after_save();
+        t.resume_after_save();
     }
     r
 }
@@ -211,7 +213,7 @@ fn save_quiesced(
     cfg: &VmConfig,
     console: &Console,
     path: &Path,
-    virtio: Vec<MmioTransportState>,
+    virtio: Vec<VirtioTransportState>,
     extra: &[(&str, Vec<u8>)],
 ) -> Result<SnapshotStats, PersistError> {
     let serial = lock(&m.legacy.serial).save();
@@ -385,16 +387,47 @@ pub fn restore_and_start(
     attach_boot_timer(cfg, console, &mut pio).map_err(build)?;
     let mut mmio = Bus::new();
     let mut slots = MmioSlots::default();
-    let mut virtio: Vec<Arc<Mutex<MmioTransport>>> = Vec::new();
+    let mut pci_devs = match cfg.transport {
+        VirtioTransportKind::Mmio => None,
+        VirtioTransportKind::Pci => {
+            Some(PciDevices::new(&mut pio, &mut mmio).map_err(|e| build(BuildError::Pci(e)))?)
+        }
+    };
+    let mut virtio: Vec<VirtioSlot> = Vec::new();
     for (dev, st) in virtio_devices(cfg)
         .map_err(build)?
         .into_iter()
         .zip(&state.virtio)
     {
-        let a = attach_restored_virtio_device(&mut slots, &vm, &mut mmio, &ram.memory, dev, st)
-            .map_err(|e| build(BuildError::Virtio(e)))?;
-        virtio.push(a.transport);
+        match (st, pci_devs.as_mut()) {
+            (VirtioTransportState::Mmio(st), None) => {
+                let a =
+                    attach_restored_virtio_device(&mut slots, &vm, &mut mmio, &ram.memory, dev, st)
+                        .map_err(|e| build(BuildError::Virtio(e)))?;
+                virtio.push(VirtioSlot::Mmio(a.transport));
+            }
+            (VirtioTransportState::Pci(st), Some(p)) => {
+                let t = p
+                    .attach(&vm, &ram.memory, dev, Some(st))
+                    .map_err(|e| build(BuildError::Pci(e)))?;
+                virtio.push(VirtioSlot::Pci(t));
+            }
+            (st, _) => {
+                let found = match st {
+                    VirtioTransportState::Mmio(_) => "mmio",
+                    VirtioTransportState::Pci(_) => "pci",
+                };
+                return Err(PersistError::Shape {
+                    file: path.display().to_string(),
+                    what: format!(
+                        "its virtio devices are on {found}, this VM puts them on {}",
+                        cfg.transport.name()
+                    ),
+                });
+            }
+        }
     }
+    let pci = pci_devs.map(|p| p.root);
 
     let mut fds = Vec::with_capacity(state.vcpus.len());
     for (i, vs) in state.vcpus.iter().enumerate() {
@@ -422,6 +455,7 @@ pub fn restore_and_start(
             pio,
             mmio,
             virtio,
+            pci,
             vcpu_fds: fds,
             stops,
             boot: BootInfo::default(),
@@ -462,7 +496,7 @@ mod tests {
         // Changing any state struct (vCPU, VM, serial, virtio transport or
         // a device's <Dev>State) must bump VM_STATE_VERSION; update this
         // pin with it.
-        assert_eq!(VM_STATE_VERSION, 1);
+        assert_eq!(VM_STATE_VERSION, 2);
     }
 
     #[test]

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use provium_vmm::devices::virtio::vsock::{VsockConnectError, VsockHost};
 use provium_vmm::initrd::CpioWriter;
 use provium_vmm::netsetup::{MacAddr, Switch, SwitchConfig};
-use provium_vmm::vmm_config::{DriveConfig, NetConfig, RngConfig};
+use provium_vmm::vmm_config::{DriveConfig, NetConfig, RngConfig, VirtioTransportKind};
 use provium_vmm::{BootSource, KernelImage, Vm, VmConfig, VmError};
 
 /// The command line DESIGN.md gives for Linux guests on kvm_pvm (the CPU
@@ -283,7 +283,20 @@ fn probe_kernel_boots_to_init_and_probes_devices() {
     );
     // The guest kernel's vsock transport answers: nothing listens on the
     // port (no user space here), so it refuses with RST.
+    // Exits spent on one vsock exchange (the host's request in, the
+    // guest's RST out): the transports' cost per I/O, printed for docs/vmm.md.
+    let before = vm.bus_accesses().expect("booted");
     let refused = vsock.connect(1024, Duration::from_secs(60));
+    let after = vm.bus_accesses().expect("booted");
+    let boot_exits = before;
+    eprintln!(
+        "{test}: one vsock connect+RST cost {} MMIO-bus and {} PIO-bus exits; the restored \
+         boot until then {} MMIO and {} PIO",
+        after.1 - before.1,
+        after.0 - before.0,
+        boot_exits.1,
+        boot_exits.0
+    );
     assert_eq!(
         refused.as_ref().map(|_| ()),
         Err(&VsockConnectError::Refused {
@@ -350,6 +363,135 @@ fn probe_kernel_boots_to_init_and_probes_devices() {
     assert!(
         !log.contains("Initramfs unpacking failed"),
         "initramfs unpacked: {log}"
+    );
+    vm.shutdown().expect("shutdown");
+}
+
+/// The same devices over virtio-pci: no `virtio_mmio.device=` words, the
+/// kernel finds the bus through ports 0xCF8/0xCFC (no ACPI here), and its
+/// virtio_pci driver binds blk, rng, vsock and net with MSI-X vectors. The
+/// kernel is snapshotted once virtio-blk probed and the rest of the boot
+/// (block I/O for the partition scan, DHCP over virtio-net, a vsock
+/// connect) runs in a new VM restored from it: the restored MSI-X table
+/// and routes must deliver its interrupts.
+#[test]
+fn probe_kernel_probes_devices_over_virtio_pci() {
+    let test = "probe_kernel_probes_devices_over_virtio_pci";
+    let Some(kernel) = probe_kernel(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let initrd = write_initrd(dir.path());
+    let disk = dir.path().join("disk.img");
+    std::fs::write(
+        &disk,
+        vec![0u8; usize::try_from(DISK_SECTORS * 512).expect("small")],
+    )
+    .expect("disk");
+    let mut cfg = VmConfig::new(BootSource {
+        kernel: KernelImage::Path(kernel.clone()),
+        initrd: Some(initrd),
+        cmdline: format!("{CMDLINE} ip=dhcp"),
+    });
+    cfg.transport = VirtioTransportKind::Pci;
+    cfg.machine.mem_size_mib = 256;
+    cfg.drives = vec![DriveConfig {
+        path: disk,
+        read_only: false,
+        id: "probe-vda".into(),
+        faults: Default::default(),
+    }];
+    cfg.rng = Some(RngConfig { seed: Some(7) });
+    let vsock = VsockHost::new(GUEST_CID).expect("vsock host");
+    cfg.vsock = Some(vsock.clone());
+    let lan = Switch::new("lan-pci", SwitchConfig::default());
+    let guest_mac: MacAddr = GUEST_MAC.parse().expect("mac");
+    cfg.nets = vec![NetConfig::on_port(std::sync::Arc::new(
+        lan.attach("probe", guest_mac).expect("attach guest"),
+    ))];
+    let dhcp = dhcp::Server::start(lan.attach("dhcp", dhcp::SERVER_MAC).expect("attach dhcp"));
+    cfg.protocol_version = 1;
+    let Some(first) = new_vm(test, cfg.clone()) else {
+        return;
+    };
+    let t0 = Instant::now();
+    first.boot().expect("boot");
+    let cmdline = first.boot_info().expect("booted").cmdline;
+    assert!(
+        !cmdline.contains("virtio_mmio"),
+        "no virtio-mmio words over pci: {cmdline}"
+    );
+    wait_line(&first, "virtio_blk virtio0", t0);
+    first.pause().expect("pause");
+    let snap = dir.path().join("probe-pci.snap");
+    first
+        .snapshot(&snap)
+        .expect("snapshot of a booting kernel over pci");
+    let log_at_snapshot = first.console().log_string();
+    first.shutdown().expect("shutdown the original");
+    drop(first);
+    let vm = new_vm(test, cfg).expect("KVM worked above");
+    vm.restore(&snap).expect("restore into a new VM");
+    assert!(vm.console().log_string().starts_with(&log_at_snapshot));
+    let blk = wait_line(
+        &vm,
+        &format!("virtio_blk virtio0: [vda] {DISK_SECTORS} 512-byte logical blocks"),
+        t0,
+    );
+    let init = wait_line(&vm, RUN_INIT, t0);
+    wait_driver_ok(&vm, 0, "virtio-blk over pci", t0);
+    wait_driver_ok(&vm, 1, "virtio-rng over pci", t0);
+    wait_driver_ok(&vm, 2, "virtio-vsock over pci", t0);
+    wait_driver_ok(&vm, 3, "virtio-net over pci", t0);
+    let dhcp_done = wait_line(&vm, "IP-Config: Complete", t0);
+    let seen = dhcp.stop();
+    assert!(
+        seen.discovers >= 1 && seen.requests >= 1,
+        "DHCP over virtio-net on pci: {seen:?}"
+    );
+    // Exits spent on one vsock exchange (the host's request in, the
+    // guest's RST out): the transports' cost per I/O, printed for docs/vmm.md.
+    let before = vm.bus_accesses().expect("booted");
+    let refused = vsock.connect(1024, Duration::from_secs(60));
+    let after = vm.bus_accesses().expect("booted");
+    let boot_exits = before;
+    eprintln!(
+        "{test}: one vsock connect+RST cost {} MMIO-bus and {} PIO-bus exits; the restored \
+         boot until then {} MMIO and {} PIO",
+        after.1 - before.1,
+        after.0 - before.0,
+        boot_exits.1,
+        boot_exits.0
+    );
+    assert_eq!(
+        refused.as_ref().map(|_| ()),
+        Err(&VsockConnectError::Refused {
+            cid: GUEST_CID,
+            port: 1024
+        }),
+        "the guest's vsock driver answers over pci; log:\n{}",
+        vm.console().log_string()
+    );
+    let log = vm.console().log_string();
+    for line in [
+        "PCI: Probing PCI hardware",
+        "pci 0000:00:00.0: [8086:0d57] type 00 class 0x060000",
+        "pci 0000:00:01.0: [1af4:1042] type 00 class 0x018000",
+        "pci 0000:00:02.0: [1af4:1044]",
+        "pci 0000:00:03.0: [1af4:1053]",
+        "pci 0000:00:04.0: [1af4:1041] type 00 class 0x020000",
+    ] {
+        assert!(log.contains(line), "{line:?} in the log:\n{log}");
+    }
+    let counters = vm.pci_counters().expect("a PCI root");
+    eprintln!(
+        "probe kernel over virtio-pci {}: virtio_blk capacity {:.1} s, \"{RUN_INIT}\" {:.1} s \
+         after boot() (snapshot and restore included); DHCP complete {:.1} s; refused PCI \
+         accesses {counters:?}",
+        kernel.display(),
+        blk.as_secs_f64(),
+        init.as_secs_f64(),
+        dhcp_done.as_secs_f64()
     );
     vm.shutdown().expect("shutdown");
 }

@@ -453,6 +453,7 @@ mod tests {
             cmdline: String::new(),
             cmdline_file: None,
             guest_os: "linux".into(),
+            transport: Default::default(),
             inject_agent: true,
             agent_overlay_path: None,
             build: None,

@@ -16,7 +16,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-pub use profile::{CmdlineFileError, Profile, ProfileError, DEFAULT_GUEST_OS, SUPPORTED_GUEST_OS};
+pub use profile::{
+    CmdlineFileError, Profile, ProfileError, Transport, DEFAULT_GUEST_OS, SUPPORTED_GUEST_OS,
+};
 pub use provium::{parse_size, SizeError, DEFAULT_CACHE_MAX_BYTES};
 
 use crate::settings::Settings;

@@ -110,7 +110,7 @@ thread_local! {
 struct NoInterrupt;
 
 impl VirtioInterrupt for NoInterrupt {
-    fn signal_used_queue(&self) {}
+    fn signal_used_queue(&self, _queue: u16) {}
     fn signal_config(&self) {}
 }
 

@@ -6,6 +6,7 @@
 //! guest cannot disturb the host.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A device on a bus.
@@ -39,6 +40,9 @@ struct BusRange {
 #[derive(Default)]
 pub struct Bus {
     ranges: BTreeMap<u64, BusRange>,
+    /// Accesses dispatched (each one a vCPU exit): how the transports'
+    /// costs are compared (docs/vmm.md, "PCI").
+    accesses: AtomicU64,
 }
 
 impl Bus {
@@ -68,7 +72,13 @@ impl Bus {
         Ok(())
     }
 
+    /// Accesses dispatched so far, to a device or not.
+    pub fn accesses(&self) -> u64 {
+        self.accesses.load(Ordering::Relaxed)
+    }
+
     fn find(&self, addr: u64) -> Option<(u64, &BusRange)> {
+        self.accesses.fetch_add(1, Ordering::Relaxed);
         let (base, r) = self.ranges.range(..=addr).next_back()?;
         (addr - base < r.len).then_some((addr - base, r))
     }
@@ -137,6 +147,7 @@ mod tests {
         assert!(!bus.read(0x3f7, &mut b));
         assert!(bus.write(0x3f8, &[1, 2]));
         assert!(!bus.write(u64::MAX, &[1]));
+        assert_eq!(bus.accesses(), 5);
         assert_eq!(
             dev.lock().expect("not poisoned").writes,
             vec![(0, vec![1, 2])]

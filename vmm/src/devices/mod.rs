@@ -5,6 +5,7 @@
 
 pub mod bus;
 pub mod legacy;
+pub mod pci;
 pub mod virtio;
 
 /// A platform request the guest makes through a device register.

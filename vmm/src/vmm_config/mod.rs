@@ -4,11 +4,13 @@ pub mod boot_source;
 pub mod drive;
 pub mod machine_config;
 pub mod net;
+pub mod transport;
 
 pub use boot_source::{BootSource, KernelImage};
 pub use drive::DriveConfig;
 pub use machine_config::MachineConfig;
 pub use net::NetConfig;
+pub use transport::VirtioTransportKind;
 
 pub use crate::devices::virtio::rng::RngConfig;
 pub use crate::devices::virtio::vsock::VsockHost;
@@ -32,6 +34,8 @@ pub struct VmConfig {
     /// virtio-net devices (after the vsock), one per switch port, announced
     /// in this order (the guest's eth0, eth1, ...).
     pub nets: Vec<NetConfig>,
+    /// The transport every virtio device goes on (virtio-mmio or virtio-pci).
+    pub transport: VirtioTransportKind,
     /// Boot timing (`boot_timer.rs`): the VMM stamps its marks into this
     /// handle and puts its port on the PIO bus. Keep a clone to read them.
     pub boot_timer: Option<crate::boot_timer::BootTimer>,
@@ -52,6 +56,7 @@ impl VmConfig {
             rng: None,
             vsock: None,
             nets: Vec::new(),
+            transport: VirtioTransportKind::default(),
             boot_timer: None,
             protocol_version: 0,
         }

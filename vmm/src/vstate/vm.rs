@@ -3,9 +3,14 @@
 
 use std::io;
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
 use kvm_bindings::{
-    kvm_clock_data, kvm_irqchip, kvm_pit_config, kvm_pit_state2, kvm_userspace_memory_region,
-    KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE, KVM_PIT_SPEAKER_DUMMY,
+    kvm_clock_data, kvm_irq_routing_entry, kvm_irq_routing_irqchip, kvm_irq_routing_msi,
+    kvm_irqchip, kvm_pit_config, kvm_pit_state2, kvm_userspace_memory_region, KvmIrqRouting,
+    KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE, KVM_IRQ_ROUTING_IRQCHIP,
+    KVM_IRQ_ROUTING_MSI, KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::{VcpuFd, VmFd};
 use serde::{Deserialize, Serialize};
@@ -15,6 +20,11 @@ use vmm_sys_util::eventfd::EventFd;
 use super::kvm::KvmContext;
 use super::memory::GuestMemoryMmap;
 use crate::arch::layout::KVM_TSS_ADDR;
+use crate::devices::pci::{MsiMessage, MsiRouter};
+
+/// Pins of the in-kernel IOAPIC: GSIs 0-23 route to them (and 0-15 also to
+/// the PICs); MSI routes take GSIs from here up.
+pub const IOAPIC_PINS: u32 = 24;
 
 /// An error setting up the KVM VM.
 #[derive(Debug, thiserror::Error)]
@@ -112,7 +122,73 @@ pub fn realtime_ns() -> u64 {
 
 /// A KVM VM with its irqchip and PIT.
 pub struct KvmVm {
-    fd: VmFd,
+    fd: Arc<VmFd>,
+    router: Arc<GsiRouter>,
+}
+
+/// The VM's GSI routing table: KVM's default irqchip routes for GSIs 0-23
+/// plus one MSI route per programmed MSI-X vector. KVM_SET_GSI_ROUTING
+/// replaces the whole table, so every update sends both.
+pub struct GsiRouter {
+    fd: Arc<VmFd>,
+    msi: Mutex<BTreeMap<u32, MsiMessage>>,
+}
+
+impl GsiRouter {
+    /// KVM's default routes (arch/x86/kvm/irq_comm.c): GSI n to IOAPIC pin
+    /// n, and GSIs 0-15 also to PIC pin n % 8 of the master or slave.
+    fn irqchip_entries() -> Vec<kvm_irq_routing_entry> {
+        let entry = |gsi: u32, irqchip: u32, pin: u32| {
+            let mut e = kvm_irq_routing_entry {
+                gsi,
+                type_: KVM_IRQ_ROUTING_IRQCHIP,
+                ..Default::default()
+            };
+            e.u.irqchip = kvm_irq_routing_irqchip { irqchip, pin };
+            e
+        };
+        let mut v = Vec::new();
+        for gsi in 0..IOAPIC_PINS {
+            v.push(entry(gsi, KVM_IRQCHIP_IOAPIC, gsi));
+            if gsi < 16 {
+                let pic = if gsi < 8 {
+                    KVM_IRQCHIP_PIC_MASTER
+                } else {
+                    KVM_IRQCHIP_PIC_SLAVE
+                };
+                v.push(entry(gsi, pic, gsi % 8));
+            }
+        }
+        v
+    }
+}
+
+impl MsiRouter for GsiRouter {
+    fn route(&self, gsi: u32, msg: Option<MsiMessage>) -> io::Result<()> {
+        let mut msi = self.msi.lock().unwrap_or_else(|e| e.into_inner());
+        match msg {
+            Some(m) => msi.insert(gsi, m),
+            None => msi.remove(&gsi),
+        };
+        let mut entries = Self::irqchip_entries();
+        for (&gsi, m) in msi.iter() {
+            let mut e = kvm_irq_routing_entry {
+                gsi,
+                type_: KVM_IRQ_ROUTING_MSI,
+                ..Default::default()
+            };
+            e.u.msi = kvm_irq_routing_msi {
+                address_lo: m.address as u32,
+                address_hi: (m.address >> 32) as u32,
+                data: m.data,
+                ..Default::default()
+            };
+            entries.push(e);
+        }
+        let table = KvmIrqRouting::from_entries(&entries)
+            .map_err(|_| io::Error::from_raw_os_error(libc::E2BIG))?;
+        self.fd.set_gsi_routing(&table).map_err(io_err)
+    }
 }
 
 impl KvmVm {
@@ -133,7 +209,17 @@ impl KvmVm {
         };
         fd.create_pit2(pit)
             .map_err(|e| KvmVmError::Pit(io_err(e)))?;
-        Ok(KvmVm { fd })
+        let fd = Arc::new(fd);
+        let router = Arc::new(GsiRouter {
+            fd: fd.clone(),
+            msi: Mutex::new(BTreeMap::new()),
+        });
+        Ok(KvmVm { fd, router })
+    }
+
+    /// The VM's GSI routing table, for MSI-X vectors.
+    pub fn gsi_router(&self) -> Arc<GsiRouter> {
+        self.router.clone()
     }
 
     /// Registers every region of `mem` as a memory slot.

@@ -15,13 +15,13 @@ use std::sync::Once;
 
 use provium_vmm::initrd::inject::{cmdline_words, merged_initrd, InjectError};
 use provium_vmm::initrd::{inject_agent, AgentInjection, BootFile, CpioWriter};
-use provium_vmm::vmm_config::{RngConfig, VsockHost};
+use provium_vmm::vmm_config::{RngConfig, VirtioTransportKind, VsockHost};
 use provium_vmm::{BootSource, KernelImage, MachineConfig, VmConfig};
 
 use crate::agent_search::{AgentKind, AgentSearch, AgentSearchError};
 use crate::backend::local::locate_agent;
 use crate::backend::MachineSpec;
-use crate::config::Profile;
+use crate::config::{Profile, Transport};
 use crate::settings::Settings;
 
 /// Why a profile and spec make no VM config: each names the value and
@@ -197,6 +197,10 @@ pub fn vm_config_with(
     cfg.protocol_version = provium_protocol::PROTOCOL_VERSION;
     cfg.nets = opts.nics.clone();
     cfg.boot_timer = opts.boot_timer.clone();
+    cfg.transport = match profile.transport {
+        Transport::Mmio => VirtioTransportKind::Mmio,
+        Transport::Pci => VirtioTransportKind::Pci,
+    };
     Ok((cfg, vsock))
 }
 
@@ -444,6 +448,7 @@ mod tests {
             cmdline: "quiet".into(),
             cmdline_file: None,
             guest_os: "linux".into(),
+            transport: Default::default(),
             inject_agent: true,
             agent_overlay_path: None,
             build: None,

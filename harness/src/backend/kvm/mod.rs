@@ -720,6 +720,7 @@ mod tests {
             cmdline: "console=ttyS0".into(),
             cmdline_file: None,
             guest_os: "linux".into(),
+            transport: Default::default(),
             inject_agent: false,
             agent_overlay_path: None,
             build: None,

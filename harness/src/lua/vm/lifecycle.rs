@@ -624,6 +624,7 @@ mod tests {
                 cmdline: "quiet".into(),
                 cmdline_file: Some(missing.clone()),
                 guest_os: "linux".into(),
+                transport: Default::default(),
                 inject_agent: false,
                 agent_overlay_path: None,
                 build: None,

@@ -67,7 +67,7 @@ impl MmioInterrupt {
 }
 
 impl VirtioInterrupt for MmioInterrupt {
-    fn signal_used_queue(&self) {
+    fn signal_used_queue(&self, _queue: u16) {
         self.raise(VIRTIO_MMIO_INT_VRING);
     }
     fn signal_config(&self) {
@@ -561,7 +561,7 @@ mod tests {
     #[test]
     fn interrupt_ack_clears_status() {
         let (mut t, _) = transport();
-        t.interrupt.signal_used_queue();
+        t.interrupt.signal_used_queue(0);
         t.interrupt.signal_config();
         assert_eq!(rd(&mut t, 0x060), 3);
         wr(&mut t, 0x064, 1);

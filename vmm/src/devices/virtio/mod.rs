@@ -13,6 +13,7 @@
 pub mod block;
 pub mod mmio;
 pub mod net;
+pub mod pci;
 pub mod persist;
 pub mod rng;
 #[cfg(test)]
@@ -27,10 +28,13 @@ use virtio_queue::Queue;
 use crate::vstate::memory::GuestMemoryMmap;
 pub use persist::{ActiveArgs, DeviceSnapshot, VirtioPersistError};
 
-/// Raises the device's interrupt.
+/// Raises the device's interrupt: the one boundary between a device model
+/// and its transport's interrupt delivery. virtio-mmio has one line for
+/// everything (InterruptStatus says which); virtio-pci has an MSI-X vector
+/// per queue and one for configuration changes, so a device names the queue.
 pub trait VirtioInterrupt: Send + Sync {
-    /// A queue's used ring has new entries.
-    fn signal_used_queue(&self);
+    /// Queue `queue`'s used ring has new entries.
+    fn signal_used_queue(&self, queue: u16);
     /// The configuration space changed.
     fn signal_config(&self);
 }

@@ -115,7 +115,7 @@ pub struct CountingInterrupt {
 }
 
 impl VirtioInterrupt for CountingInterrupt {
-    fn signal_used_queue(&self) {
+    fn signal_used_queue(&self, _queue: u16) {
         self.used.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
     fn signal_config(&self) {

@@ -122,7 +122,7 @@ impl ActiveBlock {
             signal |= process(&mut self.queue, &self.mem, &self.cfg, &mut self.pending);
         }
         if signal && self.queue.needs_notification(&self.mem).unwrap_or(true) {
-            self.interrupt.signal_used_queue();
+            self.interrupt.signal_used_queue(0);
         }
         self.slow_timer.arm(self.pending.front().map(|p| p.due));
     }

@@ -124,8 +124,12 @@ impl ActiveNet {
     }
 
     fn move_frames(&mut self) {
-        if self.queues.run_once() {
-            self.interrupt.signal_used_queue();
+        let (rx, tx) = self.queues.run_once_by_queue();
+        if rx {
+            self.interrupt.signal_used_queue(RXQ as u16);
+        }
+        if tx {
+            self.interrupt.signal_used_queue(TXQ as u16);
         }
     }
 }

@@ -513,10 +513,19 @@ impl NetQueues {
     /// One round: TX first (the guest's frames may be for itself), then RX.
     /// True when the guest should get a used-buffer interrupt.
     pub fn run_once(&mut self) -> bool {
+        let (rx, tx) = self.run_once_by_queue();
+        rx || tx
+    }
+
+    /// `run_once`, saying which queue needs the interrupt: (RX, TX). A
+    /// transport with a vector per queue (virtio-pci's MSI-X) raises each.
+    pub fn run_once_by_queue(&mut self) -> (bool, bool) {
         let tx = self.process_tx();
         let rx = self.process_rx();
-        (tx && self.txq.needs_notification(&self.mem).unwrap_or(true))
-            || (rx && self.rxq.needs_notification(&self.mem).unwrap_or(true))
+        (
+            rx && self.rxq.needs_notification(&self.mem).unwrap_or(true),
+            tx && self.txq.needs_notification(&self.mem).unwrap_or(true),
+        )
     }
 
     /// Whether a frame waits inside the device for an RX chain.

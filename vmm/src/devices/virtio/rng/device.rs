@@ -197,7 +197,7 @@ impl VirtioDevice for Rng {
         if self.process() {
             if let Some(a) = &mut self.active {
                 if a.queue.needs_notification(&a.mem).unwrap_or(true) {
-                    a.interrupt.signal_used_queue();
+                    a.interrupt.signal_used_queue(0);
                 }
             }
         }

@@ -109,7 +109,7 @@ fn post_transport_reset(
     // cannot have.
     let ok = evq.add_used(mem, head, used).is_ok();
     if ok {
-        interrupt.signal_used_queue();
+        interrupt.signal_used_queue(EVQ as u16);
     }
     ok && used == 4
 }

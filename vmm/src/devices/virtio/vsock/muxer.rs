@@ -291,11 +291,15 @@ impl Muxer {
         }
         let rx_used = self.fill_rx();
         // needs_notification must run for each queue that moved (it updates
-        // the queue's notification state); one interrupt covers both.
+        // the queue's notification state); each queue that needs one gets
+        // its own interrupt (one vector per queue on virtio-pci).
         let tx_notify = tx_used && self.txq.needs_notification(&self.mem).unwrap_or(true);
         let rx_notify = rx_used && self.rxq.needs_notification(&self.mem).unwrap_or(true);
-        if tx_notify || rx_notify {
-            self.interrupt.signal_used_queue();
+        if rx_notify {
+            self.interrupt.signal_used_queue(super::defs::RXQ as u16);
+        }
+        if tx_notify {
+            self.interrupt.signal_used_queue(super::defs::TXQ as u16);
         }
     }
 
