@@ -2,5 +2,6 @@
 //! writes their `virtio_mmio.device=` command-line entries. The only module
 //! besides `builder` that names concrete devices.
 
+pub mod acpi;
 pub mod legacy;
 pub mod mmio;
