@@ -523,6 +523,7 @@ pub(crate) fn start_machine(cfg: &VmConfig, parts: MachineParts) -> Result<Machi
         mmio: mmio.clone(),
         stops: parts.stops,
         boot_timer: cfg.boot_timer.clone(),
+        memory: parts.ram.memory.clone(),
     };
     if let Some(t) = &cfg.boot_timer {
         t.mark(crate::boot_timer::BootMark::SetupDone);
