@@ -25,6 +25,7 @@ mod namespace;
 mod op_error;
 mod outbox;
 mod pid1;
+mod power_button;
 mod process;
 mod socket;
 mod stdin;

@@ -17,6 +17,10 @@
 //!    init gets the SIGINT itself and does its own shutdown. (In a child pid
 //!    namespace, as in the agent's tests, CAD_OFF fails with EINVAL and
 //!    POWER_OFF ends the namespace as if PID 1 was killed by SIGINT.)
+//!    On a guest with ACPI the VMM's button is an ACPI event instead, which
+//!    the kernel reports as KEY_POWER on its "Power Button" input device:
+//!    PID 1 watches those devices (`power_button`) and takes a press as it
+//!    takes SIGINT.
 //!
 //! The agent is never the reaper of processes other than its own children, so
 //! its `wait`s never race a `waitpid(-1)`.
@@ -247,11 +251,24 @@ fn power_off() -> ! {
     }
 }
 
+/// How often PID 1 looks for power-button input devices while it has none.
+const POWER_BUTTON_RESCAN_MS: i32 = 5000;
+
 /// PID 1 without an init: reap everything; if the agent child dies, fork a
-/// new one (which returns from here to serve); power off on SIGINT.
+/// new one (which returns from here to serve); power off on SIGINT or a
+/// KEY_POWER press on a "Power Button" input device. Signals arrive on a
+/// signalfd, polled with the button devices (no threads: this loop forks).
 fn reap_forever(mut agent: libc::pid_t) {
     let set = pid1_signals();
     handle_power_button(&set);
+    let mut sigfd = match crate::power_button::signalfd(&set) {
+        Ok(f) => Some(f),
+        Err(e) => {
+            eprintln!("provium-agent: signalfd failed ({e}); waiting with sigwaitinfo");
+            None
+        }
+    };
+    let mut buttons = crate::power_button::open_power_buttons();
     loop {
         let (agent_exited, none_left) = reap_all_nohang(agent);
         if agent_exited || none_left {
@@ -259,6 +276,8 @@ fn reap_forever(mut agent: libc::pid_t) {
             std::thread::sleep(Duration::from_secs(1));
             match fork() {
                 Ok(0) => {
+                    drop(sigfd.take());
+                    drop(std::mem::take(&mut buttons));
                     release_power_button(&set);
                     return;
                 }
@@ -267,10 +286,44 @@ fn reap_forever(mut agent: libc::pid_t) {
             }
             continue;
         }
-        // SAFETY: `set` is valid; a null siginfo pointer is allowed.
-        let sig = unsafe { libc::sigwaitinfo(&set, std::ptr::null_mut()) };
-        if sig == libc::SIGINT {
-            power_off();
+        let Some(sfd) = sigfd.as_mut() else {
+            // SAFETY: `set` is valid; a null siginfo pointer is allowed.
+            let sig = unsafe { libc::sigwaitinfo(&set, std::ptr::null_mut()) };
+            if sig == libc::SIGINT {
+                power_off();
+            }
+            continue;
+        };
+        let timeout = if buttons.is_empty() {
+            POWER_BUTTON_RESCAN_MS
+        } else {
+            -1
+        };
+        let ready = {
+            let mut fds: Vec<&std::fs::File> = vec![&*sfd];
+            fds.extend(buttons.iter());
+            crate::power_button::poll_readable(&fds, timeout)
+        };
+        if ready.first() == Some(&true) {
+            while let Some(sig) = crate::power_button::read_signal(sfd) {
+                if sig == libc::SIGINT as u32 {
+                    power_off();
+                }
+            }
+        }
+        let mut gone = Vec::new();
+        for (i, (b, r)) in buttons.iter_mut().zip(ready.iter().skip(1)).enumerate() {
+            match r.then(|| crate::power_button::read_press(b)) {
+                Some(Some(true)) => power_off(),
+                Some(None) => gone.push(i),
+                _ => {}
+            }
+        }
+        for i in gone.into_iter().rev() {
+            buttons.remove(i);
+        }
+        if buttons.is_empty() {
+            buttons = crate::power_button::open_power_buttons();
         }
     }
 }

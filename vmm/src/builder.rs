@@ -15,6 +15,7 @@ use linux_loader::configurator::{BootConfigurator, BootParams};
 use linux_loader::loader::{load_cmdline, BzImage, Elf, KernelLoader, KernelLoaderResult};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryError, ReadVolatile};
 
+use crate::acpi::{AcpiError, AcpiMachine};
 use crate::arch::boot_params::{
     build_zero_page, initrd_gpa, BootParamsError, ZeroPageSpec, DEFAULT_INITRD_ADDR_MAX,
 };
@@ -24,6 +25,7 @@ use crate::arch::layout::{
 use crate::arch::mptable::{setup_mptable, MptableError};
 use crate::arch::regs::write_boot_tables;
 use crate::console::Console;
+use crate::device_manager::acpi::{attach_acpi_devices, AcpiDevices, AcpiDevicesError};
 use crate::device_manager::legacy::{attach_legacy_devices, LegacyDevices, LegacyDevicesError};
 use crate::device_manager::mmio::{attach_virtio_device, MmioDevicesError, MmioSlot, MmioSlots};
 use crate::device_manager::pci::{PciDevices, PciDevicesError};
@@ -37,7 +39,7 @@ use crate::devices::virtio::vsock::Vsock;
 use crate::devices::virtio::VirtioDevice;
 use crate::devices::GuestRequestSink;
 use crate::vmm_config::machine_config::MachineConfigError;
-use crate::vmm_config::{KernelImage, VirtioTransportKind, VmConfig};
+use crate::vmm_config::{DeviceDiscovery, KernelImage, VirtioTransportKind, VmConfig};
 use crate::vstate::kvm::KvmContext;
 use crate::vstate::memory::{create_guest_ram, GuestRam, MemoryError};
 use crate::vstate::vcpu::{
@@ -133,6 +135,12 @@ pub enum BuildError {
     /// Writing page tables or GDT failed.
     #[error("cannot write boot page tables and GDT")]
     BootTables(#[source] GuestMemoryError),
+    /// Building or writing the ACPI tables failed.
+    #[error("cannot set up the ACPI tables")]
+    Acpi(#[source] AcpiError),
+    /// The ACPI devices (GED, sleep registers).
+    #[error("cannot attach the ACPI devices")]
+    AcpiDevices(#[source] AcpiDevicesError),
     /// Writing the MP table failed.
     #[error("cannot write the MP table")]
     Mptable(#[source] MptableError),
@@ -185,6 +193,8 @@ pub struct Machine {
     pub vcpus: VcpuSet,
     /// Legacy devices.
     pub legacy: LegacyDevices,
+    /// The ACPI devices (power button event, power-off registers).
+    pub acpi: AcpiDevices,
     /// The PIO bus.
     pub pio: Arc<Bus>,
     /// The MMIO bus (virtio-mmio windows, PCI ECAM and BARs).
@@ -398,20 +408,31 @@ pub fn build_and_start(
         .transpose()?;
 
     let mut pio = Bus::new();
+    let requests_for_acpi = requests.clone();
     let legacy = attach_legacy_devices(&vm, &mut pio, console, requests, None)
         .map_err(BuildError::Legacy)?;
     attach_boot_timer(cfg, console, &mut pio)?;
     let mut mmio = Bus::new();
+    let acpi = attach_acpi_devices(&vm, &mut pio, &mut mmio, requests_for_acpi)
+        .map_err(BuildError::AcpiDevices)?;
     let mut cmdline_text = cfg.boot.cmdline.clone();
     let mut virtio = Vec::new();
     let mut pci = None;
+    let mut acpi_machine = AcpiMachine {
+        vcpu_count: m.vcpu_count,
+        ..AcpiMachine::default()
+    };
     match cfg.transport {
         VirtioTransportKind::Mmio => {
             let mut slots = MmioSlots::default();
             for dev in virtio_devices(cfg)? {
                 let a = attach_virtio_device(&mut slots, &vm, &mut mmio, &ram.memory, dev)
                     .map_err(BuildError::Virtio)?;
-                announce(&mut cmdline_text, &a.slot);
+                // One way to find each window, never both (vmm_config::DeviceDiscovery).
+                match cfg.device_discovery {
+                    DeviceDiscovery::Acpi => acpi_machine.virtio_mmio.push(a.slot),
+                    DeviceDiscovery::Cmdline => announce(&mut cmdline_text, &a.slot),
+                }
                 virtio.push(VirtioSlot::Mmio(a.transport));
             }
         }
@@ -423,9 +444,17 @@ pub fn build_and_start(
                     .map_err(BuildError::Pci)?;
                 virtio.push(VirtioSlot::Pci(t));
             }
+            // Always in the DSDT, whatever `device_discovery` says of the
+            // mmio windows: a Linux kernel that found ACPI tables scans PCI
+            // only through the host bridges they list (its legacy 0xCF8
+            // probe runs only when ACPI is off), so a table without PCI0
+            // would hide every device. A kernel without ACPI probes 0xCF8.
+            acpi_machine.pci = Some(devs.root.lock().expect("pci root lock").acpi_info());
             pci = Some(devs.root);
         }
     }
+    let acpi_tables = crate::acpi::build(&acpi_machine).map_err(BuildError::Acpi)?;
+    acpi_tables.write(&ram.memory).map_err(BuildError::Acpi)?;
 
     let cmdline_cap = match hdr {
         Some(h) if h.version >= 0x206 && h.cmdline_size > 0 => CMDLINE_MAX_BYTES.min(
@@ -443,14 +472,15 @@ pub fn build_and_start(
     load_cmdline(&ram.memory, GuestAddress(CMDLINE_ADDR), &cmdline)
         .map_err(BuildError::WriteCmdline)?;
     write_boot_tables(&ram.memory).map_err(BuildError::BootTables)?;
-    // Every vCPU is announced: without ACPI the MP table is how the guest
-    // learns there is more than the boot processor.
+    // Every vCPU is announced here and in the MADT: a kernel without ACPI
+    // learns from the MP table that there is more than the boot processor.
     setup_mptable(&ram.memory, m.vcpu_count).map_err(BuildError::Mptable)?;
     let spec = ZeroPageSpec {
         setup_header: hdr,
         cmdline_gpa: CMDLINE_ADDR,
         cmdline_len_bytes: u32::try_from(cmdline_text.len()).expect("bounded by cmdline_cap"),
         initrd,
+        acpi_rsdp: Some(acpi_tables.rsdp_gpa()),
     };
     let zero_page = build_zero_page(&spec, &ram_ranges(mem_bytes)).map_err(BuildError::ZeroPage)?;
     LinuxBootConfigurator::write_bootparams(
@@ -484,6 +514,7 @@ pub fn build_and_start(
             vm,
             ram,
             legacy,
+            acpi,
             pio,
             mmio,
             virtio,
@@ -503,6 +534,7 @@ pub(crate) struct MachineParts {
     pub vm: KvmVm,
     pub ram: GuestRam,
     pub legacy: LegacyDevices,
+    pub acpi: AcpiDevices,
     pub pio: Bus,
     pub mmio: Bus,
     pub virtio: Vec<VirtioSlot>,
@@ -522,6 +554,7 @@ pub(crate) fn start_machine(cfg: &VmConfig, parts: MachineParts) -> Result<Machi
         mmio: mmio.clone(),
         stops: parts.stops,
         boot_timer: cfg.boot_timer.clone(),
+        memory: parts.ram.memory.clone(),
     };
     if let Some(t) = &cfg.boot_timer {
         t.mark(crate::boot_timer::BootMark::SetupDone);
@@ -530,6 +563,7 @@ pub(crate) fn start_machine(cfg: &VmConfig, parts: MachineParts) -> Result<Machi
     Ok(Machine {
         vcpus,
         legacy: parts.legacy,
+        acpi: parts.acpi,
         pio,
         mmio,
         virtio: parts.virtio,

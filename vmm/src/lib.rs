@@ -12,6 +12,7 @@
 //! whole-VM snapshot and restore. See
 //! docs/vmm.md and docs/benchmarking.md.
 
+pub mod acpi;
 pub mod arch;
 pub mod boot_timer;
 pub mod builder;
@@ -27,7 +28,7 @@ pub mod vstate;
 
 pub use boot_timer::{BootMark, BootMarks, BootTimer};
 pub use console::{Console, ConsoleRead, ConsoleSubscriber};
-pub use lifecycle::{StopReason, Vm, VmError, VmState};
+pub use lifecycle::{PowerButton, StopReason, Vm, VmError, VmState};
 pub use provium_netsetup as netsetup;
 pub use provium_snapshot as snapshot;
 pub use vmm_config::{BootSource, KernelImage, MachineConfig, VmConfig};

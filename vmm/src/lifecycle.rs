@@ -36,6 +36,16 @@ pub const REPORT_CONSOLE_BYTES: usize = 4096;
 /// How long pause and stop wait for every vCPU to leave `KVM_RUN`.
 pub const VCPU_WAIT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Which power button [`Vm::power_button`] pressed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PowerButton {
+    /// An ACPI power-button event through the GED (the guest's ACPI GED
+    /// driver had taken the GED's interrupt).
+    Acpi,
+    /// Ctrl+Alt+Del on the i8042 (a guest without ACPI).
+    CtrlAltDel,
+}
+
 /// A VM's state (`vm:state()` in the reference).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VmState {
@@ -167,6 +177,12 @@ pub enum VmError {
     /// The power button could not be pressed.
     #[error("cannot press the power button")]
     PowerButton(#[source] crate::devices::legacy::i8042::I8042Error),
+    /// The ACPI power-button event could not be raised.
+    #[error("cannot press the ACPI power button")]
+    PowerButtonAcpi(#[source] crate::devices::acpi::ged::GedError),
+    /// Reading the IOAPIC (does the guest handle ACPI GED events?) failed.
+    #[error("cannot tell whether the guest handles ACPI events (reading its IOAPIC failed)")]
+    PowerButtonAcpiState(#[source] crate::vstate::vm::KvmVmError),
     /// The monitor thread could not be started.
     #[error("cannot start the VM monitor thread")]
     Monitor(#[source] std::io::Error),
@@ -610,17 +626,30 @@ impl Vm {
         s.reset(&mut g)
     }
 
-    /// Presses the power button from `Booted`. There is no ACPI, so this is
-    /// Ctrl+Alt+Del on the i8042 with IRQ 1 (docs/vmm.md, "Power button"):
-    /// the guest's init decides. It stays `Booted` until the guest powers off
-    /// (`wait_for_state(Shutdown, ..)`), or resets if its init left C-A-D on.
-    pub fn power_button(&self) -> Result<(), VmError> {
+    /// Presses the power button from `Booted` (docs/vmm.md, "Power
+    /// button"). A guest whose ACPI GED driver took the GED's interrupt
+    /// (IOAPIC pin 23 unmasked) gets an ACPI power-button event: the GED
+    /// raises it and its `_EVT` notifies `\_SB.PWRB`. Any other guest gets
+    /// Ctrl+Alt+Del on the i8042 with IRQ 1. Either way the guest decides:
+    /// the VM stays `Booted` until the guest powers off
+    /// (`wait_for_state(Shutdown, ..)`), or resets if its init left C-A-D
+    /// on. Returns which button was pressed.
+    pub fn power_button(&self) -> Result<PowerButton, VmError> {
         let s = &self.shared;
         let g = s.lock();
         Self::require(&g, "press the power button", &[VmState::Booted])?;
         let m = g.machine.as_ref().expect("a booted VM has a machine");
+        let acpi =
+            m.vm.ioapic_pin_unmasked(crate::devices::acpi::ged::GED_IRQ)
+                .map_err(VmError::PowerButtonAcpiState)?;
+        if acpi {
+            let mut ged = m.acpi.ged.lock().unwrap_or_else(|e| e.into_inner());
+            ged.press_power_button().map_err(VmError::PowerButtonAcpi)?;
+            return Ok(PowerButton::Acpi);
+        }
         let mut kbd = m.legacy.i8042.lock().unwrap_or_else(|e| e.into_inner());
-        kbd.trigger_ctrl_alt_del().map_err(VmError::PowerButton)
+        kbd.trigger_ctrl_alt_del().map_err(VmError::PowerButton)?;
+        Ok(PowerButton::CtrlAltDel)
     }
 
     /// Any state `→ Shutdown`. Idempotent.
@@ -720,6 +749,16 @@ impl Vm {
         let root = g.machine.as_ref()?.pci.as_ref()?;
         let c = root.lock().unwrap_or_else(|e| e.into_inner()).counters();
         Some(c)
+    }
+
+    /// The ACPI GED's events the guest has not read yet (its `_EVT` reads
+    /// and clears them), `None` without a machine: after an ACPI power
+    /// button press, 0 again means the guest's AML ran. For tests.
+    pub fn acpi_events_pending(&self) -> Option<u32> {
+        let g = self.shared.lock();
+        let m = g.machine.as_ref()?;
+        let ged = m.acpi.ged.lock().unwrap_or_else(|e| e.into_inner());
+        Some(ged.pending())
     }
 
     /// Writes guest RAM of the current boot, as a device doing DMA would

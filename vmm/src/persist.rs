@@ -382,10 +382,15 @@ pub fn restore_and_start(
     vm.restore_state(&state.vm).map_err(PersistError::Vm)?;
 
     let mut pio = Bus::new();
+    let acpi_requests = requests.clone();
     let legacy = attach_legacy_devices(&vm, &mut pio, console, requests, Some(&state.serial))
         .map_err(|e| build(BuildError::Legacy(e)))?;
     attach_boot_timer(cfg, console, &mut pio).map_err(build)?;
     let mut mmio = Bus::new();
+    // The ACPI tables came back with RAM; their devices hold no state.
+    let acpi =
+        crate::device_manager::acpi::attach_acpi_devices(&vm, &mut pio, &mut mmio, acpi_requests)
+            .map_err(|e| build(BuildError::AcpiDevices(e)))?;
     let mut slots = MmioSlots::default();
     let mut pci_devs = match cfg.transport {
         VirtioTransportKind::Mmio => None,
@@ -452,6 +457,7 @@ pub fn restore_and_start(
             vm,
             ram,
             legacy,
+            acpi,
             pio,
             mmio,
             virtio,

@@ -5,7 +5,7 @@
 
 use linux_loader::loader::bootparam::{boot_e820_entry, boot_params, setup_header};
 
-use super::layout::{EBDA_START, HIMEM_START, MMIO_GAP_START};
+use super::layout::{ACPI_AREA_END, ACPI_RSDP_ADDR, EBDA_START, HIMEM_START, MMIO_GAP_START};
 
 /// `HdrS`
 pub const KERNEL_HDR_MAGIC: u32 = 0x5372_6448;
@@ -17,6 +17,8 @@ pub const KERNEL_LOADER_OTHER: u8 = 0xff;
 pub const KERNEL_MIN_ALIGNMENT_BYTES: u32 = 0x100_0000;
 /// e820 type: usable RAM.
 pub const E820_RAM: u32 = 1;
+/// e820 type: reserved.
+pub const E820_RESERVED: u32 = 2;
 /// Linux's `initrd_addr_max` for protocols before 2.03.
 pub const DEFAULT_INITRD_ADDR_MAX: u64 = 0x37ff_ffff;
 
@@ -31,6 +33,9 @@ pub struct ZeroPageSpec {
     pub cmdline_len_bytes: u32,
     /// Initrd placement: (gpa, size in bytes).
     pub initrd: Option<(u64, u32)>,
+    /// The ACPI RSDP's address (`acpi_rsdp_addr`, boot protocol 2.14), when
+    /// the VMM wrote ACPI tables.
+    pub acpi_rsdp: Option<u64>,
 }
 
 /// An error building the zero page.
@@ -42,7 +47,9 @@ pub enum BootParamsError {
 }
 
 /// The e820 map for the given RAM ranges (gpa, len): low RAM stops at the
-/// EBDA, the 640 KiB-1 MiB legacy hole is left out, the rest is RAM.
+/// EBDA, the 640 KiB-1 MiB legacy hole is left out but for the BIOS area
+/// from the ACPI RSDP to 1 MiB (where the ACPI tables are), which is
+/// reserved, the rest is RAM.
 pub fn e820_map(ram: &[(u64, u64)]) -> Vec<boot_e820_entry> {
     let mut out = Vec::new();
     for &(start, len) in ram {
@@ -53,6 +60,13 @@ pub fn e820_map(ram: &[(u64, u64)]) -> Vec<boot_e820_entry> {
                 size: EBDA_START.min(end),
                 r#type: E820_RAM,
             });
+            if end >= ACPI_AREA_END {
+                out.push(boot_e820_entry {
+                    addr: ACPI_RSDP_ADDR,
+                    size: ACPI_AREA_END - ACPI_RSDP_ADDR,
+                    r#type: E820_RESERVED,
+                });
+            }
             if end > HIMEM_START {
                 out.push(boot_e820_entry {
                     addr: HIMEM_START,
@@ -93,6 +107,9 @@ pub fn build_zero_page(
         p.hdr.ramdisk_image = u32::try_from(gpa).expect("initrd placed below 4 GiB");
         p.hdr.ramdisk_size = size;
     }
+    if let Some(rsdp) = spec.acpi_rsdp {
+        p.acpi_rsdp_addr = rsdp;
+    }
     let map = e820_map(ram);
     if map.len() > p.e820_table.len() {
         return Err(BootParamsError::TooManyE820Entries(map.len()));
@@ -124,10 +141,15 @@ mod tests {
     #[test]
     fn e820_leaves_out_the_legacy_hole() {
         let m = e820_map(&[(0, 128 << 20)]);
-        assert_eq!(m.len(), 2);
+        assert_eq!(m.len(), 3);
         assert_eq!((m[0].addr, m[0].size), (0, EBDA_START));
         assert_eq!(
-            (m[1].addr, m[1].size),
+            (m[1].addr, m[1].size, m[1].r#type),
+            (0xe_0000, 0x2_0000, E820_RESERVED),
+            "the ACPI tables' BIOS area"
+        );
+        assert_eq!(
+            (m[2].addr, m[2].size),
             (HIMEM_START, (128 << 20) - HIMEM_START)
         );
     }
@@ -135,8 +157,8 @@ mod tests {
     #[test]
     fn e820_covers_high_ram() {
         let m = e820_map(&[(0, MMIO_GAP_START), (1 << 32, 1 << 30)]);
-        assert_eq!(m.len(), 3);
-        assert_eq!((m[2].addr, m[2].size), (1 << 32, 1 << 30));
+        assert_eq!(m.len(), 4);
+        assert_eq!((m[3].addr, m[3].size), (1 << 32, 1 << 30));
     }
 
     #[test]
@@ -146,12 +168,14 @@ mod tests {
             cmdline_gpa: 0x20000,
             cmdline_len_bytes: 11,
             initrd: Some((0x700_0000, 4096)),
+            acpi_rsdp: Some(0xe_0000),
         };
         let p = build_zero_page(&spec, &[(0, 128 << 20)]).expect("fits");
+        assert_eq!({ p.acpi_rsdp_addr }, 0xe_0000);
         assert_eq!({ p.hdr.header }, KERNEL_HDR_MAGIC);
         assert_eq!({ p.hdr.cmd_line_ptr }, 0x20000);
         assert_eq!({ p.hdr.ramdisk_image }, 0x700_0000);
-        assert_eq!(p.e820_entries, 2);
+        assert_eq!(p.e820_entries, 3);
         assert_eq!(p.hdr.type_of_loader, 0xff);
     }
 

@@ -5,7 +5,9 @@
 //! 0x0000_7000  zero page (boot_params)  0x0000_8ff0  boot stack top (grows down)
 //! 0x0000_9000  PML4  0x0000_a000 PDPT   0x0000_b000  4 PDs (2 MiB pages, first 4 GiB)
 //! 0x0002_0000  kernel command line      0x0009_fc00  EBDA start (end of low RAM)
+//! 0x000e_0000  ACPI RSDP, then tables   (BIOS area, e820-reserved, to 1 MiB)
 //! 0x0010_0000  kernel (HIMEM_START)     0xc000_0000  MMIO gap (devices) .. 4 GiB
+//! 0xfeb0_0000  ACPI GED event register  (the power button's MMIO page)
 //! ```
 
 /// Global descriptor table.
@@ -49,6 +51,18 @@ pub const PCI_MMIO32_BYTES: u64 = 0x1000_0000;
 pub const PCI_ECAM_BASE: u64 = 0xe000_0000;
 /// Size of the ECAM window (bus 0).
 pub const PCI_ECAM_BYTES: u64 = 1 << 20;
+/// The ACPI RSDP, the first byte of the BIOS read-only area that Linux scans
+/// for it (0xE0000-0xFFFFF, `acpi_find_root_pointer`); the other tables
+/// follow it up to [`ACPI_AREA_END`]. The zero page's `acpi_rsdp_addr`
+/// points here too.
+pub const ACPI_RSDP_ADDR: u64 = 0xe_0000;
+/// End (exclusive) of the area the ACPI tables live in: 1 MiB.
+pub const ACPI_AREA_END: u64 = HIMEM_START;
+/// The ACPI Generic Event Device's register page (`devices::acpi::ged`), in
+/// the MMIO gap below the IOAPIC, clear of the PCI and virtio windows.
+pub const ACPI_GED_MMIO_BASE: u64 = 0xfeb0_0000;
+/// Size of the GED's register window.
+pub const ACPI_GED_MMIO_BYTES: u64 = 0x1000;
 /// KVM's TSS region (three pages just below the BIOS area at the top of 4 GiB).
 pub const KVM_TSS_ADDR: u64 = 0xfffb_d000;
 

@@ -18,8 +18,9 @@ use crate::vstate::vm::{KvmVm, KvmVmError};
 pub const MMIO_BASE: u64 = 0xd000_0000;
 /// First IRQ for virtio devices (0-4 are legacy: timer, keyboard, cascade, COM2, COM1).
 pub const FIRST_IRQ: u32 = 5;
-/// Last IRQ (the IOAPIC has 24 pins).
-pub const LAST_IRQ: u32 = 23;
+/// Last IRQ: the IOAPIC has 24 pins and the last one (23) is the ACPI GED's
+/// (`devices::acpi::ged::GED_IRQ`).
+pub const LAST_IRQ: u32 = 22;
 
 /// An error placing a virtio device.
 #[derive(Debug, thiserror::Error)]
@@ -174,7 +175,7 @@ mod tests {
                 irq: 6
             }
         );
-        for _ in 0..17 {
+        for _ in 0..16 {
             s.allocate().expect("fits");
         }
         assert!(matches!(

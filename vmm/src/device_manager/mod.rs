@@ -2,6 +2,7 @@
 //! writes their `virtio_mmio.device=` command-line entries. The only module
 //! besides `builder` that names concrete devices.
 
+pub mod acpi;
 pub mod legacy;
 pub mod mmio;
 pub mod pci;

@@ -3,6 +3,7 @@
 //! traits (interrupt `Trigger`s, `GuestRequestSink`), so each is unit-tested
 //! directly.
 
+pub mod acpi;
 pub mod bus;
 pub mod legacy;
 pub mod pci;

@@ -43,6 +43,26 @@ pub struct VmConfig {
     /// snapshots: the harness sets its `PROTOCOL_VERSION`, so a snapshot
     /// whose agent state another protocol wrote is refused by name.
     pub protocol_version: u32,
+    /// How the guest kernel finds the virtio-mmio devices (the ACPI tables
+    /// are there either way).
+    pub device_discovery: DeviceDiscovery,
+}
+
+/// How a guest kernel finds the virtio-mmio devices (docs/vmm.md, "ACPI").
+/// Never both: a kernel with ACPI and `CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES`
+/// given both would create every device twice.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DeviceDiscovery {
+    /// Each window is a `LNRO0005` device in the DSDT and the command line
+    /// gets no `virtio_mmio.device=` words: what a stock kernel with ACPI
+    /// and virtio-mmio needs.
+    Acpi,
+    /// The command line announces each window (`virtio_mmio.device=`,
+    /// needs `CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES`) and the DSDT leaves them
+    /// out: for kernels without ACPI and for guests that read the command
+    /// line themselves (the tiny test guest).
+    #[default]
+    Cmdline,
 }
 
 impl VmConfig {
@@ -59,6 +79,7 @@ impl VmConfig {
             transport: VirtioTransportKind::default(),
             boot_timer: None,
             protocol_version: 0,
+            device_discovery: DeviceDiscovery::default(),
         }
     }
 }

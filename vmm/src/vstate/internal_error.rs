@@ -121,7 +121,8 @@ fn suberror_hint(suberror: u32) -> &'static str {
         KVM_INTERNAL_ERROR_EMULATION => {
             "KVM's instruction emulator cannot run that instruction; on a host without \
              VT-x/SVM (kvm_pvm) all CPL0 guest code is emulated and the emulator lacks \
-             fwait, xrstor(s), lock cmpxchg16b, int3, clac/stac: keep the guest kernel off \
+             xrstor(s), lock cmpxchg16b, clac/stac and fwait with an x87 exception pending \
+             (the VMM itself handles int3 and a quiet fwait): keep the guest kernel off \
              them (docs/vmm.md)"
         }
         KVM_INTERNAL_ERROR_SIMUL_EX => {

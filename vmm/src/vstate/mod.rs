@@ -2,6 +2,7 @@
 //! irqfds), guest memory and the vCPUs with their threads. This is the only
 //! module that issues KVM ioctls.
 
+pub mod emulation_fixup;
 pub mod internal_error;
 pub mod kvm;
 pub mod memory;

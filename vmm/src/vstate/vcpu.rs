@@ -420,6 +420,9 @@ pub struct VcpuIo {
     pub stops: Arc<dyn VcpuStopSink>,
     /// Stamped when vCPU 0 first enters `KVM_RUN`.
     pub boot_timer: Option<crate::boot_timer::BootTimer>,
+    /// Guest RAM, where an emulation failure's instruction is read when
+    /// KVM did not carry its bytes (`emulation_fixup`).
+    pub memory: crate::vstate::memory::GuestMemoryMmap,
 }
 
 /// Handles to a machine's running vCPU threads. Each thread hands its fd
@@ -642,9 +645,13 @@ fn run_vcpu(mut fd: VcpuFd, index: u8, control: &Control, io: &VcpuIo) -> VcpuFd
         let stopped = match handled {
             Handled::Continue => None,
             Handled::Stopped(why) => Some(why),
-            Handled::InternalError => Some(VcpuStop::InternalError(Box::new(
-                InternalErrorExit::capture(&mut fd),
-            ))),
+            Handled::InternalError => {
+                let exit = InternalErrorExit::capture(&mut fd);
+                match super::emulation_fixup::try_fixup(&fd, &exit, &io.memory) {
+                    Some(_) => None,
+                    None => Some(VcpuStop::InternalError(Box::new(exit))),
+                }
+            }
         };
         if let Some(why) = stopped {
             io.stops.vcpu_stopped(index, why);

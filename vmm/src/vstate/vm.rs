@@ -261,6 +261,34 @@ impl KvmVm {
             })
     }
 
+    /// Whether the guest has unmasked IOAPIC pin `pin`, i.e. a driver
+    /// installed a handler for that GSI (Linux unmasks a pin when an IRQ on
+    /// it is requested). Safe while vCPUs run: KVM reads the IOAPIC under
+    /// its lock. A pin past the IOAPIC's 24 reads as masked.
+    pub fn ioapic_pin_unmasked(&self, pin: u32) -> Result<bool, KvmVmError> {
+        /// Bit 16 of a redirection entry: interrupt mask.
+        const RTE_MASKED: u64 = 1 << 16;
+        let mut c = kvm_irqchip {
+            chip_id: KVM_IRQCHIP_IOAPIC,
+            ..Default::default()
+        };
+        self.fd
+            .get_irqchip(&mut c)
+            .map_err(state_err("KVM_GET_IRQCHIP"))?;
+        // SAFETY: chip_id is KVM_IRQCHIP_IOAPIC, so KVM filled the `ioapic`
+        // member of the union; every bit pattern is a valid
+        // kvm_ioapic_state (plain integers), and `bits` of a redirection
+        // entry covers all of its 64 bits.
+        let entry = unsafe {
+            c.chip
+                .ioapic
+                .redirtbl
+                .get(usize::try_from(pin).unwrap_or(usize::MAX))
+                .map(|e| e.bits)
+        };
+        Ok(entry.is_some_and(|bits| bits & RTE_MASKED == 0))
+    }
+
     /// Saves the irqchip, PIT and clock. Call with every vCPU stopped.
     pub fn save_state(&self) -> Result<KvmVmState, KvmVmError> {
         let chip = |chip_id| -> Result<kvm_irqchip, KvmVmError> {

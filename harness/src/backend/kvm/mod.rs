@@ -20,9 +20,10 @@
 //! or panic says nothing about this one.
 //!
 //! `reset` re-runs the boot path and then reconnects (a new Hello), or fails
-//! with the same reasons a boot gives. `power_button` presses Ctrl+Alt+Del
-//! (the VMM has no ACPI; docs/vmm.md, "Power button") and waits for the
-//! guest to power off, saying what happened when it does not.
+//! with the same reasons a boot gives. `power_button` presses the ACPI power
+//! button, or Ctrl+Alt+Del for a guest without ACPI (docs/vmm.md, "Power
+//! button"), and waits for the guest to power off, saying what happened
+//! when it does not.
 
 pub mod config;
 pub mod guest;
@@ -96,12 +97,13 @@ pub enum KvmError {
     )]
     RebootedOnPowerButton { console_tail: String },
     #[error(
-        "the guest did not power off within {timeout:?} of the power button (Ctrl+Alt+Del \
-         with IRQ 1 on the i8042: the kernel needs SERIO_I8042, KEYBOARD_ATKBD and \
-         VT, and init must power off on SIGINT); last console lines:\n{console_tail}"
+        "the guest did not power off within {timeout:?} of the power button ({button}); \
+         last console lines:\n{console_tail}"
     )]
     NoPowerOff {
         timeout: Duration,
+        /// Which button and what the guest needs to act on it.
+        button: &'static str,
         console_tail: String,
     },
     #[error(
@@ -420,14 +422,26 @@ impl KvmMachine {
             .map_err(|e| KvmError::ResetUnanswered(Box::new(e)))
     }
 
-    /// `vm:power_button()`: Ctrl+Alt+Del on the i8042 (no ACPI here; see
-    /// docs/vmm.md), then waits up to the power-off timeout for the guest to
-    /// power off: a write to the PM1a control port, or the kernel's
-    /// "reboot: Power down" (then it halts, and the VM is shut down here).
+    /// `vm:power_button()`: an ACPI power-button event when the guest's
+    /// ACPI took the GED's interrupt, else Ctrl+Alt+Del on the i8042
+    /// (docs/vmm.md, "Power button"), then waits up to the power-off timeout
+    /// for the guest to power off: a write to the ACPI sleep control
+    /// register or the PM1a control port, or the kernel's "reboot: Power
+    /// down" (then it halts, and the VM is shut down here).
     /// The error says what the guest did instead.
     pub fn power_button(&self) -> Result<(), KvmError> {
         let boots = self.vm.boot_count();
-        self.vm.power_button()?;
+        let button = match self.vm.power_button()? {
+            provium_vmm::PowerButton::Acpi => {
+                "an ACPI power-button event through the GED: the kernel needs ACPI_BUTTON \
+                 (KEY_POWER on its \"Power Button\" input device), and init must power off \
+                 on it (provium-agent as PID 1 does)"
+            }
+            provium_vmm::PowerButton::CtrlAltDel => {
+                "Ctrl+Alt+Del with IRQ 1 on the i8042: the kernel needs SERIO_I8042, \
+                 KEYBOARD_ATKBD and VT, and init must power off on SIGINT"
+            }
+        };
         let deadline = Instant::now() + self.power_off_timeout;
         loop {
             let state = self
@@ -462,6 +476,7 @@ impl KvmMachine {
             if Instant::now() >= deadline {
                 return Err(KvmError::NoPowerOff {
                     timeout: self.power_off_timeout,
+                    button,
                     console_tail: self.last_lines(ERROR_CONSOLE_LINES),
                 });
             }
@@ -673,11 +688,14 @@ mod tests {
         );
         let e = KvmError::NoPowerOff {
             timeout: Duration::from_secs(2),
+            button: "Ctrl+Alt+Del",
             console_tail: "tail".into(),
         };
         let m = e.to_string();
         assert!(
-            m.starts_with("the guest did not power off within 2s of the power button"),
+            m.starts_with(
+                "the guest did not power off within 2s of the power button (Ctrl+Alt+Del)"
+            ),
             "{m}"
         );
         assert!(m.ends_with("last console lines:\ntail"), "{m}");

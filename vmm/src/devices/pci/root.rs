@@ -30,20 +30,8 @@ const HOST_BRIDGE: PciHeader = PciHeader {
 };
 
 /// What the ACPI tables need to describe the root complex (`_SB.PCI0` and
-/// its MCFG entry). The same shape as `acpi::PciHostAcpi`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PciHostAcpi {
-    /// ECAM base GPA.
-    pub ecam_base: u64,
-    /// ECAM size.
-    pub ecam_bytes: u64,
-    /// Last bus number decoded.
-    pub bus_end: u8,
-    /// 32-bit BAR window base GPA.
-    pub mmio32_base: u64,
-    /// 32-bit BAR window size.
-    pub mmio32_bytes: u64,
-}
+/// its MCFG entry): one struct, the ACPI builder's.
+pub use crate::acpi::PciHostAcpi;
 
 /// An error building the bus (VMM setup, not guest input).
 #[derive(Debug, thiserror::Error)]
