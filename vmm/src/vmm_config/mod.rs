@@ -10,6 +10,7 @@ pub use drive::DriveConfig;
 pub use machine_config::MachineConfig;
 pub use net::NetConfig;
 
+pub use crate::devices::virtio::console::ConsoleHost;
 pub use crate::devices::virtio::rng::RngConfig;
 pub use crate::devices::virtio::vsock::VsockHost;
 
@@ -29,7 +30,11 @@ pub struct VmConfig {
     /// A virtio-vsock device (after the rng). The handle carries the guest
     /// CID; keep a clone to connect and listen, across resets too.
     pub vsock: Option<VsockHost>,
-    /// virtio-net devices (after the vsock), one per switch port, announced
+    /// A virtio-console device with the agent's named port (after the
+    /// vsock): the agent's channel for kernels without vsock. Keep a clone
+    /// of the handle to connect, across resets too.
+    pub console: Option<ConsoleHost>,
+    /// virtio-net devices (after the console), one per switch port, announced
     /// in this order (the guest's eth0, eth1, ...).
     pub nets: Vec<NetConfig>,
     /// Boot timing (`boot_timer.rs`): the VMM stamps its marks into this
@@ -51,6 +56,7 @@ impl VmConfig {
             drives: Vec::new(),
             rng: None,
             vsock: None,
+            console: None,
             nets: Vec::new(),
             boot_timer: None,
             protocol_version: 0,
