@@ -455,6 +455,7 @@ mod tests {
             guest_os: "linux".into(),
             inject_agent: true,
             agent_overlay_path: None,
+            agent_channel: Default::default(),
             build: None,
             build_out: d.path().into(),
         };
