@@ -1,7 +1,7 @@
 //! Command-line options.
 //!
 //! ```text
-//! provium-agent [--listen unix:PATH|vsock:PORT] [--no-clock] [--init PATH]
+//! provium-agent [--listen unix:PATH|vsock:PORT|console|auto] [--no-clock] [--init PATH]
 //! ```
 //!
 //! Run as PID 1 (`rdinit=`), the kernel passes its leftover command-line words
@@ -14,9 +14,12 @@ use std::path::PathBuf;
 use crate::listen::ListenAddr;
 
 pub const USAGE: &str = "\
-usage: provium-agent [--listen unix:PATH|vsock:PORT] [--no-clock] [--init PATH]
+usage: provium-agent [--listen unix:PATH|vsock:PORT|console|auto] [--no-clock] [--init PATH]
 
-  --listen ADDR  where to accept host connections (default vsock:1024, any CID)
+  --listen ADDR  where to accept host connections (default auto: the kernel
+                 command line's provium.agent_channel=vsock|console, else
+                 vsock:1024 when the kernel has vsock, else the virtio-console
+                 port named org.provium.agent)
   --no-clock     refuse clock_set/clock_advance (the local backend shares the host clock)
   --init PATH    as PID 1: the init to exec after forking the agent (default /init if present)
 ";

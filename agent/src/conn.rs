@@ -263,6 +263,14 @@ fn hello_ok(config: &AgentConfig) -> HelloOk {
     if !config.no_clock {
         features.push("clock_set".into());
     }
+    // Which channel serves this connection: the harness logs it.
+    if !config.channel.is_empty() {
+        features.push(format!(
+            "{}{}",
+            provium_protocol::handshake::CHANNEL_FEATURE_PREFIX,
+            config.channel
+        ));
+    }
     HelloOk {
         agent_version: env!("CARGO_PKG_VERSION").into(),
         guest_os: guest_os(),
@@ -319,11 +327,19 @@ mod tests {
 
     #[test]
     fn hello_names_the_guest_and_clock_feature() {
-        let ok = hello_ok(&AgentConfig { no_clock: true });
+        let ok = hello_ok(&AgentConfig {
+            no_clock: true,
+            channel: "console",
+        });
+        assert!(ok.agent_features.iter().any(|f| f == "channel:console"));
         assert_eq!(ok.agent_version, env!("CARGO_PKG_VERSION"));
         assert!(ok.guest_os.starts_with("linux "), "{}", ok.guest_os);
         assert!(!ok.agent_features.iter().any(|f| f == "clock_set"));
-        let ok = hello_ok(&AgentConfig { no_clock: false });
+        let ok = hello_ok(&AgentConfig {
+            no_clock: false,
+            channel: "",
+        });
+        assert!(!ok.agent_features.iter().any(|f| f.starts_with("channel:")));
         assert!(ok.agent_features.iter().any(|f| f == "clock_set"));
     }
 }

@@ -1,8 +1,16 @@
-//! Where the agent listens: `unix:PATH` (the local backend, tests) or
-//! `vsock:PORT` (inside a guest, any CID), and the accept loop.
+//! Where the agent listens: `unix:PATH` (the local backend, tests),
+//! `vsock:PORT` (inside a guest, any CID), `console` (the virtio-console
+//! port named `org.provium.agent`, for kernels without vsock: `port.rs`),
+//! or `auto` (the default), and the accept loop.
 //!
-//! Every accepted connection is served on its own thread and is independent
-//! of the others: its own handles, processes, streams and workers.
+//! `auto` takes the channel the harness named on the kernel command line
+//! (`provium.agent_channel=vsock|console`: it attached that device); without
+//! the word, vsock when the kernel has it (`socket(AF_VSOCK)` works), else
+//! the console port.
+//!
+//! Every accepted socket connection is served on its own thread and is
+//! independent of the others: its own handles, processes, streams and
+//! workers. The console port carries one session at a time.
 
 use std::fmt;
 use std::io;
@@ -19,15 +27,63 @@ use crate::dispatch;
 use crate::socket::Socket;
 use crate::AgentConfig;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum ListenAddr {
     Unix(PathBuf),
     Vsock(u32),
+    Console,
+    #[default]
+    Auto,
 }
 
-impl Default for ListenAddr {
-    fn default() -> Self {
+/// The kernel command-line word naming the channel.
+const CHANNEL_PARAM: &str = "provium.agent_channel=";
+
+/// The channel `cmdline` names (the last word wins), if any.
+pub fn channel_from_cmdline(cmdline: &str) -> Result<Option<ListenAddr>, String> {
+    let Some(v) = cmdline
+        .split_ascii_whitespace()
+        .filter_map(|w| w.strip_prefix(CHANNEL_PARAM))
+        .next_back()
+    else {
+        return Ok(None);
+    };
+    match v {
+        "vsock" => Ok(Some(ListenAddr::Vsock(provium_protocol::AGENT_VSOCK_PORT))),
+        "console" => Ok(Some(ListenAddr::Console)),
+        _ => Err(format!(
+            "{CHANNEL_PARAM}{v}: expected vsock or console; choosing by what the kernel has"
+        )),
+    }
+}
+
+/// Whether this kernel has vsock (built in or its module loaded).
+fn vsock_available() -> bool {
+    // SAFETY: socket(2) with constant arguments; closed right below.
+    let raw = unsafe { libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return false;
+    }
+    // SAFETY: `raw` is a fresh fd nobody else owns.
+    drop(unsafe { OwnedFd::from_raw_fd(raw) });
+    true
+}
+
+/// `auto` made concrete (see the module docs); other addresses as they are.
+pub fn resolve(addr: &ListenAddr) -> ListenAddr {
+    if *addr != ListenAddr::Auto {
+        return addr.clone();
+    }
+    let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    match channel_from_cmdline(&cmdline) {
+        Ok(Some(a)) => return a,
+        Ok(None) => {}
+        Err(e) => eprintln!("provium-agent: {e}"),
+    }
+    if vsock_available() {
         ListenAddr::Vsock(provium_protocol::AGENT_VSOCK_PORT)
+    } else {
+        ListenAddr::Console
     }
 }
 
@@ -48,9 +104,13 @@ impl FromStr for ListenAddr {
                 format!("listen address `{s}`: the vsock port must be a number (e.g. vsock:1024)")
             });
         }
-        Err(format!(
-            "listen address `{s}` is neither unix:PATH nor vsock:PORT"
-        ))
+        match s {
+            "console" => Ok(ListenAddr::Console),
+            "auto" => Ok(ListenAddr::Auto),
+            _ => Err(format!(
+                "listen address `{s}` is neither unix:PATH, vsock:PORT, console nor auto"
+            )),
+        }
     }
 }
 
@@ -59,6 +119,8 @@ impl fmt::Display for ListenAddr {
         match self {
             ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
             ListenAddr::Vsock(port) => write!(f, "vsock:{port}"),
+            ListenAddr::Console => write!(f, "console"),
+            ListenAddr::Auto => write!(f, "auto"),
         }
     }
 }
@@ -66,9 +128,24 @@ impl fmt::Display for ListenAddr {
 pub enum Listener {
     Unix(UnixListener),
     Vsock(OwnedFd),
+    /// The console port's device name (`vport0p0`).
+    Console(String),
 }
 
-/// Bind and listen. A stale Unix socket file at the path is replaced.
+impl Listener {
+    /// The channel word Hello carries (`channel:<word>` in the features).
+    pub fn channel(&self) -> &'static str {
+        match self {
+            Listener::Unix(_) => "unix",
+            Listener::Vsock(_) => "vsock",
+            Listener::Console(_) => "console",
+        }
+    }
+}
+
+/// Bind and listen (`addr` resolved: not `auto`). A stale Unix socket file
+/// at the path is replaced; the console port is waited for until the driver
+/// names it.
 pub fn bind(addr: &ListenAddr) -> io::Result<Listener> {
     match addr {
         ListenAddr::Unix(path) => {
@@ -80,6 +157,8 @@ pub fn bind(addr: &ListenAddr) -> io::Result<Listener> {
             UnixListener::bind(path).map(Listener::Unix)
         }
         ListenAddr::Vsock(port) => bind_vsock(*port).map(Listener::Vsock),
+        ListenAddr::Console => Ok(Listener::Console(crate::port::wait_for_port())),
+        ListenAddr::Auto => bind(&resolve(addr)),
     }
 }
 
@@ -119,6 +198,9 @@ fn bind_vsock(port: u32) -> io::Result<OwnedFd> {
 impl Listener {
     pub fn accept(&self) -> io::Result<Socket> {
         match self {
+            Listener::Console(dev) => Err(io::Error::other(format!(
+                "the console port /dev/{dev} has sessions, not connections"
+            ))),
             Listener::Unix(l) => l.accept().map(|(s, _)| Socket::from_fd(s.into())),
             Listener::Vsock(fd) => loop {
                 // SAFETY: accept4 with null address pointers is allowed.
@@ -143,8 +225,13 @@ impl Listener {
     }
 }
 
-/// Accept connections forever, each served on its own thread.
+/// Accept connections forever, each served on its own thread (the
+/// console port: one session after another).
 pub fn serve(listener: &Listener, config: &Arc<AgentConfig>) {
+    if let Listener::Console(dev) = listener {
+        crate::port::serve(dev, config);
+        return;
+    }
     loop {
         match listener.accept() {
             Ok(sock) => {
@@ -179,7 +266,10 @@ mod tests {
             "vsock:1024".parse::<ListenAddr>(),
             Ok(ListenAddr::Vsock(1024))
         );
-        assert_eq!(ListenAddr::default(), ListenAddr::Vsock(1024));
+        assert_eq!(ListenAddr::default(), ListenAddr::Auto);
+        assert_eq!("console".parse::<ListenAddr>(), Ok(ListenAddr::Console));
+        assert_eq!("auto".parse::<ListenAddr>(), Ok(ListenAddr::Auto));
+        assert_eq!(ListenAddr::Console.to_string(), "console");
         assert!("vsock:x"
             .parse::<ListenAddr>()
             .unwrap_err()
@@ -190,6 +280,25 @@ mod tests {
             .contains("neither"));
         assert!("unix:".parse::<ListenAddr>().is_err());
         assert_eq!(ListenAddr::Vsock(5).to_string(), "vsock:5");
+    }
+
+    #[test]
+    fn the_harness_names_the_channel_on_the_command_line() {
+        assert_eq!(channel_from_cmdline("quiet console=ttyS0"), Ok(None));
+        assert_eq!(
+            channel_from_cmdline("provium.agent_channel=vsock provium.agent_channel=console"),
+            Ok(Some(ListenAddr::Console)),
+            "the last word wins"
+        );
+        assert_eq!(
+            channel_from_cmdline("provium.agent_channel=vsock"),
+            Ok(Some(ListenAddr::Vsock(1024)))
+        );
+        assert!(channel_from_cmdline("provium.agent_channel=tcp")
+            .unwrap_err()
+            .contains("expected vsock or console"));
+        // Concrete addresses are not touched.
+        assert_eq!(resolve(&ListenAddr::Console), ListenAddr::Console);
     }
 
     #[test]

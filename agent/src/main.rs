@@ -26,6 +26,7 @@ mod op_error;
 mod outbox;
 mod pid1;
 mod power_button;
+mod port;
 mod process;
 mod socket;
 mod stdin;
@@ -46,6 +47,8 @@ use cli::Parsed;
 pub struct AgentConfig {
     /// `--no-clock`: refuse clock_set/clock_advance.
     pub no_clock: bool,
+    /// The channel served ("vsock", "console", "unix"): Hello says it.
+    pub channel: &'static str,
 }
 
 /// PATH for commands when the agent inherited none (PID 1 gets no PATH).
@@ -91,12 +94,12 @@ fn main() -> ExitCode {
         pid1::mount_basics();
         pid1::split(opts.init.as_deref(), &args);
     }
-    let listener = match listen::bind(&opts.listen) {
+    let listen_addr = listen::resolve(&opts.listen);
+    let listener = match listen::bind(&listen_addr) {
         Ok(l) => l,
         Err(e) => {
             eprintln!(
-                "provium-agent: cannot listen on {}: {e} (is the path's directory writable, or vsock available in this guest?)",
-                opts.listen
+                "provium-agent: cannot listen on {listen_addr}: {e} (is the path's directory writable, or vsock available in this guest?)"
             );
             return ExitCode::from(EXIT_LISTEN);
         }
@@ -104,11 +107,15 @@ fn main() -> ExitCode {
     eprintln!(
         "provium-agent {}: listening on {} (protocol version {})",
         env!("CARGO_PKG_VERSION"),
-        opts.listen,
+        match &listener {
+            listen::Listener::Console(dev) => format!("console port /dev/{dev}"),
+            _ => listen_addr.to_string(),
+        },
         provium_protocol::PROTOCOL_VERSION
     );
     let config = Arc::new(AgentConfig {
         no_clock: opts.no_clock,
+        channel: listener.channel(),
     });
     // The listener is bound, so a Hello connecting now is queued and
     // answered: that is the moment `bench boot --until ready` measures.

@@ -41,6 +41,13 @@
 //!   the double answers it itself, misbehaving as above. `connflood` there
 //!   (`hostile:connflood:<count>`) opens `<count>` (default `CONNFLOOD`)
 //!   AF_VSOCK connections to the host (CID 2), on the agent's port.
+//!
+//! With `provium.agent_channel=console` on the kernel command line (the
+//! profile's `agent_channel = "console"`), the double serves the
+//! virtio-console port `org.provium.agent` instead of vsock: one session at
+//! a time, as the real agent does (docs/agent.md, "Channels"), each bridged
+//! to a socketpair whose other end is relayed as above, so every mode's
+//! bytes cross the console channel.
 
 use std::io::{Read, Write};
 use std::os::fd::FromRawFd;
@@ -377,6 +384,9 @@ fn relay_main(args: &[String]) -> ! {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    if console_channel() {
+        console_relay_main();
+    }
     let listener = vsock_listen(port).unwrap_or_else(|e| {
         eprintln!("hostile_agent: listen on vsock port {port}: {e}");
         std::process::exit(2);
@@ -403,6 +413,87 @@ fn relay_main(args: &[String]) -> ! {
         // UnixStream can hold it.
         let conn = unsafe { UnixStream::from_raw_fd(fd) };
         std::thread::spawn(move || relay(conn));
+    }
+}
+
+/// Whether the harness put the agent on the console channel.
+fn console_channel() -> bool {
+    std::fs::read_to_string("/proc/cmdline").is_ok_and(|c| {
+        c.split_whitespace()
+            .any(|w| w == "provium.agent_channel=console")
+    })
+}
+
+/// The console port's /dev path, once the driver has named it.
+fn console_port_path() -> String {
+    loop {
+        if let Ok(dir) = std::fs::read_dir("/sys/class/virtio-ports") {
+            for e in dir.flatten() {
+                let named = std::fs::read_to_string(e.path().join("name"))
+                    .is_ok_and(|n| n.trim_end() == "org.provium.agent");
+                if named {
+                    return format!("/dev/{}", e.file_name().to_string_lossy());
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Serves the console port's sessions one after another: open the port,
+/// wait for the host (POLLHUP while none), bridge the session to a
+/// socketpair relayed to the real agent until the port reads end of file,
+/// close the port (so the device may start the next session) and again.
+fn console_relay_main() -> ! {
+    use std::os::fd::AsRawFd;
+    let path = console_port_path();
+    eprintln!("hostile_agent: relaying console port {path} to {REAL_SOCKET}");
+    loop {
+        let port = match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("hostile_agent: open {path}: {e}");
+                std::thread::sleep(Duration::from_secs(1));
+                continue;
+            }
+        };
+        loop {
+            let mut p = libc::pollfd {
+                fd: port.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd for the call.
+            unsafe { libc::poll(&mut p, 1, 0) };
+            if p.revents & libc::POLLHUP == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let (Ok((mine, theirs)), Ok(mut port_r), Ok(mut port_w)) =
+            (UnixStream::pair(), port.try_clone(), port.try_clone())
+        else {
+            std::thread::sleep(Duration::from_secs(1));
+            continue;
+        };
+        let Ok(mut from_relay) = mine.try_clone() else {
+            continue;
+        };
+        let relayed = std::thread::spawn(move || relay(theirs));
+        let writer = std::thread::spawn(move || {
+            let _ = std::io::copy(&mut from_relay, &mut port_w);
+        });
+        // Until the session ends: the host closed, or the device ended it.
+        let _ = std::io::copy(&mut port_r, &mut &mine);
+        let _ = mine.shutdown(std::net::Shutdown::Both);
+        // A mode that writes forever blocks its writer on a port whose host
+        // is gone: that guest serves no further session, which no test asks.
+        let _ = writer.join();
+        let _ = relayed.join();
     }
 }
 

@@ -168,6 +168,11 @@ end)
 /// The project: provium.toml (profile `linux-hostile`, a fresh fixture
 /// cache) and the fixture, under `dir`; test files go in `dir/tests`.
 fn project(dir: &Path, guest: &Guest) {
+    project_with(dir, guest, "")
+}
+
+/// [`project`] with `extra` lines in the profile.
+fn project_with(dir: &Path, guest: &Guest, extra: &str) {
     let double = static_guest_binary(
         option_env!("PROVIUM_GUEST_HOSTILE_AGENT"),
         "hostile agent double",
@@ -184,7 +189,7 @@ fn project(dir: &Path, guest: &Guest) {
         dir.join("provium.toml"),
         format!(
             "[provium]\nroots = [{root:?}]\ncache_dir = {cache:?}\n\n\
-             [profiles.linux-hostile]\n{profile}agent_overlay_path = {overlay:?}\n",
+             [profiles.linux-hostile]\n{profile}{extra}agent_overlay_path = {overlay:?}\n",
             root = tests.display().to_string(),
             cache = dir.join("cache").display().to_string(),
             profile = profile(guest),
@@ -346,12 +351,16 @@ const MIN_GUEST_CONNECTS: usize = 200;
 /// flood and hundreds of refused connections (measured: 110 MiB).
 const RUN_BOUND_MIB: u64 = 256;
 
+/// Held by each test for its run: one emulated guest boot at a time.
+static BOOTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn hostile_agents_in_a_kvm_guest_fail_their_calls_and_nothing_else() {
     let test = "hostile_agents_in_a_kvm_guest_fail_their_calls_and_nothing_else";
     let Some(guest) = guest(test) else {
         return;
     };
+    let _boots = BOOTS.lock().unwrap_or_else(|e| e.into_inner());
     let scratch = tempfile::tempdir().unwrap();
     project(scratch.path(), &guest);
 
@@ -368,6 +377,46 @@ fn hostile_agents_in_a_kvm_guest_fail_their_calls_and_nothing_else() {
     let peak_kib = check_run(&run, &modes, RUN_BOUND_MIB);
     eprintln!(
         "hostile_guest: VmHWM {peak_kib} KiB (bound {RUN_BOUND_MIB} MiB); {:.0?} with the boot",
+        run.wall
+    );
+}
+
+/// The same double over the console channel (`agent_channel = "console"`:
+/// the VM has the virtio-console port and no vsock): the fixture is built
+/// and restored over the port, and garbage, a 2^32-1 length field and a
+/// frame that stops mid-body fail their calls with the same named errors.
+/// One more boot (the fixture), three restores.
+#[test]
+fn hostile_agents_over_the_console_channel_fail_with_the_same_errors() {
+    let test = "hostile_agents_over_the_console_channel_fail_with_the_same_errors";
+    let Some(guest) = guest(test) else {
+        return;
+    };
+    let _boots = BOOTS.lock().unwrap_or_else(|e| e.into_inner());
+    let scratch = tempfile::tempdir().unwrap();
+    project_with(scratch.path(), &guest, "agent_channel = \"console\"\n");
+    let modes: Vec<&Mode> = MODES
+        .iter()
+        .filter(|m| matches!(m.name, "garbage" | "hugelen" | "stall"))
+        .collect();
+    assert_eq!(modes.len(), 3);
+    write_test_files(scratch.path(), &modes);
+    let run = run_provium(scratch.path(), BOOT_RUN_LIMIT);
+    eprintln!(
+        "== hostile guest on the console channel ({}): exit {:?} in {:.0?}\n{}",
+        guest.kernel_kind(),
+        run.code,
+        run.wall,
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("provium: agent channel: console"),
+        "the run did not use the console channel:\n{}",
+        run.stderr
+    );
+    let peak_kib = check_run(&run, &modes, RUN_BOUND_MIB);
+    eprintln!(
+        "hostile_guest (console): VmHWM {peak_kib} KiB (bound {RUN_BOUND_MIB} MiB); {:.0?} with the boot",
         run.wall
     );
 }

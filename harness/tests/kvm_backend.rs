@@ -329,6 +329,7 @@ fn tiny_profile(dir: &Path) -> provium::config::Profile {
         transport: Default::default(),
         inject_agent: false,
         agent_overlay_path: None,
+        agent_channel: Default::default(),
         build: None,
         build_out: dir.to_path_buf(),
     }

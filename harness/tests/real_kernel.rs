@@ -12,6 +12,12 @@
 //! kernel code is emulated: the suite takes minutes, and the dispatcher runs
 //! one VM per host core.
 //!
+//! `tests/lua/linux-console/` is the same guest with the agent on the
+//! virtio-console channel (`agent_channel = "console"`): its own base
+//! fixture, built once and restored by each test, and a snapshot in the
+//! middle of a session. The tier's tests take [`BOOTS`] so their guests
+//! never boot at once.
+//!
 //! On hardware KVM with a user's kernel, the local-backend suites under
 //! tests/lua (guest, network, snapshots, disks) must pass on kvm too; they
 //! boot a VM per file, which an emulated kernel cannot afford, so they run
@@ -24,6 +30,15 @@ use common::{ensure_agent, read_events, repo_root};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
+
+/// Held by each test of the tier for its run: one emulated guest kernel at
+/// a time is what this tier's machines afford.
+static BOOTS: Mutex<()> = Mutex::new(());
+
+fn boots() -> std::sync::MutexGuard<'static, ()> {
+    BOOTS.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 use provium_protocol::event::{Event, EventFrame};
 use provium_vmm::initrd::inject::BootFile;
@@ -36,6 +51,8 @@ const HARDWARE_SUITES: &[&str] = &["guest", "network", "snapshots", "disks"];
 /// (`vm_fixture`), and the file that restores the lab fixture `pair`
 /// (`lab_fixture`: VMs `a` and `b` on a bridge).
 const LINUX_SUITE: &str = "tests/lua/linux";
+/// The console channel's suite.
+const CONSOLE_SUITE: &str = "tests/lua/linux-console";
 const LAB_FIXTURE_FILE: &str = "devices.test.lua";
 const FIXTURE_FILES: &[&str] = &[
     "files.test.lua",
@@ -67,7 +84,12 @@ fn prebuilt_overlay(dir: &Path) -> PathBuf {
 /// `guest`, with a fresh fixture cache under `dir`; `linux-overlay` is the
 /// same guest with a [`prebuilt_overlay`] (the pair fixture boots it).
 fn config(dir: &Path, guest: &Guest, root: &Path) -> PathBuf {
-    let profile = profile(guest);
+    config_with(dir, guest, root, "")
+}
+
+/// [`config`] with `extra` lines in the `linux` profile.
+fn config_with(dir: &Path, guest: &Guest, root: &Path, extra: &str) -> PathBuf {
+    let profile = format!("{}{extra}", profile(guest));
     let path = dir.join("provium.toml");
     std::fs::write(
         &path,
@@ -109,6 +131,7 @@ fn the_linux_suite_passes_in_real_guests() {
     let Some(guest) = guest(test) else {
         return;
     };
+    let _boots = boots();
     let events = run_suite(&guest, LINUX_SUITE);
     // Each fixture was booted once, into the empty cache, and every file
     // that asks for one got VMs restored from its cache entry.
@@ -149,6 +172,51 @@ fn the_linux_suite_passes_in_real_guests() {
     );
 }
 
+/// The agent on the virtio-console channel: the console suite's base
+/// fixture is booted once with `agent_channel = "console"` (no vsock device)
+/// and restored by its tests, which run commands with stdin and streams,
+/// move files bigger than the port's buffers, use workers and batches, and
+/// snapshot in the middle of a session (the original goes on, each restore
+/// starts a fresh session). The harness says which channel it used.
+#[test]
+fn the_agent_serves_over_the_console_channel() {
+    let test = "the_agent_serves_over_the_console_channel";
+    let Some(guest) = guest(test) else {
+        return;
+    };
+    let _boots = boots();
+    let (events, out) = run_suite_with(&guest, CONSOLE_SUITE, "agent_channel = \"console\"\n");
+    assert!(
+        out.contains("provium: agent channel: console"),
+        "the harness did not say it used the console channel"
+    );
+    assert!(
+        !out.contains("provium: agent channel: vsock"),
+        "a VM of the console profile was reached over vsock"
+    );
+    let builds: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::FixtureBuildStarted(b) => Some(b.path.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(builds, ["base"], "one build of the console fixture");
+    let passed = events
+        .iter()
+        .filter(|e| matches!(&e.event, Event::TestPassed(_)))
+        .count();
+    let declared = declared_tests(&repo_root().join(CONSOLE_SUITE));
+    assert!(
+        declared > 0,
+        "no test( declarations found in {CONSOLE_SUITE}"
+    );
+    assert_eq!(
+        passed, declared,
+        "tests passed vs declared in {CONSOLE_SUITE}"
+    );
+}
+
 /// How many top-level `test("...", ...)` declarations the suite's test
 /// files hold: the number of tests a full, green run passes.
 fn declared_tests(dir: &Path) -> usize {
@@ -169,10 +237,15 @@ fn declared_tests(dir: &Path) -> usize {
 /// Runs `suite` (relative to the repository) with a fresh fixture cache,
 /// prints its output, asserts it passed, and returns its events.
 fn run_suite(guest: &Guest, suite: &str) -> Vec<EventFrame> {
+    run_suite_with(guest, suite, "").0
+}
+
+/// [`run_suite`] with `extra` profile lines; also returns the output.
+fn run_suite_with(guest: &Guest, suite: &str, extra: &str) -> (Vec<EventFrame>, String) {
     ensure_agent();
     let scratch = tempfile::tempdir().unwrap();
     let dir = repo_root().join(suite);
-    let config = config(scratch.path(), guest, &dir);
+    let config = config_with(scratch.path(), guest, &dir, extra);
     let events = scratch.path().join("events.bin");
     let (code, out) = provium(&config, &dir, &["--save-events", events.to_str().unwrap()]);
     let kernel = guest.kernel_kind();
@@ -185,7 +258,7 @@ fn run_suite(guest: &Guest, suite: &str) -> Vec<EventFrame> {
         Some(0),
         "{suite} failed on the kvm backend (output above)"
     );
-    read_events(&events)
+    (read_events(&events), out)
 }
 
 #[test]
@@ -205,6 +278,7 @@ fn the_local_suites_pass_on_the_kvm_backend_with_a_users_kernel() {
     let Some(guest) = guest(test) else {
         return;
     };
+    let _boots = boots();
     ensure_agent();
     let scratch = tempfile::tempdir().unwrap();
     let config = config(scratch.path(), &guest, &repo_root().join("tests/lua"));

@@ -32,6 +32,21 @@ pub struct HelloOk {
     pub agent_features: Vec<String>,
 }
 
+/// The `agent_features` word that names the channel serving the
+/// connection: `channel:vsock`, `channel:console` or `channel:unix`. A
+/// feature word, not a field: no wire change, and an agent without it
+/// (older) says nothing.
+pub const CHANNEL_FEATURE_PREFIX: &str = "channel:";
+
+impl HelloOk {
+    /// The channel the agent serves this connection on, if it says.
+    pub fn channel(&self) -> Option<&str> {
+        self.agent_features
+            .iter()
+            .find_map(|f| f.strip_prefix(CHANNEL_FEATURE_PREFIX))
+    }
+}
+
 #[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -93,5 +108,11 @@ mod tests {
         })
         .unwrap();
         assert_eq!(ok.agent_version, "0.1.0");
+        assert_eq!(ok.channel(), None);
+        let with = HelloOk {
+            agent_features: vec!["exec".into(), "channel:console".into()],
+            ..ok.clone()
+        };
+        assert_eq!(with.channel(), Some("console"));
     }
 }

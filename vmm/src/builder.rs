@@ -33,6 +33,7 @@ use crate::device_manager::VirtioSlot;
 use crate::devices::bus::Bus;
 use crate::devices::pci::PciRoot;
 use crate::devices::virtio::block::{Block, BlockConfig, DiskImage};
+use crate::devices::virtio::console::VirtioConsole;
 use crate::devices::virtio::net::Net;
 use crate::devices::virtio::rng::Rng;
 use crate::devices::virtio::vsock::Vsock;
@@ -338,7 +339,7 @@ pub(crate) fn attach_boot_timer(
     Ok(())
 }
 
-/// The config's virtio devices in attach order (disks, rng, vsock, nets): the
+/// The config's virtio devices in attach order (disks, rng, vsock, console, nets): the
 /// order slots, IRQs and a snapshot's device list follow.
 pub(crate) fn virtio_devices(cfg: &VmConfig) -> Result<Vec<Box<dyn VirtioDevice>>, BuildError> {
     let mut devs: Vec<Box<dyn VirtioDevice>> = Vec::new();
@@ -355,6 +356,9 @@ pub(crate) fn virtio_devices(cfg: &VmConfig) -> Result<Vec<Box<dyn VirtioDevice>
     }
     if let Some(host) = &cfg.vsock {
         devs.push(Box::new(Vsock::new(host.clone())));
+    }
+    if let Some(host) = &cfg.console {
+        devs.push(Box::new(VirtioConsole::new(host.clone())));
     }
     for nic in &cfg.nets {
         devs.push(Box::new(Net::new(nic.mac, nic.port.clone())));

@@ -330,12 +330,13 @@ pub fn open_for(cfg: &VmConfig, path: &Path) -> Result<(Snapshot, MicrovmState),
     let devices = cfg.drives.len()
         + usize::from(cfg.rng.is_some())
         + usize::from(cfg.vsock.is_some())
+        + usize::from(cfg.console.is_some())
         + cfg.nets.len();
     if state.virtio.len() != devices {
         return Err(PersistError::Shape {
             file,
             what: format!(
-                "{} virtio devices in the snapshot, {devices} in this VM (disks, rng, vsock, nics)",
+                "{} virtio devices in the snapshot, {devices} in this VM (disks, rng, vsock, console, nics)",
                 state.virtio.len()
             ),
         });

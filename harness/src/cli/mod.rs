@@ -456,6 +456,7 @@ mod tests {
             transport: Default::default(),
             inject_agent: true,
             agent_overlay_path: None,
+            agent_channel: Default::default(),
             build: None,
             build_out: d.path().into(),
         };

@@ -63,6 +63,87 @@ pub struct CmdlineFileError {
     pub source: std::io::Error,
 }
 
+/// `agent_channel`: how the harness reaches the guest agent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentChannel {
+    /// vsock when the kernel has it, else the console port.
+    #[default]
+    Auto,
+    /// virtio-vsock (port 1024).
+    Vsock,
+    /// The virtio-console port `org.provium.agent`.
+    Console,
+}
+
+/// The channel a boot uses: `AgentChannel` made concrete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResolvedChannel {
+    Vsock,
+    Console,
+}
+
+impl ResolvedChannel {
+    /// "vsock" / "console", as Hello's `channel:` feature says it.
+    pub fn word(self) -> &'static str {
+        match self {
+            ResolvedChannel::Vsock => "vsock",
+            ResolvedChannel::Console => "console",
+        }
+    }
+}
+
+/// A profile's `agent_channel` the kernel cannot serve.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AgentChannelError {
+    #[error(
+        "profile `{profile}` sets agent_channel = \"vsock\", but its kernel has no vsock \
+         (CONFIG_VSOCKETS and CONFIG_VIRTIO_VSOCKETS neither built in nor a module found); \
+         set agent_channel = \"console\" or \"auto\", or build the kernel with them"
+    )]
+    NoVsock { profile: String },
+    #[error(
+        "profile `{profile}` sets agent_channel = \"console\", but its kernel has no \
+         virtio-console (CONFIG_VIRTIO_CONSOLE neither built in nor a module found); \
+         set agent_channel = \"vsock\" or \"auto\", or build the kernel with it"
+    )]
+    NoConsole { profile: String },
+    #[error(
+        "profile `{profile}`'s kernel has neither vsock (CONFIG_VIRTIO_VSOCKETS) nor \
+         virtio-console (CONFIG_VIRTIO_CONSOLE), so the agent cannot be reached; \
+         build the kernel with either (Linux's kvm_guest.config has VIRTIO_CONSOLE)"
+    )]
+    NoChannel { profile: String },
+}
+
+/// The channel `chosen` gives on a kernel whose vsock and virtio-console
+/// availability (built in, or its module found) is `kernel_vsock` and
+/// `kernel_console`; `None` is unknown. `auto` takes vsock unless the kernel
+/// is known to lack it; an unknown answer never refuses a choice.
+pub fn resolve_agent_channel(
+    profile: &str,
+    chosen: AgentChannel,
+    kernel_vsock: Option<bool>,
+    kernel_console: Option<bool>,
+) -> Result<ResolvedChannel, AgentChannelError> {
+    let profile = profile.to_string();
+    match chosen {
+        AgentChannel::Vsock if kernel_vsock == Some(false) => {
+            Err(AgentChannelError::NoVsock { profile })
+        }
+        AgentChannel::Vsock => Ok(ResolvedChannel::Vsock),
+        AgentChannel::Console if kernel_console == Some(false) => {
+            Err(AgentChannelError::NoConsole { profile })
+        }
+        AgentChannel::Console => Ok(ResolvedChannel::Console),
+        AgentChannel::Auto => match (kernel_vsock, kernel_console) {
+            (Some(false), Some(false)) => Err(AgentChannelError::NoChannel { profile }),
+            (Some(false), _) => Ok(ResolvedChannel::Console),
+            _ => Ok(ResolvedChannel::Vsock),
+        },
+    }
+}
+
 /// `[profiles.<name>]` as written.
 #[derive(Debug, Default, Deserialize)]
 pub(super) struct ProfileTable {
@@ -74,6 +155,7 @@ pub(super) struct ProfileTable {
     transport: Option<String>,
     inject_agent: Option<bool>,
     agent_overlay_path: Option<String>,
+    agent_channel: Option<AgentChannel>,
     build: Option<String>,
     build_out: Option<String>,
 }
@@ -90,6 +172,8 @@ pub struct Profile {
     pub transport: Transport,
     pub inject_agent: bool,
     pub agent_overlay_path: Option<PathBuf>,
+    /// `agent_channel` (default `auto`).
+    pub agent_channel: AgentChannel,
     pub build: Option<String>,
     pub build_out: PathBuf,
 }
@@ -151,6 +235,7 @@ impl ProfileTable {
             transport,
             inject_agent: self.inject_agent.unwrap_or(true),
             agent_overlay_path: path_field(&self.agent_overlay_path),
+            agent_channel: self.agent_channel.unwrap_or_default(),
             build: self.build.as_deref().map(expand),
             build_out,
             name,
@@ -237,6 +322,45 @@ mod tests {
         assert_eq!(p.transport, Transport::Pci);
         let p = profile("cmdline = \"q\"\ntransport = \"mmio\"\n").unwrap();
         assert_eq!(p.transport, Transport::Mmio);
+    }
+
+    #[test]
+    fn agent_channel_parses_and_auto_follows_the_kernel() {
+        assert_eq!(
+            profile("cmdline = \"q\"\n").unwrap().agent_channel,
+            AgentChannel::Auto
+        );
+        assert_eq!(
+            profile("cmdline = \"q\"\nagent_channel = \"console\"\n")
+                .unwrap()
+                .agent_channel,
+            AgentChannel::Console
+        );
+        let table: Result<ProfileTable, _> = toml::from_str("agent_channel = \"tcp\"\n");
+        assert!(table.is_err(), "an unknown channel is refused");
+        use AgentChannel as A;
+        use ResolvedChannel as R;
+        let r = |c, v, k| resolve_agent_channel("p", c, v, k);
+        // auto: vsock unless the kernel is known to lack it.
+        assert_eq!(r(A::Auto, None, None), Ok(R::Vsock));
+        assert_eq!(r(A::Auto, Some(true), Some(true)), Ok(R::Vsock));
+        assert_eq!(r(A::Auto, Some(false), None), Ok(R::Console));
+        assert_eq!(r(A::Auto, Some(false), Some(true)), Ok(R::Console));
+        assert!(r(A::Auto, Some(false), Some(false))
+            .unwrap_err()
+            .to_string()
+            .contains("neither vsock"));
+        // A channel chosen by name is kept unless the kernel cannot have it.
+        assert_eq!(r(A::Console, Some(true), None), Ok(R::Console));
+        assert_eq!(r(A::Vsock, None, Some(false)), Ok(R::Vsock));
+        let e = r(A::Vsock, Some(false), None).unwrap_err().to_string();
+        assert!(
+            e.contains("agent_channel = \"vsock\"")
+                && e.contains("set agent_channel = \"console\""),
+            "{e}"
+        );
+        let e = r(A::Console, None, Some(false)).unwrap_err().to_string();
+        assert!(e.contains("CONFIG_VIRTIO_CONSOLE"), "{e}");
     }
 
     #[test]

@@ -2,16 +2,17 @@
 //! virtio-mmio transport.
 //!
 //! The input picks a device (blk over a small temp file, rng, vsock, net on
-//! a switch port), then is read as a list of guest actions against a 64 KiB
+//! a switch port, console), then is read as a list of guest actions against a 64 KiB
 //! guest memory: raw MMIO register/config reads and writes at any offset and
 //! width, bytes written anywhere in guest memory (descriptor tables, rings,
 //! buffers: addresses, lengths, flags and `next` links are whatever the
 //! input says, so loops, out-of-range addresses and absurd lengths occur), a
 //! driver-init shortcut that sets up every queue at input-chosen addresses
 //! and sets DRIVER_OK (activating the device and its worker thread), queue
-//! notifications, snapshot `save`/`resume_after_save`, and reset. For net
-//! and vsock an action also runs the device's queue processing
-//! (`NetQueues::run_once`, `Muxer::work`) synchronously on this thread over
+//! notifications, snapshot `save`/`resume_after_save`, and reset. For net,
+//! vsock and console an action also runs the device's queue processing
+//! (`NetQueues::run_once`, `Muxer::work`, `ActiveConsole::after_event`
+//! with the console's port state and a host session's bytes input-chosen) synchronously on this thread over
 //! queues at input-chosen addresses, so their TX/RX parsing is exercised
 //! deterministically, not only when the worker thread gets to it.
 //!
@@ -28,6 +29,8 @@ use libfuzzer_sys::fuzz_target;
 use provium_netsetup::{MacAddr, Offloads, Port, Switch, SwitchConfig, VnetHdr};
 use provium_vmm::devices::bus::BusDevice;
 use provium_vmm::devices::legacy::EventFdTrigger;
+use provium_vmm::devices::virtio::console::active::{ActiveConsole, PortState};
+use provium_vmm::devices::virtio::console::{ConsoleHost, VirtioConsole};
 use provium_vmm::devices::virtio::block::{Block, BlockConfig, BlockFaults, DiskImage};
 use provium_vmm::devices::virtio::mmio::{MmioInterrupt, MmioTransport};
 use provium_vmm::devices::virtio::net::defs::{HDR_LEGACY_BYTES, HDR_V1_BYTES};
@@ -130,14 +133,15 @@ fn run(data: &[u8]) {
     let Some(which) = input.u8() else { return };
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_BYTES)]).expect("guest memory");
     FIX.with(|fix| {
-        let device: Box<dyn VirtioDevice> = match which % 4 {
+        let device: Box<dyn VirtioDevice> = match which % 5 {
             0 => Box::new(Block::new(BlockConfig {
                 disk: fix.disk.clone(),
                 faults: Arc::new(BlockFaults::default()),
             })),
             1 => Box::new(Rng::new(RngConfig { seed: Some(1) })),
             2 => Box::new(Vsock::new(VsockHost::new(3).expect("vsock host"))),
-            _ => Box::new(Net::new(GUEST_MAC, fix.port.clone())),
+            3 => Box::new(Net::new(GUEST_MAC, fix.port.clone())),
+            _ => Box::new(VirtioConsole::new(ConsoleHost::new().expect("console host"))),
         };
         let queue_count = device.queue_max_sizes().len();
         let irq = Arc::new(MmioInterrupt::new(EventFdTrigger::new().expect("eventfd")));
@@ -206,7 +210,7 @@ fn run(data: &[u8]) {
                         }
                         let _ = fix.peer.send(&frame);
                     }
-                    _ => sync_drive(&mut input, &mem, which % 4, fix),
+                    _ => sync_drive(&mut input, &mem, which % 5, fix),
                 }
                 Some(())
             })();
@@ -291,6 +295,56 @@ fn sync_drive(input: &mut Input<'_>, mem: &GuestMemoryMmap, which: u8, fix: &Fix
             for _ in 0..rounds {
                 q.run_once();
             }
+        }
+        4 => {
+            let (Some(cq_rx), Some(cq_tx)) =
+                (queue_from(input, mem, 64), queue_from(input, mem, 64))
+            else {
+                return;
+            };
+            let f = input.u8().unwrap_or(0);
+            let port = PortState {
+                driver_ready: f & 1 != 0,
+                port_ready: f & 2 != 0,
+                guest_open: f & 4 != 0,
+                guest_open_fresh: f & 8 != 0,
+                host_open_sent: f & 16 != 0,
+            };
+            let host = ConsoleHost::new().expect("console host");
+            host.set_active(true);
+            let mut a = ActiveConsole::new(
+                host.clone(),
+                mem.clone(),
+                vec![rxq, txq, cq_rx, cq_tx],
+                Arc::new(NoInterrupt),
+                port,
+                Default::default(),
+            )
+            .expect("console fds");
+            // A host session whose bytes the input chooses (it starts only
+            // if the port state lets it).
+            let n = usize::from(input.u16().unwrap_or(0) % 4096);
+            let payload = input.bytes(n).to_vec();
+            let h = host.clone();
+            let t = std::thread::spawn(move || {
+                let s = h.connect(std::time::Duration::from_millis(5));
+                if let Ok(mut s) = s {
+                    let _ = s.write_all(&payload);
+                    return Some(s);
+                }
+                None
+            });
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+            while !host.connect_waiting() && !t.is_finished() && std::time::Instant::now() < deadline {
+                std::thread::yield_now();
+            }
+            a.after_event();
+            let session = t.join().expect("connect thread");
+            for _ in 0..rounds {
+                a.after_event();
+            }
+            drop(session);
+            a.after_event();
         }
         _ => {}
     }

@@ -12,6 +12,7 @@ pub use machine_config::MachineConfig;
 pub use net::NetConfig;
 pub use transport::VirtioTransportKind;
 
+pub use crate::devices::virtio::console::ConsoleHost;
 pub use crate::devices::virtio::rng::RngConfig;
 pub use crate::devices::virtio::vsock::VsockHost;
 
@@ -31,7 +32,11 @@ pub struct VmConfig {
     /// A virtio-vsock device (after the rng). The handle carries the guest
     /// CID; keep a clone to connect and listen, across resets too.
     pub vsock: Option<VsockHost>,
-    /// virtio-net devices (after the vsock), one per switch port, announced
+    /// A virtio-console device with the agent's named port (after the
+    /// vsock): the agent's channel for kernels without vsock. Keep a clone
+    /// of the handle to connect, across resets too.
+    pub console: Option<ConsoleHost>,
+    /// virtio-net devices (after the console), one per switch port, announced
     /// in this order (the guest's eth0, eth1, ...).
     pub nets: Vec<NetConfig>,
     /// The transport every virtio device goes on (virtio-mmio or virtio-pci).
@@ -75,6 +80,7 @@ impl VmConfig {
             drives: Vec::new(),
             rng: None,
             vsock: None,
+            console: None,
             nets: Vec::new(),
             transport: VirtioTransportKind::default(),
             boot_timer: None,

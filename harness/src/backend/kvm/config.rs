@@ -3,8 +3,11 @@
 //! agent injected unless the profile says `inject_agent = false`), command
 //! line (the reference's rules; on kvm_pvm also the words a Linux guest
 //! needs there, [`KVM_PVM_CMDLINE_WORDS`]), sizing, rng seed, the VM's disks
-//! (virtio-blk, in attach order, each with its Disk's shared fault set), a
-//! vsock device.
+//! (virtio-blk, in attach order, each with its Disk's shared fault set), and
+//! the agent's channel: a vsock device, or (profile `agent_channel`) a
+//! virtio-console device with the agent's named port, with
+//! `provium.agent_channel=console` on the command line so the agent serves
+//! there.
 //!
 //! The injected agent is the static, stripped one harness/build.rs builds
 //! (`PROVIUM_GUEST_AGENT` at compile time) unless `PROVIUM_AGENT` names
@@ -15,12 +18,13 @@ use std::sync::Once;
 
 use provium_vmm::initrd::inject::{cmdline_words, merged_initrd, InjectError};
 use provium_vmm::initrd::{inject_agent, AgentInjection, BootFile, CpioWriter};
-use provium_vmm::vmm_config::{RngConfig, VirtioTransportKind, VsockHost};
+use provium_vmm::vmm_config::{ConsoleHost, RngConfig, VirtioTransportKind, VsockHost};
 use provium_vmm::{BootSource, KernelImage, MachineConfig, VmConfig};
 
 use crate::agent_search::{AgentKind, AgentSearch, AgentSearchError};
 use crate::backend::local::locate_agent;
 use crate::backend::MachineSpec;
+use crate::config::profile::{resolve_agent_channel, ResolvedChannel};
 use crate::config::{Profile, Transport};
 use crate::settings::Settings;
 
@@ -61,7 +65,15 @@ pub enum VmConfigError {
     TooManyCpus { cpus: u32 },
     #[error("cannot set up the vsock device")]
     Vsock(#[source] std::io::Error),
+    #[error("cannot set up the virtio-console device")]
+    Console(#[source] std::io::Error),
+    #[error(transparent)]
+    Channel(#[from] crate::config::profile::AgentChannelError),
 }
+
+/// The kernel command-line word that tells the agent which channel the VMM
+/// offers (its `auto` reads it; see agent/src/listen.rs).
+pub const AGENT_CHANNEL_PARAM: &str = "provium.agent_channel=";
 
 /// Where merged initrds are cached (content-addressed, so sharing is safe):
 /// `$PROVIUM_OVERLAY_CACHE`, else `$TMPDIR/provium-agent-overlay-cache`.
@@ -147,7 +159,10 @@ pub fn vm_config_with(
             mode: 0o644,
         })
         .collect();
-    let boot = if let (true, Some(overlay)) = (opts.inject_agent, &profile.agent_overlay_path) {
+    // Whether the kernel has vsock is not known here yet (`kernel check`
+    // answers it; unknown keeps `auto` on vsock).
+    let channel = resolve_agent_channel(&profile.name, profile.agent_channel, None, None)?;
+    let mut boot = if let (true, Some(overlay)) = (opts.inject_agent, &profile.agent_overlay_path) {
         prebuilt_overlay_boot(&boot, overlay, &files, cache)?
     } else if opts.inject_agent {
         let inj = AgentInjection {
@@ -180,6 +195,10 @@ pub fn vm_config_with(
     let mem_size_mib = opts.memory_bytes.div_ceil(1 << 20);
     let vcpu_count =
         u8::try_from(opts.cpus).map_err(|_| VmConfigError::TooManyCpus { cpus: opts.cpus })?;
+    if channel == ResolvedChannel::Console {
+        // Appended last, so it wins over a profile's own word.
+        boot.cmdline = format!("{} {AGENT_CHANNEL_PARAM}console", boot.cmdline);
+    }
     let vsock = VsockHost::new(u64::from(cid)).map_err(VmConfigError::Vsock)?;
     let mut cfg = VmConfig::new(boot);
     cfg.machine = MachineConfig {
@@ -191,7 +210,13 @@ pub fn vm_config_with(
     cfg.rng = Some(RngConfig {
         seed: opts.rng_seed,
     });
-    cfg.vsock = Some(vsock.clone());
+    // One channel device: the agent serves on the one the VMM offers.
+    match channel {
+        ResolvedChannel::Vsock => cfg.vsock = Some(vsock.clone()),
+        ResolvedChannel::Console => {
+            cfg.console = Some(ConsoleHost::new().map_err(VmConfigError::Console)?);
+        }
+    }
     // Snapshots record (and restores require) the agent protocol this
     // harness speaks.
     cfg.protocol_version = provium_protocol::PROTOCOL_VERSION;
@@ -451,9 +476,38 @@ mod tests {
             transport: Default::default(),
             inject_agent: true,
             agent_overlay_path: None,
+            agent_channel: Default::default(),
             build: None,
             build_out: dir.into(),
         }
+    }
+
+    /// `agent_channel = "console"`: the VM gets the console device instead
+    /// of vsock, and the agent is told so on the command line (last word).
+    #[test]
+    fn the_console_channel_replaces_vsock() {
+        let d = tempfile::tempdir().unwrap();
+        let mut p = profile(d.path());
+        let opts = MachineSpec {
+            memory_bytes: 64 << 20,
+            cpus: 1,
+            inject_agent: false,
+            ..MachineSpec::default()
+        };
+        let (c, _) = cfg(&p, &opts, 3, d.path()).unwrap();
+        assert!(c.vsock.is_some() && c.console.is_none(), "auto: vsock");
+        assert!(!c.boot.cmdline.contains(AGENT_CHANNEL_PARAM));
+        p.agent_channel = crate::config::profile::AgentChannel::Console;
+        let (c, _) = cfg(&p, &opts, 3, d.path()).unwrap();
+        assert!(c.vsock.is_none() && c.console.is_some());
+        assert!(
+            c.boot.cmdline.ends_with(" provium.agent_channel=console"),
+            "{}",
+            c.boot.cmdline
+        );
+        p.agent_channel = crate::config::profile::AgentChannel::Vsock;
+        let (c, _) = cfg(&p, &opts, 3, d.path()).unwrap();
+        assert!(c.vsock.is_some() && c.console.is_none());
     }
 
     #[test]

@@ -33,8 +33,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use provium_protocol::AGENT_VSOCK_PORT;
+use provium_vmm::devices::virtio::console::defs::AGENT_PORT_NAME;
+use provium_vmm::devices::virtio::console::ConsoleConnectError;
 use provium_vmm::devices::virtio::vsock::VsockConnectError;
-use provium_vmm::vmm_config::VsockHost;
+use provium_vmm::vmm_config::{ConsoleHost, VsockHost};
 use provium_vmm::vstate::memory::RestoreRamCache;
 use provium_vmm::{Console, StopReason, Vm, VmError, VmState};
 
@@ -168,6 +170,9 @@ pub struct KvmMachine {
     name: String,
     vm: Vm,
     vsock: VsockHost,
+    /// The console channel's host side, when the profile's agent_channel
+    /// chose it (then the VM has no vsock device and `vsock` is unused).
+    console: Option<ConsoleHost>,
     cid: u32,
     killed: AtomicBool,
     agent_timeout: Duration,
@@ -188,11 +193,13 @@ impl KvmMachine {
         let agent_timeout = agent_timeout(&spec.settings)?;
         let agent_timeout = spec.agent_timeout.unwrap_or(agent_timeout);
         let (cfg, vsock) = config::vm_config(profile, spec, cid)?;
+        let console = cfg.console.clone();
         let vm = Vm::new(cfg)?;
         Ok(KvmMachine {
             name: spec.vm_name.clone(),
             vm,
             vsock,
+            console,
             cid,
             killed: AtomicBool::new(false),
             agent_timeout,
@@ -319,10 +326,7 @@ impl KvmMachine {
                     self.no_hello(&last, init_seen.as_deref()),
                 ));
             }
-            match self
-                .vsock
-                .connect(AGENT_VSOCK_PORT, left.min(Duration::from_secs(2)))
-            {
+            match self.dial(left.min(Duration::from_secs(2))) {
                 Ok(stream) => {
                     let opts = ClientOptions {
                         handshake_timeout: left
@@ -341,9 +345,9 @@ impl KvmMachine {
                         Err(e) => last = format!("handshake: {}", crate::error_chain::flatten(&e)),
                     }
                 }
-                Err(e) => {
-                    last = e.to_string();
-                    if !matches!(e, VsockConnectError::Timeout { .. }) {
+                Err((e, waited)) => {
+                    last = e;
+                    if !waited {
                         std::thread::sleep(Duration::from_millis(200));
                     }
                 }
@@ -364,6 +368,31 @@ impl KvmMachine {
         }
     }
 
+    /// One attempt to reach the agent's channel within `timeout`: the host
+    /// end of a vsock connection, or of a console port session. An error
+    /// says why, and whether the attempt waited its whole timeout.
+    fn dial(&self, timeout: Duration) -> Result<std::os::unix::net::UnixStream, (String, bool)> {
+        match &self.console {
+            Some(c) => c.connect(timeout).map_err(|e| {
+                let waited = matches!(e, ConsoleConnectError::Timeout { .. });
+                (crate::error_chain::flatten(&e), waited)
+            }),
+            None => self.vsock.connect(AGENT_VSOCK_PORT, timeout).map_err(|e| {
+                let waited = matches!(e, VsockConnectError::Timeout { .. });
+                (e.to_string(), waited)
+            }),
+        }
+    }
+
+    /// The channel this VM's agent is reached on ("vsock" or "console").
+    pub fn agent_channel(&self) -> &'static str {
+        if self.console.is_some() {
+            "console"
+        } else {
+            "vsock"
+        }
+    }
+
     /// The VM stopped `when`, in `state`: its stop reason and console.
     fn stopped(&self, when: &'static str, state: VmState, hint: Option<&'static str>) -> KvmError {
         KvmError::GuestStopped {
@@ -380,6 +409,7 @@ impl KvmMachine {
     fn no_hello(&self, last: &str, init: Option<&str>) -> String {
         no_hello_message(&NoHello {
             cid: self.cid,
+            console: self.console.is_some(),
             last,
             init,
             timeout: self.agent_timeout,
@@ -389,6 +419,7 @@ impl KvmMachine {
     }
 
     fn after_hello(&self, client: AgentClient) -> Result<AgentClient, KvmError> {
+        note_channel(self.agent_channel(), client.agent_info().channel());
         if let Some(t) = self.initial_time {
             let ns = (t * 1e9) as i64;
             let ops: &dyn AgentOps = &client;
@@ -484,6 +515,20 @@ impl KvmMachine {
     }
 }
 
+/// Says once per process and channel which channel the agent answered on
+/// (and, if the agent said another, that too).
+fn note_channel(used: &'static str, agent_says: Option<&str>) {
+    static VSOCK: std::sync::Once = std::sync::Once::new();
+    static CONSOLE: std::sync::Once = std::sync::Once::new();
+    let once = if used == "console" { &CONSOLE } else { &VSOCK };
+    once.call_once(|| match agent_says {
+        Some(a) if a != used => {
+            eprintln!("provium: agent channel: {used} (the agent says it serves on {a})")
+        }
+        _ => eprintln!("provium: agent channel: {used}"),
+    });
+}
+
 /// The kernel's `Run <path> as init process` line, if printed.
 pub fn init_line(log: &str) -> Option<String> {
     log.lines()
@@ -510,6 +555,8 @@ pub const KVM_PVM_INTERNAL_ERROR_HINT: &str =
 /// What a missing Hello is reported from.
 pub struct NoHello<'a> {
     pub cid: u32,
+    /// The agent was sought on the console channel, not vsock.
+    pub console: bool,
     /// The last connect or handshake error.
     pub last: &'a str,
     /// The kernel's "Run ... as init process" line, if the console has it.
@@ -523,10 +570,18 @@ pub struct NoHello<'a> {
 /// The error for an agent that never said Hello: what was tried, how far
 /// the kernel got, what to check (on kvm_pvm: the shims), the console tail.
 pub fn no_hello_message(n: &NoHello<'_>) -> String {
+    let place = if n.console {
+        format!(
+            "virtio-console port {AGENT_PORT_NAME} (agent_channel = \"console\"; the kernel \
+             needs CONFIG_VIRTIO_CONSOLE)"
+        )
+    } else {
+        format!("vsock port {AGENT_VSOCK_PORT} of guest CID {}", n.cid)
+    };
     let mut msg = format!(
-        "no Hello from the agent on vsock port {AGENT_VSOCK_PORT} of guest CID {} (last attempt: {}) \
+        "no Hello from the agent on {place} (last attempt: {}) \
          within {:?} ({AGENT_TIMEOUT_ENV} to wait longer)",
-        n.cid, n.last, n.timeout
+        n.last, n.timeout
     );
     match (n.init, n.kvm_pvm) {
         (Some(line), true) => msg.push_str(&format!(
@@ -597,6 +652,7 @@ mod tests {
     fn no_hello(init: Option<&str>, kvm_pvm: bool) -> String {
         no_hello_message(&NoHello {
             cid: 7,
+            console: false,
             last: "connection refused",
             init,
             timeout: Duration::from_secs(600),
@@ -630,6 +686,27 @@ mod tests {
             "{m}"
         );
         assert!(m.ends_with("last console lines:\n[ 1.0] last line"), "{m}");
+    }
+
+    #[test]
+    fn no_hello_on_the_console_channel_names_the_port() {
+        let m = no_hello_message(&NoHello {
+            cid: 7,
+            console: true,
+            last: "the guest did not open console port `org.provium.agent` within 2000 ms",
+            init: None,
+            timeout: Duration::from_secs(60),
+            kvm_pvm: false,
+            console_tail: "x",
+        });
+        assert!(
+            m.starts_with(
+                "no Hello from the agent on virtio-console port org.provium.agent \
+                 (agent_channel = \"console\"; the kernel needs CONFIG_VIRTIO_CONSOLE)"
+            ),
+            "{m}"
+        );
+        assert!(!m.contains("CID"), "{m}");
     }
 
     #[test]
@@ -741,6 +818,7 @@ mod tests {
             transport: Default::default(),
             inject_agent: false,
             agent_overlay_path: None,
+            agent_channel: Default::default(),
             build: None,
             build_out: d.path().into(),
         };

@@ -121,11 +121,24 @@ pub struct RestoreArgs {
 pub struct OpsArgs {
     /// Profile to boot (optional with --vmm local, whose sandbox boots no kernel).
     pub profile: Option<String>,
-    /// Backend (only `local` runs the agent today).
+    /// Backend: `local` times one sandbox; `kvm` boots the profile's guest
+    /// once per agent channel (`--channel`).
     #[arg(long, value_enum, default_value = "auto")]
     pub vmm: VmmChoice,
+    /// kvm: the agent channel(s) to time, one boot each (phases prefixed
+    /// `vsock_` / `console_`).
+    #[arg(long, value_enum, default_value = "both")]
+    pub channel: OpsChannel,
     #[command(flatten)]
     pub common: CommonArgs,
+}
+
+/// `bench ops --channel`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OpsChannel {
+    Vsock,
+    Console,
+    Both,
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ mod stats;
 
 use provium_vmm::Console;
 
-use super::{RunArgs, VmmChoice, EXIT_FAILED, EXIT_OK};
+use super::{RunArgs, EXIT_FAILED, EXIT_OK};
 
 pub use args::{BenchOp, BootArgs, CommonArgs, OpsArgs, RestoreArgs, Until};
 pub use gate::{compare, parse_regression, read_json_lines, Comparison, GateError};

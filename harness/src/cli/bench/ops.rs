@@ -1,19 +1,21 @@
 //! `provium bench ops`: agent round trips (exec, file I/O) against one
-//! local sandbox, booted through the backend boundary.
+//! local sandbox, or (`--vmm kvm`) against the profile's guest booted once
+//! per agent channel (vsock, the virtio-console port), booted through the
+//! backend boundary.
 
 use std::time::Instant;
 
 use serde_json::json;
 
-use super::args::OpsArgs;
+use super::args::{OpsArgs, OpsChannel};
 use super::host::host_info;
 use super::render::Report;
 use super::stats::{Phase, Unit};
-use super::VmmChoice;
 use crate::backend::{self, BackendError, BackendKind, Guest, MachineSpec};
 use crate::cli::RunArgs;
 use crate::cli::{choose_backend, load_config};
 use crate::client::{AgentOps, ClientError};
+use crate::config::profile::AgentChannel;
 use crate::config::ConfigError;
 
 /// Why `bench ops` failed: each names the step; causes are sources.
@@ -21,11 +23,10 @@ use crate::config::ConfigError;
 pub enum OpsBenchError {
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error(
-        "bench {what}: runs on the local backend only for now (on kvm it would time the agent \
-         inside a Linux guest, which this bench does not boot yet); run with --vmm local"
-    )]
-    LocalOnly { what: &'static str },
+    #[error("bench ops --vmm kvm boots a guest: name a profile (`provium bench ops <profile> --vmm kvm`)")]
+    NoProfile,
+    #[error("bench ops: profile `{0}` is not in provium.toml")]
+    UnknownProfile(String),
     #[error("bench ops")]
     Boot(#[source] BackendError),
     #[error("bench ops")]
@@ -44,21 +45,11 @@ pub enum OpsBenchError {
     ReadBackDiffers,
 }
 
-/// Refuses a bench that runs on the local backend only when `choice` picks kvm.
-fn local_backend(
-    choice: VmmChoice,
-    config: &crate::config::Config,
-    what: &'static str,
-) -> Result<(), OpsBenchError> {
-    match choose_backend(choice, config) {
-        BackendKind::Local => Ok(()),
-        BackendKind::Kvm => Err(OpsBenchError::LocalOnly { what }),
-    }
-}
-
 pub(super) fn bench_ops(args: &RunArgs, o: &OpsArgs) -> Result<Report, OpsBenchError> {
     let config = load_config(&args.config, &args.settings)?;
-    local_backend(o.vmm, &config, "ops")?;
+    if choose_backend(o.vmm, &config) == BackendKind::Kvm {
+        return bench_ops_kvm(&config, o);
+    }
     let profile_name = o.profile.clone().unwrap_or_else(|| "default".into());
     let spec = MachineSpec {
         settings: config.settings.clone(),
@@ -92,6 +83,92 @@ pub(super) fn bench_ops(args: &RunArgs, o: &OpsArgs) -> Result<Report, OpsBenchE
             "profile": o.profile,
             "agent": agent,
             "transport": "unix socket (local sandbox)",
+        }),
+        phases,
+    })
+}
+
+/// The phase name `name` with the channel's prefix (`vsock_ping`).
+fn channel_phase(channel: AgentChannel, name: &'static str) -> &'static str {
+    const NAMES: [(&str, &str, &str); 4] = [
+        ("ping", "vsock_ping", "console_ping"),
+        ("run_true", "vsock_run_true", "console_run_true"),
+        ("read_4k", "vsock_read_4k", "console_read_4k"),
+        (
+            "write_read_1m",
+            "vsock_write_read_1m",
+            "console_write_read_1m",
+        ),
+    ];
+    NAMES
+        .iter()
+        .find(|(n, _, _)| *n == name)
+        .map_or(name, |(_, v, c)| match channel {
+            AgentChannel::Console => c,
+            _ => v,
+        })
+}
+
+/// `bench ops --vmm kvm`: the profile's guest, booted once per channel,
+/// the same round trips on each; phases prefixed with the channel.
+fn bench_ops_kvm(config: &crate::config::Config, o: &OpsArgs) -> Result<Report, OpsBenchError> {
+    let name = o.profile.clone().ok_or(OpsBenchError::NoProfile)?;
+    let profile = config
+        .profiles
+        .get(&name)
+        .cloned()
+        .ok_or_else(|| OpsBenchError::UnknownProfile(name.clone()))?;
+    // A guest's run is a fork+exec in its kernel: fewer runs by default.
+    let runs = o.common.runs.unwrap_or(20).max(1);
+    let warmup = o.common.warmup.unwrap_or(2);
+    let channels: &[AgentChannel] = match o.channel {
+        OpsChannel::Vsock => &[AgentChannel::Vsock],
+        OpsChannel::Console => &[AgentChannel::Console],
+        OpsChannel::Both => &[AgentChannel::Vsock, AgentChannel::Console],
+    };
+    let mut phases = Vec::new();
+    for &channel in channels {
+        let mut p = profile.clone();
+        p.agent_channel = channel;
+        let spec = MachineSpec {
+            settings: config.settings.clone(),
+            ..MachineSpec::for_profile(
+                &format!("bench-ops-{}", std::process::id()),
+                &name,
+                Some(p),
+                crate::lua::vm::DEFAULT_MEMORY_BYTES,
+                1,
+            )
+        };
+        let guest = backend::for_kind(BackendKind::Kvm)
+            .boot(&spec)
+            .map_err(OpsBenchError::Boot)?;
+        let result = run_ops(guest.as_ref(), runs, warmup);
+        guest.kill();
+        for mut phase in result? {
+            phase.name = channel_phase(channel, phase.name);
+            phases.push(phase);
+        }
+    }
+    let words: Vec<&str> = channels
+        .iter()
+        .map(|c| match c {
+            AgentChannel::Console => "console",
+            _ => "vsock",
+        })
+        .collect();
+    Ok(Report {
+        bench: "ops",
+        target: "kvm".into(),
+        runs,
+        warmup,
+        host: host_info(o.common.pin),
+        guest: json!({
+            "backend": "kvm",
+            "profile": name,
+            "kernel": profile.kernel.as_ref().map(|k| k.display().to_string()),
+            "channels": words,
+            "transport": "vsock: virtio-vsock port 1024; console: virtio-console port org.provium.agent",
         }),
         phases,
     })
@@ -169,31 +246,38 @@ mod tests {
     use crate::cli::bench::{parse_bench, BenchOp};
 
     #[test]
-    fn kvm_is_refused_before_anything_boots() {
+    fn kvm_needs_a_profile_before_anything_boots() {
         let (run, op) = parse_bench(&["bench", "ops", "--vmm", "kvm"]);
         let BenchOp::Ops(o) = op else {
             panic!("not bench ops")
         };
-        let e = bench_ops(&run, &o).err().expect("ops is local-only");
-        let e = e.to_string();
-        assert!(
-            e.starts_with("bench ops: runs on the local backend only"),
-            "{e}"
-        );
+        assert_eq!(o.channel, OpsChannel::Both);
+        let e = bench_ops(&run, &o).err().expect("no profile named");
+        assert!(matches!(e, OpsBenchError::NoProfile), "{e}");
+        let (run, op) = parse_bench(&[
+            "bench",
+            "ops",
+            "nope",
+            "--vmm",
+            "kvm",
+            "--channel",
+            "console",
+        ]);
+        let BenchOp::Ops(o) = op else {
+            panic!("not bench ops")
+        };
+        assert_eq!(o.channel, OpsChannel::Console);
+        let e = bench_ops(&run, &o).err().expect("unknown profile");
+        assert!(e.to_string().contains("profile `nope`"), "{e}");
     }
 
     #[test]
-    fn local_only_benches_refuse_kvm_by_name() {
-        let config = crate::config::Config::default();
-        assert!(local_backend(VmmChoice::Local, &config, "ops").is_ok());
-        let e = local_backend(VmmChoice::Kvm, &config, "ops")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.starts_with("bench ops: runs on the local backend only"),
-            "{e}"
+    fn phases_are_named_by_channel() {
+        assert_eq!(channel_phase(AgentChannel::Vsock, "ping"), "vsock_ping");
+        assert_eq!(
+            channel_phase(AgentChannel::Console, "write_read_1m"),
+            "console_write_read_1m"
         );
-        assert!(e.ends_with("run with --vmm local"), "{e}");
     }
 
     #[test]

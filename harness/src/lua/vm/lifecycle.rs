@@ -627,6 +627,7 @@ mod tests {
                 transport: Default::default(),
                 inject_agent: false,
                 agent_overlay_path: None,
+                agent_channel: Default::default(),
                 build: None,
                 build_out: d.path().into(),
             },

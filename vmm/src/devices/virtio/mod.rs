@@ -11,6 +11,7 @@
 //! `event_handler.rs` subscriber, woken only by its fds (no polling).
 
 pub mod block;
+pub mod console;
 pub mod mmio;
 pub mod net;
 pub mod pci;
