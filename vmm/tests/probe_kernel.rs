@@ -474,7 +474,11 @@ fn probe_kernel_probes_devices_over_virtio_pci() {
     );
     let log = vm.console().log_string();
     for line in [
-        "PCI: Probing PCI hardware",
+        // Found through the DSDT's PCI0 and configured through the MCFG's
+        // ECAM (a kernel without ACPI would print "PCI: Probing PCI hardware"
+        // and use 0xCF8/0xCFC instead).
+        "ACPI: PCI Root Bridge [PCI0] (domain 0000 [bus 00])",
+        "PCI: MMCONFIG at [mem 0xe0000000-0xe00fffff] reserved in ACPI motherboard resources",
         "pci 0000:00:00.0: [8086:0d57] type 00 class 0x060000",
         "pci 0000:00:01.0: [1af4:1042] type 00 class 0x018000",
         "pci 0000:00:02.0: [1af4:1044]",
