@@ -452,6 +452,9 @@ pub fn restore_and_start(
         fds.push(fd);
     }
     console.restore_log(&tail);
+    for v in &virtio {
+        v.release_interrupts();
+    }
     start_machine(
         cfg,
         MachineParts {

@@ -55,6 +55,16 @@ impl VirtioSlot {
         }
     }
 
+    /// After a restore, once the vCPUs (and their LAPICs) are restored:
+    /// delivers the MSI-X interrupts the devices raised meanwhile, which KVM
+    /// would have dropped. Nothing to do for virtio-mmio (its IOAPIC pin
+    /// holds the interrupt).
+    pub fn release_interrupts(&self) {
+        if let VirtioSlot::Pci(t) = self {
+            lock(t).release_interrupts();
+        }
+    }
+
     /// Restarts the device `save` quiesced.
     pub fn resume_after_save(&self) {
         match self {

@@ -129,6 +129,10 @@ impl PciDevices {
         }
         self.next_gsi = end;
         let msix = Arc::new(MsixVectors::new(fds, gsis, vm.gsi_router()));
+        if state.is_some() {
+            // Until the restored vCPUs exist: `VirtioSlot::release_interrupts`.
+            msix.hold();
+        }
         let dev = match state {
             None => VirtioPciDevice::new(device, mem.clone(), bar, msix)
                 .map_err(PciDevicesError::Config)?,

@@ -350,3 +350,29 @@ impl KvmVm {
             })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_routes_match_kvms() {
+        let e = GsiRouter::irqchip_entries();
+        // 24 IOAPIC pins, and the PICs' 16 lines beside the first 16.
+        assert_eq!(e.len(), 40);
+        let routes: Vec<(u32, u32, u32)> = e
+            .iter()
+            .map(|r| {
+                assert_eq!(r.type_, KVM_IRQ_ROUTING_IRQCHIP);
+                // SAFETY: `irqchip` is the member these entries were built with.
+                let c = unsafe { r.u.irqchip };
+                (r.gsi, c.irqchip, c.pin)
+            })
+            .collect();
+        assert!(routes.contains(&(4, KVM_IRQCHIP_IOAPIC, 4)));
+        assert!(routes.contains(&(4, KVM_IRQCHIP_PIC_MASTER, 4)));
+        assert!(routes.contains(&(12, KVM_IRQCHIP_PIC_SLAVE, 4)));
+        assert!(routes.contains(&(23, KVM_IRQCHIP_IOAPIC, 23)));
+        assert!(!routes.iter().any(|r| r.0 >= IOAPIC_PINS));
+    }
+}

@@ -110,6 +110,10 @@ pub struct MsixCounters {
 
 struct Inner {
     state: MsixState,
+    /// Set while a restore builds the machine: KVM drops an MSI for a vCPU
+    /// that does not exist yet (and KVM_SET_LAPIC would overwrite one that
+    /// arrived first), so signals are held until [`MsixVectors::release`].
+    held: Option<Vec<bool>>,
     /// What each GSI is routed to now.
     routed: Vec<Option<MsiMessage>>,
     counters: MsixCounters,
@@ -146,6 +150,7 @@ impl MsixVectors {
                 },
                 routed: vec![None; n],
                 counters: MsixCounters::default(),
+                held: None,
             }),
             irqfds,
             gsis,
@@ -277,6 +282,30 @@ impl MsixVectors {
         Some((i, field))
     }
 
+    /// Holds every signal until [`Self::release`] (a restore, until the
+    /// vCPUs' LAPICs are restored).
+    pub fn hold(&self) {
+        let n = self.gsis.len();
+        self.lock().held = Some(vec![false; n]);
+    }
+
+    /// Delivers what was signalled while held (or sets its pending bit if
+    /// masked) and stops holding.
+    pub fn release(&self) {
+        let held = {
+            let mut g = self.lock();
+            let held = g.held.take();
+            // Pending bits of unmasked vectors (from the file) go out now.
+            self.sync(&mut g);
+            held
+        };
+        for (i, hit) in held.into_iter().flatten().enumerate() {
+            if hit {
+                self.signal(u16::try_from(i).expect("at most 2048 vectors"));
+            }
+        }
+    }
+
     /// Raises `vector`: its irqfd when deliverable, its pending bit when
     /// masked; nothing while MSI-X is off (this function has no INTx).
     pub fn signal(&self, vector: u16) {
@@ -284,6 +313,10 @@ impl MsixVectors {
         let i = usize::from(vector);
         if i >= self.gsis.len() {
             g.counters.bogus_vectors += 1;
+            return;
+        }
+        if let Some(h) = g.held.as_mut() {
+            h[i] = true;
             return;
         }
         if !g.state.enabled {
@@ -315,7 +348,7 @@ impl MsixVectors {
                 }
             }
         }
-        if !g.state.enabled || g.state.function_masked {
+        if !g.state.enabled || g.state.function_masked || g.held.is_some() {
             return;
         }
         for i in 0..self.gsis.len() {
@@ -458,6 +491,20 @@ pub(crate) mod tests {
         let mut q = [0u8; 8];
         v.read_table(8, &mut q);
         assert_eq!(q, [0, 0, 0, 0, 1, 0, 0, 0], "8-byte access: data, control");
+    }
+
+    #[test]
+    fn held_signals_wait_for_release() {
+        let (v, _) = vectors(2);
+        v.set_control(CONTROL_ENABLE);
+        program(&v, 1, 0xfee0_0000, 0x31, false);
+        v.hold();
+        v.signal(1);
+        assert!(!fired(&v, 1), "held while the machine is rebuilt");
+        v.release();
+        assert!(fired(&v, 1), "delivered on release");
+        v.signal(1);
+        assert!(fired(&v, 1), "no longer held");
     }
 
     #[test]

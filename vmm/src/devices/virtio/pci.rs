@@ -567,6 +567,12 @@ impl VirtioPciDevice {
         }
     }
 
+    /// Delivers the interrupts a restore raised before the vCPUs existed
+    /// (see `MsixVectors::hold`).
+    pub fn release_interrupts(&self) {
+        self.interrupt.msix.release();
+    }
+
     /// Restarts the device `save` quiesced.
     pub fn resume_after_save(&mut self) {
         self.device.resume_after_save();
