@@ -328,6 +328,7 @@ fn tiny_profile(dir: &Path) -> provium::config::Profile {
         guest_os: "linux".into(),
         inject_agent: false,
         agent_overlay_path: None,
+        modules: None,
         build: None,
         build_out: dir.to_path_buf(),
     }

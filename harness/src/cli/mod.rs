@@ -4,6 +4,8 @@
 pub mod bench;
 pub mod console;
 pub mod fixture;
+pub mod kconfig;
+pub mod kernel;
 pub mod list;
 pub mod lsp_setup;
 pub mod preflight;
@@ -194,6 +196,13 @@ pub enum Command {
         #[command(subcommand)]
         op: bench::BenchOp,
     },
+    /// Check a kernel against what Provium needs (docs/kernels.md).
+    Kernel {
+        #[command(subcommand)]
+        op: kernel::KernelOp,
+    },
+    /// Print a merge_config.sh fragment of every kernel option Provium uses.
+    Kconfig,
     /// Write Lua language-server definitions for the harness globals.
     LspSetup {
         dir: Option<PathBuf>,
@@ -364,6 +373,10 @@ pub fn main() -> i32 {
             lsp_setup::run(dir, force).map_err(CliError::from)
         }
         Some(Command::Bench { op }) => bench::run(&cli.run, op).map_err(CliError::from),
+        Some(Command::Kernel { op }) => {
+            kernel::run(&cli.run.config, &cli.run.settings, op).map_err(CliError::from)
+        }
+        Some(Command::Kconfig) => Ok(kconfig::run()),
     };
     match result {
         Ok(code) => code,
@@ -413,6 +426,8 @@ pub enum CliError {
     LspSetup(#[from] lsp_setup::LspSetupError),
     #[error(transparent)]
     Bench(#[from] bench::BenchError),
+    #[error(transparent)]
+    Kernel(#[from] kernel::KernelCmdError),
 }
 
 #[cfg(test)]
@@ -455,6 +470,7 @@ mod tests {
             guest_os: "linux".into(),
             inject_agent: true,
             agent_overlay_path: None,
+            modules: None,
             build: None,
             build_out: d.path().into(),
         };

@@ -57,6 +57,7 @@ pub(super) struct ProfileTable {
     guest_os: Option<String>,
     inject_agent: Option<bool>,
     agent_overlay_path: Option<String>,
+    modules: Option<String>,
     build: Option<String>,
     build_out: Option<String>,
 }
@@ -72,6 +73,9 @@ pub struct Profile {
     pub guest_os: String,
     pub inject_agent: bool,
     pub agent_overlay_path: Option<PathBuf>,
+    /// The kernel's module tree (`lib/modules/<release>`) when it is not
+    /// where harness/src/kernel/modtree.rs looks (docs/kernels.md).
+    pub modules: Option<PathBuf>,
     pub build: Option<String>,
     pub build_out: PathBuf,
 }
@@ -122,6 +126,7 @@ impl ProfileTable {
             guest_os,
             inject_agent: self.inject_agent.unwrap_or(true),
             agent_overlay_path: path_field(&self.agent_overlay_path),
+            modules: path_field(&self.modules),
             build: self.build.as_deref().map(expand),
             build_out,
             name,

@@ -626,6 +626,7 @@ mod tests {
                 guest_os: "linux".into(),
                 inject_agent: false,
                 agent_overlay_path: None,
+                modules: None,
                 build: None,
                 build_out: d.path().into(),
             },
