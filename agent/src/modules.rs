@@ -9,6 +9,11 @@
 //! line the harness quotes when no Hello comes ([`FAILED_PREFIX`]); the rest
 //! are still tried, so one bad module costs only what depends on it.
 //!
+//! Parameters: the kernel applies `module.param=value` words of its command
+//! line only to built-in code; for a loadable module `modprobe` collects them
+//! from /proc/cmdline, and so does the agent ([`params_for`]): a modular
+//! virtio_mmio gets its `virtio_mmio.device=` words that way.
+//!
 //! No manifest (a kernel with everything built in): nothing to do.
 
 use std::ffi::CString;
@@ -67,10 +72,30 @@ pub fn errno_name(errno: i32) -> &'static str {
     }
 }
 
-/// Loads one module file; `Ok(true)` loaded, `Ok(false)` already there.
-fn load(path: &Path) -> Result<bool, std::io::Error> {
+/// The parameters for module `name` in a kernel command line, as modprobe
+/// takes them from /proc/cmdline: every `name.param[=value]` word before
+/// `--` (`-` and `_` alike in the module name), `param[=value]` joined by
+/// spaces.
+pub fn params_for(name: &str, cmdline: &str) -> String {
+    let norm = |s: &str| s.replace('-', "_");
+    let want = norm(name);
+    cmdline
+        .split_whitespace()
+        .take_while(|w| *w != "--")
+        .filter_map(|w| {
+            let (module, param) = w.split_once('.')?;
+            let key_end = param.find('=').unwrap_or(param.len());
+            (norm(module) == want && key_end > 0 && !module.contains('=')).then_some(param)
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Loads one module file with `params`; `Ok(true)` loaded, `Ok(false)`
+/// already there.
+fn load(path: &Path, params: &str) -> Result<bool, std::io::Error> {
     let file = std::fs::File::open(path)?;
-    let params = CString::default();
+    let params = CString::new(params).unwrap_or_default();
     // SAFETY: finit_module reads the open fd and a NUL-terminated (empty)
     // parameter string that lives across the call; flags 0.
     let rc = unsafe { libc::syscall(libc::SYS_finit_module, file.as_raw_fd(), params.as_ptr(), 0) };
@@ -90,10 +115,11 @@ pub fn load_listed(dir: &Path) -> Vec<String> {
     let Ok(text) = std::fs::read_to_string(dir.join(MANIFEST)) else {
         return Vec::new();
     };
+    let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
     let mut failures = Vec::new();
     let mut loaded = 0usize;
     for e in parse_manifest(&text) {
-        match load(&dir.join(&e.file)) {
+        match load(&dir.join(&e.file), &params_for(&e.name, &cmdline)) {
             Ok(true) => loaded += 1,
             Ok(false) => {}
             Err(err) => {
@@ -137,6 +163,19 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn parameters_come_from_the_command_line_like_modprobe() {
+        let line =
+            "console=ttyS0 virtio_mmio.device=4K@0xd0000000:5 virtio-mmio.device=4K@0xd0001000:6 \
+                    vsock.x virtio_mmio_x.y=1 -- virtio_mmio.device=init";
+        assert_eq!(
+            params_for("virtio_mmio", line),
+            "device=4K@0xd0000000:5 device=4K@0xd0001000:6"
+        );
+        assert_eq!(params_for("vsock", line), "x");
+        assert_eq!(params_for("virtio_blk", line), "");
     }
 
     /// Not a module: the loader refuses it (as non-root: EPERM; as root:

@@ -5,7 +5,8 @@
 //!    so its embedded config is not read (the files below are);
 //! 2. `config-<release>` beside the kernel (a distribution's /boot), then
 //!    `config` or `.config` beside it (a build tree's vmlinux, the probe
-//!    kernel's cache directory), then `config` in the module tree (Fedora's
+//!    kernel's cache directory) or `boot/config-<release>` below it (an
+//!    unpacked package's vmlinux), then `config` in the module tree (Fedora's
 //!    /lib/modules/<release>/config), then `.config` three directories up
 //!    (a build tree's arch/x86/boot/bzImage).
 
