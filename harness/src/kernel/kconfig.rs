@@ -120,6 +120,7 @@ pub fn config_candidates(kernel: &Path, release: &str, modules: Option<&Path>) -
             format!("config-{release}"),
             "config".into(),
             ".config".into(),
+            format!("boot/config-{release}"),
         ] {
             let p = dir.join(name);
             if !out.contains(&p) {
