@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod console;
+pub mod exec;
 pub mod fixture;
 pub mod kconfig;
 pub mod kernel;
@@ -203,6 +204,8 @@ pub enum Command {
     },
     /// Print a merge_config.sh fragment of every kernel option Provium uses.
     Kconfig,
+    /// Boot a kernel and run one command in it (no provium.toml needed).
+    Exec(exec::ExecArgs),
     /// Write Lua language-server definitions for the harness globals.
     LspSetup {
         dir: Option<PathBuf>,
@@ -377,6 +380,7 @@ pub fn main() -> i32 {
             kernel::run(&cli.run.config, &cli.run.settings, op).map_err(CliError::from)
         }
         Some(Command::Kconfig) => Ok(kconfig::run()),
+        Some(Command::Exec(args)) => exec::run(&args, &cli.run.settings).map_err(CliError::from),
     };
     match result {
         Ok(code) => code,
@@ -428,6 +432,8 @@ pub enum CliError {
     Bench(#[from] bench::BenchError),
     #[error(transparent)]
     Kernel(#[from] kernel::KernelCmdError),
+    #[error(transparent)]
+    Exec(#[from] exec::ExecError),
 }
 
 #[cfg(test)]

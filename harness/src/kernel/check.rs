@@ -180,7 +180,7 @@ fn rows(config: &KernelConfig, tree: Option<&ModuleTree>) -> Vec<Row> {
                 .unwrap_or(0);
             let winners: Vec<&(&str, Status)> =
                 routes.iter().filter(|(_, s)| s.rank() == best).collect();
-            let detail = if best >= 2 {
+            let detail = if best >= 1 {
                 let names: Vec<&str> = winners.iter().map(|(n, _)| *n).collect();
                 format!("via {}", names.join(", "))
             } else {

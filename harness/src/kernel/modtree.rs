@@ -9,6 +9,8 @@
 //!    itself (the reference's layout: `lib/modules/<release>/vmlinuz`);
 //! 3. `<dir>/lib/modules/<release>`, `<dir>` being the kernel's directory
 //!    or its parent (an unpacked package: `boot/vmlinuz-*` beside `lib/`);
+//!    rules 2 and 3 look beside the kernel as named, then beside the file a
+//!    link points to (target/probe-kernel-modular/vmlinux);
 //! 4. the host's `/lib/modules/<release>`.
 //!
 //! Modules are found by walking the tree (no `modules.dep` needed: Debian's
@@ -156,17 +158,22 @@ pub fn locate(
         tree.check_release(release)?;
         return Ok(Some(tree));
     }
-    let kdir = kernel.parent().unwrap_or(Path::new("."));
-    if kdir.file_name().and_then(|n| n.to_str()) == Some(release)
-        && kdir.parent().and_then(Path::file_name) == Some("modules".as_ref())
-    {
-        return ModuleTree::scan(kdir, "the kernel's own directory (lib/modules/<release>)")
-            .map(Some);
-    }
-    for dir in [Some(kdir), kdir.parent()].into_iter().flatten() {
-        let p = dir.join("lib/modules").join(release);
-        if p.is_dir() {
-            return ModuleTree::scan(&p, "lib/modules/<release> beside the kernel").map(Some);
+    // The kernel as named and, when that is a link, where it points.
+    let real = std::fs::canonicalize(kernel).ok();
+    let kernels = std::iter::once(kernel).chain(real.as_deref().filter(|r| *r != kernel));
+    for k in kernels {
+        let kdir = k.parent().unwrap_or(Path::new("."));
+        if kdir.file_name().and_then(|n| n.to_str()) == Some(release)
+            && kdir.parent().and_then(Path::file_name) == Some("modules".as_ref())
+        {
+            return ModuleTree::scan(kdir, "the kernel's own directory (lib/modules/<release>)")
+                .map(Some);
+        }
+        for dir in [Some(kdir), kdir.parent()].into_iter().flatten() {
+            let p = dir.join("lib/modules").join(release);
+            if p.is_dir() {
+                return ModuleTree::scan(&p, "lib/modules/<release> beside the kernel").map(Some);
+            }
         }
     }
     let host = host_root.join("lib/modules").join(release);
