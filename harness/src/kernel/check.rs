@@ -109,7 +109,7 @@ pub fn check_with_host(
         tree.as_ref().map(|t| t.dir.as_path()),
     )?;
     let rows = rows(&config, tree.as_ref());
-    let roots: Vec<&str> = agent_roots(&config, &rows);
+    let roots: Vec<&str> = agent_roots(&config, tree.as_ref(), &rows);
     let modules = match (&tree, roots.is_empty()) {
         (Some(t), false) => t.resolve(&roots)?,
         _ => Vec::new(),
@@ -195,10 +195,14 @@ fn rows(config: &KernelConfig, tree: Option<&ModuleTree>) -> Vec<Row> {
         .collect()
 }
 
-/// The modules the agent loads: the `=m` modules of every usable row the
-/// guest's devices need (every discovery route that works, so both
-/// transports are there).
-fn agent_roots(config: &KernelConfig, rows: &[Row]) -> Vec<&'static str> {
+/// The modules the agent loads: the `=m` modules of every row whose
+/// modules are all in the tree (every discovery route that works, so both
+/// transports are there); a row with a module missing packs nothing.
+fn agent_roots(
+    config: &KernelConfig,
+    tree: Option<&ModuleTree>,
+    rows: &[Row],
+) -> Vec<&'static str> {
     let mut out: Vec<&'static str> = Vec::new();
     let mut add = |parts: &[Part]| {
         for p in parts {
@@ -209,8 +213,10 @@ fn agent_roots(config: &KernelConfig, rows: &[Row]) -> Vec<&'static str> {
             }
         }
     };
+    // A route whose module is missing from the tree is not one the guest
+    // can use: its row says so; packing stops at what is there.
     for (_, parts) in DISCOVERY_ROUTES {
-        if parts.iter().all(|p| config.get(p.option) != Tristate::No) {
+        if matches!(parts_status(config, tree, parts), Status::ModuleFound(_)) {
             add(parts);
         }
     }
@@ -449,6 +455,18 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let k = debian_like(d.path(), DEBIAN);
         let r = check_with_host(&k, None, &d.path().join("none")).unwrap();
+        // PCI + PCI_MSI + VIRTIO_PCI=m with no virtio_pci.ko: that route is
+        // missing a module, and the rest is still packed.
+        let with_pci = format!("{DEBIAN}CONFIG_PCI_MSI=y\nCONFIG_VIRTIO_PCI=m\n");
+        std::fs::write(d.path().join(format!("boot/config-{REL}")), with_pci).unwrap();
+        let r2 = check_with_host(&k, None, &d.path().join("none")).unwrap();
+        assert_eq!(
+            r2.modules.len(),
+            7,
+            "{:?}",
+            r2.modules.iter().map(|m| &m.name).collect::<Vec<_>>()
+        );
+        std::fs::write(d.path().join(format!("boot/config-{REL}")), DEBIAN).unwrap();
         let status = |n: Need| r.rows.iter().find(|x| x.need == n).unwrap().clone();
         let disc = status(Need::Discovery);
         assert!(matches!(disc.status, Status::ModuleFound(_)), "{disc:?}");
