@@ -4,6 +4,12 @@
 # package, and caches it.
 #
 #   scripts/build-probe-kernel.sh            build if needed; print the bzImage path
+#   scripts/build-probe-kernel.sh --modular  the distro-shaped kernel of the
+#       real-guest tier (issue 25): the same source, options and shims, with
+#       scripts/probe-kernel/options-modular on top (virtio, its transports,
+#       vsock, blk, net, rng and console as modules, CONFIG_MODULES=y); cached in
+#       target/probe-kernel-modular/<key>/ with its modules installed under
+#       lib/modules/<release>/ there (the harness packs what the agent loads)
 #
 # Recipe: `make tinyconfig`, then every line of scripts/probe-kernel/options
 # (scripts/config --enable/--disable), `make olddefconfig`, a check that each
@@ -36,6 +42,18 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$(pwd)
 HERE="$ROOT/scripts/probe-kernel"
 OUT="${CARGO_TARGET_DIR:-$ROOT/target}/probe-kernel"
+MODULAR=0
+case "${1:-}" in
+'') ;;
+--modular)
+    MODULAR=1
+    OUT="${CARGO_TARGET_DIR:-$ROOT/target}/probe-kernel-modular"
+    ;;
+*)
+    echo "usage: $0 [--modular]" >&2
+    exit 2
+    ;;
+esac
 SOURCE_PKG=linux-source-6.1
 SOURCE_TAR=/usr/src/linux-source-6.1.tar.xz
 
@@ -76,6 +94,7 @@ version=$(dpkg-query -W -f='${Version}' "$SOURCE_PKG" 2>/dev/null || echo unknow
 key=$(
     {
         cat "$HERE/options" "$HERE"/*.patch "${BASH_SOURCE[0]}"
+        [ "$MODULAR" = 0 ] || cat "$HERE/options-modular"
         echo "$SOURCE_PKG $version"
         gcc --version | head -n 1
     } | sha256sum | cut -c1-16
@@ -116,7 +135,16 @@ for patch_file in "$HERE"/*.patch; do
     patch -p1 --forward <"$patch_file" >&2 || die "$name does not apply to $SOURCE_PKG $version"
 done
 
-log "configuring (tinyconfig + scripts/probe-kernel/options)"
+# The options in effect: options, then (--modular) options-modular, the last
+# line about an option winning.
+effective=$(
+    {
+        cat "$HERE/options"
+        [ "$MODULAR" = 0 ] || cat "$HERE/options-modular"
+    } | awk '$1 !~ /^#/ && NF == 2 { if (!($2 in at)) order[n++] = $2; at[$2] = $1 }
+             END { for (i = 0; i < n; i++) print at[order[i]], order[i] }'
+)
+log "configuring (tinyconfig + scripts/probe-kernel/options$([ "$MODULAR" = 0 ] || echo ' + options-modular'))"
 make -s ARCH=x86 tinyconfig >&2
 args=()
 while read -r action option; do
@@ -124,9 +152,10 @@ while read -r action option; do
     '' | '#'*) continue ;;
     enable) args+=(--enable "$option") ;;
     disable) args+=(--disable "$option") ;;
-    *) die "scripts/probe-kernel/options: unknown action '$action' (use enable or disable)" ;;
+    module) args+=(--module "$option") ;;
+    *) die "scripts/probe-kernel/options: unknown action '$action' (use enable, disable or module)" ;;
     esac
-done <"$HERE/options"
+done <<<"$effective"
 scripts/config "${args[@]}"
 make -s ARCH=x86 olddefconfig >&2
 
@@ -135,8 +164,9 @@ while read -r action option; do
     case "$action" in
     enable) grep -qx "CONFIG_$option=y" .config || bad+=("$option should be y") ;;
     disable) ! grep -qx "CONFIG_$option=y" .config || bad+=("$option should be off") ;;
+    module) grep -qx "CONFIG_$option=m" .config || bad+=("$option should be m") ;;
     esac
-done <"$HERE/options"
+done <<<"$effective"
 if [ "${#bad[@]}" -gt 0 ]; then
     die "the kernel config did not take: ${bad[*]} (a dependency is missing: add it to scripts/probe-kernel/options)"
 fi
@@ -144,7 +174,9 @@ fi
 jobs=$(nproc)
 log "building bzImage with $jobs jobs (log: $src/build.log)"
 start=$(date +%s)
-if ! make ARCH=x86 -j"$jobs" bzImage vmlinux >"$src/build.log" 2>&1; then
+targets=(bzImage vmlinux)
+[ "$MODULAR" = 0 ] || targets+=(modules)
+if ! make ARCH=x86 -j"$jobs" "${targets[@]}" >"$src/build.log" 2>&1; then
     tail -n 40 "$src/build.log" >&2
     die "kernel build failed; full log: $src/build.log"
 fi
@@ -158,6 +190,12 @@ objcopy --strip-all vmlinux "$dest.tmp/vmlinux"
 cp System.map "$dest.tmp/System.map"
 cp .config "$dest.tmp/config"
 echo "$SOURCE_PKG $version" >"$dest.tmp/source"
+if [ "$MODULAR" = 1 ]; then
+    # lib/modules/<release>/ beside the kernel: where the harness looks.
+    make -s ARCH=x86 INSTALL_MOD_PATH="$dest.tmp" INSTALL_MOD_STRIP=1 DEPMOD=true \
+        modules_install >>"$src/build.log" 2>&1 || die "modules_install failed; log: $src/build.log"
+    rm -f "$dest.tmp"/lib/modules/*/build "$dest.tmp"/lib/modules/*/source
+fi
 rm -rf "$dest"
 mv "$dest.tmp" "$dest"
 ln -sfn "$key/bzImage" "$OUT/bzImage"

@@ -4,7 +4,8 @@
 //! vsock inside a guest (kvm backend), over a Unix socket in a local sandbox.
 //! Each connection runs requests concurrently (see [`conn`]); workers add
 //! namespaces with their own serial queues ([`worker`]). As PID 1 it first
-//! does an init's minimal duties and forks ([`pid1`]).
+//! does an init's minimal duties, loads the kernel modules the harness
+//! packed ([`modules`]) and forks ([`pid1`]).
 //!
 //! It is built as a static binary so it runs from any initrd:
 //! `RUSTFLAGS="-C target-feature=+crt-static" cargo build -p provium-agent
@@ -21,12 +22,13 @@ mod exec;
 mod files;
 mod listen;
 mod locks;
+mod modules;
 mod namespace;
 mod op_error;
 mod outbox;
 mod pid1;
-mod power_button;
 mod port;
+mod power_button;
 mod process;
 mod socket;
 mod stdin;
@@ -92,6 +94,9 @@ fn main() -> ExitCode {
     }
     if is_pid1 {
         pid1::mount_basics();
+        // The kernel modules the harness packed (vsock, virtio...), before
+        // anything needs them: the listener below, the initrd's own init.
+        modules::load_listed(std::path::Path::new(modules::MODULES_DIR));
         pid1::split(opts.init.as_deref(), &args);
     }
     let listen_addr = listen::resolve(&opts.listen);

@@ -15,7 +15,8 @@
 //!   subcommands.
 //! - [`config`]: provium.toml, one module per table; [`settings`]: the
 //!   environment, read once by `cli::main`; [`agent_search`]: where the
-//!   agent binary is.
+//!   agent binary is; [`kernel`]: users' own kernels (`kernel check`, the
+//!   modules the agent loads).
 
 pub mod agent_search;
 pub mod backend;
@@ -28,6 +29,7 @@ pub mod events;
 pub mod file_digest;
 pub mod fixture;
 pub mod host_memory;
+pub mod kernel;
 pub mod lua;
 pub mod partition;
 pub mod report;

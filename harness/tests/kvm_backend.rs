@@ -330,6 +330,7 @@ fn tiny_profile(dir: &Path) -> provium::config::Profile {
         inject_agent: false,
         agent_overlay_path: None,
         agent_channel: Default::default(),
+        modules: None,
         build: None,
         build_out: dir.to_path_buf(),
     }

@@ -3,7 +3,10 @@
 
 pub mod bench;
 pub mod console;
+pub mod exec;
 pub mod fixture;
+pub mod kconfig;
+pub mod kernel;
 pub mod list;
 pub mod lsp_setup;
 pub mod preflight;
@@ -194,6 +197,15 @@ pub enum Command {
         #[command(subcommand)]
         op: bench::BenchOp,
     },
+    /// Check a kernel against what Provium needs (docs/kernels.md).
+    Kernel {
+        #[command(subcommand)]
+        op: kernel::KernelOp,
+    },
+    /// Print a merge_config.sh fragment of every kernel option Provium uses.
+    Kconfig,
+    /// Boot a kernel and run one command in it (no provium.toml needed).
+    Exec(exec::ExecArgs),
     /// Write Lua language-server definitions for the harness globals.
     LspSetup {
         dir: Option<PathBuf>,
@@ -364,6 +376,11 @@ pub fn main() -> i32 {
             lsp_setup::run(dir, force).map_err(CliError::from)
         }
         Some(Command::Bench { op }) => bench::run(&cli.run, op).map_err(CliError::from),
+        Some(Command::Kernel { op }) => {
+            kernel::run(&cli.run.config, &cli.run.settings, op).map_err(CliError::from)
+        }
+        Some(Command::Kconfig) => Ok(kconfig::run()),
+        Some(Command::Exec(args)) => exec::run(&args, &cli.run.settings).map_err(CliError::from),
     };
     match result {
         Ok(code) => code,
@@ -413,6 +430,10 @@ pub enum CliError {
     LspSetup(#[from] lsp_setup::LspSetupError),
     #[error(transparent)]
     Bench(#[from] bench::BenchError),
+    #[error(transparent)]
+    Kernel(#[from] kernel::KernelCmdError),
+    #[error(transparent)]
+    Exec(#[from] exec::ExecError),
 }
 
 #[cfg(test)]
@@ -457,6 +478,7 @@ mod tests {
             inject_agent: true,
             agent_overlay_path: None,
             agent_channel: Default::default(),
+            modules: None,
             build: None,
             build_out: d.path().into(),
         };

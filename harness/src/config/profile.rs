@@ -156,6 +156,7 @@ pub(super) struct ProfileTable {
     inject_agent: Option<bool>,
     agent_overlay_path: Option<String>,
     agent_channel: Option<AgentChannel>,
+    modules: Option<String>,
     build: Option<String>,
     build_out: Option<String>,
 }
@@ -174,6 +175,9 @@ pub struct Profile {
     pub agent_overlay_path: Option<PathBuf>,
     /// `agent_channel` (default `auto`).
     pub agent_channel: AgentChannel,
+    /// The kernel's module tree (`lib/modules/<release>`) when it is not
+    /// where harness/src/kernel/modtree.rs looks (docs/kernels.md).
+    pub modules: Option<PathBuf>,
     pub build: Option<String>,
     pub build_out: PathBuf,
 }
@@ -236,6 +240,7 @@ impl ProfileTable {
             inject_agent: self.inject_agent.unwrap_or(true),
             agent_overlay_path: path_field(&self.agent_overlay_path),
             agent_channel: self.agent_channel.unwrap_or_default(),
+            modules: path_field(&self.modules),
             build: self.build.as_deref().map(expand),
             build_out,
             name,

@@ -18,7 +18,11 @@ use std::sync::Once;
 
 use provium_vmm::initrd::inject::{cmdline_words, merged_initrd, InjectError};
 use provium_vmm::initrd::{inject_agent, AgentInjection, BootFile, CpioWriter};
-use provium_vmm::vmm_config::{ConsoleHost, RngConfig, VirtioTransportKind, VsockHost};
+use provium_vmm::vmm_config::{
+    ConsoleHost, DeviceDiscovery, RngConfig, VirtioTransportKind, VsockHost,
+};
+
+use crate::kernel::KernelReport;
 use provium_vmm::{BootSource, KernelImage, MachineConfig, VmConfig};
 
 use crate::agent_search::{AgentKind, AgentSearch, AgentSearchError};
@@ -69,6 +73,13 @@ pub enum VmConfigError {
     Console(#[source] std::io::Error),
     #[error(transparent)]
     Channel(#[from] crate::config::profile::AgentChannelError),
+    /// The kernel's modules the agent must load cannot be packed.
+    #[error("profile `{profile}`: the kernel's modules for the agent")]
+    Modules {
+        profile: String,
+        #[source]
+        source: crate::kernel::modtree::ModuleError,
+    },
 }
 
 /// The kernel command-line word that tells the agent which channel the VMM
@@ -146,7 +157,7 @@ pub fn vm_config_with(
         cmdline
     };
     let boot = BootSource {
-        kernel: KernelImage::Path(kernel),
+        kernel: KernelImage::Path(kernel.clone()),
         initrd: profile.initrd.clone(),
         cmdline,
     };
@@ -159,9 +170,21 @@ pub fn vm_config_with(
             mode: 0o644,
         })
         .collect();
-    // Whether the kernel has vsock is not known here yet (`kernel check`
-    // answers it; unknown keeps `auto` on vsock).
-    let channel = resolve_agent_channel(&profile.name, profile.agent_channel, None, None)?;
+    // What the kernel has (`kernel check`): the channel `auto` takes, the
+    // modules the agent loads and how the kernel finds the devices. A kernel
+    // whose image or config cannot be read is unknown (`None`): `auto`
+    // stays on vsock and nothing is packed.
+    let report = kernel_report(profile, &kernel)?;
+    let channel = resolve_agent_channel(
+        &profile.name,
+        profile.agent_channel,
+        report.as_ref().map(KernelReport::vsock_available),
+        report.as_ref().map(KernelReport::console_available),
+    )?;
+    let mut files = files;
+    if let (true, Some(r)) = (opts.inject_agent, &report) {
+        files.extend(module_boot_files(&r.modules));
+    }
     let mut boot = if let (true, Some(overlay)) = (opts.inject_agent, &profile.agent_overlay_path) {
         prebuilt_overlay_boot(&boot, overlay, &files, cache)?
     } else if opts.inject_agent {
@@ -206,6 +229,7 @@ pub fn vm_config_with(
         mem_size_mib,
         ..MachineConfig::default()
     };
+    cfg.device_discovery = device_discovery(&cfg.boot.cmdline, &kernel, report.as_ref());
     cfg.drives = opts.drives.clone();
     cfg.rng = Some(RngConfig {
         seed: opts.rng_seed,
@@ -227,6 +251,93 @@ pub fn vm_config_with(
         Transport::Pci => VirtioTransportKind::Pci,
     };
     Ok((cfg, vsock))
+}
+
+/// Where the agent finds the modules it loads (agent/src/modules.rs).
+pub const GUEST_MODULES_DIR: &str = "/lib/provium/modules";
+
+/// The overlay files of the kernel modules the agent must load before it
+/// serves (issue 25, docs/kernels.md): when `kernel check` finds vsock, its
+/// transport or our devices as modules, each `.ko` (decompressed, in
+/// dependency order) as `GUEST_MODULES_DIR/NN-name.ko`, and the manifest
+/// `order`. They are part of the overlay, so the merged initrd's cache key
+/// (its content hash) covers them. A kernel whose image or config cannot
+/// be read packs nothing (the "no Hello" error then carries `kernel
+/// check`'s verdict); a module tree that is there but unusable is an error.
+pub fn agent_module_files(
+    profile: &Profile,
+    kernel: &Path,
+) -> Result<Vec<BootFile>, VmConfigError> {
+    Ok(kernel_report(profile, kernel)?
+        .map(|r| module_boot_files(&r.modules))
+        .unwrap_or_default())
+}
+
+/// `kernel check` of the profile's kernel: `None` when its image or config
+/// cannot be read (nothing is known then); a module tree that is there but
+/// unusable is an error naming it.
+fn kernel_report(profile: &Profile, kernel: &Path) -> Result<Option<KernelReport>, VmConfigError> {
+    use crate::kernel::CheckError;
+    match crate::kernel::check(kernel, profile.modules.as_deref()) {
+        Ok(r) => Ok(Some(r)),
+        Err(CheckError::Modules(source)) => Err(VmConfigError::Modules {
+            profile: profile.name.clone(),
+            source,
+        }),
+        Err(CheckError::Image(_) | CheckError::Config(_)) => Ok(None),
+    }
+}
+
+/// How the kernel finds the virtio-mmio windows (docs/vmm.md, "ACPI"): the
+/// DSDT for a kernel with ACPI, the `virtio_mmio.device=` words for one
+/// without, never both. Our ACPI machine is hardware-reduced, so a kernel
+/// that read the tables has no legacy interrupt numbers: given the words it
+/// registers devices whose IRQs it cannot request (their drivers fail with
+/// -22). `acpi=off` on the command line makes any kernel one without ACPI.
+/// With no config to read, a Linux image (it has a version string) is taken
+/// to have ACPI, as every distro kernel does; anything else (the tiny test
+/// guest) reads the command line.
+pub fn device_discovery(
+    cmdline: &str,
+    kernel: &Path,
+    report: Option<&KernelReport>,
+) -> DeviceDiscovery {
+    if cmdline.split_whitespace().any(|w| w == "acpi=off") {
+        return DeviceDiscovery::Cmdline;
+    }
+    let acpi = match report {
+        Some(r) => r.acpi,
+        None => crate::kernel::image::read_image(kernel).is_ok_and(|i| i.release.is_some()),
+    };
+    if acpi {
+        DeviceDiscovery::Acpi
+    } else {
+        DeviceDiscovery::Cmdline
+    }
+}
+
+/// [`agent_module_files`]' files for `modules`, in load order.
+pub fn module_boot_files(modules: &[crate::kernel::modtree::LoadableModule]) -> Vec<BootFile> {
+    if modules.is_empty() {
+        return Vec::new();
+    }
+    let mut order = String::new();
+    let mut files = Vec::with_capacity(modules.len() + 1);
+    for (i, m) in modules.iter().enumerate() {
+        let file = format!("{i:02}-{}.ko", m.name);
+        order.push_str(&format!("{file} {}\n", m.name));
+        files.push(BootFile {
+            path: format!("{GUEST_MODULES_DIR}/{file}"),
+            content: m.bytes.clone(),
+            mode: 0o644,
+        });
+    }
+    files.push(BootFile {
+        path: format!("{GUEST_MODULES_DIR}/order"),
+        content: order.into_bytes(),
+        mode: 0o644,
+    });
+    files
 }
 
 /// The kernel command-line words a Linux guest needs on kvm_pvm, where
@@ -477,6 +588,7 @@ mod tests {
             inject_agent: true,
             agent_overlay_path: None,
             agent_channel: Default::default(),
+            modules: None,
             build: None,
             build_out: dir.into(),
         }
@@ -647,6 +759,101 @@ mod tests {
         let (c, _) = cfg(&p, &opts, 3, d.path()).unwrap();
         let got: Vec<(MacAddr, &str)> = c.nets.iter().map(|n| (n.mac, n.port.bridge())).collect();
         assert_eq!(got, [(MacAddr::local(1), "a"), (MacAddr::local(2), "b")]);
+    }
+
+    /// A kernel with vsock as a module: the overlay carries its modules
+    /// (dependencies first) and the manifest, and the initrd's name (its
+    /// content hash) changes with them.
+    #[test]
+    fn a_modular_kernels_modules_go_into_the_overlay() {
+        use crate::kernel::image::fake_bzimage;
+        use crate::kernel::modinfo::fake_ko;
+        let d = tempfile::tempdir().unwrap();
+        let rel = "6.1.0-1-amd64";
+        let boot = d.path().join("boot");
+        std::fs::create_dir_all(&boot).unwrap();
+        let kernel = boot.join("vmlinuz");
+        std::fs::write(
+            &kernel,
+            fake_bzimage(2, 15, &format!("{rel} (x)"), true, true),
+        )
+        .unwrap();
+        std::fs::write(
+            boot.join(format!("config-{rel}")),
+            "CONFIG_ACPI=y\nCONFIG_VIRTIO=y\nCONFIG_VIRTIO_MMIO=y\nCONFIG_VSOCKETS=m\n\
+             CONFIG_VIRTIO_VSOCKETS=m\nCONFIG_BLK_DEV_INITRD=y\n",
+        )
+        .unwrap();
+        let tree = d.path().join("lib/modules").join(rel);
+        std::fs::create_dir_all(&tree).unwrap();
+        let ko = |name: &str, deps: &str| {
+            fake_ko(&[
+                &format!("depends={deps}"),
+                &format!("name={name}"),
+                &format!("vermagic={rel}"),
+            ])
+        };
+        std::fs::write(tree.join("vsock.ko"), ko("vsock", "")).unwrap();
+        std::fs::write(
+            tree.join("vmw_vsock_virtio_transport.ko"),
+            ko("vmw_vsock_virtio_transport", "vsock"),
+        )
+        .unwrap();
+        let mut p = profile(d.path());
+        p.kernel = Some(kernel);
+        let agent = d.path().join("agent");
+        std::fs::write(&agent, b"AGENT").unwrap();
+        let opts = MachineSpec {
+            memory_bytes: 64 << 20,
+            cpus: 1,
+            inject_agent: true,
+            ..MachineSpec::default()
+        };
+        let found = || Ok(agent.clone());
+        let cache = d.path().join("cache");
+        let (c, _) = vm_config_with(&p, &opts, 3, &found, &cache, false).unwrap();
+        let initrd = c.boot.initrd.unwrap();
+        let entries = provium_vmm::initrd::cpio::parse(&std::fs::read(&initrd).unwrap()).unwrap();
+        let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+        assert!(
+            names.ends_with(&[
+                "lib/provium/modules/00-vsock.ko",
+                "lib/provium/modules/01-vmw_vsock_virtio_transport.ko",
+                "lib/provium/modules/order"
+            ]),
+            "{names:?}"
+        );
+        let order = entries.iter().find(|e| e.name.ends_with("order")).unwrap();
+        assert_eq!(
+            order.data,
+            b"00-vsock.ko vsock\n01-vmw_vsock_virtio_transport.ko vmw_vsock_virtio_transport\n"
+        );
+        // A changed module is a different initrd.
+        std::fs::write(
+            tree.join("vsock.ko"),
+            ko("vsock", "")
+                .into_iter()
+                .chain([0u8; 8])
+                .collect::<Vec<u8>>(),
+        )
+        .unwrap();
+        let (c2, _) = vm_config_with(&p, &opts, 3, &found, &cache, false).unwrap();
+        assert_ne!(c2.boot.initrd.unwrap(), initrd);
+        // A module tree of another release is an error naming it.
+        p.modules = Some(d.path().join("other"));
+        std::fs::create_dir_all(d.path().join("other")).unwrap();
+        std::fs::write(
+            d.path().join("other/vsock.ko"),
+            fake_ko(&["name=vsock", "vermagic=5.10.0 SMP"]),
+        )
+        .unwrap();
+        let e = crate::error_chain::flatten(
+            &vm_config_with(&p, &opts, 3, &found, &cache, false).unwrap_err(),
+        );
+        assert!(
+            e.contains("is for release 5.10.0") && e.contains(rel),
+            "{e}"
+        );
     }
 
     #[test]

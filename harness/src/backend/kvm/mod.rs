@@ -183,6 +183,9 @@ pub struct KvmMachine {
     boot_log_mark: AtomicU64,
     /// The environment this VM was made with (`MachineSpec::settings`).
     settings: Settings,
+    /// The profile's kernel and `modules`, for `kernel check`'s verdict in
+    /// the "no Hello" error.
+    kernel_check: Option<(std::path::PathBuf, Option<std::path::PathBuf>)>,
 }
 
 impl KvmMachine {
@@ -207,6 +210,7 @@ impl KvmMachine {
             initial_time: spec.initial_time,
             boot_log_mark: AtomicU64::new(0),
             settings: spec.settings.clone(),
+            kernel_check: profile.kernel.clone().map(|k| (k, profile.modules.clone())),
         })
     }
 
@@ -407,6 +411,17 @@ impl KvmMachine {
     }
 
     fn no_hello(&self, last: &str, init: Option<&str>) -> String {
+        let kernel_verdict = self.kernel_check.as_ref().map(|(k, m)| {
+            crate::kernel::check(k, m.as_deref()).map_or_else(
+                |e| format!("kernel check: {}", crate::error_chain::flatten(&e)),
+                |r| r.verdict(),
+            )
+        });
+        let log = self.boot_log();
+        let module_failures: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains(MODULE_LOAD_FAILED))
+            .collect();
         no_hello_message(&NoHello {
             cid: self.cid,
             console: self.console.is_some(),
@@ -415,6 +430,8 @@ impl KvmMachine {
             timeout: self.agent_timeout,
             kvm_pvm: self.settings.host_kvm_pvm,
             console_tail: &self.last_lines(ERROR_CONSOLE_LINES),
+            kernel_verdict: kernel_verdict.as_deref(),
+            module_failures: &module_failures,
         })
     }
 
@@ -565,7 +582,15 @@ pub struct NoHello<'a> {
     pub kvm_pvm: bool,
     /// The current boot's last console lines.
     pub console_tail: &'a str,
+    /// `kernel check`'s one-line verdict on the profile's kernel.
+    pub kernel_verdict: Option<&'a str>,
+    /// The agent's console lines about modules it could not load.
+    pub module_failures: &'a [&'a str],
 }
+
+/// How the agent's console line for a module it could not load starts
+/// (agent/src/modules.rs `FAILED_PREFIX`).
+pub const MODULE_LOAD_FAILED: &str = "provium-agent: cannot load module";
 
 /// The error for an agent that never said Hello: what was tried, how far
 /// the kernel got, what to check (on kvm_pvm: the shims), the console tail.
@@ -601,6 +626,12 @@ pub fn no_hello_message(n: &NoHello<'_>) -> String {
              {KVM_PVM_SHIMS})"
         )),
         (None, false) => msg.push_str("; the kernel never reached init"),
+    }
+    for f in n.module_failures {
+        msg.push_str(&format!("; {}", f.trim()));
+    }
+    if let Some(v) = n.kernel_verdict {
+        msg.push_str(&format!("; {v}"));
     }
     msg.push_str(&format!("; last console lines:\n{}", n.console_tail));
     msg
@@ -658,6 +689,8 @@ mod tests {
             timeout: Duration::from_secs(600),
             kvm_pvm,
             console_tail: "[ 1.0] last line",
+            kernel_verdict: None,
+            module_failures: &[],
         })
     }
 
@@ -698,6 +731,8 @@ mod tests {
             timeout: Duration::from_secs(60),
             kvm_pvm: false,
             console_tail: "x",
+            kernel_verdict: None,
+            module_failures: &[],
         });
         assert!(
             m.starts_with(
@@ -707,6 +742,30 @@ mod tests {
             "{m}"
         );
         assert!(!m.contains("CID"), "{m}");
+    }
+
+    #[test]
+    fn no_hello_carries_the_kernel_verdict_and_failed_modules() {
+        let failed = "provium-agent: cannot load module vsock (/lib/provium/modules/03-vsock.ko): ENOEXEC (Exec format error (os error 8))";
+        let m = no_hello_message(&NoHello {
+            cid: 7,
+            console: false,
+            last: "connection refused",
+            init: None,
+            timeout: Duration::from_secs(60),
+            kvm_pvm: false,
+            console_tail: "tail",
+            kernel_verdict: Some("kernel check of /k (6.1): a boot cannot reach the agent (vsock + virtio transport absent)"),
+            module_failures: &[failed],
+        });
+        assert!(
+            m.contains(&format!(
+                "; {failed}; kernel check of /k (6.1): a boot cannot reach the agent"
+            )),
+            "{m}"
+        );
+        assert!(m.ends_with("; last console lines:\ntail"), "{m}");
+        assert!(failed.starts_with(MODULE_LOAD_FAILED));
     }
 
     #[test]
@@ -819,6 +878,7 @@ mod tests {
             inject_agent: false,
             agent_overlay_path: None,
             agent_channel: Default::default(),
+            modules: None,
             build: None,
             build_out: d.path().into(),
         };

@@ -628,6 +628,7 @@ mod tests {
                 inject_agent: false,
                 agent_overlay_path: None,
                 agent_channel: Default::default(),
+                modules: None,
                 build: None,
                 build_out: d.path().into(),
             },
