@@ -74,9 +74,9 @@ impl VirtioConsole {
 
     fn start_worker(&mut self, active: ActiveConsole) -> Result<(), ActivateError> {
         let kick = active.kick().clone();
-        self.host.set_active(true);
         let worker = DeviceWorker::spawn("virtio-console", active)?;
         self.worker = Some(Worker { worker, kick });
+        self.host.set_active(true);
         Ok(())
     }
 }
@@ -185,5 +185,54 @@ impl VirtioDevice for VirtioConsole {
         };
         let active = ActiveConsole::restore(args, &state)?;
         Ok(self.start_worker(active)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::virtio::console::ConsoleConnectError;
+    use crate::devices::virtio::test_utils::{guest_memory, CountingInterrupt};
+    use std::time::Duration;
+    use virtio_queue::QueueT;
+
+    #[test]
+    fn config_features_activation_and_reset_drive_the_host_side() {
+        let host = ConsoleHost::new().expect("host");
+        let mut dev = VirtioConsole::new(host.clone());
+        assert_eq!(dev.device_type(), 3);
+        assert_eq!(dev.queue_max_sizes().len(), 4);
+        assert_eq!(dev.avail_features(), (1 << 32) | (1 << 1));
+        let mut cfg = [0xffu8; 12];
+        dev.read_config(0, &mut cfg);
+        assert_eq!(cfg, [0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0], "max_nr_ports 1");
+        assert!(matches!(
+            host.connect(Duration::from_millis(1)),
+            Err(ConsoleConnectError::NotActive)
+        ));
+        let irq = Arc::new(CountingInterrupt::default());
+        // A driver without MULTIPORT sets up two queues: refused.
+        let two = (0..2)
+            .map(|_| Queue::new(QUEUE_SIZE).expect("queue"))
+            .collect();
+        assert!(dev.activate(guest_memory(), two, irq.clone()).is_err());
+        let four = (0..4)
+            .map(|_| Queue::new(QUEUE_SIZE).expect("queue"))
+            .collect();
+        dev.activate(guest_memory(), four, irq).expect("activates");
+        // Active, but the guest never opened the port: a connect times out.
+        assert!(matches!(
+            host.connect(Duration::from_millis(20)),
+            Err(ConsoleConnectError::Timeout { .. })
+        ));
+        // A snapshot quiesces and resumes the worker.
+        let snap = dev.save();
+        assert_eq!(snap.queues.len(), 4);
+        dev.resume_after_save();
+        dev.reset();
+        assert!(matches!(
+            host.connect(Duration::from_millis(1)),
+            Err(ConsoleConnectError::NotActive)
+        ));
     }
 }
