@@ -33,5 +33,6 @@ pub mod partition;
 pub mod report;
 pub mod runner;
 pub mod scheduler;
+pub mod script_error;
 pub mod settings;
 pub mod verified_entries;

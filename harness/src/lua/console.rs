@@ -15,7 +15,7 @@ use provium_vmm::{ConsoleRead, ConsoleSubscriber};
 use super::phase::Phase;
 use super::stream::{ByteSource, StreamError};
 use super::vm_ctx::VmCtx;
-use super::{duration, err};
+use super::{duration, err, rust_err};
 use crate::backend::Guest;
 
 /// Largest chunk a ConsoleStream returns (the reference's 64 KiB).
@@ -93,7 +93,7 @@ impl ConsoleUd {
                 Err(e) => {
                     self.vm.env().check_cancelled()?;
                     if end.is_some_and(|end| Instant::now() >= end) {
-                        return Err(err(format!("console:write: {e}")));
+                        return Err(rust_err("console:write", &e));
                     }
                     std::thread::sleep(Duration::from_millis(10));
                 }

@@ -39,8 +39,8 @@ use provium_vmm::devices::virtio::block::defs::{SECTOR_BYTES, SLOW_COMPLETION_MS
 use provium_vmm::devices::virtio::block::BlockFaults;
 use provium_vmm::vmm_config::DriveConfig;
 
-use super::err;
 use super::snapshot::DiskDecl;
+use super::{err, rust_err};
 
 /// Why a VM's disks cannot become its machine's drives, each naming the
 /// VM or disk and the fix.
@@ -187,7 +187,9 @@ fn size_opt(v: Value) -> mlua::Result<u64> {
     const M: &str = "vm:attach_disk";
     let bytes = match v {
         Value::Integer(i) if i > 0 => i.unsigned_abs(),
-        Value::String(s) => parse_size(&s.to_str()?).map_err(|e| err(format!("{M}: size: {e}")))?,
+        Value::String(s) => {
+            parse_size(&s.to_str()?).map_err(|e| rust_err(&format!("{M}: size"), &e))?
+        }
         other => {
             return Err(err(format!(
                 "{M}: size must be a positive number of bytes or a string like \"64M\", got {}",

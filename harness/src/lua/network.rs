@@ -43,11 +43,11 @@ use provium_netsetup::{
 use provium_vmm::vmm_config::NetConfig;
 
 use super::capture::CaptureSource;
-use super::err;
 use super::phase::Phase;
 use super::snapshot::NicDecl;
 use super::stream::{creation_site, Stream};
 use super::vm_ctx::VmCtx;
+use super::{err, rust_err};
 use crate::backend::BackendError;
 use crate::backend::Guest;
 use crate::runner::{CloseKind, Closeable, FileEnv};
@@ -79,9 +79,9 @@ pub enum NetworkError {
     LiveNic { vm: String, bridge: String },
     #[error("a vm named `{vm}` is already attached to bridge `{bridge}`; detach it first")]
     NameTaken { vm: String, bridge: String },
-    /// A Lua-facing refusal of `bridge:attach` (already a message).
-    #[error("{0}")]
-    Refused(String),
+    /// A Lua-facing refusal of `bridge:attach` (the Lua error, typed).
+    #[error(transparent)]
+    Refused(crate::script_error::ScriptError),
     #[error("drop rate")]
     DropRate(#[source] provium_netsetup::SwitchError),
     #[error("drop rate {from} -> {to}")]
@@ -495,7 +495,7 @@ impl Bridge {
         let missing: Vec<(String, Option<NetMember>)> = {
             let st = self
                 .open_state("restore")
-                .map_err(|e| NetworkError::Refused(super::error_message(&e)))?;
+                .map_err(|e| NetworkError::Refused(crate::script_error::ScriptError(e)))?;
             rec.members
                 .iter()
                 .filter(|m| !st.members.contains_key(*m) && !vm_names.contains(m))
@@ -504,7 +504,7 @@ impl Bridge {
         };
         if !missing.is_empty() {
             self.attach_all(missing)
-                .map_err(|e| NetworkError::Refused(super::error_message(&e)))?;
+                .map_err(|e| NetworkError::Refused(crate::script_error::ScriptError(e)))?;
         }
         let sw = &self.0.switch;
         // reset(): no impairment, no partition (isolation is kept).
@@ -563,7 +563,7 @@ impl Bridge {
             return Ok(());
         }
         self.attach_all(vec![(vm.name().to_string(), Some(vm.clone()))])
-            .map_err(|e| NetworkError::Refused(super::error_message(&e)))
+            .map_err(|e| NetworkError::Refused(crate::script_error::ScriptError(e)))
     }
 
     /// Attaches every item, or none: all are validated and recorded first,
@@ -933,7 +933,7 @@ impl Bridge {
             } else {
                 self.0.switch.disconnect(vm_name)
             };
-            r.map_err(|e| err(format!("nic:{method}: {e}")))?;
+            r.map_err(|e| rust_err(&format!("nic:{method}"), &e))?;
         }
         Ok(())
     }
@@ -958,7 +958,7 @@ impl Bridge {
         self.0
             .switch
             .capture_port(vm_name, label)
-            .map_err(|e| err(format!("nic:capture: {e}")))
+            .map_err(|e| rust_err("nic:capture", &e))
     }
 
     /// Labels (creation sites) of live captures on this bridge.
@@ -1114,11 +1114,7 @@ fn boot_nic_error(vm: &NetMember, bridge: &Bridge, e: NetworkError) -> mlua::Err
         bridge: bridge.name().to_string(),
         source: Box::new(e),
     };
-    err(format!(
-        "vm:boot: vm `{}`: {}",
-        vm.name(),
-        crate::error_chain::flatten(&e)
-    ))
+    rust_err(&format!("vm:boot: vm `{}`", vm.name()), &e)
 }
 
 /// Called by `vm:boot()` once the guest is up: one NIC per attached bridge,

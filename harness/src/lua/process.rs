@@ -27,7 +27,8 @@ impl Closeable for ProcessUd {
         // SIGTERM, then the agent escalates to SIGKILL after its grace period.
         if let Some(mut p) = self.0.proc.lock().unwrap().take() {
             if self.0.vm.phase() == Phase::Booted {
-                p.release().map_err(|e| format!("proc:close: {e}"))?;
+                p.release()
+                    .map_err(|e| format!("proc:close: {}", crate::error_chain::flatten(&e)))?;
             }
         }
         Ok(())

@@ -19,9 +19,9 @@ use std::time::Instant;
 
 use mlua::Lua;
 
-use super::err;
 use super::phase::Phase;
 use super::stream::{ByteSource, Stream};
+use super::{err, rust_err};
 use crate::backend::{Capabilities, Guest};
 use crate::client::{AgentClient, AgentOps, ClientError};
 use crate::runner::{FileEnv, LiveResource};
@@ -201,9 +201,10 @@ impl VmCtx {
                 if let ClientError::StdinUnacknowledged { .. } = e {
                     // What the call was stuck on, besides why it was stopped.
                     return err(format!(
-                        "{method}: {} (vm `{}`: {e})",
+                        "{method}: {} (vm `{}`: {})",
                         reason.message(),
-                        self.0.name
+                        self.0.name,
+                        crate::error_chain::flatten(&e)
                     ));
                 }
                 return err(format!("{method}: {}", reason.message()));
@@ -216,11 +217,7 @@ impl VmCtx {
             }
             if blames_the_agent(&e) {
                 // Name the VM whose agent misbehaved: a file may have many.
-                return err(format!(
-                    "{method}: vm `{}`: {}",
-                    self.0.name,
-                    crate::error_chain::flatten(&e)
-                ));
+                return rust_err(&format!("{method}: vm `{}`", self.0.name), &e);
             }
             client_err(method, e)
         })
@@ -257,9 +254,9 @@ impl VmCtx {
     }
 }
 
-/// An agent error as a Lua error.
+/// An agent error as a Lua error, its causes included ([`rust_err`]).
 pub fn client_err(method: &str, e: ClientError) -> mlua::Error {
-    err(format!("{method}: {e}"))
+    rust_err(method, &e)
 }
 
 /// Errors about the agent or its connection rather than an op the agent
@@ -317,5 +314,29 @@ mod tests {
         assert!(error_message(&e).starts_with("vm:run: vm `v`: "), "{e}");
         assert_eq!(ctx.phase(), Phase::Created);
         assert_eq!(ctx.in_flight(), 0, "the call is no longer in flight");
+    }
+
+    /// An op the client cannot send reaches Lua with its reason (the
+    /// `#[source]` of `ClientError::Encode`), the method named once.
+    #[test]
+    fn an_unsendable_op_says_why() {
+        let ctx = VmCtx::new(env(BackendKind::Local), "v".into());
+        let e = ctx
+            .guard_op("vm:write_file", || -> Result<(), ClientError> {
+                Err(ClientError::Encode {
+                    what: "write_file".into(),
+                    source: provium_protocol::ProtocolError::FrameTooLarge {
+                        len: 17 << 20,
+                        max: 16 << 20,
+                    },
+                })
+            })
+            .err()
+            .unwrap();
+        assert_eq!(
+            error_message(&e),
+            "vm:write_file: cannot send `write_file` to the agent: frame of 17825792 bytes \
+             exceeds the maximum of 16777216 bytes"
+        );
     }
 }

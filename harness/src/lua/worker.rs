@@ -28,7 +28,9 @@ impl Closeable for WorkerUd {
         if let Some(w) = w {
             if self.0.vm.phase() == Phase::Booted {
                 if let Ok(w) = Arc::try_unwrap(w) {
-                    w.close().map_err(|e| format!("worker:close: {e}"))?;
+                    w.close().map_err(|e| {
+                        format!("worker:close: {}", crate::error_chain::flatten(&e))
+                    })?;
                 }
             }
         }

@@ -11,7 +11,7 @@ use provium_protocol::event::{ClaimAcquired, Event, ResourceAmount};
 
 use super::Lab;
 use crate::config::parse_size;
-use crate::lua::{duration, err};
+use crate::lua::{duration, err, rust_err};
 
 /// File-level settings and one-shot primitives.
 #[derive(Default)]
@@ -53,7 +53,7 @@ impl Lab {
             Value::Nil => 0,
             Value::Integer(i) if i >= 0 => i as u64,
             Value::String(s) => {
-                parse_size(&s.to_str()?).map_err(|e| err(format!("claim: memory: {e}")))?
+                parse_size(&s.to_str()?).map_err(|e| rust_err("claim: memory", &e))?
             }
             other => {
                 return Err(err(format!(

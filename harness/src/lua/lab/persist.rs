@@ -12,7 +12,7 @@ use super::Lab;
 use crate::lua::network::Bridge;
 use crate::lua::snapshot::{self, LabSnapshotUd};
 use crate::lua::vm::{Phase, RestoreError, Vm, VmSizing};
-use crate::lua::{err, error_message};
+use crate::lua::{err, error_message, rust_err};
 
 impl Lab {
     /// `provium.reset_between_tests = true`: after the chunk, snapshot the
@@ -101,9 +101,7 @@ impl Lab {
                 file,
             });
         }
-        index
-            .write(dir)
-            .map_err(|e| err(format!("lab:snapshot: {}", crate::error_chain::flatten(&e))))
+        index.write(dir).map_err(|e| rust_err("lab:snapshot", &e))
     }
 
     /// `lab:restore(dir)`: every VM in `dir/lab.json` is restored into the
@@ -124,12 +122,8 @@ impl Lab {
         dir: &std::path::Path,
     ) -> Result<(), RestoreError> {
         use RestoreError::Failed;
-        let index = provium_snapshot::LabIndex::read(dir).map_err(|e| {
-            Failed(err(format!(
-                "lab:restore: {}",
-                crate::error_chain::flatten(&e)
-            )))
-        })?;
+        let index = provium_snapshot::LabIndex::read(dir)
+            .map_err(|e| Failed(rust_err("lab:restore", &e)))?;
         // VMM NICs come back with the VM's devices (recorded in its
         // snapshot); host TAPs rejoin the recorded bridges by name.
         let vmm_nics = self.0.env.machines().capabilities().has_vmm_nics();
@@ -191,13 +185,8 @@ impl Lab {
                 }
             }
             if vmm_nics {
-                let devices = snapshot::VmDevices::read_if_present(&file).map_err(|e| {
-                    Failed(err(format!(
-                        "lab:restore: vm `{}`: {}",
-                        v.name,
-                        crate::error_chain::flatten(&e)
-                    )))
-                })?;
+                let devices = snapshot::VmDevices::read_if_present(&file)
+                    .map_err(|e| Failed(rust_err(&format!("lab:restore: vm `{}`", v.name), &e)))?;
                 if let Some(devices) = devices {
                     self.join_recorded_bridges(&vm, &devices)?;
                 }

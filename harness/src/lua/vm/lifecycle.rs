@@ -15,10 +15,10 @@ use crate::backend::{Guest, MachineSpec};
 use crate::client::AgentClient;
 use crate::error_chain::flatten;
 use crate::lua::disk::{BootDrives, Disk, DiskPlan};
-use crate::lua::err;
 use crate::lua::network::{MachineNic, VmmNics};
 use crate::lua::snapshot::{VmDecl, VmDevices};
 use crate::lua::vm_ctx::{client_err, VmState};
+use crate::lua::{err, rust_err};
 
 /// Why `vm:restore` failed.
 #[derive(Debug)]
@@ -65,11 +65,7 @@ impl Vm {
             return Ok(());
         }
         let decl = VmDecl::read_if_present(path).map_err(|e| {
-            RestoreError::Failed(err(format!(
-                "vm:restore: vm `{}`: {}",
-                self.name(),
-                flatten(&e)
-            )))
+            RestoreError::Failed(rust_err(&format!("vm:restore: vm `{}`", self.name()), &e))
         })?;
         pending.rng_seed = decl.and_then(|d| d.rng_seed);
         drop(st);
@@ -110,7 +106,7 @@ impl Vm {
         let name = self.name().to_string();
         let devices = if caps.device_snapshots {
             VmDevices::read_if_present(path)
-                .map_err(|e| Failed(err(format!("vm:restore: vm `{name}`: {}", flatten(&e)))))?
+                .map_err(|e| Failed(rust_err(&format!("vm:restore: vm `{name}`"), &e)))?
         } else {
             None
         };
@@ -148,11 +144,13 @@ impl Vm {
         if !vmm_nics {
             for b in self.left_bridges().into_iter().filter(|b| !b.is_closed()) {
                 b.attach_vm(&self.net()).map_err(|e| {
-                    Failed(err(format!(
-                        "vm:restore: vm `{name}`: cannot rejoin bridge `{}`: {}",
-                        b.name(),
-                        flatten(&e)
-                    )))
+                    Failed(rust_err(
+                        &format!(
+                            "vm:restore: vm `{name}`: cannot rejoin bridge `{}`",
+                            b.name()
+                        ),
+                        &e,
+                    ))
                 })?;
             }
         }
@@ -184,7 +182,7 @@ impl Vm {
             self.machine()
                 .map_err(Failed)?
                 .apply_restored_net()
-                .map_err(|e| Failed(err(format!("vm:restore: vm `{name}`: {}", flatten(&e)))))?;
+                .map_err(|e| Failed(rust_err(&format!("vm:restore: vm `{name}`"), &e)))?;
         }
         Ok(())
     }
@@ -240,7 +238,7 @@ impl Vm {
         let name = self.name();
         let (drives, new_disks) = {
             let disks = self.0.disks.lock().unwrap();
-            let failed = |e: crate::lua::disk::DiskError| Failed(err(format!("vm:restore: {e}")));
+            let failed = |e: crate::lua::disk::DiskError| Failed(rust_err("vm:restore", &e));
             match want_disks.filter(|_| caps.device_snapshots) {
                 Some(want) => {
                     let live: Vec<Disk> =
@@ -280,11 +278,10 @@ impl Vm {
         spec.nics = nics;
         let machine: Arc<dyn Guest> =
             Arc::from(env.machines().restore(&spec, path).map_err(|e| {
-                Failed(err(format!(
-                    "vm:restore: vm `{name}` from {}: {}",
-                    path.display(),
-                    flatten(&e)
-                )))
+                Failed(rust_err(
+                    &format!("vm:restore: vm `{name}` from {}", path.display()),
+                    &e,
+                ))
             })?);
         *built = true;
         if !new_disks.is_empty() {
@@ -336,13 +333,13 @@ impl Vm {
         let drives = {
             let disks = self.0.disks.lock().unwrap();
             crate::lua::disk::boot_drives(self.name(), &disks)
-                .map_err(|e| err(format!("vm:boot: {e}")))?
+                .map_err(|e| rust_err("vm:boot", &e))?
         };
         let spec = boot_spec(self.declared_spec(), &pending, drives.drives.clone(), nics);
         let machine: Arc<dyn Guest> = Arc::from(
             env.machines()
                 .boot(&spec)
-                .map_err(|e| err(format!("vm:boot: vm `{}`: {}", self.name(), flatten(&e))))?,
+                .map_err(|e| rust_err(&format!("vm:boot: vm `{}`", self.name()), &e))?,
         );
         let client = self.bring_up(&mut st, "boot", &machine, &drives, nic_record)?;
         // Files of boot opts land before the test runs anything.
@@ -381,11 +378,13 @@ impl Vm {
         machine.connect().map_err(|e| {
             machine.kill();
             st.phase = Phase::Dead;
-            err(format!(
-                "vm:{method}: vm `{}`: the agent did not answer: {}",
-                self.name(),
-                flatten(&e)
-            ))
+            rust_err(
+                &format!(
+                    "vm:{method}: vm `{}`: the agent did not answer",
+                    self.name()
+                ),
+                &e,
+            )
         })
     }
 

@@ -21,15 +21,14 @@ pub use lifecycle::RestoreError;
 pub use opts::{BootOpts, VmSizing, DEFAULT_CPUS, DEFAULT_MEMORY_BYTES};
 
 use super::disk::{AttachOpts, Disk, DiskList};
-use super::err;
 use super::guest::GuestTarget;
 use super::network::{Bridge, MachineNic, NetMember, VmLinks};
 pub use super::phase::Phase;
 use super::snapshot::{VmDecl, VmDevices};
 use super::vm_ctx::{Ops, VmCtx};
+use super::{err, rust_err};
 use crate::backend::{Guest, MachineSpec};
 use crate::client::AgentClient;
-use crate::error_chain::flatten;
 use crate::runner::{CloseKind, Closeable, FileEnv};
 
 pub struct VmInner {
@@ -213,13 +212,7 @@ impl Vm {
                     (super::snapshot::VM_DEVICES_SECTION, devices.to_json()),
                 ],
             )
-            .map_err(|e| {
-                err(format!(
-                    "vm:snapshot: vm `{}`: {}",
-                    self.name(),
-                    flatten(&e)
-                ))
-            })
+            .map_err(|e| rust_err(&format!("vm:snapshot: vm `{}`", self.name()), &e))
     }
 
     /// `vm:attach_disk(opts)`: kvm only, before boot (see `lua::disk`).
@@ -275,7 +268,7 @@ impl Vm {
         }
         self.machine()?
             .pause()
-            .map_err(|e| err(format!("vm:pause: {}", flatten(&e))))?;
+            .map_err(|e| rust_err("vm:pause", &e))?;
         st.phase = Phase::Paused;
         Ok(())
     }
@@ -287,7 +280,7 @@ impl Vm {
         }
         self.machine()?
             .resume()
-            .map_err(|e| err(format!("vm:resume: {}", flatten(&e))))?;
+            .map_err(|e| rust_err("vm:resume", &e))?;
         st.phase = Phase::Booted;
         Ok(())
     }
@@ -317,11 +310,7 @@ impl Vm {
             Err(e) => {
                 machine.kill();
                 st.phase = Phase::Dead;
-                Err(err(format!(
-                    "vm:reset: vm `{}`: {}",
-                    self.name(),
-                    flatten(&e)
-                )))
+                Err(rust_err(&format!("vm:reset: vm `{}`", self.name()), &e))
             }
         }
     }
