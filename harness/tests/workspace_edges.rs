@@ -17,6 +17,10 @@
 //! all. A dev-dependency from, say, `provium-protocol` on `provium-snapshot` would
 //! still couple the crates' builds and versions. A dependency counts as internal
 //! when its package name (not its `rename`) is a workspace member's name.
+//!
+//! Inside harness/src the test also holds the backend boundary (no code
+//! outside `backend/` names a concrete backend, none outside `backend/kvm/`
+//! a VMM type) and the module import graph (no circles).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -509,6 +513,135 @@ fn the_backend_name_check_catches_each_way_of_naming_one() {
             ("cli/run.rs".to_string(), "KvmMachine")
         ]
     );
+}
+
+// ---- the VMM's types stay behind the kvm backend ----
+//
+// The harness speaks its own device vocabulary at the backend boundary
+// (`backend::{NicSpec, DiskSpec}`); only `backend/kvm/` turns it into the
+// VMM's configs. So outside the exceptions below no code names a
+// `provium_vmm` item. Comments, literals and test code (`#[cfg(test)]`
+// items and the files they declare) do not count: a unit test may boot the
+// VMM's tiny guest image.
+
+/// Where `provium_vmm` may be named (a folder ends in `/`), and why.
+const VMM_NAMERS: &[(&str, &str)] = &[
+    (
+        "backend/kvm/",
+        "the kvm backend: the one place the spec becomes the VMM's VmConfig",
+    ),
+    (
+        "backend/vmm_models.rs",
+        "names, once, the VMM's plain models the boundary shares by Arc (the console \
+         log, a disk's fault set, the boot timer's marks, a boot's source): state \
+         and rules with no KVM object, re-exported as backend::{Console, DiskFaults, …}",
+    ),
+    (
+        "cli/bench/",
+        "`provium bench` measures the VMM itself: it boots the tiny guest straight on \
+         provium_vmm::Vm and reads the VMM's boot marks, beside the boots it makes \
+         through the backend",
+    ),
+];
+
+/// Files (relative to harness/src) whose non-test code names `provium_vmm`
+/// outside [`VMM_NAMERS`].
+fn vmm_namers(files: &[(String, String)]) -> Vec<String> {
+    // Files declared by `#[cfg(test)] mod x;` are test code.
+    let mut test_files = std::collections::BTreeSet::new();
+    for (rel, src) in files {
+        let dir = match rel.rsplit_once('/') {
+            Some((d, f)) if f == "mod.rs" || f == "lib.rs" || f == "main.rs" => format!("{d}/"),
+            Some(_) => format!("{}/", rel.trim_end_matches(".rs")),
+            None if rel == "lib.rs" || rel == "main.rs" => String::new(),
+            None => format!("{}/", rel.trim_end_matches(".rs")),
+        };
+        for m in code_without_tests(src).1 {
+            test_files.insert(format!("{dir}{m}.rs"));
+            test_files.insert(format!("{dir}{m}/mod.rs"));
+        }
+    }
+    files
+        .iter()
+        .filter(|(rel, _)| !test_files.contains(rel))
+        .filter(|(rel, _)| {
+            !VMM_NAMERS.iter().any(|(place, _)| {
+                if place.ends_with('/') {
+                    rel.starts_with(place)
+                } else {
+                    rel == place
+                }
+            })
+        })
+        .filter(|(_, src)| code_without_tests(src).0.contains("provium_vmm"))
+        .map(|(rel, _)| rel.clone())
+        .collect()
+}
+
+#[test]
+fn no_code_outside_the_kvm_backend_names_a_vmm_type() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let files = rust_files(&src);
+    assert!(
+        files.iter().any(|(rel, _)| rel == "backend/spec.rs"),
+        "the walk found harness/src"
+    );
+    let found = vmm_namers(&files);
+    assert!(
+        found.is_empty(),
+        "code outside backend/kvm/ names a provium_vmm item (speak the boundary's \
+         vocabulary: backend::{{NicSpec, DiskSpec, Console, DiskFaults}}, and turn it \
+         into the VMM's in backend/kvm/):\n  {}",
+        found.join("\n  ")
+    );
+    // Every exception is still needed: each names the VMM.
+    for (place, why) in VMM_NAMERS {
+        assert!(
+            files
+                .iter()
+                .filter(|(rel, _)| rel.starts_with(place))
+                .any(|(_, src)| code_without_tests(src).0.contains("provium_vmm")),
+            "{place} no longer names provium_vmm; drop its exception ({why})"
+        );
+    }
+}
+
+#[test]
+fn the_vmm_type_check_catches_code_and_spares_comments_and_tests() {
+    let files = |list: &[(&str, &str)]| {
+        list.iter()
+            .map(|(r, s)| (r.to_string(), s.to_string()))
+            .collect::<Vec<_>>()
+    };
+    for src in [
+        "use provium_vmm::vmm_config::NetConfig;",
+        "pub nics: Vec<provium_vmm::vmm_config::NetConfig>,",
+        "use provium_vmm as vmm;",
+        "fn f() -> Option<std::sync::Arc<provium_vmm::Console>> { None }",
+    ] {
+        assert_eq!(
+            vmm_namers(&files(&[("backend/spec.rs", src)])),
+            ["backend/spec.rs"],
+            "{src}"
+        );
+    }
+    let spared = files(&[
+        (
+            "lua/disk.rs",
+            "//! the VMM's `provium_vmm::BlockFaults`\nfn f() {}",
+        ),
+        ("lua/a.rs", "const S: &str = \"provium_vmm\";"),
+        (
+            "lua/vm/lifecycle.rs",
+            "fn f() {}\n#[cfg(test)]\nmod tests { fn t() { provium_vmm::tiny_guest::BZIMAGE; } }",
+        ),
+        ("lua/vm/mod.rs", "#[cfg(test)]\nmod test_utils;"),
+        ("lua/vm/test_utils.rs", "use provium_vmm::tiny_guest;"),
+        ("backend/kvm/config.rs", "use provium_vmm::VmConfig;"),
+        ("backend/vmm_models.rs", "pub use provium_vmm::Console;"),
+        ("cli/bench/boot.rs", "use provium_vmm::Vm;"),
+    ]);
+    assert_eq!(vmm_namers(&spared), Vec::<String>::new());
 }
 
 // ---- module import graph: no circles ----

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use provium_vmm::ConsoleRead;
+use crate::backend::ConsoleRead;
 
 use super::load_config;
 use super::preflight::{kvm_usable, PreflightError};
@@ -245,7 +245,11 @@ pub fn run(args: &RunArgs, profile_name: &str, opts: &ConsoleOpts) -> Result<i32
     }
 }
 
-fn input_loop(machine: &dyn Guest, console: &provium_vmm::Console, out_done: &AtomicBool) -> Ended {
+fn input_loop(
+    machine: &dyn Guest,
+    console: &crate::backend::Console,
+    out_done: &AtomicBool,
+) -> Ended {
     let mut esc = Escape::default();
     let mut buf = [0u8; 1024];
     loop {

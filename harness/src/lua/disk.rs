@@ -3,8 +3,8 @@
 //! and the fault modes `eio_read`, `eio_write` and `slow`.
 //!
 //! # One fault set
-//! A disk's faults are the VMM block backend's own [`BlockFaults`], shared by
-//! `Arc`: the disk's `DriveConfig` carries the same object into the VM, so
+//! A disk's faults are one [`DiskFaults`] (the VMM block backend's model),
+//! shared by `Arc`: the disk's `DiskSpec` carries the same object into the VM, so
 //! `disk:fault_inject` fails or slows the *guest's* virtio-blk requests and
 //! the host-side `read_sectors` / `write_sectors` alike, and `detach` makes
 //! the guest's requests fail too (virtio-mmio has no hot-unplug: the device
@@ -34,10 +34,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use crate::backend::vmm_models::{DiskFaults, SECTOR_BYTES, SLOW_COMPLETION_MS};
+use crate::backend::DiskSpec;
 use mlua::{Lua, Table, UserData, UserDataMethods, Value};
-use provium_vmm::devices::virtio::block::defs::{SECTOR_BYTES, SLOW_COMPLETION_MS};
-use provium_vmm::devices::virtio::block::BlockFaults;
-use provium_vmm::vmm_config::DriveConfig;
 
 use super::snapshot::DiskDecl;
 use super::{err, rust_err};
@@ -51,18 +50,6 @@ pub enum DiskError {
          file; attach it with {{image = path}} or call disk:with_image(path) before vm:boot()"
     )]
     NoImage { vm: String, id: String },
-    /// A restore's attached disks are not the snapshot's device list.
-    #[error(
-        "vm `{vm}` has {live} disk(s) ({live_ids}) but the snapshot's VM had {want} ({want_ids}); \
-         attach as many disks, in the same order, before vm:restore, or none to use the snapshot's images"
-    )]
-    CountMismatch {
-        vm: String,
-        live: usize,
-        live_ids: String,
-        want: usize,
-        want_ids: String,
-    },
     /// The snapshot's image is not there (`reason`: what the path check said).
     #[error(
         "disk `{id}`: {reason} (a snapshot does not hold its disks' contents; put the image back, or \
@@ -94,7 +81,7 @@ struct DiskInner {
     /// Absolute path of the backing file; set once (attach or `with_image`).
     image: Mutex<Option<PathBuf>>,
     /// Shared with the VMM's block device (see the module doc).
-    faults: Arc<BlockFaults>,
+    faults: Arc<DiskFaults>,
     /// `/dev/vdX` once a boot gave the disk to the guest.
     guest_device: Mutex<Option<String>>,
     siblings: Weak<Mutex<Vec<Disk>>>,
@@ -277,8 +264,8 @@ pub fn guest_device_name(index: usize) -> String {
 
 /// The drives of a kvm boot (see [`boot_drives`]) and their disks.
 pub struct BootDrives {
-    /// For `MachineSpec::drives`, in attach order.
-    pub drives: Vec<DriveConfig>,
+    /// For `MachineSpec::disks`, in attach order.
+    pub specs: Vec<DiskSpec>,
     disks: Vec<Disk>,
 }
 
@@ -305,7 +292,7 @@ pub fn boot_drives(vm_name: &str, disks: &[Disk]) -> Result<BootDrives, DiskErro
 /// [`DiskDecl`]s: a disk detached before the snapshot is still a device of
 /// the snapshot's machine).
 pub fn drives_of(vm_name: &str, disks: Vec<Disk>) -> Result<BootDrives, DiskError> {
-    let mut drives = Vec::with_capacity(disks.len());
+    let mut specs = Vec::with_capacity(disks.len());
     for d in &disks {
         let Some(path) = d.image() else {
             return Err(DiskError::NoImage {
@@ -313,14 +300,13 @@ pub fn drives_of(vm_name: &str, disks: Vec<Disk>) -> Result<BootDrives, DiskErro
                 id: d.0.id.clone(),
             });
         };
-        drives.push(DriveConfig {
-            path,
-            read_only: false,
+        specs.push(DiskSpec {
             id: d.0.id.clone(),
+            image: path,
             faults: d.0.faults.clone(),
         });
     }
-    Ok(BootDrives { drives, disks })
+    Ok(BootDrives { specs, disks })
 }
 
 impl BootDrives {
@@ -346,48 +332,6 @@ pub fn disk_decls(disks: &[Disk]) -> Vec<DiskDecl> {
         .collect()
 }
 
-/// Which disks a restore gives the machine (see [`plan_disks`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DiskPlan {
-    /// The VM's attached disks, as at a boot (the test chose them, e.g. a
-    /// copy of the image).
-    Attached,
-    /// New disks like the snapshot's (same ids and images).
-    FromSnapshot,
-}
-
-/// A restore's disks: the VM's attached (not detached) disks `live` when
-/// it has any, which must then be as many as the snapshot's `want` (the
-/// device list must match: a configuration mismatch otherwise); else the
-/// snapshot's own. A VM shut down has only detached disks, so it gets the
-/// snapshot's again.
-pub fn plan_disks(
-    vm_name: &str,
-    want: &[DiskDecl],
-    live: &[String],
-) -> Result<DiskPlan, DiskError> {
-    if live.is_empty() {
-        return Ok(DiskPlan::FromSnapshot);
-    }
-    if live.len() == want.len() {
-        return Ok(DiskPlan::Attached);
-    }
-    let ids = |v: Vec<&str>| {
-        if v.is_empty() {
-            "none".to_string()
-        } else {
-            v.join(", ")
-        }
-    };
-    Err(DiskError::CountMismatch {
-        vm: vm_name.to_owned(),
-        live: live.len(),
-        live_ids: ids(live.iter().map(String::as_str).collect()),
-        want: want.len(),
-        want_ids: ids(want.iter().map(|d| d.id.as_str()).collect()),
-    })
-}
-
 impl Disk {
     /// A new disk of VM `vm_name`, in its list `siblings` (the caller
     /// appends it).
@@ -397,7 +341,7 @@ impl Disk {
             vm_name: vm_name.to_string(),
             size_bytes: opts.size_bytes,
             image: Mutex::new(opts.image),
-            faults: Arc::new(BlockFaults::default()),
+            faults: Arc::new(DiskFaults::default()),
             guest_device: Mutex::new(None),
             siblings: Arc::downgrade(siblings),
             env,
@@ -441,7 +385,7 @@ impl Disk {
     }
 
     /// The fault set the VMM's block device shares.
-    pub fn faults(&self) -> &Arc<BlockFaults> {
+    pub fn faults(&self) -> &Arc<DiskFaults> {
         &self.0.faults
     }
 
@@ -640,7 +584,7 @@ impl Disk {
     /// `disk:fault_inject(mode)`.
     pub fn fault_inject(&self, mode: &Value) -> mlua::Result<()> {
         const M: &str = "disk:fault_inject";
-        let valid = BlockFaults::MODES.join(", ");
+        let valid = DiskFaults::MODES.join(", ");
         let Value::String(s) = mode else {
             return Err(err(format!(
                 "{M}: mode must be a string (valid: {valid}), got {}",
@@ -839,33 +783,6 @@ mod tests {
     }
 
     #[test]
-    fn a_restore_uses_the_attached_disks_or_else_the_snapshots() {
-        let img = Path::new("/srv/a.img");
-        let want = [decl("vda", img), decl("vdb", img)];
-        let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        // A VM shut down (its disks detached) or created without disks.
-        assert_eq!(plan_disks("v", &want, &[]), Ok(DiskPlan::FromSnapshot));
-        assert_eq!(plan_disks("v", &[], &[]), Ok(DiskPlan::FromSnapshot));
-        // The test attached its own (e.g. copies of the images).
-        assert_eq!(
-            plan_disks("v", &want, &ids(&["copy-a", "copy-b"])),
-            Ok(DiskPlan::Attached)
-        );
-        let e = plan_disks("v", &want, &ids(&["vdb"]))
-            .unwrap_err()
-            .to_string();
-        assert_eq!(
-            e,
-            "vm `v` has 1 disk(s) (vdb) but the snapshot's VM had 2 (vda, vdb); attach as many disks, in \
-             the same order, before vm:restore, or none to use the snapshot's images"
-        );
-        let e = plan_disks("v", &[], &ids(&["vda"]))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("the snapshot's VM had 0 (none)"), "{e}");
-    }
-
-    #[test]
     fn the_snapshots_disks_come_back_with_their_images_and_detached_state() {
         let env = env();
         let (d, f, list) = disk(env.clone(), 7);
@@ -886,8 +803,8 @@ mod tests {
         assert!(back.is_detached(), "detached before the snapshot: still so");
         // A detached disk is still a device of the snapshot's machine.
         let drives = drives_of("v", vec![back.clone()]).unwrap();
-        assert_eq!(drives.drives.len(), 1);
-        assert!(boot_drives("v", &[back]).unwrap().drives.is_empty());
+        assert_eq!(drives.specs.len(), 1);
+        assert!(boot_drives("v", &[back]).unwrap().specs.is_empty());
         // The image is gone: say so, and how to go on.
         let gone = decl("vdb", Path::new("/nonexistent/gone.img"));
         let e = Disk::from_decl(env, "v", &gone, &list)

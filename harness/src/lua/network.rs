@@ -40,7 +40,6 @@ use provium_netsetup::{
     disable_uplink, enable_uplink, Capture, MacAddr, PortCounters, Switch, SwitchConfig, Tap,
     TapPoller, TapPort, Uplink, UplinkEnv,
 };
-use provium_vmm::vmm_config::NetConfig;
 
 use super::capture::CaptureSource;
 use super::phase::Phase;
@@ -48,8 +47,7 @@ use super::snapshot::NicDecl;
 use super::stream::{creation_site, Stream};
 use super::vm_ctx::VmCtx;
 use super::{err, rust_err};
-use crate::backend::BackendError;
-use crate::backend::Guest;
+use crate::backend::{lone_port, plan_nics, BackendError, Guest, NicSource, NicSpec};
 use crate::runner::{CloseKind, Closeable, FileEnv};
 
 /// Why a bridge or a VM's attachment refused, each naming the bridge or VM
@@ -91,26 +89,10 @@ pub enum NetworkError {
         #[source]
         source: provium_netsetup::SwitchError,
     },
-    #[error(
-        "the snapshot's VM had a NIC on bridge `{bridge}` (its NICs: {snapshot_nics}), and vm `{vm}` is not \
-         attached to a bridge of that name; attach it (lab:bridge(\"{bridge}\"):attach(vm)) before \
-         vm:restore"
-    )]
-    NoSuchBridge {
-        bridge: String,
-        vm: String,
-        snapshot_nics: String,
-    },
-    #[error(
-        "vm `{vm}` is attached to bridge(s) {extra} but the snapshot's VM had no NIC there (its \
-         NICs: {snapshot_nics}); a kvm machine's NICs are fixed when it is built, so detach it \
-         (bridge:detach(vm)) before vm:restore"
-    )]
-    ExtraBridges {
-        vm: String,
-        extra: String,
-        snapshot_nics: String,
-    },
+    /// The snapshot's NICs do not fit the VM's bridges (its text is the
+    /// whole story).
+    #[error(transparent)]
+    Plan(#[from] crate::backend::NicPlanError),
     #[error("cannot create its NIC on bridge `{bridge}`")]
     CreateNic {
         bridge: String,
@@ -847,7 +829,7 @@ impl Bridge {
     /// device will hold (named after the VM, with the member's MAC) and
     /// returns the device's config. A NIC disconnected before boot starts
     /// with its link down. `vm:boot()` realises the member afterwards.
-    pub fn vmm_port(&self, vm: &NetMember) -> Result<NetConfig, NetworkError> {
+    pub fn vmm_port(&self, vm: &NetMember) -> Result<NicSpec, NetworkError> {
         let st = self.lock();
         if st.closed {
             return Err(NetworkError::Closed {
@@ -863,7 +845,7 @@ impl Bridge {
         if m.link_down {
             let _ = self.0.switch.disconnect(name);
         }
-        Ok(NetConfig::on_port(Arc::new(port)))
+        Ok(NicSpec::on_port(Arc::new(port)))
     }
 
     /// Both ends attached and realised (the directional forms' rule).
@@ -1141,7 +1123,7 @@ pub struct MachineNic {
 #[derive(Default)]
 pub struct VmmNics {
     /// For `MachineSpec::nics`, in device order.
-    pub configs: Vec<NetConfig>,
+    pub configs: Vec<NicSpec>,
     /// The same NICs as the VM records them.
     pub record: Vec<MachineNic>,
     /// Private switches of NICs restored without a network (their ports
@@ -1176,103 +1158,11 @@ pub fn vmm_ports(vm: &NetMember) -> mlua::Result<VmmNics> {
         out.record.push(MachineNic {
             bridge: Some(b.downgrade()),
             bridge_name: b.name().to_string(),
-            mac: cfg.mac,
+            mac: cfg.mac(),
         });
         out.configs.push(cfg);
     }
     Ok(out)
-}
-
-/// Where a restored NIC's port comes from (see [`plan_nics`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NicSource {
-    /// The bridge at this index of the VM's current bridges.
-    Current(usize),
-    /// The bridge at this index of the bridges the VM left at shutdown:
-    /// the VM joins it again.
-    Rejoin(usize),
-    /// A port on a switch of its own, link down (the snapshot's VM had been
-    /// detached from that bridge).
-    Lone,
-}
-
-/// Matches the snapshot's NICs `want` (bridge name, attached) against the
-/// bridges the VM is attached to now (`current`, by name) and those it left
-/// when it shut down (`left`): each wanted NIC takes a current bridge of
-/// its name, else a left one (each bridge once). Errors, as a configuration
-/// mismatch, when a wanted bridge is in neither, or when the VM is attached
-/// to a bridge the snapshot's VM was not on (the restored machine would
-/// have another device list).
-pub fn plan_nics(
-    vm_name: &str,
-    want: &[(String, bool)],
-    current: &[String],
-    left: &[String],
-) -> Result<Vec<NicSource>, NetworkError> {
-    let mut cur_used = vec![false; current.len()];
-    let mut left_used = vec![false; left.len()];
-    let mut out = Vec::with_capacity(want.len());
-    let snap_names = || {
-        let names: Vec<&str> = want.iter().map(|(n, _)| n.as_str()).collect();
-        if names.is_empty() {
-            "none".to_string()
-        } else {
-            names.join(", ")
-        }
-    };
-    for (name, attached) in want {
-        if !attached {
-            out.push(NicSource::Lone);
-            continue;
-        }
-        let pick = |names: &[String], used: &mut [bool]| {
-            let i = names
-                .iter()
-                .enumerate()
-                .position(|(i, n)| n == name && !used[i])?;
-            used[i] = true;
-            Some(i)
-        };
-        if let Some(i) = pick(current, &mut cur_used) {
-            out.push(NicSource::Current(i));
-        } else if let Some(i) = pick(left, &mut left_used) {
-            out.push(NicSource::Rejoin(i));
-        } else {
-            return Err(NetworkError::NoSuchBridge {
-                bridge: name.clone(),
-                vm: vm_name.to_owned(),
-                snapshot_nics: snap_names(),
-            });
-        }
-    }
-    let extra: Vec<&str> = current
-        .iter()
-        .zip(&cur_used)
-        .filter(|(_, used)| !**used)
-        .map(|(n, _)| n.as_str())
-        .collect();
-    if !extra.is_empty() {
-        return Err(NetworkError::ExtraBridges {
-            vm: vm_name.to_owned(),
-            extra: extra.join(", "),
-            snapshot_nics: snap_names(),
-        });
-    }
-    Ok(out)
-}
-
-/// A port for a restored NIC whose VM had been detached from `bridge_name`:
-/// on a switch of its own (no other member), link down, as the detached
-/// NIC was. Keep the switch alive as long as the machine.
-pub fn lone_port(
-    bridge_name: &str,
-    vm_name: &str,
-    mac: MacAddr,
-) -> Result<(Switch, NetConfig), NetworkError> {
-    let sw = Switch::new(&format!("{bridge_name}-detached"), SwitchConfig::default());
-    let port = sw.attach(vm_name, mac)?;
-    sw.disconnect(vm_name)?;
-    Ok((sw, NetConfig::on_port(Arc::new(port))))
 }
 
 /// For a kvm restore from a snapshot that recorded its NICs (`want`, in
@@ -1327,7 +1217,7 @@ pub fn restore_ports(
             out.record.push(MachineNic {
                 bridge: Some(bridge.downgrade()),
                 bridge_name: bridge.name().to_string(),
-                mac: cfg.mac,
+                mac: cfg.mac(),
             });
             out.configs.push(cfg);
         }
@@ -1519,102 +1409,6 @@ mod tests {
         let salted = nic_mac("a", "lan", &[a]);
         assert_ne!(salted, a);
         assert_eq!(salted.0[0], 0x02);
-    }
-
-    fn want(list: &[(&str, bool)]) -> Vec<(String, bool)> {
-        list.iter().map(|(n, a)| (n.to_string(), *a)).collect()
-    }
-
-    fn names(list: &[&str]) -> Vec<String> {
-        list.iter().map(|n| n.to_string()).collect()
-    }
-
-    #[test]
-    fn restored_nics_take_current_bridges_then_the_ones_left_at_shutdown() {
-        use NicSource::{Current, Lone, Rejoin};
-        // Attached now: as at boot.
-        assert_eq!(
-            plan_nics(
-                "v",
-                &want(&[("lan", true), ("wan", true)]),
-                &names(&["lan", "wan"]),
-                &[]
-            )
-            .unwrap(),
-            vec![Current(0), Current(1)]
-        );
-        // `vm:shutdown(); vm:restore(s)`: the VM left its bridges.
-        assert_eq!(
-            plan_nics(
-                "v",
-                &want(&[("lan", true), ("wan", true)]),
-                &[],
-                &names(&["wan", "lan"])
-            )
-            .unwrap(),
-            vec![Rejoin(1), Rejoin(0)]
-        );
-        // Mixed, and a NIC that had been detached from its bridge.
-        assert_eq!(
-            plan_nics(
-                "v",
-                &want(&[("a", true), ("b", false), ("c", true)]),
-                &names(&["c"]),
-                &names(&["a", "c"])
-            )
-            .unwrap(),
-            vec![Rejoin(0), Lone, Current(0)]
-        );
-        // Two NICs on bridges of one name (different labs): each once.
-        assert_eq!(
-            plan_nics(
-                "v",
-                &want(&[("lan", true), ("lan", true)]),
-                &names(&["lan"]),
-                &names(&["lan"])
-            )
-            .unwrap(),
-            vec![Current(0), Rejoin(0)]
-        );
-        assert_eq!(
-            plan_nics("v", &[], &[], &names(&["lan"])).unwrap(),
-            Vec::<NicSource>::new()
-        );
-    }
-
-    #[test]
-    fn a_nic_mismatch_names_the_bridge_and_the_fix() {
-        let e = plan_nics("v", &want(&[("lan", true)]), &[], &[])
-            .unwrap_err()
-            .to_string();
-        assert_eq!(
-            e,
-            "the snapshot's VM had a NIC on bridge `lan` (its NICs: lan), and vm `v` is not attached to a \
-             bridge of that name; attach it (lab:bridge(\"lan\"):attach(vm)) before vm:restore"
-        );
-        let e = plan_nics("v", &want(&[("lan", true)]), &names(&["lan", "wan"]), &[])
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.starts_with("vm `v` is attached to bridge(s) wan but the snapshot's VM had no NIC there (its NICs: lan)"),
-            "{e}"
-        );
-        let e = plan_nics("v", &[], &names(&["wan"]), &[])
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("(its NICs: none)") && e.contains("bridge:detach(vm)"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn a_lone_port_is_link_down_with_the_snapshot_mac() {
-        let mac: MacAddr = "02:00:00:00:00:07".parse().unwrap();
-        let (sw, cfg) = lone_port("lan", "v", mac).unwrap();
-        assert_eq!(cfg.mac, mac);
-        assert_eq!(sw.is_connected("v").ok(), Some(false));
-        assert_eq!(sw.members(), ["v"]);
     }
 
     #[test]

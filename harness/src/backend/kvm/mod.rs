@@ -25,7 +25,10 @@
 //! guest to power off, saying what happened when it does not.
 
 pub mod config;
+pub mod devices;
+pub mod disk_plan;
 pub mod guest;
+pub mod nic_plan;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -115,7 +115,7 @@ fn refuse_devices(spec: &MachineSpec) -> Result<(), LocalGuestError> {
     if !spec.nics.is_empty() {
         return Err(LocalGuestError::Unsupported(LOCAL_NICS));
     }
-    if !spec.drives.is_empty() {
+    if !spec.disks.is_empty() {
         return Err(LocalGuestError::Unsupported(LOCAL_DISKS));
     }
     Ok(())
@@ -244,7 +244,7 @@ impl Guest for LocalGuest {
         .map_err(LocalGuestError::from)?)
     }
 
-    fn console(&self) -> Option<Arc<provium_vmm::Console>> {
+    fn console(&self) -> Option<Arc<crate::backend::Console>> {
         None
     }
 }
@@ -281,7 +281,7 @@ mod tests {
             .attach("v", provium_netsetup::MacAddr::local(1))
             .unwrap();
         let spec = MachineSpec {
-            nics: vec![provium_vmm::vmm_config::NetConfig::on_port(Arc::new(port))],
+            nics: vec![crate::backend::NicSpec::on_port(Arc::new(port))],
             rng_seed: Some(1),
             ..MachineSpec::default()
         };
@@ -310,9 +310,8 @@ mod tests {
     #[test]
     fn a_restore_with_devices_is_refused_before_the_file_is_read() {
         let spec = MachineSpec {
-            drives: vec![provium_vmm::vmm_config::DriveConfig {
-                path: "/nonexistent.img".into(),
-                read_only: false,
+            disks: vec![crate::backend::DiskSpec {
+                image: "/nonexistent.img".into(),
                 id: "vda".into(),
                 faults: Default::default(),
             }],

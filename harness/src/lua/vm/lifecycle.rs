@@ -11,10 +11,11 @@ use provium_protocol::event::{Event, VmShutdown, VmSpawned};
 
 use super::opts::boot_spec;
 use super::{provium_ops, Phase, Vm};
+use crate::backend::DiskPlan;
 use crate::backend::{Guest, MachineSpec};
 use crate::client::AgentClient;
 use crate::error_chain::flatten;
-use crate::lua::disk::{BootDrives, Disk, DiskPlan};
+use crate::lua::disk::{BootDrives, Disk};
 use crate::lua::network::{MachineNic, VmmNics};
 use crate::lua::snapshot::{VmDecl, VmDevices};
 use crate::lua::vm_ctx::{client_err, VmState};
@@ -195,7 +196,7 @@ impl Vm {
         path: &std::path::Path,
         want_disks: Option<&[crate::lua::snapshot::DiskDecl]>,
         (nics, record, lone): (
-            Vec<provium_vmm::vmm_config::NetConfig>,
+            Vec<crate::backend::NicSpec>,
             Vec<MachineNic>,
             Vec<provium_netsetup::Switch>,
         ),
@@ -244,7 +245,8 @@ impl Vm {
                     let live: Vec<Disk> =
                         disks.iter().filter(|d| !d.is_detached()).cloned().collect();
                     let ids: Vec<String> = live.iter().map(|d| d.id().to_string()).collect();
-                    let plan = crate::lua::disk::plan_disks(name, want, &ids).map_err(|e| {
+                    let want_ids: Vec<String> = want.iter().map(|d| d.id.clone()).collect();
+                    let plan = crate::backend::plan_disks(name, &want_ids, &ids).map_err(|e| {
                         Mismatch(format!(
                             "vm:restore: the snapshot's disks do not fit this VM (a configuration \
                              mismatch): {e}"
@@ -274,7 +276,7 @@ impl Vm {
                 ),
             }
         };
-        spec.drives = drives.drives.clone();
+        spec.disks = drives.specs.clone();
         spec.nics = nics;
         let machine: Arc<dyn Guest> =
             Arc::from(env.machines().restore(&spec, path).map_err(|e| {
@@ -335,7 +337,7 @@ impl Vm {
             crate::lua::disk::boot_drives(self.name(), &disks)
                 .map_err(|e| rust_err("vm:boot", &e))?
         };
-        let spec = boot_spec(self.declared_spec(), &pending, drives.drives.clone(), nics);
+        let spec = boot_spec(self.declared_spec(), &pending, drives.specs.clone(), nics);
         let machine: Arc<dyn Guest> = Arc::from(
             env.machines()
                 .boot(&spec)
@@ -499,7 +501,7 @@ mod tests {
             crate::lua::network::restore_ports(&v.net(), &[nic("lan", &mac.to_string())], &left)
                 .unwrap();
         assert_eq!(nics.configs.len(), 1);
-        assert_eq!(nics.configs[0].mac, mac);
+        assert_eq!(nics.configs[0].mac(), mac);
         assert!(lan.has_vm(&v.net()), "back on lan");
         assert_eq!(nics.added.len(), 1);
         nics.undo(&v.net());

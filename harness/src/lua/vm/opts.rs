@@ -145,15 +145,15 @@ impl FromLuaValue for String {
 pub(super) fn boot_spec(
     declared: MachineSpec,
     opts: &BootOpts,
-    drives: Vec<provium_vmm::vmm_config::DriveConfig>,
-    nics: Vec<provium_vmm::vmm_config::NetConfig>,
+    disks: Vec<crate::backend::DiskSpec>,
+    nics: Vec<crate::backend::NicSpec>,
 ) -> MachineSpec {
     MachineSpec {
         kernel_cmdline: opts.kernel_cmdline.clone(),
         rng_seed: opts.rng_seed,
         initial_time: opts.initial_time,
         files: opts.files.clone(),
-        drives,
+        disks,
         nics,
         ..declared
     }
