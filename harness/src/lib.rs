@@ -29,6 +29,7 @@ pub mod file_digest;
 pub mod fixture;
 pub mod host_memory;
 pub mod lua;
+pub mod network;
 pub mod partition;
 pub mod report;
 pub mod runner;

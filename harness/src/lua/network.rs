@@ -19,11 +19,9 @@
 //! says (the rule would otherwise wait for a port that may never come).
 //!
 //! # Guest interface names
-//! A VM's bridges, sorted by bridge name, are `eth0`, `eth1`, … (the
-//! reference's rule). A VM attached before boot gets exactly these names.
-//! Attaching a booted VM to another bridge creates the new interface under
-//! its rule name if that is free, else under the lowest free `ethN` (an
-//! existing interface is never renamed under a running guest);
+//! The naming and MAC rules are Lua-free, in [`crate::network`]. A VM
+//! attached before boot gets exactly the rule names; one attached while
+//! booted gets its rule name if free, else the lowest free `ethN`;
 //! `nic:ifname()` tells the real name. `vm:nic("eth1")` always follows the
 //! rule (the Nth bridge by name); prefer `vm:nic("bridge_name")`.
 //!
@@ -35,7 +33,6 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use mlua::Lua;
-use provium_netsetup::impair::fnv1a;
 use provium_netsetup::{
     disable_uplink, enable_uplink, Capture, MacAddr, PortCounters, Switch, SwitchConfig, Tap,
     TapPoller, TapPort, Uplink, UplinkEnv,
@@ -48,6 +45,7 @@ use super::stream::{creation_site, Stream};
 use super::vm_ctx::VmCtx;
 use super::{err, rust_err};
 use crate::backend::{lone_port, plan_nics, BackendError, Guest, NicSource, NicSpec};
+pub use crate::network::{nic_mac, BridgeOpts, DEFAULT_UPLINK_ADDR, UPLINK_PORT};
 use crate::runner::{CloseKind, Closeable, FileEnv};
 
 /// Why a bridge or a VM's attachment refused, each naming the bridge or VM
@@ -206,12 +204,6 @@ impl NetMember {
     }
 }
 
-/// The switch port name of a bridge's uplink (not a valid VM name on any
-/// backend, so it never collides with a member).
-pub const UPLINK_PORT: &str = "@uplink";
-/// The uplink's default address (the guests' gateway).
-pub const DEFAULT_UPLINK_ADDR: &str = "10.0.2.1/24";
-
 /// A bridge handle; clones share the bridge.
 #[derive(Clone)]
 pub struct Bridge(Arc<BridgeInner>);
@@ -292,27 +284,6 @@ struct UplinkLink {
     uplink: Uplink,
 }
 
-/// A deterministic, locally administered unicast MAC for (vm, bridge),
-/// salted until it differs from every MAC in `taken`.
-pub fn nic_mac(vm: &str, bridge: &str, taken: &[MacAddr]) -> MacAddr {
-    let mut salt: u32 = 0;
-    loop {
-        let h = fnv1a(&[
-            b"provium-nic",
-            vm.as_bytes(),
-            b"\0",
-            bridge.as_bytes(),
-            &salt.to_le_bytes(),
-        ])
-        .to_le_bytes();
-        let mac = MacAddr([0x02, h[0], h[1], h[2], h[3], h[4]]);
-        if !taken.contains(&mac) {
-            return mac;
-        }
-        salt += 1;
-    }
-}
-
 impl Closeable for Bridge {
     fn auto_close(&self) -> Result<(), crate::runner::file::TestFailure> {
         self.close()
@@ -327,21 +298,6 @@ impl WeakBridge {
 
     pub fn is(&self, b: &Bridge) -> bool {
         std::ptr::eq(self.0.as_ptr(), Arc::as_ptr(&b.0))
-    }
-}
-
-/// What `provium:bridge(name, opts)` may set on a bridge it creates.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BridgeOpts {
-    /// Let the kernel forward the plain directions between sandbox NICs
-    /// (docs/networking.md, "The kernel path"); `{kernel_path = false}`
-    /// sends every frame through the switch.
-    pub kernel_path: bool,
-}
-
-impl Default for BridgeOpts {
-    fn default() -> Self {
-        BridgeOpts { kernel_path: true }
     }
 }
 
@@ -955,10 +911,7 @@ impl Bridge {
         if st.uplink.is_some() {
             return Ok(());
         }
-        let tap_name = format!(
-            "pvup{:08x}",
-            fnv1a(&[self.0.name.as_bytes(), &std::process::id().to_le_bytes()]) as u32
-        );
+        let tap_name = crate::network::uplink_tap_name(&self.0.name, std::process::id());
         let fail = |what: String| {
             err(format!(
                 "bridge:enable_uplink: bridge `{}`: {what}",
@@ -1068,14 +1021,7 @@ fn choose_ifname(vm: &NetMember, bridge: &Bridge) -> String {
         .iter()
         .position(|b| b.ptr_eq(bridge))
         .unwrap_or(bridges.len());
-    let rule_name = format!("eth{rule}");
-    if !taken.contains(&rule_name) {
-        return rule_name;
-    }
-    (0..)
-        .map(|i| format!("eth{i}"))
-        .find(|n| !taken.contains(n))
-        .expect("an unbounded range always has a free name")
+    crate::network::ifname_for(rule, &taken)
 }
 
 /// Realises `vm`'s NIC on `bridge` (the VM is booted).
@@ -1397,18 +1343,6 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("bridge `lan` is closed"), "{e}");
-    }
-
-    #[test]
-    fn macs_are_deterministic_local_unicast_and_distinct() {
-        let a = nic_mac("a", "lan", &[]);
-        assert_eq!(a, nic_mac("a", "lan", &[]));
-        assert_eq!(a.0[0], 0x02, "locally administered, unicast");
-        assert_ne!(a, nic_mac("b", "lan", &[]));
-        assert_ne!(a, nic_mac("a", "wan", &[]));
-        let salted = nic_mac("a", "lan", &[a]);
-        assert_ne!(salted, a);
-        assert_eq!(salted.0[0], 0x02);
     }
 
     #[test]
