@@ -5,6 +5,11 @@
 //! [`exit_code`] (128 + the signal, as a shell reports a death by it).
 //! The handler is installed with `SA_RESETHAND`: a second signal ends the
 //! process at once.
+//!
+//! This is the process's one signal handler: `provium console` installs it
+//! too ([`install_for_console`]), for SIGHUP as well and without the reset
+//! (every signal detaches the terminal the same way), and polls
+//! [`received`] like the scheduler does.
 
 use std::sync::atomic::{AtomicI32, Ordering};
 
@@ -17,13 +22,29 @@ extern "C" fn on_signal(sig: libc::c_int) {
 
 /// Install the handler for SIGINT and SIGTERM (idempotent).
 pub fn install() {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
+    install_on(
+        &[libc::SIGINT, libc::SIGTERM],
+        libc::SA_RESETHAND | libc::SA_RESTART,
+    );
+}
+
+/// Install the handler for `provium console`: SIGTERM, SIGHUP and SIGINT,
+/// kept installed (each one detaches; the console polls [`received`]).
+pub fn install_for_console() {
+    install_on(
+        &[libc::SIGTERM, libc::SIGHUP, libc::SIGINT],
+        libc::SA_RESTART,
+    );
+}
+
+fn install_on(sigs: &[libc::c_int], flags: libc::c_int) {
+    for &sig in sigs {
         // SAFETY: a zeroed sigaction is valid; the handler only stores an
         // atomic; sigemptyset/sigaction get valid pointers.
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = on_signal as *const () as libc::sighandler_t;
-            sa.sa_flags = libc::SA_RESETHAND | libc::SA_RESTART;
+            sa.sa_flags = flags;
             libc::sigemptyset(&mut sa.sa_mask);
             libc::sigaction(sig, &sa, std::ptr::null_mut());
         }
@@ -61,5 +82,42 @@ mod tests {
         assert_eq!(exit_code(libc::SIGINT), 130);
         assert_eq!(exit_code(libc::SIGTERM), 143);
         assert_eq!(signal_name(libc::SIGTERM), "SIGTERM");
+    }
+
+    /// The rule in the module doc, held: no other harness code installs a
+    /// signal handler (STYLE.md §5: signal setup is process-wide, in one
+    /// place).
+    #[test]
+    fn no_other_harness_code_installs_a_signal_handler() {
+        fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    walk(&path, out);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    out.push(path);
+                }
+            }
+        }
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        walk(&src, &mut files);
+        assert!(files.len() > 50, "the walk found harness/src");
+        let forbidden = ["libc::signal(", "libc::sigaction(", "signal_hook"];
+        let mut found = Vec::new();
+        for file in files.iter().filter(|f| !f.ends_with("runner/interrupt.rs")) {
+            let text = std::fs::read_to_string(file).unwrap();
+            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+            for (n, line) in code.lines().enumerate() {
+                if forbidden.iter().any(|f| line.contains(f)) {
+                    found.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
+                }
+            }
+        }
+        assert!(
+            found.is_empty(),
+            "install signal handlers in runner/interrupt.rs only:\n{}",
+            found.join("\n")
+        );
     }
 }
