@@ -4,6 +4,7 @@
 //! `--events-stdout`, `--events-socket`) through `report::event_stream`.
 //! The reporters' own events (`RunEvent`) live in `report::run_event`.
 
+use crate::lock::Locked;
 use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::sync::mpsc;
@@ -65,7 +66,7 @@ impl EventSocket {
         let c = clients.clone();
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
-                c.0.lock().unwrap().push(conn);
+                c.0.locked().push(conn);
             }
         });
         Ok(EventSocket { clients })

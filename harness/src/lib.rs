@@ -28,6 +28,7 @@ pub mod events;
 pub mod file_digest;
 pub mod fixture;
 pub mod host_memory;
+pub mod lock;
 pub mod lua;
 pub mod network;
 pub mod partition;

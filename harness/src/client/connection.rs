@@ -27,6 +27,7 @@
 //!   breaks the connection; an answer to a request never sent, a second
 //!   answer and a second end of a stream are protocol violations.
 
+use crate::lock::Locked;
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -683,7 +684,7 @@ pub(crate) fn take_done(st: &mut State, id: u64) -> Option<OpResult> {
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves plain data behind; keep going.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.locked()
     }
 
     fn wait_for<T>(
@@ -754,7 +755,7 @@ impl Shared {
             return Err(lost.error());
         }
         let res = {
-            let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+            let mut w = self.writer.locked();
             write_frame(&mut *w, body, self.max_frame_bytes)
         };
         res.map_err(|e| {

@@ -29,6 +29,7 @@
 //! Disks are not closed on their own scope: a VM's shutdown (explicit, or its
 //! auto-close) detaches its disks.
 
+use crate::lock::Locked;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
@@ -275,7 +276,7 @@ impl BootDrives {
     /// the guest nothing).
     pub fn given_to_guest(&self) {
         for (i, d) in self.disks.iter().enumerate() {
-            *d.0.guest_device.lock().unwrap() = Some(guest_device_name(i));
+            *d.0.guest_device.locked() = Some(guest_device_name(i));
         }
     }
 }
@@ -381,7 +382,7 @@ impl Disk {
     }
 
     pub fn image(&self) -> Option<PathBuf> {
-        self.0.image.lock().unwrap().clone()
+        self.0.image.locked().clone()
     }
 
     /// The fault set the VMM's block device shares.
@@ -401,7 +402,7 @@ impl Disk {
 
     /// `/dev/vdX` once booted into a guest, else None.
     pub fn guest_device(&self) -> Option<String> {
-        self.0.guest_device.lock().unwrap().clone()
+        self.0.guest_device.locked().clone()
     }
 
     /// `:size()`: the live image size, or the modelled size without one.
@@ -439,10 +440,10 @@ impl Disk {
         // Not under this disk's image lock: the check reads every sibling's
         // image, this disk's included.
         if let Some(list) = self.0.siblings.upgrade() {
-            let list = list.lock().unwrap();
+            let list = list.locked();
             check_image_unused(M, &self.0.vm_name, &abs, &list)?;
         }
-        let mut image = self.0.image.lock().unwrap();
+        let mut image = self.0.image.locked();
         if let Some(old) = image.as_ref() {
             return Err(already(old));
         }
@@ -704,7 +705,7 @@ mod tests {
             image: Some(f.path().to_path_buf()),
         };
         let d = Disk::new(env, "v", opts, &list);
-        list.lock().unwrap().push(d.clone());
+        list.locked().push(d.clone());
         (d, f, list)
     }
 

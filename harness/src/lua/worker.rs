@@ -1,6 +1,7 @@
 //! The Worker userdata: its own agent queue and handle namespace in the same
 //! guest, so test code can dispatch concurrent operations.
 
+use crate::lock::Locked;
 use std::sync::{Arc, Mutex};
 
 use mlua::{UserData, UserDataMethods, Value};
@@ -24,7 +25,7 @@ pub struct WorkerUd(Arc<WorkerInner>);
 
 impl Closeable for WorkerUd {
     fn auto_close(&self) -> Result<(), crate::runner::file::TestFailure> {
-        let w = self.0.worker.lock().unwrap().take();
+        let w = self.0.worker.locked().take();
         if let Some(w) = w {
             if self.0.vm.phase() == Phase::Booted {
                 if let Ok(w) = Arc::try_unwrap(w) {

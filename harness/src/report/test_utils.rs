@@ -1,5 +1,6 @@
 //! Test doubles for the renderers.
 
+use crate::lock::Locked;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
@@ -9,7 +10,7 @@ pub struct SharedBuffer(Arc<Mutex<Vec<u8>>>);
 
 impl SharedBuffer {
     pub fn bytes(&self) -> Vec<u8> {
-        self.0.lock().unwrap().clone()
+        self.0.locked().clone()
     }
 
     pub fn text(&self) -> String {
@@ -19,7 +20,7 @@ impl SharedBuffer {
 
 impl Write for SharedBuffer {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
+        self.0.locked().extend_from_slice(buf);
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {

@@ -6,6 +6,7 @@
 //! file is done it sends one [`ExecutorMessage::FileFinished`] back to the
 //! dispatcher and touches nothing else of the run.
 
+use crate::lock::Locked;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -78,7 +79,7 @@ impl Watchdog {
                 while !s.load(Ordering::SeqCst) {
                     let now = Instant::now();
                     let fired = {
-                        let mut dl = d.lock().unwrap();
+                        let mut dl = d.locked();
                         if let Some(sig) = interrupt::received().filter(|_| !interrupted) {
                             interrupted = true;
                             Some(CancelReason::Interrupted(sig))
@@ -107,7 +108,7 @@ impl Watchdog {
     }
 
     fn set_test_deadline(&self, timeout: Option<Duration>) {
-        self.deadlines.lock().unwrap().test = timeout.map(|d| (Instant::now() + d, d));
+        self.deadlines.locked().test = timeout.map(|d| (Instant::now() + d, d));
     }
 }
 

@@ -2,6 +2,7 @@
 //! factory that hands it out, so the dispatcher and executor are tested
 //! without Lua.
 
+use crate::lock::Locked;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -111,7 +112,7 @@ impl ScriptedFactory {
 
 impl FileRuntimeFactory for ScriptedFactory {
     fn open(&self, _: Arc<FileEnv>) -> Result<Box<dyn FileRuntime>, RuntimeSetupError> {
-        let mut slot = self.script.lock().unwrap();
+        let mut slot = self.script.locked();
         let script = if self.reuse {
             slot.clone()
         } else {

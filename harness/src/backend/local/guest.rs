@@ -5,6 +5,7 @@
 //! `snapshot.rs`), its interface configuration applied once its NICs are
 //! on their bridges again.
 
+use crate::lock::Locked;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -148,7 +149,7 @@ pub struct LocalGuest {
 impl LocalGuest {
     fn sandbox(&self) -> MutexGuard<'_, LocalSandbox> {
         // A panicked holder left nothing half-done that a kill must avoid.
-        self.sandbox.lock().unwrap_or_else(|p| p.into_inner())
+        self.sandbox.locked()
     }
 
     /// The running sandbox, or why not.

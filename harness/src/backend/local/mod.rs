@@ -32,6 +32,7 @@ pub mod net;
 pub mod netconfig;
 pub mod snapshot;
 
+use crate::lock::Locked;
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
@@ -364,11 +365,7 @@ impl LocalSandbox {
 
     /// Whether the sandbox's init is still running.
     pub fn is_running(&self) -> bool {
-        self.exit
-            .0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none()
+        self.exit.0.locked().is_none()
     }
 
     /// A new connection to the agent, handshake done.
@@ -420,7 +417,7 @@ impl LocalSandbox {
     }
 
     fn exit_status(&self) -> Option<i32> {
-        *self.exit.0.lock().unwrap_or_else(|p| p.into_inner())
+        *self.exit.0.locked()
     }
 
     fn log_tail(&self) -> String {
@@ -605,7 +602,7 @@ fn keep(plan: InitPlan, tx: mpsc::Sender<Started>, exit: ExitSlot) {
         }
     }
     let (lock, cond) = &*exit;
-    *lock.lock().unwrap_or_else(|p| p.into_inner()) = Some(status);
+    *lock.locked() = Some(status);
     cond.notify_all();
     drop(plan);
 }
