@@ -42,7 +42,7 @@ pub mod uplink;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use impair::Impairment;
-pub use kernel_path::{KernelNic, KernelPathError, WireCount};
+pub use kernel_path::{KernelNic, KernelPathError, WireCount, WireNumbers};
 pub use mac::{MacAddr, MAX_FRAME_BYTES};
 pub use offload::{OffloadError, Offloads, VnetHdr};
 pub use pcap::{Capture, CaptureScope};

@@ -316,6 +316,7 @@ impl Bridge {
             SwitchConfig {
                 run_seed: env.run_seed,
                 kernel_path: opts.kernel_path,
+                wire_numbers: env.wire_numbers.clone(),
                 ..SwitchConfig::default()
             },
         );

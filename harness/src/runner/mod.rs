@@ -161,6 +161,10 @@ pub struct FileEnv {
     /// The run seed: every bridge's drop pattern derives from it (and the
     /// bridge name), so the same seed reproduces the same drops.
     pub run_seed: u64,
+    /// Where this file's bridges number their kernel-path wires: one
+    /// counter for all of them, since a sandbox on two bridges has both
+    /// bridges' wires in its namespace.
+    pub wire_numbers: provium_netsetup::WireNumbers,
     /// The run's resources, which this file's join.
     run_resources: RunResources,
     cancelled: AtomicBool,
@@ -190,6 +194,7 @@ impl FileEnv {
             machines,
             events,
             run_seed: 0,
+            wire_numbers: provium_netsetup::WireNumbers::default(),
             run_resources: RunResources::default(),
             cancelled: AtomicBool::new(false),
             cancel_reason: Mutex::new(None),
