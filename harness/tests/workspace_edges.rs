@@ -748,9 +748,42 @@ fn the_static_check_sees_counters_and_spares_constants_and_tests() {
 /// Strongly connected groups of modules that are still circles, each with
 /// why it is one. This list only shrinks: every entry must match a cycle
 /// that exists (a stale one fails), and every cycle must be listed.
-/// Empty now: lua/'s circles (every userdata held a `Vm`) went with the
-/// per-VM context (`lua::vm_ctx`), and the others with earlier work.
-const KNOWN_CYCLES: &[(&str, &[&str])] = &[];
+/// harness/ and agent/ have none: lua/'s circles (every userdata held a
+/// `Vm`) went with the per-VM context (`lua::vm_ctx`), and the others with
+/// earlier work. The other crates' (checked since issue 27):
+/// - netsetup's switch: `delay` (the delay queues) and `forward` and
+///   `topology` (the port table) call each other; issue 27 asks for the
+///   circle to be broken;
+/// - each vmm virtio device's `device.rs` and `persist.rs`: Firecracker's
+///   file roles (STYLE.md §1) make them two halves of one type (`persist`
+///   builds the device from its state, `device` names its state type).
+const KNOWN_CYCLES: &[(&str, &[&str])] = &[
+    (
+        "netsetup",
+        &["switch::delay", "switch::forward", "switch::topology"],
+    ),
+    (
+        "vmm",
+        &[
+            "devices::virtio::block::device",
+            "devices::virtio::block::persist",
+        ],
+    ),
+    (
+        "vmm",
+        &[
+            "devices::virtio::net::device",
+            "devices::virtio::net::persist",
+        ],
+    ),
+    (
+        "vmm",
+        &[
+            "devices::virtio::rng::device",
+            "devices::virtio::rng::persist",
+        ],
+    ),
+];
 
 /// Source with comments, string/char literal contents and `#[cfg(test)]`
 /// items removed; and the names of the file modules those items declared
@@ -1103,16 +1136,23 @@ fn unexpected_cycles(
     problems
 }
 
+/// Every workspace crate's src/, by its folder name (`root`: harness/).
+fn every_crate_src(root: &Path) -> Vec<(&'static str, std::path::PathBuf)> {
+    [
+        "harness", "agent", "protocol", "snapshot", "netsetup", "vmm",
+    ]
+    .into_iter()
+    .map(|k| (k, root.join("..").join(k).join("src")))
+    .collect()
+}
+
 #[test]
-fn harness_and_agent_modules_import_no_circle() {
+fn every_crates_modules_import_no_circle() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut problems = Vec::new();
-    for (krate, src) in [
-        ("harness", root.join("src")),
-        ("agent", root.join("../agent/src")),
-    ] {
+    for (krate, src) in every_crate_src(root) {
         let files = rust_files(&src);
-        assert!(files.len() > 10, "the walk found {}", src.display());
+        assert!(files.len() > 5, "the walk found {}", src.display());
         problems.extend(unexpected_cycles(krate, &files, KNOWN_CYCLES));
     }
     assert!(
