@@ -30,6 +30,7 @@
 #![warn(missing_docs)]
 
 pub mod clock;
+pub mod fnv1a;
 pub mod impair;
 pub mod kernel_path;
 pub mod mac;
