@@ -4,7 +4,6 @@
 //! `--events-stdout`, `--events-socket`) through `report::event_stream`.
 //! The reporters' own events (`RunEvent`) live in `report::run_event`.
 
-use crate::lock::Locked;
 use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::sync::mpsc;
@@ -12,6 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use provium_protocol::{Event, EventFrame};
 
+use crate::lock::Locked;
 use crate::report::event_stream::{EventStreamWriter, Sink, SocketClients as Clients};
 
 /// A cheap, cloneable handle producers use to emit events.

@@ -27,7 +27,6 @@
 //!   breaks the connection; an answer to a request never sent, a second
 //!   answer and a second end of a stream are protocol violations.
 
-use crate::lock::Locked;
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -47,6 +46,7 @@ use provium_protocol::wire::{
 use provium_protocol::{decode, encode, ProtocolError, MAX_CHUNK_BYTES, STREAM_WINDOW_BYTES};
 
 use super::error::ClientError;
+use crate::lock::Locked;
 
 /// When a call gives up, with the budget it was given: a timeout error
 /// names the budget, which is what the caller set.

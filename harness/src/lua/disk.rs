@@ -29,7 +29,6 @@
 //! Disks are not closed on their own scope: a VM's shutdown (explicit, or its
 //! auto-close) detaches its disks.
 
-use crate::lock::Locked;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
@@ -59,6 +58,7 @@ pub enum DiskError {
     ImageGone { id: String, reason: String },
 }
 use crate::config::parse_size;
+use crate::lock::Locked;
 use crate::runner::FileEnv;
 
 /// `size` when `vm:attach_disk` gives none (the reference's default).

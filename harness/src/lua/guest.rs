@@ -2,7 +2,6 @@
 //! files, handles, tails, syscall/ioctl and batch, dispatched through the
 //! agent client (`AgentOps`) of the VM or of the worker.
 
-use crate::lock::Locked;
 use mlua::{Lua, MultiValue, Table, UserData, UserDataMethods, Value};
 use provium_protocol::op::{
     IoctlSpec, NestedPtr, Op, OpenMode, SyscallSpec, TailSource, TailStart,
@@ -14,6 +13,7 @@ use super::process::ProcessUd;
 use super::run_result::RunResult;
 use super::vm_ctx::{client_err, Ops, VmCtx};
 use super::{command, err, rust_err};
+use crate::lock::Locked;
 
 /// A userdata that can run guest operations.
 pub trait GuestTarget: Sized + 'static {

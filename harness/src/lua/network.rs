@@ -29,7 +29,6 @@
 //! The bridge's state lock may take a VM's state lock (its phase); VM code
 //! never calls into a bridge while holding its own state lock.
 
-use crate::lock::Locked;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
@@ -46,6 +45,7 @@ use super::stream::{creation_site, Stream};
 use super::vm_ctx::VmCtx;
 use super::{err, rust_err};
 use crate::backend::{lone_port, plan_nics, BackendError, Guest, NicSource, NicSpec};
+use crate::lock::Locked;
 pub use crate::network::{nic_mac, BridgeOpts, DEFAULT_UPLINK_ADDR, UPLINK_PORT};
 use crate::runner::{CloseKind, Closeable, FileEnv};
 

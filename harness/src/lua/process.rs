@@ -1,6 +1,5 @@
 //! The Process userdata: an async guest process from `run_async`.
 
-use crate::lock::Locked;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,6 +11,7 @@ use super::run_result::RunResult;
 use super::vm_ctx::VmCtx;
 use super::{duration, err};
 use crate::client::Process;
+use crate::lock::Locked;
 use crate::runner::{CloseKind, Closeable};
 
 struct ProcInner {

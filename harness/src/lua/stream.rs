@@ -2,7 +2,6 @@
 //! read_until, expect, drain, close, eof, creation_site. Bytes past a match
 //! are kept as `pending` and replayed first, so nothing is lost.
 
-use crate::lock::Locked;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -10,6 +9,7 @@ use mlua::{Lua, UserData, UserDataMethods, Value};
 
 use super::{duration, err};
 use crate::client::{ClientError, StreamReader};
+use crate::lock::Locked;
 use crate::runner::{CloseKind, Closeable, FileEnv};
 
 const DEFAULT_NEXT: Duration = Duration::from_secs(10);

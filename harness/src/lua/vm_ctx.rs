@@ -13,7 +13,6 @@
 //! The state lock is held only by the VM's own thread; the machine slot is
 //! held only briefly, so the watchdog can always reach the kill switch.
 
-use crate::lock::Locked;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
@@ -25,6 +24,7 @@ use super::stream::{ByteSource, Stream};
 use super::{err, rust_err};
 use crate::backend::{Capabilities, Guest};
 use crate::client::{AgentClient, AgentOps, ClientError};
+use crate::lock::Locked;
 use crate::runner::{FileEnv, LiveResource};
 
 /// The agent operations a guest op runs on (the VM's or a worker's).

@@ -1,7 +1,6 @@
 //! The Worker userdata: its own agent queue and handle namespace in the same
 //! guest, so test code can dispatch concurrent operations.
 
-use crate::lock::Locked;
 use std::sync::{Arc, Mutex};
 
 use mlua::{UserData, UserDataMethods, Value};
@@ -12,6 +11,7 @@ use super::phase::Phase;
 use super::process::signal_arg;
 use super::vm_ctx::{Ops, VmCtx};
 use crate::client::{AgentOps, Worker};
+use crate::lock::Locked;
 use crate::runner::{CloseKind, Closeable};
 
 struct WorkerInner {

@@ -1,8 +1,9 @@
 //! Test doubles for the renderers.
 
-use crate::lock::Locked;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
+
+use crate::lock::Locked;
 
 /// A `Write` whose bytes the test reads back after the writer is gone.
 #[derive(Clone, Default)]

@@ -10,7 +10,6 @@ pub mod filter;
 pub mod interrupt;
 pub mod outcome;
 
-use crate::lock::Locked;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -21,6 +20,7 @@ use crate::backend::Backend;
 use crate::config::Config;
 use crate::events::EventSender;
 use crate::file_digest::FileDigests;
+use crate::lock::Locked;
 
 /// Which backend creates VMs for this run (defined with the backends).
 pub use crate::backend::BackendKind;

@@ -6,7 +6,6 @@
 //! file is done it sends one [`ExecutorMessage::FileFinished`] back to the
 //! dispatcher and touches nothing else of the run.
 
-use crate::lock::Locked;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -14,6 +13,7 @@ use std::time::{Duration, Instant};
 use provium_protocol::event::{Event, TestFailed, TestPassed, TestSkipped, TestStarted};
 
 use super::messages::{ExecutorMessage, Reservation};
+use crate::lock::Locked;
 use crate::runner::file::{FileRuntimeFactory, LoadFailure, TestFailure, TestRun, POISONED};
 use crate::runner::filter::TestFilter;
 use crate::runner::outcome::{FileOutcome, TestReport, TestStatus};

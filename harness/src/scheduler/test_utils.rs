@@ -2,13 +2,13 @@
 //! factory that hands it out, so the dispatcher and executor are tested
 //! without Lua.
 
-use crate::lock::Locked;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use provium_protocol::meta::MetaMap;
 
+use crate::lock::Locked;
 use crate::runner::file::{
     FileRuntime, FileRuntimeFactory, LoadFailure, LoadedFile, RuntimeSetupError, TestFailure,
     TestRun,

@@ -5,7 +5,6 @@
 //! `snapshot.rs`), its interface configuration applied once its NICs are
 //! on their bridges again.
 
-use crate::lock::Locked;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -17,6 +16,7 @@ use crate::backend::{
     Backend, BackendError, Capabilities, Guest, MachineSpec, NicKind, Stopped, Support,
 };
 use crate::client::AgentClient;
+use crate::lock::Locked;
 
 /// Refusal for virtio-net configs handed to the local backend.
 const LOCAL_NICS: &str = "virtio-net devices need the kvm backend (the local sandbox uses TAPs)";

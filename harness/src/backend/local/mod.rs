@@ -32,7 +32,6 @@ pub mod net;
 pub mod netconfig;
 pub mod snapshot;
 
-use crate::lock::Locked;
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
@@ -46,6 +45,7 @@ use std::time::{Duration, Instant};
 
 use crate::agent_search::{AgentSearch, AgentSearchError};
 use crate::client::{AgentClient, ClientError, ClientOptions};
+use crate::lock::Locked;
 use crate::settings::Settings;
 use init::{InitPlan, Step};
 

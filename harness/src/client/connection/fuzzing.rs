@@ -11,7 +11,6 @@
 //! passed, so nothing blocks. [`Driver::check`] asserts the invariants the
 //! module doc promises after every step.
 
-use crate::lock::Locked;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,6 +20,7 @@ use provium_protocol::wire::{AgentFrame, Channel, HostFrame};
 use provium_protocol::{decode, STREAM_WINDOW_BYTES};
 
 use super::{AgentClient, ClientOptions, Deadline, Guard, Handshake, Lost, Shared, State};
+use crate::lock::Locked;
 
 /// A deadline that has already passed: the fuzzer's calls never wait.
 fn now() -> Deadline {

@@ -2,7 +2,6 @@
 //! settings (`provium.timeout`, `provium.reset_between_tests`), the
 //! one-shot resource claim, and named barriers.
 
-use crate::lock::Locked;
 use std::collections::BTreeMap;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -12,6 +11,7 @@ use provium_protocol::event::{ClaimAcquired, Event, ResourceAmount};
 
 use super::Lab;
 use crate::config::parse_size;
+use crate::lock::Locked;
 use crate::lua::{duration, err, rust_err};
 
 /// File-level settings and one-shot primitives.

@@ -17,7 +17,6 @@ mod persist;
 mod state;
 mod topology;
 
-use crate::lock::Locked;
 use std::sync::{Arc, Mutex};
 
 use mlua::{Lua, Value};
@@ -26,6 +25,7 @@ use provium_protocol::event::{ClaimReleased, Event};
 use self::file_scope::FileScope;
 pub use self::fixture::ChunkBuilder;
 use self::state::LabState;
+use crate::lock::Locked;
 use crate::lua::network::NetworkError;
 use crate::runner::FileEnv;
 

@@ -4,12 +4,12 @@
 //! restores each VM into it. `provium.reset_between_tests` is the same pair
 //! around each test, from a baseline taken after the file's chunk.
 
-use crate::lock::Locked;
 use std::path::{Path, PathBuf};
 
 use mlua::{Lua, Value};
 
 use super::Lab;
+use crate::lock::Locked;
 use crate::lua::network::Bridge;
 use crate::lua::snapshot::{self, LabSnapshotUd};
 use crate::lua::vm::{Phase, RestoreError, Vm, VmSizing};

@@ -3,12 +3,12 @@
 //! name is taken once per lab, is never one of [`RESERVED_NAMES`], and in a
 //! test scope does not shadow a name of the file root.
 
-use crate::lock::Locked;
 use std::collections::BTreeMap;
 
 use mlua::{Lua, Table, Value};
 
 use super::{Lab, RESERVED_NAMES};
+use crate::lock::Locked;
 use crate::lua::err;
 use crate::lua::network::Bridge;
 use crate::lua::vm::Vm;

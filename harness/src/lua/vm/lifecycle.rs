@@ -3,7 +3,6 @@
 //! `vm:shutdown`. Each asks the backend's capabilities how to wire NICs and
 //! disks; none knows which backend runs.
 
-use crate::lock::Locked;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -16,6 +15,7 @@ use crate::backend::DiskPlan;
 use crate::backend::{Guest, MachineSpec};
 use crate::client::AgentClient;
 use crate::error_chain::flatten;
+use crate::lock::Locked;
 use crate::lua::disk::{BootDrives, Disk};
 use crate::lua::network::{MachineNic, VmmNics};
 use crate::lua::snapshot::{VmDecl, VmDevices};

@@ -12,7 +12,6 @@ mod opts;
 #[cfg(test)]
 pub(crate) mod test_utils;
 
-use crate::lock::Locked;
 use std::ops::Deref;
 use std::sync::{Arc, Mutex};
 
@@ -30,6 +29,7 @@ use super::vm_ctx::{Ops, VmCtx};
 use super::{err, rust_err};
 use crate::backend::{Guest, MachineSpec};
 use crate::client::AgentClient;
+use crate::lock::Locked;
 use crate::runner::{CloseKind, Closeable, FileEnv};
 
 pub struct VmInner {
