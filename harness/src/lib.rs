@@ -37,4 +37,6 @@ pub mod runner;
 pub mod scheduler;
 pub mod script_error;
 pub mod settings;
+#[cfg(test)]
+mod source_scan;
 pub mod verified_entries;

@@ -44,35 +44,14 @@ mod tests {
     /// No other harness code takes a lock another way (test code may).
     #[test]
     fn every_lock_goes_through_locked() {
-        fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
-            for entry in std::fs::read_dir(dir).unwrap() {
-                let path = entry.unwrap().path();
-                if path.is_dir() {
-                    walk(&path, out);
-                } else if path.extension().is_some_and(|e| e == "rs") {
-                    out.push(path);
-                }
-            }
-        }
-        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        let mut files = Vec::new();
-        walk(&src, &mut files);
-        assert!(files.len() > 50, "the walk found harness/src");
-        let forbidden = [
-            ".lock().unwrap()",
-            ".lock().expect(",
-            ".lock().unwrap_or_else(",
-        ];
-        let mut found = Vec::new();
-        for file in files.iter().filter(|f| !f.ends_with("src/lock.rs")) {
-            let text = std::fs::read_to_string(file).unwrap();
-            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
-            for (n, line) in code.lines().enumerate() {
-                if forbidden.iter().any(|f| line.contains(f)) {
-                    found.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
-                }
-            }
-        }
+        let found = crate::source_scan::lines_containing(
+            "src/lock.rs",
+            &[
+                ".lock().unwrap()",
+                ".lock().expect(",
+                ".lock().unwrap_or_else(",
+            ],
+        );
         assert!(
             found.is_empty(),
             "take locks with crate::lock::Locked::locked:\n{}",

@@ -89,31 +89,10 @@ mod tests {
     /// place).
     #[test]
     fn no_other_harness_code_installs_a_signal_handler() {
-        fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
-            for entry in std::fs::read_dir(dir).unwrap() {
-                let path = entry.unwrap().path();
-                if path.is_dir() {
-                    walk(&path, out);
-                } else if path.extension().is_some_and(|e| e == "rs") {
-                    out.push(path);
-                }
-            }
-        }
-        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        let mut files = Vec::new();
-        walk(&src, &mut files);
-        assert!(files.len() > 50, "the walk found harness/src");
-        let forbidden = ["libc::signal(", "libc::sigaction(", "signal_hook"];
-        let mut found = Vec::new();
-        for file in files.iter().filter(|f| !f.ends_with("runner/interrupt.rs")) {
-            let text = std::fs::read_to_string(file).unwrap();
-            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
-            for (n, line) in code.lines().enumerate() {
-                if forbidden.iter().any(|f| line.contains(f)) {
-                    found.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
-                }
-            }
-        }
+        let found = crate::source_scan::lines_containing(
+            "runner/interrupt.rs",
+            &["libc::signal(", "libc::sigaction(", "signal_hook"],
+        );
         assert!(
             found.is_empty(),
             "install signal handlers in runner/interrupt.rs only:\n{}",
