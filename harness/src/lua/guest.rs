@@ -421,12 +421,8 @@ pub fn add_guest_methods<T: GuestTarget + UserData, M: UserDataMethods<T>>(m: &m
             let method = name("run");
             let run = command::parse(&method, cmd, second, true)?;
             let ops = this.ops()?;
-            let out = this.ctx().guard_op(&method, || ops.exec(run.into_exec()))?;
-            Ok(RunResult {
-                exit: out.exit,
-                stdout: out.stdout,
-                stderr: out.stderr,
-            })
+            let out: RunResult = this.ctx().guard_op(&method, || ops.exec(run.into_exec()))?;
+            Ok(out)
         },
     );
     m.add_method(

@@ -7,7 +7,6 @@ use mlua::{Lua, UserData, UserDataMethods, Value};
 use provium_protocol::signal::{parse_signal, SIGTERM};
 
 use super::phase::Phase;
-use super::run_result::RunResult;
 use super::vm_ctx::VmCtx;
 use super::{duration, err};
 use crate::client::Process;
@@ -95,7 +94,7 @@ impl UserData for ProcessUd {
             let out = this.with("wait", |p| p.wait(timeout))?;
             // The agent slot is gone: the Process is consumed.
             this.0.proc.locked().take();
-            Ok(RunResult { exit: out.exit, stdout: out.stdout, stderr: out.stderr })
+            Ok(out)
         });
         let kill = |_: &Lua, this: &ProcessUd, sig: Value| {
             let sig = signal_arg(sig, "proc:kill")?;
