@@ -30,10 +30,15 @@ pub mod file_digest;
 pub mod fixture;
 pub mod host_memory;
 pub mod kernel;
+pub mod lock;
 pub mod lua;
+pub mod network;
 pub mod partition;
 pub mod report;
 pub mod runner;
 pub mod scheduler;
+pub mod script_error;
 pub mod settings;
+#[cfg(test)]
+mod source_scan;
 pub mod verified_entries;

@@ -343,11 +343,11 @@ fn tiny_profile(dir: &Path) -> provium::config::Profile {
 /// A booted kvm machine refuses a new NIC, naming the fix.
 #[test]
 fn kvm_machine_nic_sends_to_the_switch_and_follows_the_link() {
+    use provium::backend::NicSpec;
     use provium::backend::{self, BackendKind, MachineSpec};
     use provium::error_chain::flatten;
     use provium::lua::bridge::nic_mac;
     use provium_netsetup::{Switch, SwitchConfig};
-    use provium_vmm::vmm_config::NetConfig;
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -373,7 +373,7 @@ fn kvm_machine_nic_sends_to_the_switch_and_follows_the_link() {
         ..MachineSpec::default()
     };
     let spec = MachineSpec {
-        nics: vec![NetConfig::on_port(port)],
+        nics: vec![NicSpec::on_port(port)],
         ..bare.clone()
     };
     let kvm = backend::for_kind(BackendKind::Kvm);
@@ -426,7 +426,7 @@ fn kvm_machine_nic_sends_to_the_switch_and_follows_the_link() {
     let peer2 = lan2
         .attach("peer", "02:00:00:00:00:98".parse().unwrap())
         .unwrap();
-    let nic2 = NetConfig::on_port(Arc::new(lan2.attach("v", mac).unwrap()));
+    let nic2 = NicSpec::on_port(Arc::new(lan2.attach("v", mac).unwrap()));
     let with_nic2 = MachineSpec {
         nics: vec![nic2],
         ..bare.clone()
@@ -638,12 +638,12 @@ mod restored_devices {
 
     use provium::backend::kvm::KvmMachine;
     use provium::backend::{CidAllocator, MachineSpec};
+    use provium::backend::{DiskSpec, NicSpec};
     use provium::lua::bridge::nic_mac;
     use provium::lua::snapshot::{
         DiskDecl, NicDecl, VmDecl, VmDevices, VM_DECL_SECTION, VM_DEVICES_SECTION,
     };
     use provium_netsetup::{Switch, SwitchConfig};
-    use provium_vmm::vmm_config::{DriveConfig, NetConfig};
 
     const TINY: &str = "[profiles.tiny]\nkernel = \"tiny.bzImage\"\ncmdline = \"tiny\"\nguest_os = \"linux\"\ninject_agent = false\n";
     const IMAGE_BYTES: u64 = 1 << 20;
@@ -673,10 +673,9 @@ mod restored_devices {
             memory_bytes: 64 << 20,
             cpus: 1,
             settings: provium::settings::Settings::from_env(),
-            nics: vec![NetConfig::on_port(Arc::new(lan.attach("v", mac).unwrap()))],
-            drives: vec![DriveConfig {
-                path: image.to_path_buf(),
-                read_only: false,
+            nics: vec![NicSpec::on_port(Arc::new(lan.attach("v", mac).unwrap()))],
+            disks: vec![DiskSpec {
+                image: image.to_path_buf(),
                 id: "vda".into(),
                 faults: Default::default(),
             }],

@@ -15,6 +15,7 @@ pub mod error;
 pub mod kvm;
 pub mod local;
 pub mod spec;
+pub mod vmm_models;
 
 use std::os::fd::OwnedFd;
 use std::path::Path;
@@ -23,9 +24,13 @@ use std::sync::Arc;
 pub use capabilities::{Capabilities, NicKind, Support};
 pub use cid::CidAllocator;
 pub use error::BackendError;
-pub use spec::MachineSpec;
-
-use provium_vmm::BootSource;
+pub use spec::{DiskSpec, MachineSpec, NicSpec};
+pub use vmm_models::{BootSource, BootTimer, Console, ConsoleRead, ConsoleSubscriber, DiskFaults};
+// How a restore fits the snapshot's devices into a machine whose devices
+// are fixed when it is built (kvm's, `Capabilities::device_snapshots`):
+// pure plans over names the Lua layer applies to its bridges and disks.
+pub use kvm::disk_plan::{plan_disks, DiskPlan, DiskPlanError};
+pub use kvm::nic_plan::{lone_port, plan_nics, NicPlanError, NicSource};
 
 use crate::client::AgentClient;
 
@@ -146,7 +151,7 @@ pub trait Guest: Send + Sync {
     fn snapshot_to(&self, path: &Path, extra: &[(&str, Vec<u8>)]) -> Result<u64, BackendError>;
 
     /// The serial console (log, live subscribers, input), where there is one.
-    fn console(&self) -> Option<Arc<provium_vmm::Console>>;
+    fn console(&self) -> Option<Arc<Console>>;
 
     /// The last `max` bytes of the console log (lossy UTF-8), where there
     /// is a console.

@@ -1,13 +1,20 @@
 //! [`MachineSpec`]: everything one boot or restore needs, in one shape.
 //! The Lua layer (`lua::vm`) builds it from a VM's declaration and
 //! `vm:boot` opts; each backend takes what it has (the kvm backend turns it
-//! into the VMM's `VmConfig` once, in `backend/kvm/config.rs`) and refuses
-//! what it cannot honour.
+//! into the VMM's `VmConfig` once, in `backend/kvm/config.rs`, its devices
+//! in `backend/kvm/devices.rs`) and refuses what it cannot honour.
+//!
+//! The spec speaks the harness's vocabulary, not a backend's: a NIC is a
+//! switch port ([`NicSpec`]), a disk an image with its fault set
+//! ([`DiskSpec`]). Only `backend/kvm/` knows the VMM's device configs.
 
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
-use provium_vmm::boot_timer::BootTimer;
-use provium_vmm::vmm_config::{DriveConfig, NetConfig};
+use provium_netsetup::{MacAddr, Port};
+
+use super::vmm_models::{BootTimer, DiskFaults};
 
 use crate::config::Profile;
 use crate::settings::Settings;
@@ -34,13 +41,13 @@ pub struct MachineSpec {
     /// Inject the agent into the initrd (the profile's `inject_agent`;
     /// `provium console` only with `--agent`).
     pub inject_agent: bool,
-    /// virtio-net devices, one per attached bridge in bridge-name order
-    /// (the guest's eth0, eth1, …; `lua::nic::vmm_ports`); their ports are
-    /// already on the switches.
-    pub nics: Vec<NetConfig>,
+    /// NICs fixed when the machine is built, one per attached bridge in
+    /// bridge-name order (the guest's eth0, eth1, …;
+    /// `lua::network::vmm_ports`); their ports are already on the switches.
+    pub nics: Vec<NicSpec>,
     /// The VM's disks in attach order (the guest's vda, vdb, …); each
     /// carries its Disk userdata's fault set (`lua::disk::boot_drives`).
-    pub drives: Vec<DriveConfig>,
+    pub disks: Vec<DiskSpec>,
     /// The VMM boot timer to attach (`provium bench boot` keeps a clone and
     /// reads its marks); none for tests. A backend with no VMM ignores it.
     pub boot_timer: Option<BootTimer>,
@@ -53,6 +60,40 @@ pub struct MachineSpec {
     /// The environment `cli::main` read once: the agent search, the
     /// overlay cache, the kvm agent timeout and kvm_pvm override.
     pub settings: Settings,
+}
+
+/// One NIC of a machine: the switch port its frames go through. The guest
+/// sees the port's MAC; the port stays attached while the spec (or a
+/// machine built from it) holds it, and `Switch::disconnect` on it drops
+/// the guest's link.
+#[derive(Debug, Clone)]
+pub struct NicSpec {
+    pub port: Arc<Port>,
+}
+
+impl NicSpec {
+    /// A NIC on `port` (with the port's MAC).
+    pub fn on_port(port: Arc<Port>) -> NicSpec {
+        NicSpec { port }
+    }
+
+    /// The guest NIC's MAC: its port's.
+    pub fn mac(&self) -> MacAddr {
+        self.port.mac()
+    }
+}
+
+/// One disk of a machine, in the guest's device order.
+#[derive(Debug, Clone)]
+pub struct DiskSpec {
+    /// The disk's id (the guest reads it as the device's serial).
+    pub id: String,
+    /// The backing image (its size, rounded down to 512 bytes, is the
+    /// capacity).
+    pub image: PathBuf,
+    /// The disk's fault modes, shared with its `Disk` userdata: a change
+    /// reaches the running guest's requests.
+    pub faults: Arc<DiskFaults>,
 }
 
 impl MachineSpec {

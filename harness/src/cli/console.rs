@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use provium_vmm::ConsoleRead;
+use crate::backend::ConsoleRead;
 
 use super::load_config;
 use super::preflight::{kvm_usable, PreflightError};
@@ -35,12 +35,6 @@ pub struct ConsoleOpts {
     pub cpus: Option<u32>,
     pub cmdline: Option<String>,
     pub agent: bool,
-}
-
-static SIGNALLED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    SIGNALLED.store(true, Ordering::SeqCst);
 }
 
 /// Raw mode on the terminal at fd 0 while alive.
@@ -194,10 +188,7 @@ pub fn run(args: &RunArgs, profile_name: &str, opts: &ConsoleOpts) -> Result<i32
         machine.cid().unwrap_or_default(),
         if opts.agent { "with the" } else { "no" }
     );
-    for sig in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT] {
-        // SAFETY: the handler only stores to an atomic.
-        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
-    }
+    crate::runner::interrupt::install_for_console();
     let out_done = Arc::new(AtomicBool::new(false));
     let out_thread = {
         let machine = machine.clone();
@@ -245,11 +236,15 @@ pub fn run(args: &RunArgs, profile_name: &str, opts: &ConsoleOpts) -> Result<i32
     }
 }
 
-fn input_loop(machine: &dyn Guest, console: &provium_vmm::Console, out_done: &AtomicBool) -> Ended {
+fn input_loop(
+    machine: &dyn Guest,
+    console: &crate::backend::Console,
+    out_done: &AtomicBool,
+) -> Ended {
     let mut esc = Escape::default();
     let mut buf = [0u8; 1024];
     loop {
-        if SIGNALLED.load(Ordering::SeqCst) {
+        if crate::runner::interrupt::received().is_some() {
             return Ended::Detached("signal");
         }
         let stopped = machine.stopped();

@@ -27,8 +27,8 @@ pub enum ReplError {
     LuaState(mlua::Error),
     /// Booting the VM (or resuming the fixture) raised: the Lua error's
     /// message, as a test would see it.
-    #[error("{0}")]
-    Setup(String),
+    #[error(transparent)]
+    Setup(crate::script_error::ScriptError),
     #[error("repl: cannot read stdin")]
     Stdin(#[source] std::io::Error),
 }
@@ -71,7 +71,7 @@ pub fn run(
     lua_state
         .load(setup)
         .exec()
-        .map_err(|e| ReplError::Setup(lua::error_message(&e)))?;
+        .map_err(|e| ReplError::Setup(crate::script_error::ScriptError(e)))?;
     let shown: String = lua_state
         .load("return vm:name() .. ' (' .. vm:profile() .. ')'")
         .eval()

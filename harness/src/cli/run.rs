@@ -71,8 +71,8 @@ pub enum RunError {
         source: std::io::Error,
     },
     /// The preflight refused the backend (its message names the fix).
-    #[error("{0}")]
-    Preflight(String),
+    #[error(transparent)]
+    Preflight(#[from] crate::cli::preflight::PreflightError),
     /// Discovering the test files failed (it names the path).
     #[error(transparent)]
     Discover(#[from] crate::discover::DiscoverError),
@@ -267,8 +267,7 @@ pub fn run(args: &RunArgs) -> Result<i32, RunError> {
     let backend = choose_backend(args.vmm, &config);
     crate::runner::interrupt::install();
     if !args.no_preflight {
-        preflight::check(backend, args.coverage, &args.settings)
-            .map_err(|e| RunError::Preflight(crate::error_chain::flatten(&e)))?;
+        preflight::check(backend, args.coverage, &args.settings)?;
     }
     if !args.no_build {
         run_builds(&config, None)?;

@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use mlua::{Table, UserData, UserDataMethods, Value};
 
-use super::err;
 /// Where integration tests have always found it (the MAC a NIC gets).
 pub use super::network::nic_mac;
 use super::network::{Bridge, DEFAULT_UPLINK_ADDR};
 use super::nic::{u64_value, Nic};
 use super::vm::Vm;
+use super::{err, rust_err};
 
 /// A VM argument: a VM userdata, or a bare name (graph-state only).
 pub fn vm_ref(v: &Value, what: &str) -> mlua::Result<(String, Option<Vm>)> {
@@ -142,7 +142,7 @@ impl UserData for Bridge {
                     let (from, to, _) = directional(t, None, "bridge:partition")?;
                     this.check_realised("partition", &[&from, &to])?;
                     sw.partition_directional(&from, &to)
-                        .map_err(|e| err(format!("bridge:partition: {e}")))
+                        .map_err(|e| rust_err("bridge:partition", &e))
                 }
                 _ => {
                     let (a, _) = vm_ref(&a, "bridge:partition: first vm")?;
@@ -410,12 +410,7 @@ impl Bridge {
             }
             other => sw.set_drop_rate(number(other, "bridge:drop_rate: percent")?),
         };
-        r.map_err(|e| {
-            err(format!(
-                "bridge:drop_rate: {}",
-                crate::error_chain::flatten(&e)
-            ))
-        })
+        r.map_err(|e| rust_err("bridge:drop_rate", &e))
     }
 
     fn bandwidth(&self, v: &Value) -> mlua::Result<()> {

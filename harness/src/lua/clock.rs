@@ -3,7 +3,7 @@
 use mlua::{UserData, UserDataMethods, Value};
 
 use super::vm_ctx::VmCtx;
-use super::{duration, err};
+use super::{duration, err, rust_err};
 use crate::client::AgentOps;
 
 pub struct ClockUd {
@@ -40,12 +40,8 @@ fn seconds_arg(method: &str, v: Value) -> mlua::Result<f64> {
                 Some(rest) => (true, rest.to_string()),
                 None => (false, text.clone()),
             };
-            let d = duration::parse_duration_str(&body).map_err(|e| {
-                err(format!(
-                    "clock:{method}: {}",
-                    crate::error_chain::flatten(&e)
-                ))
-            })?;
+            let d = duration::parse_duration_str(&body)
+                .map_err(|e| rust_err(&format!("clock:{method}"), &e))?;
             Ok(if neg {
                 -d.as_secs_f64()
             } else {

@@ -9,13 +9,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::backend::{Console, ConsoleRead, ConsoleSubscriber};
 use mlua::{Table, UserData, UserDataMethods, Value};
-use provium_vmm::{ConsoleRead, ConsoleSubscriber};
 
 use super::phase::Phase;
 use super::stream::{ByteSource, StreamError};
 use super::vm_ctx::VmCtx;
-use super::{duration, err};
+use super::{duration, err, rust_err};
 use crate::backend::Guest;
 
 /// Largest chunk a ConsoleStream returns (the reference's 64 KiB).
@@ -37,7 +37,7 @@ impl ConsoleUd {
         ConsoleUd { vm, machine }
     }
 
-    fn console(&self, method: &str) -> mlua::Result<Arc<provium_vmm::Console>> {
+    fn console(&self, method: &str) -> mlua::Result<Arc<Console>> {
         if let Some(why) = self.vm.capabilities().console.refusal() {
             return Err(err(format!(
                 "console:{method}: vm `{}`: {why}",
@@ -93,7 +93,7 @@ impl ConsoleUd {
                 Err(e) => {
                     self.vm.env().check_cancelled()?;
                     if end.is_some_and(|end| Instant::now() >= end) {
-                        return Err(err(format!("console:write: {e}")));
+                        return Err(rust_err("console:write", &e));
                     }
                     std::thread::sleep(Duration::from_millis(10));
                 }
@@ -229,7 +229,7 @@ mod tests {
 
     #[test]
     fn console_source_chunks_and_eof() {
-        let c = provium_vmm::Console::new(1 << 20);
+        let c = Console::new(1 << 20);
         let mut s = ConsoleSource::new(c.subscribe());
         assert_eq!(s.next_chunk(Duration::from_millis(1)).unwrap(), None);
         assert!(!s.is_eof());
@@ -248,7 +248,7 @@ mod tests {
 
     #[test]
     fn closed_source_reads_nothing() {
-        let c = provium_vmm::Console::new(1024);
+        let c = Console::new(1024);
         let mut s = ConsoleSource::new(c.subscribe());
         c.push_output(b"x");
         s.close().unwrap();

@@ -3,8 +3,8 @@
 //! and the fault modes `eio_read`, `eio_write` and `slow`.
 //!
 //! # One fault set
-//! A disk's faults are the VMM block backend's own [`BlockFaults`], shared by
-//! `Arc`: the disk's `DriveConfig` carries the same object into the VM, so
+//! A disk's faults are one [`DiskFaults`] (the VMM block backend's model),
+//! shared by `Arc`: the disk's `DiskSpec` carries the same object into the VM, so
 //! `disk:fault_inject` fails or slows the *guest's* virtio-blk requests and
 //! the host-side `read_sectors` / `write_sectors` alike, and `detach` makes
 //! the guest's requests fail too (virtio-mmio has no hot-unplug: the device
@@ -34,13 +34,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use crate::backend::vmm_models::{DiskFaults, SECTOR_BYTES, SLOW_COMPLETION_MS};
+use crate::backend::DiskSpec;
 use mlua::{Lua, Table, UserData, UserDataMethods, Value};
-use provium_vmm::devices::virtio::block::defs::{SECTOR_BYTES, SLOW_COMPLETION_MS};
-use provium_vmm::devices::virtio::block::BlockFaults;
-use provium_vmm::vmm_config::DriveConfig;
 
-use super::err;
 use super::snapshot::DiskDecl;
+use super::{err, rust_err};
 
 /// Why a VM's disks cannot become its machine's drives, each naming the
 /// VM or disk and the fix.
@@ -51,18 +50,6 @@ pub enum DiskError {
          file; attach it with {{image = path}} or call disk:with_image(path) before vm:boot()"
     )]
     NoImage { vm: String, id: String },
-    /// A restore's attached disks are not the snapshot's device list.
-    #[error(
-        "vm `{vm}` has {live} disk(s) ({live_ids}) but the snapshot's VM had {want} ({want_ids}); \
-         attach as many disks, in the same order, before vm:restore, or none to use the snapshot's images"
-    )]
-    CountMismatch {
-        vm: String,
-        live: usize,
-        live_ids: String,
-        want: usize,
-        want_ids: String,
-    },
     /// The snapshot's image is not there (`reason`: what the path check said).
     #[error(
         "disk `{id}`: {reason} (a snapshot does not hold its disks' contents; put the image back, or \
@@ -71,6 +58,7 @@ pub enum DiskError {
     ImageGone { id: String, reason: String },
 }
 use crate::config::parse_size;
+use crate::lock::Locked;
 use crate::runner::FileEnv;
 
 /// `size` when `vm:attach_disk` gives none (the reference's default).
@@ -94,7 +82,7 @@ struct DiskInner {
     /// Absolute path of the backing file; set once (attach or `with_image`).
     image: Mutex<Option<PathBuf>>,
     /// Shared with the VMM's block device (see the module doc).
-    faults: Arc<BlockFaults>,
+    faults: Arc<DiskFaults>,
     /// `/dev/vdX` once a boot gave the disk to the guest.
     guest_device: Mutex<Option<String>>,
     siblings: Weak<Mutex<Vec<Disk>>>,
@@ -187,7 +175,9 @@ fn size_opt(v: Value) -> mlua::Result<u64> {
     const M: &str = "vm:attach_disk";
     let bytes = match v {
         Value::Integer(i) if i > 0 => i.unsigned_abs(),
-        Value::String(s) => parse_size(&s.to_str()?).map_err(|e| err(format!("{M}: size: {e}")))?,
+        Value::String(s) => {
+            parse_size(&s.to_str()?).map_err(|e| rust_err(&format!("{M}: size"), &e))?
+        }
         other => {
             return Err(err(format!(
                 "{M}: size must be a positive number of bytes or a string like \"64M\", got {}",
@@ -275,8 +265,8 @@ pub fn guest_device_name(index: usize) -> String {
 
 /// The drives of a kvm boot (see [`boot_drives`]) and their disks.
 pub struct BootDrives {
-    /// For `MachineSpec::drives`, in attach order.
-    pub drives: Vec<DriveConfig>,
+    /// For `MachineSpec::disks`, in attach order.
+    pub specs: Vec<DiskSpec>,
     disks: Vec<Disk>,
 }
 
@@ -286,7 +276,7 @@ impl BootDrives {
     /// the guest nothing).
     pub fn given_to_guest(&self) {
         for (i, d) in self.disks.iter().enumerate() {
-            *d.0.guest_device.lock().unwrap() = Some(guest_device_name(i));
+            *d.0.guest_device.locked() = Some(guest_device_name(i));
         }
     }
 }
@@ -303,7 +293,7 @@ pub fn boot_drives(vm_name: &str, disks: &[Disk]) -> Result<BootDrives, DiskErro
 /// [`DiskDecl`]s: a disk detached before the snapshot is still a device of
 /// the snapshot's machine).
 pub fn drives_of(vm_name: &str, disks: Vec<Disk>) -> Result<BootDrives, DiskError> {
-    let mut drives = Vec::with_capacity(disks.len());
+    let mut specs = Vec::with_capacity(disks.len());
     for d in &disks {
         let Some(path) = d.image() else {
             return Err(DiskError::NoImage {
@@ -311,14 +301,13 @@ pub fn drives_of(vm_name: &str, disks: Vec<Disk>) -> Result<BootDrives, DiskErro
                 id: d.0.id.clone(),
             });
         };
-        drives.push(DriveConfig {
-            path,
-            read_only: false,
+        specs.push(DiskSpec {
             id: d.0.id.clone(),
+            image: path,
             faults: d.0.faults.clone(),
         });
     }
-    Ok(BootDrives { drives, disks })
+    Ok(BootDrives { specs, disks })
 }
 
 impl BootDrives {
@@ -344,48 +333,6 @@ pub fn disk_decls(disks: &[Disk]) -> Vec<DiskDecl> {
         .collect()
 }
 
-/// Which disks a restore gives the machine (see [`plan_disks`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DiskPlan {
-    /// The VM's attached disks, as at a boot (the test chose them, e.g. a
-    /// copy of the image).
-    Attached,
-    /// New disks like the snapshot's (same ids and images).
-    FromSnapshot,
-}
-
-/// A restore's disks: the VM's attached (not detached) disks `live` when
-/// it has any, which must then be as many as the snapshot's `want` (the
-/// device list must match: a configuration mismatch otherwise); else the
-/// snapshot's own. A VM shut down has only detached disks, so it gets the
-/// snapshot's again.
-pub fn plan_disks(
-    vm_name: &str,
-    want: &[DiskDecl],
-    live: &[String],
-) -> Result<DiskPlan, DiskError> {
-    if live.is_empty() {
-        return Ok(DiskPlan::FromSnapshot);
-    }
-    if live.len() == want.len() {
-        return Ok(DiskPlan::Attached);
-    }
-    let ids = |v: Vec<&str>| {
-        if v.is_empty() {
-            "none".to_string()
-        } else {
-            v.join(", ")
-        }
-    };
-    Err(DiskError::CountMismatch {
-        vm: vm_name.to_owned(),
-        live: live.len(),
-        live_ids: ids(live.iter().map(String::as_str).collect()),
-        want: want.len(),
-        want_ids: ids(want.iter().map(|d| d.id.as_str()).collect()),
-    })
-}
-
 impl Disk {
     /// A new disk of VM `vm_name`, in its list `siblings` (the caller
     /// appends it).
@@ -395,7 +342,7 @@ impl Disk {
             vm_name: vm_name.to_string(),
             size_bytes: opts.size_bytes,
             image: Mutex::new(opts.image),
-            faults: Arc::new(BlockFaults::default()),
+            faults: Arc::new(DiskFaults::default()),
             guest_device: Mutex::new(None),
             siblings: Arc::downgrade(siblings),
             env,
@@ -435,11 +382,11 @@ impl Disk {
     }
 
     pub fn image(&self) -> Option<PathBuf> {
-        self.0.image.lock().unwrap().clone()
+        self.0.image.locked().clone()
     }
 
     /// The fault set the VMM's block device shares.
-    pub fn faults(&self) -> &Arc<BlockFaults> {
+    pub fn faults(&self) -> &Arc<DiskFaults> {
         &self.0.faults
     }
 
@@ -455,7 +402,7 @@ impl Disk {
 
     /// `/dev/vdX` once booted into a guest, else None.
     pub fn guest_device(&self) -> Option<String> {
-        self.0.guest_device.lock().unwrap().clone()
+        self.0.guest_device.locked().clone()
     }
 
     /// `:size()`: the live image size, or the modelled size without one.
@@ -493,10 +440,10 @@ impl Disk {
         // Not under this disk's image lock: the check reads every sibling's
         // image, this disk's included.
         if let Some(list) = self.0.siblings.upgrade() {
-            let list = list.lock().unwrap();
+            let list = list.locked();
             check_image_unused(M, &self.0.vm_name, &abs, &list)?;
         }
-        let mut image = self.0.image.lock().unwrap();
+        let mut image = self.0.image.locked();
         if let Some(old) = image.as_ref() {
             return Err(already(old));
         }
@@ -638,7 +585,7 @@ impl Disk {
     /// `disk:fault_inject(mode)`.
     pub fn fault_inject(&self, mode: &Value) -> mlua::Result<()> {
         const M: &str = "disk:fault_inject";
-        let valid = BlockFaults::MODES.join(", ");
+        let valid = DiskFaults::MODES.join(", ");
         let Value::String(s) = mode else {
             return Err(err(format!(
                 "{M}: mode must be a string (valid: {valid}), got {}",
@@ -758,7 +705,7 @@ mod tests {
             image: Some(f.path().to_path_buf()),
         };
         let d = Disk::new(env, "v", opts, &list);
-        list.lock().unwrap().push(d.clone());
+        list.locked().push(d.clone());
         (d, f, list)
     }
 
@@ -837,33 +784,6 @@ mod tests {
     }
 
     #[test]
-    fn a_restore_uses_the_attached_disks_or_else_the_snapshots() {
-        let img = Path::new("/srv/a.img");
-        let want = [decl("vda", img), decl("vdb", img)];
-        let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        // A VM shut down (its disks detached) or created without disks.
-        assert_eq!(plan_disks("v", &want, &[]), Ok(DiskPlan::FromSnapshot));
-        assert_eq!(plan_disks("v", &[], &[]), Ok(DiskPlan::FromSnapshot));
-        // The test attached its own (e.g. copies of the images).
-        assert_eq!(
-            plan_disks("v", &want, &ids(&["copy-a", "copy-b"])),
-            Ok(DiskPlan::Attached)
-        );
-        let e = plan_disks("v", &want, &ids(&["vdb"]))
-            .unwrap_err()
-            .to_string();
-        assert_eq!(
-            e,
-            "vm `v` has 1 disk(s) (vdb) but the snapshot's VM had 2 (vda, vdb); attach as many disks, in \
-             the same order, before vm:restore, or none to use the snapshot's images"
-        );
-        let e = plan_disks("v", &[], &ids(&["vda"]))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("the snapshot's VM had 0 (none)"), "{e}");
-    }
-
-    #[test]
     fn the_snapshots_disks_come_back_with_their_images_and_detached_state() {
         let env = env();
         let (d, f, list) = disk(env.clone(), 7);
@@ -884,8 +804,8 @@ mod tests {
         assert!(back.is_detached(), "detached before the snapshot: still so");
         // A detached disk is still a device of the snapshot's machine.
         let drives = drives_of("v", vec![back.clone()]).unwrap();
-        assert_eq!(drives.drives.len(), 1);
-        assert!(boot_drives("v", &[back]).unwrap().drives.is_empty());
+        assert_eq!(drives.specs.len(), 1);
+        assert!(boot_drives("v", &[back]).unwrap().specs.is_empty());
         // The image is gone: say so, and how to go on.
         let gone = decl("vdb", Path::new("/nonexistent/gone.img"));
         let e = Disk::from_decl(env, "v", &gone, &list)

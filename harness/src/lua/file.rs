@@ -6,9 +6,9 @@ use std::sync::Arc;
 use mlua::{Lua, UserData, UserDataMethods, Value};
 use provium_protocol::op::{HandleId, TailSource, TailStart, Whence};
 
-use super::err;
 use super::phase::Phase;
 use super::vm_ctx::{Ops, VmCtx};
+use super::{err, rust_err};
 use crate::runner::{CloseKind, Closeable};
 
 /// Largest single read the agent answers; `read_all` loops over it.
@@ -168,7 +168,7 @@ impl UserData for FileUd {
                     },
                     start,
                 )
-                .map_err(|e| err(format!("file:tail_stream: {e}")))?;
+                .map_err(|e| rust_err("file:tail_stream", &e))?;
             Ok(this.0.vm.open_stream(
                 lua,
                 Box::new(reader),

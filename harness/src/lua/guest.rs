@@ -12,7 +12,8 @@ use super::file::FileUd;
 use super::process::ProcessUd;
 use super::run_result::RunResult;
 use super::vm_ctx::{client_err, Ops, VmCtx};
-use super::{command, err};
+use super::{command, err, rust_err};
+use crate::lock::Locked;
 
 /// A userdata that can run guest operations.
 pub trait GuestTarget: Sized + 'static {
@@ -178,7 +179,7 @@ pub fn parse_syscall(
             ptrs,
             nested,
         };
-        spec.check().map_err(|e| err(format!("{method}: {e}")))?;
+        spec.check().map_err(|e| rust_err(method, &e))?;
         return Ok(spec);
     }
     let args = rest
@@ -193,7 +194,7 @@ pub fn parse_syscall(
         ptrs: vec![],
         nested: vec![],
     };
-    spec.check().map_err(|e| err(format!("{method}: {e}")))?;
+    spec.check().map_err(|e| rust_err(method, &e))?;
     Ok(spec)
 }
 
@@ -201,7 +202,7 @@ pub fn parse_syscall(
 /// (negative: from the end), or a finite float truncated toward zero.
 /// `push_file`'s opts: only `auto_dep` (a boolean), read by the fixture-key
 /// scanner; anything else is refused rather than ignored.
-fn push_file_opts(opts: Option<Table>) -> mlua::Result<()> {
+fn push_file_opts(method: &str, opts: Option<Table>) -> mlua::Result<()> {
     let Some(t) = opts else { return Ok(()) };
     for pair in t.pairs::<Value, Value>() {
         let (k, v) = pair?;
@@ -209,13 +210,13 @@ fn push_file_opts(opts: Option<Table>) -> mlua::Result<()> {
             ("auto_dep", Value::Boolean(_)) => {}
             ("auto_dep", other) => {
                 return Err(err(format!(
-                    "push_file: `auto_dep` must be a boolean, got {}",
+                    "{method}: `auto_dep` must be a boolean, got {}",
                     other.type_name()
                 )))
             }
             (key, _) => {
                 return Err(err(format!(
-                    "push_file: unknown option `{key}` (accepted: auto_dep)"
+                    "{method}: unknown option `{key}` (accepted: auto_dep)"
                 )))
             }
         }
@@ -260,7 +261,7 @@ pub fn calling_file_dir(lua: &Lua, env: &crate::runner::FileEnv) -> std::path::P
     own()
 }
 
-pub fn parse_tail_start(opts: Option<Table>) -> mlua::Result<TailStart> {
+pub fn parse_tail_start(method: &str, opts: Option<Table>) -> mlua::Result<TailStart> {
     let Some(o) = opts else {
         return Ok(TailStart::End);
     };
@@ -279,18 +280,18 @@ pub fn parse_tail_start(opts: Option<Table>) -> mlua::Result<TailStart> {
             "end" => Ok(TailStart::End),
             "beginning" | "start" => Ok(TailStart::Beginning),
             other => Err(err(format!(
-                "tail_file: start = `{other}`: expected \"beginning\", \"end\" or a byte offset"
+                "{method}: start = `{other}`: expected \"beginning\", \"end\" or a byte offset"
             ))),
         },
         Value::Integer(i) => Ok(from_int(i)),
         Value::Number(n) if n.is_finite() => Ok(from_int(n.trunc() as i64)),
         other => Err(err(format!(
-            "tail_file: start must be \"beginning\", \"end\" or a finite number, got {other:?}"
+            "{method}: start must be \"beginning\", \"end\" or a finite number, got {other:?}"
         ))),
     }
 }
 
-pub fn parse_open_mode(t: &Table) -> mlua::Result<(OpenMode, Option<u32>)> {
+pub fn parse_open_mode(method: &str, t: &Table) -> mlua::Result<(OpenMode, Option<u32>)> {
     let mut mode = OpenMode::default();
     let mut perm = None;
     for pair in t.pairs::<String, Value>() {
@@ -298,7 +299,7 @@ pub fn parse_open_mode(t: &Table) -> mlua::Result<(OpenMode, Option<u32>)> {
         let flag = |v: &Value| match v {
             Value::Boolean(b) => Ok(*b),
             other => Err(err(format!(
-                "open_file: `{k}` must be a boolean, got {}",
+                "{method}: `{k}` must be a boolean, got {}",
                 other.type_name()
             ))),
         };
@@ -309,15 +310,15 @@ pub fn parse_open_mode(t: &Table) -> mlua::Result<(OpenMode, Option<u32>)> {
             "truncate" => mode.truncate = flag(&v)?,
             "append" => mode.append = flag(&v)?,
             "exclusive" => mode.exclusive = flag(&v)?,
-            "perm" => perm = Some(int_arg(&v, "open_file: perm")? as u32),
+            "perm" => perm = Some(int_arg(&v, &format!("{method}: perm"))? as u32),
             other => {
                 return Err(err(format!(
-                    "open_file: unknown mode key `{other}` (accepted: read, write, create, truncate, append, exclusive, perm)"
+                    "{method}: unknown mode key `{other}` (accepted: read, write, create, truncate, append, exclusive, perm)"
                 )))
             }
         }
     }
-    mode.check().map_err(|e| err(format!("open_file: {e}")))?;
+    mode.check().map_err(|e| rust_err(method, &e))?;
     Ok((mode, perm))
 }
 
@@ -351,17 +352,17 @@ impl UserData for BatchBuilder {
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
         m.add_method("run", |_, b, (cmd, second): (String, Option<Table>)| {
             let run = command::parse("b:run", cmd, second, true)?;
-            b.ops.lock().unwrap().push(Op::Exec(run.into_exec()));
+            b.ops.locked().push(Op::Exec(run.into_exec()));
             Ok(())
         });
         m.add_method("read_file", |_, b, path: String| {
-            b.ops.lock().unwrap().push(Op::ReadFile { path });
+            b.ops.locked().push(Op::ReadFile { path });
             Ok(())
         });
         m.add_method(
             "write_file",
             |_, b, (path, data): (String, mlua::LuaString)| {
-                b.ops.lock().unwrap().push(Op::WriteFile {
+                b.ops.locked().push(Op::WriteFile {
                     path,
                     data: data.as_bytes().to_vec(),
                 });
@@ -369,16 +370,16 @@ impl UserData for BatchBuilder {
             },
         );
         m.add_method("stat", |_, b, path: String| {
-            b.ops.lock().unwrap().push(Op::Stat { path });
+            b.ops.locked().push(Op::Stat { path });
             Ok(())
         });
         m.add_method("listdir", |_, b, path: String| {
-            b.ops.lock().unwrap().push(Op::ListDir { path });
+            b.ops.locked().push(Op::ListDir { path });
             Ok(())
         });
         m.add_method("mkdir", |_, b, (path, opts): (String, Option<Table>)| {
             let (parents, perm) = mkdir_opts(opts)?;
-            b.ops.lock().unwrap().push(Op::Mkdir {
+            b.ops.locked().push(Op::Mkdir {
                 path,
                 parents,
                 perm,
@@ -386,16 +387,16 @@ impl UserData for BatchBuilder {
             Ok(())
         });
         m.add_method("unlink", |_, b, path: String| {
-            b.ops.lock().unwrap().push(Op::Unlink { path });
+            b.ops.locked().push(Op::Unlink { path });
             Ok(())
         });
         m.add_method("rename", |_, b, (from, to): (String, String)| {
-            b.ops.lock().unwrap().push(Op::Rename { from, to });
+            b.ops.locked().push(Op::Rename { from, to });
             Ok(())
         });
         m.add_method("syscall", |_, b, (nr, rest): (i64, MultiValue)| {
             let spec = parse_syscall("b:syscall", nr, rest, false)?;
-            b.ops.lock().unwrap().push(Op::Syscall(spec));
+            b.ops.locked().push(Op::Syscall(spec));
             Ok(())
         });
     }
@@ -420,18 +421,14 @@ pub fn add_guest_methods<T: GuestTarget + UserData, M: UserDataMethods<T>>(m: &m
             let method = name("run");
             let run = command::parse(&method, cmd, second, true)?;
             let ops = this.ops()?;
-            let out = this.ctx().guard_op(&method, || ops.exec(run.into_exec()))?;
-            Ok(RunResult {
-                exit: out.exit,
-                stdout: out.stdout,
-                stderr: out.stderr,
-            })
+            let out: RunResult = this.ctx().guard_op(&method, || ops.exec(run.into_exec()))?;
+            Ok(out)
         },
     );
     m.add_method(
         "run_async",
         move |lua, this, (cmd, second): (String, Option<Table>)| {
-            let method = format!("{}:run_async", T::PREFIX);
+            let method = name("run_async");
             let run = command::parse(&method, cmd, second, false)?;
             let ops = this.ops()?;
             let p = ops
@@ -440,23 +437,27 @@ pub fn add_guest_methods<T: GuestTarget + UserData, M: UserDataMethods<T>>(m: &m
             Ok(ProcessUd::new(lua, this.ctx(), p))
         },
     );
-    m.add_method("read_file", |lua, this, path: String| {
+    m.add_method("read_file", move |lua, this, path: String| {
         let ops = this.ops()?;
-        let data = this.ctx().guard_op("read_file", || ops.read_file(&path))?;
+        let data = this
+            .ctx()
+            .guard_op(&name("read_file"), || ops.read_file(&path))?;
         lua.create_string(&data)
     });
     m.add_method(
         "write_file",
-        |_, this, (path, data): (String, mlua::LuaString)| {
+        move |_, this, (path, data): (String, mlua::LuaString)| {
             let ops = this.ops()?;
-            this.ctx()
-                .guard_op("write_file", || ops.write_file(&path, &data.as_bytes()))
+            this.ctx().guard_op(&name("write_file"), || {
+                ops.write_file(&path, &data.as_bytes())
+            })
         },
     );
     m.add_method(
         "push_file",
-        |lua, this, (host, guest, opts): (String, String, Option<Table>)| {
-            push_file_opts(opts)?;
+        move |lua, this, (host, guest, opts): (String, String, Option<Table>)| {
+            let method = name("push_file");
+            push_file_opts(&method, opts)?;
             let base = calling_file_dir(lua, this.ctx().env());
             let hp = std::path::Path::new(&host);
             let hp = if hp.is_absolute() {
@@ -464,80 +465,92 @@ pub fn add_guest_methods<T: GuestTarget + UserData, M: UserDataMethods<T>>(m: &m
             } else {
                 base.join(hp)
             };
-            let data = std::fs::read(&hp)
-                .map_err(|e| err(format!("push_file: read host file `{}`: {e}", hp.display())))?;
+            let data = std::fs::read(&hp).map_err(|e| {
+                rust_err(&format!("{method}: read host file `{}`", hp.display()), &e)
+            })?;
             let ops = this.ops()?;
             this.ctx()
-                .guard_op("push_file", || ops.write_file(&guest, &data))
+                .guard_op(&method, || ops.write_file(&guest, &data))
         },
     );
-    m.add_method("stat", |lua, this, path: String| {
+    m.add_method("stat", move |lua, this, path: String| {
         let ops = this.ops()?;
-        let s = this.ctx().guard_op("stat", || ops.stat(&path))?;
+        let s = this.ctx().guard_op(&name("stat"), || ops.stat(&path))?;
         stat_table(lua, &s)
     });
-    m.add_method("listdir", |lua, this, path: String| {
+    m.add_method("listdir", move |lua, this, path: String| {
         let ops = this.ops()?;
-        let e = this.ctx().guard_op("listdir", || ops.listdir(&path))?;
+        let e = this
+            .ctx()
+            .guard_op(&name("listdir"), || ops.listdir(&path))?;
         entries_table(lua, &e)
     });
-    m.add_method("mkdir", |_, this, (path, opts): (String, Option<Table>)| {
-        let (parents, perm) = mkdir_opts(opts)?;
+    m.add_method(
+        "mkdir",
+        move |_, this, (path, opts): (String, Option<Table>)| {
+            let (parents, perm) = mkdir_opts(opts)?;
+            let ops = this.ops()?;
+            this.ctx()
+                .guard_op(&name("mkdir"), || ops.mkdir(&path, parents, perm))
+        },
+    );
+    m.add_method("unlink", move |_, this, path: String| {
+        let ops = this.ops()?;
+        this.ctx().guard_op(&name("unlink"), || ops.unlink(&path))
+    });
+    m.add_method("rename", move |_, this, (from, to): (String, String)| {
         let ops = this.ops()?;
         this.ctx()
-            .guard_op("mkdir", || ops.mkdir(&path, parents, perm))
-    });
-    m.add_method("unlink", |_, this, path: String| {
-        let ops = this.ops()?;
-        this.ctx().guard_op("unlink", || ops.unlink(&path))
-    });
-    m.add_method("rename", |_, this, (from, to): (String, String)| {
-        let ops = this.ops()?;
-        this.ctx().guard_op("rename", || ops.rename(&from, &to))
+            .guard_op(&name("rename"), || ops.rename(&from, &to))
     });
     m.add_method(
         "open_file",
-        |lua, this, (path, mode): (String, Option<Table>)| {
+        move |lua, this, (path, mode): (String, Option<Table>)| {
+            let method = name("open_file");
             let mode = mode.ok_or_else(|| {
-                err("open_file: a mode table is required, e.g. vm:open_file(path, {read = true})")
+                err(format!(
+                    "{method}: a mode table is required, e.g. {method}(path, {{read = true}})"
+                ))
             })?;
-            let (mode, perm) = parse_open_mode(&mode)?;
+            let (mode, perm) = parse_open_mode(&method, &mode)?;
             let ops = this.ops()?;
             let handle = this
                 .ctx()
-                .guard_op("open_file", || ops.open(&path, mode, perm))?;
+                .guard_op(&method, || ops.open(&path, mode, perm))?;
             Ok(FileUd::new(lua, this.ctx(), ops, handle, path))
         },
     );
     m.add_method(
         "tail_file",
-        |lua, this, (path, opts): (String, Option<Table>)| {
-            let start = parse_tail_start(opts)?;
+        move |lua, this, (path, opts): (String, Option<Table>)| {
+            let method = name("tail_file");
+            let start = parse_tail_start(&method, opts)?;
             let ops = this.ops()?;
             let reader = ops
                 .tail(TailSource::Path { path: path.clone() }, start)
-                .map_err(|e| client_err("tail_file", e))?;
+                .map_err(|e| client_err(&method, e))?;
             Ok(this
                 .ctx()
                 .open_stream(lua, Box::new(reader), "tail_file", path))
         },
     );
-    m.add_method("fd_stream", |lua, this, v: Value| {
+    m.add_method("fd_stream", move |lua, this, v: Value| {
+        let method = name("fd_stream");
         let handle = match &v {
             Value::Integer(i) if *i >= 0 => *i as u64,
             Value::UserData(ud) => ud.borrow::<FileUd>()?.handle(),
             other => {
                 return Err(err(format!(
-                    "fd_stream: expected a handle id or a File, got {}",
+                    "{method}: expected a handle id or a File, got {}",
                     other.type_name()
                 )))
             }
         };
         let ops = this.ops()?;
-        let start = super::file::cursor_start(this.ctx(), &ops, handle, "fd_stream")?;
+        let start = super::file::cursor_start(this.ctx(), &ops, handle, &method)?;
         let reader = ops
             .tail(TailSource::Handle { handle }, start)
-            .map_err(|e| client_err("fd_stream", e))?;
+            .map_err(|e| client_err(&method, e))?;
         Ok(this.ctx().open_stream(
             lua,
             Box::new(reader),
@@ -545,22 +558,29 @@ pub fn add_guest_methods<T: GuestTarget + UserData, M: UserDataMethods<T>>(m: &m
             format!("handle {handle}"),
         ))
     });
-    m.add_method("syscall", |lua, this, (nr, rest): (i64, MultiValue)| {
-        let spec = parse_syscall("syscall", nr, rest, true)?;
-        let ops = this.ops()?;
-        let r = this.ctx().guard_op("syscall", || ops.syscall(spec))?;
-        syscall_table(lua, &r)
-    });
+    m.add_method(
+        "syscall",
+        move |lua, this, (nr, rest): (i64, MultiValue)| {
+            let method = name("syscall");
+            let spec = parse_syscall(&method, nr, rest, true)?;
+            let ops = this.ops()?;
+            let r = this.ctx().guard_op(&method, || ops.syscall(spec))?;
+            syscall_table(lua, &r)
+        },
+    );
     m.add_method(
         "ioctl",
-        |lua, this, (fd, cmd, data, opts): (i64, i64, Option<mlua::LuaString>, Option<Table>)| {
+        move |lua,
+              this,
+              (fd, cmd, data, opts): (i64, i64, Option<mlua::LuaString>, Option<Table>)| {
+            let method = name("ioctl");
             let fd =
-                i32::try_from(fd).map_err(|_| err(format!("ioctl: fd {fd} is out of range")))?;
+                i32::try_from(fd).map_err(|_| err(format!("{method}: fd {fd} is out of range")))?;
             let (bufs, ptr_offsets) = match opts {
                 None => (vec![], vec![]),
                 Some(o) => {
                     let bufs = match o.get::<Option<Table>>("bufs")? {
-                        Some(b) => bytes_list(&b, "ioctl: bufs")?,
+                        Some(b) => bytes_list(&b, &format!("{method}: bufs"))?,
                         None => vec![],
                     };
                     let offs = match o.get::<Option<Table>>("ptr_offsets")? {
@@ -579,20 +599,22 @@ pub fn add_guest_methods<T: GuestTarget + UserData, M: UserDataMethods<T>>(m: &m
                 bufs,
                 ptr_offsets,
             };
-            spec.check().map_err(|e| err(format!("ioctl: {e}")))?;
+            spec.check().map_err(|e| rust_err(&method, &e))?;
             let ops = this.ops()?;
-            let r = this.ctx().guard_op("ioctl", || ops.ioctl(spec))?;
+            let r = this.ctx().guard_op(&method, || ops.ioctl(spec))?;
             ioctl_table(lua, &r)
         },
     );
-    m.add_method("batch", |lua, this, f: mlua::Function| {
+    m.add_method("batch", move |lua, this, f: mlua::Function| {
         let builder = lua.create_userdata(BatchBuilder {
             ops: Default::default(),
         })?;
         f.call::<()>(builder.clone())?;
-        let ops_list = std::mem::take(&mut *builder.borrow::<BatchBuilder>()?.ops.lock().unwrap());
+        let ops_list = std::mem::take(&mut *builder.borrow::<BatchBuilder>()?.ops.locked());
         let ops = this.ops()?;
-        let results = this.ctx().guard_op("batch", || ops.batch(ops_list))?;
+        let results = this
+            .ctx()
+            .guard_op(&name("batch"), || ops.batch(ops_list))?;
         let out = lua.create_table()?;
         for r in results {
             let entry = lua.create_table()?;

@@ -16,7 +16,7 @@ pub fn install(lua: &Lua) -> mlua::Result<()> {
         "decode",
         lua.create_function(|lua, s: mlua::LuaString| {
             let parsed: Json = serde_json::from_slice(&s.as_bytes())
-                .map_err(|e| mlua::Error::runtime(format!("json.decode: {e}")))?;
+                .map_err(|e| super::rust_err("json.decode", &e))?;
             to_lua(lua, &parsed)
         })?,
     )?;

@@ -111,13 +111,14 @@ pub fn err(message: impl Into<String>) -> mlua::Error {
     mlua::Error::runtime(message.into())
 }
 
+/// The one way a Rust error reaches Lua: `method` (named once, with its
+/// userdata's prefix: `vm:read_file`) and then `e` with its whole `source()`
+/// chain flattened ([`crate::error_chain::flatten`]), so no cause is lost
+/// and none is printed twice.
+pub fn rust_err(method: &str, e: &dyn std::error::Error) -> mlua::Error {
+    err(format!("{method}: {}", crate::error_chain::flatten(e)))
+}
+
 /// The message of an mlua error without the Rust-side decoration (callback
 /// wrappers, tracebacks), as test authors want to read it.
-pub fn error_message(e: &mlua::Error) -> String {
-    match e {
-        mlua::Error::CallbackError { cause, .. } => error_message(cause),
-        mlua::Error::RuntimeError(m) => m.clone(),
-        mlua::Error::WithContext { cause, .. } => error_message(cause),
-        other => other.to_string(),
-    }
-}
+pub use crate::script_error::message as error_message;

@@ -19,11 +19,12 @@ use std::time::Instant;
 
 use mlua::Lua;
 
-use super::err;
 use super::phase::Phase;
 use super::stream::{ByteSource, Stream};
+use super::{err, rust_err};
 use crate::backend::{Capabilities, Guest};
 use crate::client::{AgentClient, AgentOps, ClientError};
+use crate::lock::Locked;
 use crate::runner::{FileEnv, LiveResource};
 
 /// The agent operations a guest op runs on (the VM's or a worker's).
@@ -57,13 +58,13 @@ impl LiveResource for VmShared {
     fn teardown(&self) {
         // Only the machine's kill switch: never wait on the state lock, which
         // the file's thread may hold while blocked on the agent.
-        if let Some(m) = self.machine.lock().unwrap().as_ref() {
+        if let Some(m) = self.machine.locked().as_ref() {
             m.kill();
         }
     }
 
     fn console_excerpt(&self) -> Option<String> {
-        let m = self.machine.lock().unwrap().clone()?;
+        let m = self.machine.locked().clone()?;
         m.console_tail(crate::runner::file::CONSOLE_EXCERPT_BYTES)
             .map(|t| format!("--- {} console ---\n{t}", self.name))
     }
@@ -101,12 +102,12 @@ impl VmCtx {
     }
 
     pub fn phase(&self) -> Phase {
-        self.0.state.lock().unwrap().phase
+        self.0.state.locked().phase
     }
 
     /// The state lock (the VM's own thread only; see the module docs).
     pub fn lock_state(&self) -> MutexGuard<'_, VmState> {
-        self.0.state.lock().unwrap()
+        self.0.state.locked()
     }
 
     /// True when both contexts are the same VM.
@@ -122,7 +123,7 @@ impl VmCtx {
     /// The machine, whatever the phase (None before boot and after
     /// shutdown).
     pub fn current_machine(&self) -> Option<Arc<dyn Guest>> {
-        self.0.machine.lock().unwrap().clone()
+        self.0.machine.locked().clone()
     }
 
     /// The machine, while booted (for creating NICs).
@@ -141,12 +142,12 @@ impl VmCtx {
 
     /// Puts a just-built machine in the slot (boot, restore).
     pub fn set_machine(&self, machine: Arc<dyn Guest>) {
-        *self.0.machine.lock().unwrap() = Some(machine);
+        *self.0.machine.locked() = Some(machine);
     }
 
     /// Empties the slot (shutdown), returning the machine that was there.
     pub fn take_machine(&self) -> Option<Arc<dyn Guest>> {
-        self.0.machine.lock().unwrap().take()
+        self.0.machine.locked().take()
     }
 
     /// Open `file` handles on this VM (`vm:open_file_count()`).
@@ -175,7 +176,7 @@ impl VmCtx {
 
     /// The connection for guest ops: only while booted.
     pub fn client(&self, method: &str) -> mlua::Result<AgentClient> {
-        let st = self.0.state.lock().unwrap();
+        let st = self.0.state.locked();
         match (st.phase, &st.client) {
             (Phase::Booted, Some(c)) => Ok(c.clone()),
             (phase, _) => Err(err(format!(
@@ -201,26 +202,23 @@ impl VmCtx {
                 if let ClientError::StdinUnacknowledged { .. } = e {
                     // What the call was stuck on, besides why it was stopped.
                     return err(format!(
-                        "{method}: {} (vm `{}`: {e})",
+                        "{method}: {} (vm `{}`: {})",
                         reason.message(),
-                        self.0.name
+                        self.0.name,
+                        crate::error_chain::flatten(&e)
                     ));
                 }
                 return err(format!("{method}: {}", reason.message()));
             }
             if e.is_connection_lost() {
-                let mut st = self.0.state.lock().unwrap();
+                let mut st = self.0.state.locked();
                 if st.phase == Phase::Booted {
                     st.phase = Phase::Dead;
                 }
             }
             if blames_the_agent(&e) {
                 // Name the VM whose agent misbehaved: a file may have many.
-                return err(format!(
-                    "{method}: vm `{}`: {}",
-                    self.0.name,
-                    crate::error_chain::flatten(&e)
-                ));
+                return rust_err(&format!("{method}: vm `{}`", self.0.name), &e);
             }
             client_err(method, e)
         })
@@ -243,7 +241,7 @@ impl VmCtx {
             detail,
             Some(self.0.open_streams.clone()),
         );
-        let mut streams = self.0.streams.lock().unwrap();
+        let mut streams = self.0.streams.locked();
         streams.retain(Stream::is_open);
         streams.push(s.clone());
         s
@@ -251,15 +249,15 @@ impl VmCtx {
 
     /// The streams opened on this VM that are still open.
     pub fn own_streams(&self) -> Vec<Stream> {
-        let mut own = self.0.streams.lock().unwrap();
+        let mut own = self.0.streams.locked();
         own.retain(Stream::is_open);
         own.clone()
     }
 }
 
-/// An agent error as a Lua error.
+/// An agent error as a Lua error, its causes included ([`rust_err`]).
 pub fn client_err(method: &str, e: ClientError) -> mlua::Error {
-    err(format!("{method}: {e}"))
+    rust_err(method, &e)
 }
 
 /// Errors about the agent or its connection rather than an op the agent
@@ -317,5 +315,29 @@ mod tests {
         assert!(error_message(&e).starts_with("vm:run: vm `v`: "), "{e}");
         assert_eq!(ctx.phase(), Phase::Created);
         assert_eq!(ctx.in_flight(), 0, "the call is no longer in flight");
+    }
+
+    /// An op the client cannot send reaches Lua with its reason (the
+    /// `#[source]` of `ClientError::Encode`), the method named once.
+    #[test]
+    fn an_unsendable_op_says_why() {
+        let ctx = VmCtx::new(env(BackendKind::Local), "v".into());
+        let e = ctx
+            .guard_op("vm:write_file", || -> Result<(), ClientError> {
+                Err(ClientError::Encode {
+                    what: "write_file".into(),
+                    source: provium_protocol::ProtocolError::FrameTooLarge {
+                        len: 17 << 20,
+                        max: 16 << 20,
+                    },
+                })
+            })
+            .err()
+            .unwrap();
+        assert_eq!(
+            error_message(&e),
+            "vm:write_file: cannot send `write_file` to the agent: frame of 17825792 bytes \
+             exceeds the maximum of 16777216 bytes"
+        );
     }
 }

@@ -29,6 +29,12 @@ test("errors carry the errno text", function(t)
   t:assert_contains(t:assert_raises(function() vm:stat("/nope") end), "No such file or directory")
 end)
 
+test("a write over the frame limit says why, naming the method once", function(t)
+  local e = t:assert_raises(function() vm:write_file("/tmp/big", string.rep("x", 17 * 1024 * 1024)) end)
+  t:assert_contains(e, "vm:write_file: cannot send `write_file` to the agent: frame of ")
+  t:assert_contains(e, "exceeds the maximum of 16777216 bytes")
+end)
+
 test("rename and unlink", function(t)
   vm:write_file("/tmp/r1", "z")
   vm:rename("/tmp/r1", "/tmp/r2")

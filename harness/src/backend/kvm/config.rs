@@ -230,7 +230,7 @@ pub fn vm_config_with(
         ..MachineConfig::default()
     };
     cfg.device_discovery = device_discovery(&cfg.boot.cmdline, &kernel, report.as_ref());
-    cfg.drives = opts.drives.clone();
+    cfg.drives = super::devices::drive_configs(&opts.disks);
     cfg.rng = Some(RngConfig {
         seed: opts.rng_seed,
     });
@@ -244,7 +244,7 @@ pub fn vm_config_with(
     // Snapshots record (and restores require) the agent protocol this
     // harness speaks.
     cfg.protocol_version = provium_protocol::PROTOCOL_VERSION;
-    cfg.nets = opts.nics.clone();
+    cfg.nets = super::devices::net_configs(&opts.nics);
     cfg.boot_timer = opts.boot_timer.clone();
     cfg.transport = match profile.transport {
         Transport::Mmio => VirtioTransportKind::Mmio,
@@ -559,7 +559,6 @@ pub fn is_static_elf(path: &Path) -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use provium_vmm::vmm_config::NetConfig;
 
     fn no_agent() -> Result<PathBuf, GuestAgentError> {
         Err(AgentSearchError::NotFound { tried: vec![] }.into())
@@ -743,10 +742,10 @@ mod tests {
             Switch::new("b", SwitchConfig::default()),
         );
         let nics = vec![
-            NetConfig::on_port(std::sync::Arc::new(
+            crate::backend::NicSpec::on_port(std::sync::Arc::new(
                 a.attach("v", MacAddr::local(1)).unwrap(),
             )),
-            NetConfig::on_port(std::sync::Arc::new(
+            crate::backend::NicSpec::on_port(std::sync::Arc::new(
                 b.attach("v", MacAddr::local(2)).unwrap(),
             )),
         ];
@@ -959,7 +958,7 @@ mod tests {
         let opts = MachineSpec {
             memory_bytes: 64 << 20,
             cpus: 1,
-            drives: boot.drives.clone(),
+            disks: boot.specs.clone(),
             ..MachineSpec::default()
         };
         let (c, _) = cfg(&p, &opts, 3, d.path()).unwrap();

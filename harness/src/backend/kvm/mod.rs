@@ -26,7 +26,10 @@
 //! when it does not.
 
 pub mod config;
+pub mod devices;
+pub mod disk_plan;
 pub mod guest;
+pub mod nic_plan;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

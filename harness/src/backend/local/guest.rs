@@ -16,6 +16,7 @@ use crate::backend::{
     Backend, BackendError, Capabilities, Guest, MachineSpec, NicKind, Stopped, Support,
 };
 use crate::client::AgentClient;
+use crate::lock::Locked;
 
 /// Refusal for virtio-net configs handed to the local backend.
 const LOCAL_NICS: &str = "virtio-net devices need the kvm backend (the local sandbox uses TAPs)";
@@ -115,7 +116,7 @@ fn refuse_devices(spec: &MachineSpec) -> Result<(), LocalGuestError> {
     if !spec.nics.is_empty() {
         return Err(LocalGuestError::Unsupported(LOCAL_NICS));
     }
-    if !spec.drives.is_empty() {
+    if !spec.disks.is_empty() {
         return Err(LocalGuestError::Unsupported(LOCAL_DISKS));
     }
     Ok(())
@@ -148,7 +149,7 @@ pub struct LocalGuest {
 impl LocalGuest {
     fn sandbox(&self) -> MutexGuard<'_, LocalSandbox> {
         // A panicked holder left nothing half-done that a kill must avoid.
-        self.sandbox.lock().unwrap_or_else(|p| p.into_inner())
+        self.sandbox.locked()
     }
 
     /// The running sandbox, or why not.
@@ -244,7 +245,7 @@ impl Guest for LocalGuest {
         .map_err(LocalGuestError::from)?)
     }
 
-    fn console(&self) -> Option<Arc<provium_vmm::Console>> {
+    fn console(&self) -> Option<Arc<crate::backend::Console>> {
         None
     }
 }
@@ -281,7 +282,7 @@ mod tests {
             .attach("v", provium_netsetup::MacAddr::local(1))
             .unwrap();
         let spec = MachineSpec {
-            nics: vec![provium_vmm::vmm_config::NetConfig::on_port(Arc::new(port))],
+            nics: vec![crate::backend::NicSpec::on_port(Arc::new(port))],
             rng_seed: Some(1),
             ..MachineSpec::default()
         };
@@ -310,9 +311,8 @@ mod tests {
     #[test]
     fn a_restore_with_devices_is_refused_before_the_file_is_read() {
         let spec = MachineSpec {
-            drives: vec![provium_vmm::vmm_config::DriveConfig {
-                path: "/nonexistent.img".into(),
-                read_only: false,
+            disks: vec![crate::backend::DiskSpec {
+                image: "/nonexistent.img".into(),
                 id: "vda".into(),
                 faults: Default::default(),
             }],

@@ -39,8 +39,8 @@ pub enum RestoreBenchError {
     #[error(transparent)]
     Fixture(#[from] FixtureError),
     /// A snapshot section that does not decode (its text names the file).
-    #[error("{0}")]
-    Section(String),
+    #[error(transparent)]
+    Section(#[from] crate::lua::snapshot::DeclError),
     #[error("bench restore --tiny-guest: building the fixture")]
     TinyBuild(#[source] Box<VmError>),
     #[error(
@@ -379,12 +379,10 @@ pub(super) fn bench_restore(args: &RunArgs, r: &RestoreArgs) -> Result<Report, R
         .ok_or_else(|| RestoreBenchError::NoEntry {
             name: fixture_name.clone(),
         })?;
-    let decl = crate::lua::snapshot::VmDecl::read(&entry)
-        .map_err(|e| RestoreBenchError::Section(crate::error_chain::flatten(&e)))?;
+    let decl = crate::lua::snapshot::VmDecl::read(&entry)?;
     // The bench restores bare machines: a kvm snapshot whose machine had
     // disks or NICs needs them again, which only the Lua layer recreates.
-    let devices = crate::lua::snapshot::VmDevices::read_if_present(&entry)
-        .map_err(|e| RestoreBenchError::Section(crate::error_chain::flatten(&e)))?;
+    let devices = crate::lua::snapshot::VmDevices::read_if_present(&entry)?;
     if let Some(d) = devices {
         if !d.disks.is_empty() || !d.nics.is_empty() {
             return Err(RestoreBenchError::HasDevices {

@@ -15,8 +15,9 @@ use crate::error_chain::flatten;
 use crate::fixture::{self, ChunkReturn, FixtureBuilder, FixtureError, RestoreFailure};
 use crate::lua::snapshot::{self, LabSnapshotUd, SnapshotUd};
 use crate::lua::vm::{RestoreError, Vm, VmSizing};
-use crate::lua::{err, error_message};
+use crate::lua::{err, error_message, rust_err};
 use crate::runner::FileEnv;
+use crate::script_error::ScriptError;
 
 impl Lab {
     /// `vm_fixture(path)` / `lab_fixture(path)`, either call form.
@@ -64,7 +65,7 @@ impl Lab {
         let mut restore = |path: &std::path::Path| -> Result<Vm, RestoreFailure> {
             let mut decl =
                 snapshot::VmDecl::read(path).map_err(|e| RestoreFailure::Corrupt(flatten(&e)))?;
-            let other = |e: mlua::Error| RestoreFailure::Other(error_message(&e));
+            let other = |e: mlua::Error| RestoreFailure::Other(ScriptError(e));
             decl.name = match vm_name {
                 Some(n) => {
                     self.check_new_name("vm", n).map_err(other)?;
@@ -92,7 +93,7 @@ impl Lab {
             Ok(vm)
         };
         fixture::obtain(&env, name, EntryKind::Vm, &mut restore, &ChunkBuilder)
-            .map_err(|e| err(format!("vm_fixture(\"{name}\"): {}", flatten(&e))))
+            .map_err(|e| rust_err(&format!("vm_fixture(\"{name}\")"), &e))
     }
 
     /// A fresh sub-lab of this lab with fixture `name` restored into it.
@@ -113,7 +114,7 @@ impl Lab {
             Ok(lab)
         };
         fixture::obtain(&env, name, EntryKind::Lab, &mut restore, &ChunkBuilder)
-            .map_err(|e| err(format!("lab_fixture(\"{name}\"): {}", flatten(&e))))
+            .map_err(|e| rust_err(&format!("lab_fixture(\"{name}\")"), &e))
     }
 
     /// `base` when it is free in this scope, else the first free
@@ -192,24 +193,24 @@ impl FixtureBuilder for ChunkBuilder {
     ) -> Result<PathBuf, FixtureError> {
         // The Lua side's errors become text here, flattened, as every error
         // raised into or out of Lua does.
-        let (lua, root) = crate::lua::new_state(env).map_err(|e| {
-            FixtureError::Build(format!("fixture `{name}`: cannot set up a Lua state: {e}"))
+        let (lua, root) = crate::lua::new_state(env).map_err(|source| FixtureError::LuaState {
+            name: name.to_string(),
+            source,
         })?;
-        let source = std::fs::read(source).map_err(|e| {
-            FixtureError::Build(format!(
-                "fixture `{name}`: cannot read {}: {e}",
-                source.display()
-            ))
+        let source = std::fs::read(source).map_err(|e| FixtureError::ReadSource {
+            name: name.to_string(),
+            path: source.to_path_buf(),
+            source: e,
         })?;
         let result = lua
             .load(&source)
             .set_name(format!("@{rel}"))
             .eval::<Value>();
         let installed = match result {
-            Err(e) => Err(FixtureError::Build(format!(
-                "fixture `{name}` failed to build: {}",
-                error_message(&e)
-            ))),
+            Err(e) => Err(FixtureError::Build {
+                name: name.to_string(),
+                source: ScriptError(e),
+            }),
             Ok(value) => install(chunk_return(&value)),
         };
         root.close_all(&lua);

@@ -9,16 +9,17 @@ use std::path::{Path, PathBuf};
 use mlua::{Lua, Value};
 
 use super::Lab;
+use crate::lock::Locked;
 use crate::lua::network::Bridge;
 use crate::lua::snapshot::{self, LabSnapshotUd};
 use crate::lua::vm::{Phase, RestoreError, Vm, VmSizing};
-use crate::lua::{err, error_message};
+use crate::lua::{err, error_message, rust_err};
 
 impl Lab {
     /// `provium.reset_between_tests = true`: after the chunk, snapshot the
     /// root lab as the baseline every test is restored to.
     pub fn prepare_reset_between_tests(&self) -> mlua::Result<()> {
-        if !self.0.file.settings.lock().unwrap().reset_between_tests {
+        if !self.0.file.settings.locked().reset_between_tests {
             return Ok(());
         }
         let mut vms = Vec::new();
@@ -35,7 +36,7 @@ impl Lab {
             )));
         }
         let dir = snapshot::temp_path(".lab");
-        *self.0.file.baseline.lock().unwrap() = Some(dir.clone());
+        *self.0.file.baseline.locked() = Some(dir.clone());
         self.snapshot_into(&dir).map_err(|e| {
             err(format!(
                 "provium.reset_between_tests: taking the baseline failed: {}",
@@ -48,7 +49,7 @@ impl Lab {
     /// Fails with the test failure the runner reports (the Lua error's
     /// message, flattened once here).
     pub fn restore_between_tests(&self) -> Result<(), crate::runner::file::TestFailure> {
-        let Some(dir) = self.0.file.baseline.lock().unwrap().clone() else {
+        let Some(dir) = self.0.file.baseline.locked().clone() else {
             return Ok(());
         };
         self.restore_from_dir(&dir)
@@ -101,9 +102,7 @@ impl Lab {
                 file,
             });
         }
-        index
-            .write(dir)
-            .map_err(|e| err(format!("lab:snapshot: {}", crate::error_chain::flatten(&e))))
+        index.write(dir).map_err(|e| rust_err("lab:snapshot", &e))
     }
 
     /// `lab:restore(dir)`: every VM in `dir/lab.json` is restored into the
@@ -124,12 +123,8 @@ impl Lab {
         dir: &std::path::Path,
     ) -> Result<(), RestoreError> {
         use RestoreError::Failed;
-        let index = provium_snapshot::LabIndex::read(dir).map_err(|e| {
-            Failed(err(format!(
-                "lab:restore: {}",
-                crate::error_chain::flatten(&e)
-            )))
-        })?;
+        let index = provium_snapshot::LabIndex::read(dir)
+            .map_err(|e| Failed(rust_err("lab:restore", &e)))?;
         // VMM NICs come back with the VM's devices (recorded in its
         // snapshot); host TAPs rejoin the recorded bridges by name.
         let vmm_nics = self.0.env.machines().capabilities().has_vmm_nics();
@@ -149,7 +144,7 @@ impl Lab {
         }
         for v in &index.vms {
             let lab = self.sub_lab_at(&v.lab_path).map_err(Failed)?;
-            let existing = lab.0.state.lock().unwrap().vms.get(&v.name).cloned();
+            let existing = lab.0.state.locked().vms.get(&v.name).cloned();
             let vm = match existing {
                 Some(vm) => vm,
                 None => {
@@ -191,13 +186,8 @@ impl Lab {
                 }
             }
             if vmm_nics {
-                let devices = snapshot::VmDevices::read_if_present(&file).map_err(|e| {
-                    Failed(err(format!(
-                        "lab:restore: vm `{}`: {}",
-                        v.name,
-                        crate::error_chain::flatten(&e)
-                    )))
-                })?;
+                let devices = snapshot::VmDevices::read_if_present(&file)
+                    .map_err(|e| Failed(rust_err(&format!("lab:restore: vm `{}`", v.name), &e)))?;
                 if let Some(devices) = devices {
                     self.join_recorded_bridges(&vm, &devices)?;
                 }
@@ -276,7 +266,7 @@ mod tests {
     fn without_reset_between_tests_there_is_no_baseline() {
         let root = Lab::root(kvm_env());
         root.prepare_reset_between_tests().unwrap();
-        assert!(root.0.file.baseline.lock().unwrap().is_none());
+        assert!(root.0.file.baseline.locked().is_none());
         root.restore_between_tests().unwrap();
     }
 
@@ -287,7 +277,7 @@ mod tests {
             .unwrap();
         add_bridge(&root, "lan");
         root.prepare_reset_between_tests().unwrap();
-        let dir = root.0.file.baseline.lock().unwrap().clone().unwrap();
+        let dir = root.0.file.baseline.locked().clone().unwrap();
         assert!(dir.join("lab.json").is_file());
         root.restore_between_tests().unwrap();
         assert_eq!(root.bridge_names(), ["lan"]);

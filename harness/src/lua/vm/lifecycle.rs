@@ -11,14 +11,16 @@ use provium_protocol::event::{Event, VmShutdown, VmSpawned};
 
 use super::opts::boot_spec;
 use super::{provium_ops, Phase, Vm};
+use crate::backend::DiskPlan;
 use crate::backend::{Guest, MachineSpec};
 use crate::client::AgentClient;
 use crate::error_chain::flatten;
-use crate::lua::disk::{BootDrives, Disk, DiskPlan};
-use crate::lua::err;
+use crate::lock::Locked;
+use crate::lua::disk::{BootDrives, Disk};
 use crate::lua::network::{MachineNic, VmmNics};
 use crate::lua::snapshot::{VmDecl, VmDevices};
 use crate::lua::vm_ctx::{client_err, VmState};
+use crate::lua::{err, rust_err};
 
 /// Why `vm:restore` failed.
 #[derive(Debug)]
@@ -60,16 +62,12 @@ impl Vm {
     /// snapshot without a declaration (written below Lua) pins nothing.
     fn adopt_recorded_rng_seed(&self, path: &std::path::Path) -> Result<(), RestoreError> {
         let st = self.lock_state();
-        let mut pending = self.0.pending.lock().unwrap();
+        let mut pending = self.0.pending.locked();
         if pending.rng_seed.is_some() {
             return Ok(());
         }
         let decl = VmDecl::read_if_present(path).map_err(|e| {
-            RestoreError::Failed(err(format!(
-                "vm:restore: vm `{}`: {}",
-                self.name(),
-                flatten(&e)
-            )))
+            RestoreError::Failed(rust_err(&format!("vm:restore: vm `{}`", self.name()), &e))
         })?;
         pending.rng_seed = decl.and_then(|d| d.rng_seed);
         drop(st);
@@ -110,7 +108,7 @@ impl Vm {
         let name = self.name().to_string();
         let devices = if caps.device_snapshots {
             VmDevices::read_if_present(path)
-                .map_err(|e| Failed(err(format!("vm:restore: vm `{name}`: {}", flatten(&e)))))?
+                .map_err(|e| Failed(rust_err(&format!("vm:restore: vm `{name}`"), &e)))?
         } else {
             None
         };
@@ -148,11 +146,13 @@ impl Vm {
         if !vmm_nics {
             for b in self.left_bridges().into_iter().filter(|b| !b.is_closed()) {
                 b.attach_vm(&self.net()).map_err(|e| {
-                    Failed(err(format!(
-                        "vm:restore: vm `{name}`: cannot rejoin bridge `{}`: {}",
-                        b.name(),
-                        flatten(&e)
-                    )))
+                    Failed(rust_err(
+                        &format!(
+                            "vm:restore: vm `{name}`: cannot rejoin bridge `{}`",
+                            b.name()
+                        ),
+                        &e,
+                    ))
                 })?;
             }
         }
@@ -184,7 +184,7 @@ impl Vm {
             self.machine()
                 .map_err(Failed)?
                 .apply_restored_net()
-                .map_err(|e| Failed(err(format!("vm:restore: vm `{name}`: {}", flatten(&e)))))?;
+                .map_err(|e| Failed(rust_err(&format!("vm:restore: vm `{name}`"), &e)))?;
         }
         Ok(())
     }
@@ -197,7 +197,7 @@ impl Vm {
         path: &std::path::Path,
         want_disks: Option<&[crate::lua::snapshot::DiskDecl]>,
         (nics, record, lone): (
-            Vec<provium_vmm::vmm_config::NetConfig>,
+            Vec<crate::backend::NicSpec>,
             Vec<MachineNic>,
             Vec<provium_netsetup::Switch>,
         ),
@@ -239,14 +239,15 @@ impl Vm {
         // images are not: they are used as they are now).
         let name = self.name();
         let (drives, new_disks) = {
-            let disks = self.0.disks.lock().unwrap();
-            let failed = |e: crate::lua::disk::DiskError| Failed(err(format!("vm:restore: {e}")));
+            let disks = self.0.disks.locked();
+            let failed = |e: crate::lua::disk::DiskError| Failed(rust_err("vm:restore", &e));
             match want_disks.filter(|_| caps.device_snapshots) {
                 Some(want) => {
                     let live: Vec<Disk> =
                         disks.iter().filter(|d| !d.is_detached()).cloned().collect();
                     let ids: Vec<String> = live.iter().map(|d| d.id().to_string()).collect();
-                    let plan = crate::lua::disk::plan_disks(name, want, &ids).map_err(|e| {
+                    let want_ids: Vec<String> = want.iter().map(|d| d.id.clone()).collect();
+                    let plan = crate::backend::plan_disks(name, &want_ids, &ids).map_err(|e| {
                         Mismatch(format!(
                             "vm:restore: the snapshot's disks do not fit this VM (a configuration \
                              mismatch): {e}"
@@ -276,26 +277,25 @@ impl Vm {
                 ),
             }
         };
-        spec.drives = drives.drives.clone();
+        spec.disks = drives.specs.clone();
         spec.nics = nics;
         let machine: Arc<dyn Guest> =
             Arc::from(env.machines().restore(&spec, path).map_err(|e| {
-                Failed(err(format!(
-                    "vm:restore: vm `{name}` from {}: {}",
-                    path.display(),
-                    flatten(&e)
-                )))
+                Failed(rust_err(
+                    &format!("vm:restore: vm `{name}` from {}", path.display()),
+                    &e,
+                ))
             })?);
         *built = true;
         if !new_disks.is_empty() {
             // The snapshot's disks replace the detached ones of those ids.
-            let mut disks = self.0.disks.lock().unwrap();
+            let mut disks = self.0.disks.locked();
             disks.retain(|d| !new_disks.iter().any(|n| n.id() == d.id()));
             let old = std::mem::take(&mut *disks);
             disks.extend(new_disks);
             disks.extend(old);
         }
-        *self.0.lone_switches.lock().unwrap() = lone;
+        *self.0.lone_switches.locked() = lone;
         let client = self
             .bring_up(&mut st, "restore", &machine, &drives, record)
             .map_err(Failed)?;
@@ -328,21 +328,21 @@ impl Vm {
                 "created (a VM boots once; create another or restore a snapshot)",
             ));
         }
-        let mut pending = self.0.pending.lock().unwrap();
+        let mut pending = self.0.pending.locked();
         if let Some(o) = &opts {
             pending.merge(o)?;
         }
         let env = self.env();
         let drives = {
-            let disks = self.0.disks.lock().unwrap();
+            let disks = self.0.disks.locked();
             crate::lua::disk::boot_drives(self.name(), &disks)
-                .map_err(|e| err(format!("vm:boot: {e}")))?
+                .map_err(|e| rust_err("vm:boot", &e))?
         };
-        let spec = boot_spec(self.declared_spec(), &pending, drives.drives.clone(), nics);
+        let spec = boot_spec(self.declared_spec(), &pending, drives.specs.clone(), nics);
         let machine: Arc<dyn Guest> = Arc::from(
             env.machines()
                 .boot(&spec)
-                .map_err(|e| err(format!("vm:boot: vm `{}`: {}", self.name(), flatten(&e))))?,
+                .map_err(|e| rust_err(&format!("vm:boot: vm `{}`", self.name()), &e))?,
         );
         let client = self.bring_up(&mut st, "boot", &machine, &drives, nic_record)?;
         // Files of boot opts land before the test runs anything.
@@ -375,17 +375,19 @@ impl Vm {
         nics: Vec<MachineNic>,
     ) -> mlua::Result<AgentClient> {
         drives.given_to_guest();
-        *self.0.machine_disks.lock().unwrap() = drives.disks().to_vec();
-        *self.0.machine_nics.lock().unwrap() = nics;
+        *self.0.machine_disks.locked() = drives.disks().to_vec();
+        *self.0.machine_nics.locked() = nics;
         self.set_machine(machine.clone());
         machine.connect().map_err(|e| {
             machine.kill();
             st.phase = Phase::Dead;
-            err(format!(
-                "vm:{method}: vm `{}`: the agent did not answer: {}",
-                self.name(),
-                flatten(&e)
-            ))
+            rust_err(
+                &format!(
+                    "vm:{method}: vm `{}`: the agent did not answer",
+                    self.name()
+                ),
+                &e,
+            )
         })
     }
 
@@ -429,10 +431,10 @@ impl Vm {
         // `vm:restore` of a snapshot whose NICs were on them.
         drop(st);
         self.net().leave_all();
-        self.0.lone_switches.lock().unwrap().clear();
+        self.0.lone_switches.locked().clear();
         // A disk does not outlive its VM's life: the guest is gone, and a
         // later sector op must say so rather than act on a dead VM's image.
-        for d in self.0.disks.lock().unwrap().iter() {
+        for d in self.0.disks.locked().iter() {
             d.detach();
         }
         Ok(())
@@ -500,7 +502,7 @@ mod tests {
             crate::lua::network::restore_ports(&v.net(), &[nic("lan", &mac.to_string())], &left)
                 .unwrap();
         assert_eq!(nics.configs.len(), 1);
-        assert_eq!(nics.configs[0].mac, mac);
+        assert_eq!(nics.configs[0].mac(), mac);
         assert!(lan.has_vm(&v.net()), "back on lan");
         assert_eq!(nics.added.len(), 1);
         nics.undo(&v.net());

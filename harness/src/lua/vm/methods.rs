@@ -8,11 +8,10 @@ use std::sync::Arc;
 use mlua::{Table, UserData, UserDataMethods, Value};
 
 use super::Vm;
-use crate::error_chain::flatten;
 use crate::lua::clock::ClockUd;
-use crate::lua::err;
 use crate::lua::guest::add_guest_methods;
 use crate::lua::worker::WorkerUd;
+use crate::lua::{err, rust_err};
 
 impl UserData for Vm {
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
@@ -32,13 +31,7 @@ impl UserData for Vm {
             // Shutdown either way (the reference's post-state); a guest that
             // did not power off is still an error, with what it did instead.
             this.shutdown()?;
-            pressed.map_err(|e| {
-                err(format!(
-                    "vm:power_button: vm `{}`: {}",
-                    this.name(),
-                    flatten(&e)
-                ))
-            })
+            pressed.map_err(|e| rust_err(&format!("vm:power_button: vm `{}`", this.name()), &e))
         });
         m.add_method("snapshot", |_, this, path: Option<String>| {
             use crate::lua::snapshot::{delete_at_scope_end, temp_path, SnapshotUd};

@@ -21,15 +21,15 @@ pub use lifecycle::RestoreError;
 pub use opts::{BootOpts, VmSizing, DEFAULT_CPUS, DEFAULT_MEMORY_BYTES};
 
 use super::disk::{AttachOpts, Disk, DiskList};
-use super::err;
 use super::guest::GuestTarget;
 use super::network::{Bridge, MachineNic, NetMember, VmLinks};
 pub use super::phase::Phase;
 use super::snapshot::{VmDecl, VmDevices};
 use super::vm_ctx::{Ops, VmCtx};
+use super::{err, rust_err};
 use crate::backend::{Guest, MachineSpec};
 use crate::client::AgentClient;
-use crate::error_chain::flatten;
+use crate::lock::Locked;
 use crate::runner::{CloseKind, Closeable, FileEnv};
 
 pub struct VmInner {
@@ -181,9 +181,9 @@ impl Vm {
     ) -> mlua::Result<u64> {
         // Read from the bridges before the state lock (a bridge may read
         // this VM's phase).
-        let machine_nics = self.0.machine_nics.lock().unwrap().clone();
+        let machine_nics = self.0.machine_nics.locked().clone();
         let nics = super::network::nic_decls(&self.net(), &machine_nics, bridge_lab);
-        let disks = super::disk::disk_decls(&self.0.machine_disks.lock().unwrap());
+        let disks = super::disk::disk_decls(&self.0.machine_disks.locked());
         let st = self.lock_state();
         if !matches!(st.phase, Phase::Booted | Phase::Paused) {
             return Err(self.wrong_state("snapshot", st.phase, "booted"));
@@ -202,7 +202,7 @@ impl Vm {
             profile: self.0.profile.clone(),
             memory_bytes: self.0.sizing.memory_bytes,
             cpus: self.0.sizing.cpus,
-            rng_seed: self.0.pending.lock().unwrap().rng_seed,
+            rng_seed: self.0.pending.locked().rng_seed,
         };
         let devices = VmDevices { disks, nics };
         machine
@@ -213,13 +213,7 @@ impl Vm {
                     (super::snapshot::VM_DEVICES_SECTION, devices.to_json()),
                 ],
             )
-            .map_err(|e| {
-                err(format!(
-                    "vm:snapshot: vm `{}`: {}",
-                    self.name(),
-                    flatten(&e)
-                ))
-            })
+            .map_err(|e| rust_err(&format!("vm:snapshot: vm `{}`", self.name()), &e))
     }
 
     /// `vm:attach_disk(opts)`: kvm only, before boot (see `lua::disk`).
@@ -238,7 +232,7 @@ impl Vm {
                 phase.as_str()
             )));
         }
-        let mut disks = self.0.disks.lock().unwrap();
+        let mut disks = self.0.disks.locked();
         if disks.iter().any(|d| d.id() == opts.id) {
             return Err(err(format!(
                 "{M}: vm `{}` already has a disk `{}` (ids are unique per VM: pick another id, or use \
@@ -256,7 +250,7 @@ impl Vm {
 
     /// `vm:disk(id)`.
     pub fn disk(&self, id: &str) -> mlua::Result<Disk> {
-        let disks = self.0.disks.lock().unwrap();
+        let disks = self.0.disks.locked();
         if let Some(d) = disks.iter().find(|d| d.id() == id) {
             return Ok(d.clone());
         }
@@ -275,7 +269,7 @@ impl Vm {
         }
         self.machine()?
             .pause()
-            .map_err(|e| err(format!("vm:pause: {}", flatten(&e))))?;
+            .map_err(|e| rust_err("vm:pause", &e))?;
         st.phase = Phase::Paused;
         Ok(())
     }
@@ -287,7 +281,7 @@ impl Vm {
         }
         self.machine()?
             .resume()
-            .map_err(|e| err(format!("vm:resume: {}", flatten(&e))))?;
+            .map_err(|e| rust_err("vm:resume", &e))?;
         st.phase = Phase::Booted;
         Ok(())
     }
@@ -317,11 +311,7 @@ impl Vm {
             Err(e) => {
                 machine.kill();
                 st.phase = Phase::Dead;
-                Err(err(format!(
-                    "vm:reset: vm `{}`: {}",
-                    self.name(),
-                    flatten(&e)
-                )))
+                Err(rust_err(&format!("vm:reset: vm `{}`", self.name()), &e))
             }
         }
     }

@@ -7,7 +7,7 @@ use mlua::{Table, Value};
 
 use crate::backend::MachineSpec;
 use crate::config::parse_size;
-use crate::lua::err;
+use crate::lua::{err, rust_err};
 
 pub const DEFAULT_MEMORY_BYTES: u64 = 512 << 20;
 pub const DEFAULT_CPUS: u32 = 1;
@@ -34,8 +34,9 @@ impl VmSizing {
                 "memory" => {
                     s.memory_bytes = match v {
                         Value::Integer(i) if i > 0 => i as u64,
-                        Value::String(t) => parse_size(&t.to_str()?)
-                            .map_err(|e| err(format!("vm opts: memory: {e}")))?,
+                        Value::String(t) => {
+                            parse_size(&t.to_str()?).map_err(|e| rust_err("vm opts: memory", &e))?
+                        }
                         other => {
                             return Err(err(format!(
                                 "vm opts: memory must be bytes or \"512M\", got {other:?}"
@@ -144,15 +145,15 @@ impl FromLuaValue for String {
 pub(super) fn boot_spec(
     declared: MachineSpec,
     opts: &BootOpts,
-    drives: Vec<provium_vmm::vmm_config::DriveConfig>,
-    nics: Vec<provium_vmm::vmm_config::NetConfig>,
+    disks: Vec<crate::backend::DiskSpec>,
+    nics: Vec<crate::backend::NicSpec>,
 ) -> MachineSpec {
     MachineSpec {
         kernel_cmdline: opts.kernel_cmdline.clone(),
         rng_seed: opts.rng_seed,
         initial_time: opts.initial_time,
         files: opts.files.clone(),
-        drives,
+        disks,
         nics,
         ..declared
     }
