@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use crate::conn;
 use crate::dispatch;
+use crate::port;
 use crate::socket::Socket;
 use crate::AgentConfig;
 
@@ -229,7 +230,7 @@ impl Listener {
 /// console port: one session after another).
 pub fn serve(listener: &Listener, config: &Arc<AgentConfig>) {
     if let Listener::Console(dev) = listener {
-        crate::port::serve(dev, config);
+        serve_port(dev, config);
         return;
     }
     loop {
@@ -249,6 +250,42 @@ pub fn serve(listener: &Listener, config: &Arc<AgentConfig>) {
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
+    }
+}
+
+/// Serves host sessions on the console port `dev`, one at a time, forever
+/// (the port's own rules are in `crate::port`; the session loop lives here,
+/// beside the vsock accept loop, so `port` need not import `conn`).
+pub fn serve_port(dev: &str, config: &Arc<AgentConfig>) {
+    loop {
+        let fd = match port::open_port(dev) {
+            Ok(fd) => fd,
+            Err(e) => {
+                eprintln!("provium-agent: cannot open console port /dev/{dev}: {e}");
+                std::thread::sleep(std::time::Duration::from_secs(1));
+                continue;
+            }
+        };
+        if let Err(e) = port::wait_for_host(std::os::fd::AsRawFd::as_raw_fd(&fd)) {
+            eprintln!("provium-agent: console port /dev/{dev}: {e}");
+            continue;
+        }
+        let port = match port::PortFd::new(fd) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("provium-agent: console port /dev/{dev}: {e}");
+                std::thread::sleep(std::time::Duration::from_secs(1));
+                continue;
+            }
+        };
+        conn::serve(
+            Socket::from_port(Arc::clone(&port)),
+            Arc::clone(config),
+            dispatch::handle,
+        );
+        // The session is over: close the port so the device may start the
+        // next one (after our next open).
+        port.close();
     }
 }
 

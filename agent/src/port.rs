@@ -12,7 +12,7 @@
 //! 2. wait until the host is connected: poll reports POLLHUP while it is
 //!    not, and Linux has no event for "host connected" but SIGIO, so this
 //!    waits in [`HOST_POLL_MS`] steps;
-//! 3. serve one connection ([`crate::conn::serve`]) until end of file: the
+//! 3. serve one connection (`crate::conn::serve`, from `crate::listen::serve_port`) until end of file: the
 //!    host closed, or the device ended the session (a new host connect, a
 //!    restore from a snapshot);
 //! 4. close the port. Linux discards what the port still buffers, and the
@@ -27,11 +27,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
-
-use crate::conn;
-use crate::dispatch;
-use crate::socket::Socket;
-use crate::AgentConfig;
 
 /// The port's name (the VMM's `AGENT_PORT_NAME`).
 pub const AGENT_PORT_NAME: &str = "org.provium.agent";
@@ -218,7 +213,7 @@ pub fn find_port(sys: &Path, name: &str) -> Option<String> {
 
 /// Opens `/dev/<dev>` raw (read-write, no controlling tty), creating the
 /// node from sysfs's `dev` when devtmpfs has not; refuses a tty.
-fn open_port(dev: &str) -> io::Result<OwnedFd> {
+pub fn open_port(dev: &str) -> io::Result<OwnedFd> {
     let path = PathBuf::from("/dev").join(dev);
     if !path.exists() {
         let majmin =
@@ -259,7 +254,7 @@ fn open_port(dev: &str) -> io::Result<OwnedFd> {
 
 /// Waits until the host is connected to the open port `fd` (poll reports
 /// no POLLHUP).
-fn wait_for_host(fd: RawFd) -> io::Result<()> {
+pub fn wait_for_host(fd: RawFd) -> io::Result<()> {
     loop {
         let mut p = libc::pollfd {
             fd,
@@ -297,40 +292,6 @@ pub fn wait_for_port() -> String {
             );
         }
         std::thread::sleep(Duration::from_millis(FIND_POLL_MS));
-    }
-}
-
-/// Serves host sessions on the port `dev`, one at a time, forever.
-pub fn serve(dev: &str, config: &Arc<AgentConfig>) {
-    loop {
-        let fd = match open_port(dev) {
-            Ok(fd) => fd,
-            Err(e) => {
-                eprintln!("provium-agent: cannot open console port /dev/{dev}: {e}");
-                std::thread::sleep(Duration::from_secs(1));
-                continue;
-            }
-        };
-        if let Err(e) = wait_for_host(fd.as_raw_fd()) {
-            eprintln!("provium-agent: console port /dev/{dev}: {e}");
-            continue;
-        }
-        let port = match PortFd::new(fd) {
-            Ok(p) => p,
-            Err(e) => {
-                eprintln!("provium-agent: console port /dev/{dev}: {e}");
-                std::thread::sleep(Duration::from_secs(1));
-                continue;
-            }
-        };
-        conn::serve(
-            Socket::from_port(Arc::clone(&port)),
-            Arc::clone(config),
-            dispatch::handle,
-        );
-        // The session is over: close the port so the device may start the
-        // next one (after our next open).
-        port.close();
     }
 }
 
