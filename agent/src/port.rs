@@ -298,6 +298,7 @@ pub fn wait_for_port() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::socket::Socket;
     use std::io::{Read, Write};
     use std::os::unix::net::UnixStream;
 
