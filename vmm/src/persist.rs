@@ -64,7 +64,7 @@ use crate::vstate::vm::{KvmVm, KvmVmError, KvmVmState};
 pub const SNAPSHOT_BACKEND: &str = "kvm";
 /// Version of [`MicrovmState`]'s layout. Bump it with any change to a state
 /// struct; `tests::state_version_pin` makes a change visible.
-pub const VM_STATE_VERSION: u32 = 1;
+pub const VM_STATE_VERSION: u32 = 2;
 /// Section names.
 pub const VM_SECTION: &str = "vm";
 /// The guest memory section.
@@ -462,7 +462,8 @@ mod tests {
         // Changing any state struct (vCPU, VM, serial, virtio transport or
         // a device's <Dev>State) must bump VM_STATE_VERSION; update this
         // pin with it.
-        assert_eq!(VM_STATE_VERSION, 1);
+        // 2: BlockState records the capacity the guest was told (disk slots).
+        assert_eq!(VM_STATE_VERSION, 2);
     }
 
     #[test]

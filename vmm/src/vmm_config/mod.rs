@@ -8,7 +8,11 @@ pub mod net;
 pub use boot_source::{BootSource, KernelImage};
 pub use drive::DriveConfig;
 pub use machine_config::MachineConfig;
-pub use net::NetConfig;
+pub use net::{NetConfig, NicSlot};
+
+use std::sync::Arc;
+
+pub use crate::devices::virtio::block::BlockSlot;
 
 pub use crate::devices::virtio::rng::RngConfig;
 pub use crate::devices::virtio::vsock::VsockHost;
@@ -24,7 +28,11 @@ pub struct VmConfig {
     pub console_log_bytes: usize,
     /// Disks, in attach order (the guest sees vda, vdb, ...).
     pub drives: Vec<DriveConfig>,
-    /// A virtio-rng device (after the disks), seeded or from host randomness.
+    /// Disk slots (after the disks, so the guest's next vdX names): empty
+    /// virtio-blk devices, or holding a medium (a restore), whose medium the
+    /// host changes while the guest runs (`devices::virtio::block::slot`).
+    pub disk_slots: Vec<Arc<BlockSlot>>,
+    /// A virtio-rng device (after the disk slots), seeded or from host randomness.
     pub rng: Option<RngConfig>,
     /// A virtio-vsock device (after the rng). The handle carries the guest
     /// CID; keep a clone to connect and listen, across resets too.
@@ -32,6 +40,9 @@ pub struct VmConfig {
     /// virtio-net devices (after the vsock), one per switch port, announced
     /// in this order (the guest's eth0, eth1, ...).
     pub nets: Vec<NetConfig>,
+    /// NIC slots (after the nets): virtio-net devices whose port the host
+    /// swaps while the guest runs (`devices::virtio::net::plug`).
+    pub nic_slots: Vec<NicSlot>,
     /// Boot timing (`boot_timer.rs`): the VMM stamps its marks into this
     /// handle and puts its port on the PIO bus. Keep a clone to read them.
     pub boot_timer: Option<crate::boot_timer::BootTimer>,
@@ -52,6 +63,8 @@ impl VmConfig {
             rng: None,
             vsock: None,
             nets: Vec::new(),
+            nic_slots: Vec::new(),
+            disk_slots: Vec::new(),
             boot_timer: None,
             protocol_version: 0,
         }
