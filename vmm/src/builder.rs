@@ -320,8 +320,8 @@ pub(crate) fn attach_boot_timer(
     Ok(())
 }
 
-/// The config's virtio devices in attach order (disks, disk slots, rng,
-/// vsock, nets, NIC slots): the
+/// The config's virtio devices in attach order (disks, rng, vsock, nets,
+/// disk slots, NIC slots: devices of the VMs without slots keep their places): the
 /// order slots, IRQs and a snapshot's device list follow.
 pub(crate) fn virtio_devices(cfg: &VmConfig) -> Result<Vec<Box<dyn VirtioDevice>>, BuildError> {
     let mut devs: Vec<Box<dyn VirtioDevice>> = Vec::new();
@@ -333,9 +333,6 @@ pub(crate) fn virtio_devices(cfg: &VmConfig) -> Result<Vec<Box<dyn VirtioDevice>
             faults: drive.faults.clone(),
         })));
     }
-    for slot in &cfg.disk_slots {
-        devs.push(Box::new(Block::in_slot(slot.clone())));
-    }
     if let Some(rng) = cfg.rng {
         devs.push(Box::new(Rng::new(rng)));
     }
@@ -344,6 +341,9 @@ pub(crate) fn virtio_devices(cfg: &VmConfig) -> Result<Vec<Box<dyn VirtioDevice>
     }
     for nic in &cfg.nets {
         devs.push(Box::new(Net::new(nic.mac, nic.port.clone())));
+    }
+    for slot in &cfg.disk_slots {
+        devs.push(Box::new(Block::in_slot(slot.clone())));
     }
     for slot in &cfg.nic_slots {
         devs.push(Box::new(Net::on_plug(slot.mac, slot.plug.clone())));

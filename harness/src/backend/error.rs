@@ -12,6 +12,10 @@ pub enum BackendError {
     Local(#[from] LocalGuestError),
     #[error(transparent)]
     Kvm(#[from] KvmError),
+    /// An op the guest's capabilities say it lacks (the Lua layer asks
+    /// them first, so this is a harness bug when a user sees it).
+    #[error("{0}")]
+    Unsupported(&'static str),
 }
 
 #[cfg(test)]

@@ -139,6 +139,36 @@ pub trait Guest: Send + Sync {
         mac: provium_netsetup::MacAddr,
     ) -> Result<OwnedFd, BackendError>;
 
+    /// Gives the running guest `disk` (see [`Capabilities::disks_after_boot`]).
+    fn add_disk(&self, disk: &DiskSpec) -> Result<AddedDisk, BackendError> {
+        let _ = disk;
+        Err(BackendError::Unsupported(
+            "this backend gives a running guest no new disk",
+        ))
+    }
+
+    /// Gives the running guest a new NIC of a VMM device whose port
+    /// `connect` makes for the MAC the NIC has (only where
+    /// [`Capabilities::nics`] is [`NicKind::VmmDevices`] and
+    /// [`Capabilities::nics_after_boot`] says yes). `want` is the interface
+    /// name the naming rule gives; the guest may already have fixed
+    /// another (the result says which).
+    fn add_nic(
+        &self,
+        want: &str,
+        connect: &mut dyn FnMut(
+            provium_netsetup::MacAddr,
+        ) -> Result<
+            Arc<provium_netsetup::Port>,
+            Box<dyn std::error::Error + Send + Sync>,
+        >,
+    ) -> Result<AddedNic, BackendError> {
+        let _ = (want, connect);
+        Err(BackendError::Unsupported(
+            "this backend gives a running guest no new VMM NIC",
+        ))
+    }
+
     /// Puts back the interface configuration a restore captured, once the
     /// restored guest's NICs are on their bridges again (a guest whose
     /// memory holds its own has nothing to do).
@@ -159,6 +189,59 @@ pub trait Guest: Send + Sync {
         let log = self.console()?.log();
         Some(String::from_utf8_lossy(&log[log.len().saturating_sub(max)..]).into_owned())
     }
+}
+
+/// A device given to a running guest; dropping it (or [`DeviceLease::release`])
+/// takes it back from the guest.
+pub struct DeviceLease {
+    release: Option<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl DeviceLease {
+    pub fn new(release: impl FnOnce() + Send + Sync + 'static) -> DeviceLease {
+        DeviceLease {
+            release: Some(Box::new(release)),
+        }
+    }
+
+    /// Takes the device back now.
+    pub fn release(mut self) {
+        if let Some(f) = self.release.take() {
+            f();
+        }
+    }
+}
+
+impl Drop for DeviceLease {
+    fn drop(&mut self) {
+        if let Some(f) = self.release.take() {
+            f();
+        }
+    }
+}
+
+impl std::fmt::Debug for DeviceLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeviceLease")
+    }
+}
+
+/// A disk given to a running guest.
+#[derive(Debug)]
+pub struct AddedDisk {
+    /// What the guest calls it (`/dev/vdc`).
+    pub guest_device: String,
+    pub lease: DeviceLease,
+}
+
+/// A NIC given to a running guest.
+#[derive(Debug)]
+pub struct AddedNic {
+    /// The guest interface (`eth2`).
+    pub ifname: String,
+    /// Its MAC (its port on the bridge has it too).
+    pub mac: provium_netsetup::MacAddr,
+    pub lease: DeviceLease,
 }
 
 /// The backend the user chose, fresh (with its own CID allocator): call it

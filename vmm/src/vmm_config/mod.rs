@@ -5,6 +5,7 @@ pub mod drive;
 pub mod machine_config;
 pub mod net;
 
+pub use crate::devices::virtio::net::PortPlug;
 pub use boot_source::{BootSource, KernelImage};
 pub use drive::DriveConfig;
 pub use machine_config::MachineConfig;
@@ -28,11 +29,12 @@ pub struct VmConfig {
     pub console_log_bytes: usize,
     /// Disks, in attach order (the guest sees vda, vdb, ...).
     pub drives: Vec<DriveConfig>,
-    /// Disk slots (after the disks, so the guest's next vdX names): empty
+    /// Disk slots (after the nets; the guest's next vdX names, as no other
+    /// virtio-blk device comes between): empty
     /// virtio-blk devices, or holding a medium (a restore), whose medium the
     /// host changes while the guest runs (`devices::virtio::block::slot`).
     pub disk_slots: Vec<Arc<BlockSlot>>,
-    /// A virtio-rng device (after the disk slots), seeded or from host randomness.
+    /// A virtio-rng device (after the disks), seeded or from host randomness.
     pub rng: Option<RngConfig>,
     /// A virtio-vsock device (after the rng). The handle carries the guest
     /// CID; keep a clone to connect and listen, across resets too.
@@ -40,7 +42,7 @@ pub struct VmConfig {
     /// virtio-net devices (after the vsock), one per switch port, announced
     /// in this order (the guest's eth0, eth1, ...).
     pub nets: Vec<NetConfig>,
-    /// NIC slots (after the nets): virtio-net devices whose port the host
+    /// NIC slots (after the disk slots): virtio-net devices whose port the host
     /// swaps while the guest runs (`devices::virtio::net::plug`).
     pub nic_slots: Vec<NicSlot>,
     /// Boot timing (`boot_timer.rs`): the VMM stamps its marks into this

@@ -28,7 +28,7 @@ impl NetConfig {
     }
 }
 
-pub use crate::devices::virtio::net::PortPlug;
+use crate::devices::virtio::net::PortPlug;
 
 /// One NIC slot: a virtio-net device with a fixed MAC (config space is read
 /// once, at probe) on whatever port its plug holds.

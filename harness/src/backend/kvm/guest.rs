@@ -12,8 +12,8 @@ use provium_vmm::vstate::memory::RestoreRamCache;
 use provium_vmm::{BootSource, VmState};
 
 use crate::backend::{
-    Backend, BackendError, Capabilities, CidAllocator, Guest, MachineSpec, NicKind, Stopped,
-    Support,
+    AddedDisk, AddedNic, Backend, BackendError, Capabilities, CidAllocator, Guest, MachineSpec,
+    NicKind, Stopped, Support,
 };
 use crate::client::AgentClient;
 
@@ -23,6 +23,8 @@ pub const KVM_CAPABILITIES: Capabilities = Capabilities {
     backend: "kvm",
     disks: Support::Yes,
     nics: NicKind::VmmDevices,
+    disks_after_boot: Support::Yes,
+    nics_after_boot: Support::Yes,
     reset: Support::Yes,
     power_button: Support::Yes,
     console: Support::Yes,
@@ -170,6 +172,26 @@ impl Guest for KvmMachine {
             ifname: ifname.to_string(),
         }
         .into())
+    }
+
+    fn add_disk(&self, disk: &crate::backend::DiskSpec) -> Result<AddedDisk, BackendError> {
+        Ok(self.slots().add_disk(disk).map_err(KvmError::from)?)
+    }
+
+    fn add_nic(
+        &self,
+        want: &str,
+        connect: &mut dyn FnMut(
+            provium_netsetup::MacAddr,
+        ) -> Result<
+            Arc<provium_netsetup::Port>,
+            Box<dyn std::error::Error + Send + Sync>,
+        >,
+    ) -> Result<AddedNic, BackendError> {
+        Ok(self
+            .slots()
+            .add_nic(want, connect)
+            .map_err(KvmError::from)?)
     }
 
     /// The VMM records its own shape (memory, vCPUs), the same sizing the

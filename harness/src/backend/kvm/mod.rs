@@ -29,6 +29,7 @@ pub mod devices;
 pub mod disk_plan;
 pub mod guest;
 pub mod nic_plan;
+pub mod slots;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -58,6 +59,9 @@ pub enum KvmError {
     NoProfileToRestore { profile: String },
     #[error(transparent)]
     Config(#[from] config::VmConfigError),
+    /// A device for a running guest (its slots: `slots.rs`).
+    #[error(transparent)]
+    Slot(#[from] slots::SlotError),
     /// A setting from the environment is invalid (it names the variable).
     #[error(transparent)]
     Setting(#[from] AgentTimeoutError),
@@ -179,16 +183,33 @@ pub struct KvmMachine {
     boot_log_mark: AtomicU64,
     /// The environment this VM was made with (`MachineSpec::settings`).
     settings: Settings,
+    /// Its disk and NIC slots (devices given after boot, `slots.rs`).
+    slots: slots::Slots,
 }
 
 impl KvmMachine {
+    /// Its disk and NIC slots.
+    pub fn slots(&self) -> &slots::Slots {
+        &self.slots
+    }
+
     /// Prepares the VM of `spec` on `profile` with guest CID `cid`, without
     /// running it (subscribe to its console first, then `start`, or
     /// `restore_from` a snapshot).
     pub fn build(spec: &MachineSpec, profile: &Profile, cid: u32) -> Result<KvmMachine, KvmError> {
         let agent_timeout = agent_timeout(&spec.settings)?;
         let agent_timeout = spec.agent_timeout.unwrap_or(agent_timeout);
-        let (cfg, vsock) = config::vm_config(profile, spec, cid)?;
+        let (mut cfg, vsock) = config::vm_config(profile, spec, cid)?;
+        let (slots, disk_slots, nic_slots) = slots::Slots::new(
+            &spec.vm_name,
+            &profile.name,
+            spec.disks.len(),
+            spec.nics.len(),
+            profile.disk_slots,
+            profile.nic_slots,
+        )?;
+        cfg.disk_slots = disk_slots;
+        cfg.nic_slots = nic_slots;
         let vm = Vm::new(cfg)?;
         Ok(KvmMachine {
             name: spec.vm_name.clone(),
@@ -201,6 +222,7 @@ impl KvmMachine {
             initial_time: spec.initial_time,
             boot_log_mark: AtomicU64::new(0),
             settings: spec.settings.clone(),
+            slots,
         })
     }
 
@@ -717,6 +739,8 @@ mod tests {
         let kernel = d.path().join("bzImage");
         std::fs::write(&kernel, provium_vmm::tiny_guest::BZIMAGE).unwrap();
         let profile = Profile {
+            disk_slots: crate::config::profile::DEFAULT_DISK_SLOTS,
+            nic_slots: crate::config::profile::DEFAULT_NIC_SLOTS,
             name: "tiny".into(),
             kernel: Some(kernel),
             initrd: None,

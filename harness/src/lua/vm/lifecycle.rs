@@ -619,6 +619,8 @@ mod tests {
         config.profiles.insert(
             "p".into(),
             crate::config::Profile {
+                disk_slots: crate::config::profile::DEFAULT_DISK_SLOTS,
+                nic_slots: crate::config::profile::DEFAULT_NIC_SLOTS,
                 name: "p".into(),
                 kernel: Some(kernel),
                 initrd: None,
