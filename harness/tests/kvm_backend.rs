@@ -511,10 +511,10 @@ fn kvm_machine_nic_sends_to_the_switch_and_follows_the_link() {
     };
     wait(tiny_guest::READY, 1);
     // rng (0), vsock (1), then the NIC (2): announced after the backend's
-    // own devices.
+    // own devices, and before the profile's disk and NIC slots.
     assert!(
         c.log_string()
-            .contains("virtio_mmio.device=4K@0xd0002000:7\n"),
+            .contains("virtio_mmio.device=4K@0xd0002000:7 virtio_mmio.device=4K@0xd0003000:8"),
         "{}",
         c.log_string()
     );
@@ -599,8 +599,8 @@ test("boot", function(t)
     local ok, e = pcall(function() vm:boot() end)
     t:assert(not ok, "no agent: the boot must fail")
     local log = vm:console():read_log()
-    -- rng, vsock, then one NIC per bridge: lan (eth0), wan (eth1).
-    t:assert(log:find("virtio_mmio.device=4K@0xd0002000:7 virtio_mmio.device=4K@0xd0003000:8\n", 1, true), log)
+    -- rng, vsock, then one NIC per bridge: lan (eth0), wan (eth1), then the slots.
+    t:assert(log:find("virtio_mmio.device=4K@0xd0002000:7 virtio_mmio.device=4K@0xd0003000:8 ", 1, true), log)
     error(e)
 end)
 "#,

@@ -39,6 +39,7 @@ const LINUX_SUITE: &str = "tests/lua/linux";
 const LAB_FIXTURE_FILE: &str = "devices.test.lua";
 const FIXTURE_FILES: &[&str] = &[
     "files.test.lua",
+    "hotplug.test.lua",
     "machine.test.lua",
     "reset.test.lua",
     "run.test.lua",

@@ -328,12 +328,14 @@ pub fn open_for(cfg: &VmConfig, path: &Path) -> Result<(Snapshot, MicrovmState),
     let devices = cfg.drives.len()
         + usize::from(cfg.rng.is_some())
         + usize::from(cfg.vsock.is_some())
-        + cfg.nets.len();
+        + cfg.nets.len()
+        + cfg.disk_slots.len()
+        + cfg.nic_slots.len();
     if state.virtio.len() != devices {
         return Err(PersistError::Shape {
             file,
             what: format!(
-                "{} virtio devices in the snapshot, {devices} in this VM (disks, rng, vsock, nics)",
+                "{} virtio devices in the snapshot, {devices} in this VM (disks, rng, vsock, nics, disk slots, NIC slots)",
                 state.virtio.len()
             ),
         });

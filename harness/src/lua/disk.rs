@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use crate::backend::vmm_models::{DiskFaults, SECTOR_BYTES, SLOW_COMPLETION_MS};
-use crate::backend::DiskSpec;
+use crate::backend::{BackendError, DeviceLease, DiskSpec, Guest};
 use mlua::{Lua, Table, UserData, UserDataMethods, Value};
 
 use super::snapshot::DiskDecl;
@@ -84,6 +84,9 @@ struct DiskInner {
     faults: Arc<DiskFaults>,
     /// `/dev/vdX` once a boot gave the disk to the guest.
     guest_device: Mutex<Option<String>>,
+    /// Set when a running guest took the disk (`give_to_running_guest`):
+    /// dropping it takes the disk back out of the guest's slot.
+    lease: Mutex<Option<DeviceLease>>,
     siblings: Weak<Mutex<Vec<Disk>>>,
     env: Arc<FileEnv>,
 }
@@ -343,6 +346,7 @@ impl Disk {
             image: Mutex::new(opts.image),
             faults: Arc::new(DiskFaults::default()),
             guest_device: Mutex::new(None),
+            lease: Mutex::new(None),
             siblings: Arc::downgrade(siblings),
             env,
         }))
@@ -397,6 +401,25 @@ impl Disk {
     /// requests fail (see the module doc). Idempotent.
     pub fn detach(&self) {
         self.0.faults.detach();
+        // A disk a running guest took after boot leaves its slot: the
+        // guest's /dev/vdX goes back to size 0.
+        if let Some(lease) = self.0.lease.lock().unwrap().take() {
+            lease.release();
+        }
+    }
+
+    /// Gives this disk (its image and fault set) to `machine`, which runs
+    /// (`Guest::add_disk`), and records its guest device.
+    pub fn give_to_running_guest(&self, machine: &dyn Guest) -> Result<(), BackendError> {
+        let image = self.image().expect("the caller checked the image");
+        let added = machine.add_disk(&DiskSpec {
+            id: self.0.id.clone(),
+            image,
+            faults: self.0.faults.clone(),
+        })?;
+        *self.0.guest_device.lock().unwrap() = Some(added.guest_device);
+        *self.0.lease.lock().unwrap() = Some(added.lease);
+        Ok(())
     }
 
     /// `/dev/vdX` once booted into a guest, else None.
