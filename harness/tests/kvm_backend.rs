@@ -425,6 +425,46 @@ fn a_running_kvm_machine_gets_a_disk_and_a_nic_in_its_slots() {
             && e.contains("raise `disk_slots`"),
         "{e}"
     );
+    // A snapshot holds the disk added after boot: a restore that puts it
+    // back into its slot serves the guest from it; one whose slot is empty
+    // is refused, naming both sizes.
+    m.pause().unwrap();
+    let snap = d.path().join("v.snap");
+    m.snapshot_to(&snap, &[]).unwrap();
+    m.resume().unwrap();
+    let e = kvm.restore(&spec, &snap).err().map(|e| flatten(&e));
+    assert!(
+        e.as_deref()
+            .is_some_and(|e| e.contains("had 2048 sectors") && e.contains("has 0")),
+        "{e:?}"
+    );
+    let with_disk = MachineSpec {
+        slot_disks: vec![provium::backend::SlotDisk {
+            slot: added.slot,
+            disk: disk.clone(),
+        }],
+        ..spec.clone()
+    };
+    let r = kvm.restore(&with_disk, &snap).unwrap();
+    let back = r.take_restored_disks();
+    assert_eq!(back.len(), 1);
+    assert_eq!(
+        (back[0].guest_device.as_str(), back[0].slot),
+        ("/dev/vda", 0)
+    );
+    let rc = r.console().expect("kvm has a console");
+    rc.write_input(&[tiny_guest::CMD_BLK_RW, 0x50]).unwrap();
+    assert!(
+        rc.wait_for(
+            b"BLK-RW w=00 r=00 data=50515253 ok\n",
+            1,
+            Duration::from_secs(60)
+        ),
+        "{}",
+        rc.log_string()
+    );
+    r.kill();
+    drop(back);
     added.lease.release();
     c.write_input(&[tiny_guest::CMD_BLK_RW, 0x40]).unwrap();
     wait("BLK-RW w=01 r=01 data=00000000 bad\n", 2);

@@ -24,7 +24,7 @@ use std::sync::Arc;
 pub use capabilities::{Capabilities, NicKind, Support};
 pub use cid::CidAllocator;
 pub use error::BackendError;
-pub use spec::{DiskSpec, MachineSpec, NicSpec};
+pub use spec::{DiskSpec, MachineSpec, NicSpec, SlotDisk};
 pub use vmm_models::{BootSource, BootTimer, Console, ConsoleRead, ConsoleSubscriber, DiskFaults};
 // How a restore fits the snapshot's devices into a machine whose devices
 // are fixed when it is built (kvm's, `Capabilities::device_snapshots`):
@@ -147,6 +147,12 @@ pub trait Guest: Send + Sync {
         ))
     }
 
+    /// The disks a restore put back into their slots
+    /// ([`MachineSpec::slot_disks`]), once: their leases take them out.
+    fn take_restored_disks(&self) -> Vec<AddedDisk> {
+        Vec::new()
+    }
+
     /// Gives the running guest a new NIC of a VMM device whose port
     /// `connect` makes for the MAC the NIC has (only where
     /// [`Capabilities::nics`] is [`NicKind::VmmDevices`] and
@@ -231,6 +237,8 @@ impl std::fmt::Debug for DeviceLease {
 pub struct AddedDisk {
     /// What the guest calls it (`/dev/vdc`).
     pub guest_device: String,
+    /// Its slot (what a snapshot records, for a restore to put it back).
+    pub slot: usize,
     pub lease: DeviceLease,
 }
 

@@ -178,6 +178,10 @@ impl Guest for KvmMachine {
         Ok(self.slots().add_disk(disk).map_err(KvmError::from)?)
     }
 
+    fn take_restored_disks(&self) -> Vec<AddedDisk> {
+        self.slots().take_restored()
+    }
+
     fn add_nic(
         &self,
         want: &str,

@@ -207,6 +207,7 @@ impl KvmMachine {
             spec.nics.len(),
             profile.disk_slots,
             profile.nic_slots,
+            &spec.slot_disks,
         )?;
         cfg.disk_slots = disk_slots;
         cfg.nic_slots = nic_slots;

@@ -21,7 +21,7 @@ use provium_vmm::devices::virtio::block::{BlockConfig, BlockSlot, DiskImage};
 use provium_vmm::devices::virtio::net::PortPlug;
 use provium_vmm::vmm_config::NicSlot;
 
-use crate::backend::{AddedDisk, AddedNic, DeviceLease, DiskSpec};
+use crate::backend::{AddedDisk, AddedNic, DeviceLease, DiskSpec, SlotDisk};
 
 /// Why a device could not be added to a running guest.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +57,16 @@ pub enum SlotError {
         #[source]
         source: provium_vmm::devices::virtio::block::BlockError,
     },
+    #[error(
+        "the snapshot's vm `{vm}` had a disk in disk slot {slot}, and profile `{profile}` gives \
+         {limit} disk slot(s); restore with the snapshot's `disk_slots`"
+    )]
+    NoSuchSlot {
+        vm: String,
+        profile: String,
+        slot: usize,
+        limit: usize,
+    },
     #[error("cannot make the parked port of a NIC slot")]
     Park(#[source] provium_netsetup::SwitchError),
     /// The caller could not make the bridge's port for the slot's MAC.
@@ -86,12 +96,52 @@ struct NicSlotState {
     in_use: Mutex<bool>,
 }
 
+/// Puts `disk` into the (free) slot `state`, index `index`: inserted while
+/// the guest runs (`signal`), or present from the start (a restore).
+fn fill(
+    state: &Arc<DiskSlotState>,
+    disk: &DiskSpec,
+    index: usize,
+    signal: bool,
+) -> Result<AddedDisk, SlotError> {
+    let image =
+        DiskImage::open(&disk.image, false, &disk.id).map_err(|source| SlotError::Open {
+            id: disk.id.clone(),
+            image: disk.image.display().to_string(),
+            source,
+        })?;
+    let medium = BlockConfig {
+        disk: Arc::new(image),
+        faults: disk.faults.clone(),
+    };
+    let mut holder = state.holder.lock().unwrap();
+    *holder = Some(disk.id.clone());
+    if signal {
+        // Free (no holder) means empty: the insert cannot find a medium.
+        let _ = state.slot.insert(medium);
+    } else {
+        state.slot.restore_medium(medium);
+    }
+    drop(holder);
+    let slot = state.clone();
+    Ok(AddedDisk {
+        guest_device: state.device.clone(),
+        slot: index,
+        lease: DeviceLease::new(move || {
+            slot.slot.eject();
+            *slot.holder.lock().unwrap() = None;
+        }),
+    })
+}
+
 /// A machine's slots.
 pub struct Slots {
     vm: String,
     profile: String,
     disks: Vec<Arc<DiskSlotState>>,
     nics: Vec<Arc<NicSlotState>>,
+    /// What a restore put back ([`Slots::new`]'s `filled`), until taken.
+    restored: Mutex<Vec<AddedDisk>>,
 }
 
 /// Linux's name for virtio-blk disk `index` (vda … vdz, vdaa, …).
@@ -113,7 +163,8 @@ impl Slots {
     /// `disk_slots` empty disk slots after `boot_disks` disks and
     /// `nic_slots` parked NIC slots after `boot_nics` NICs, for VM `vm` of
     /// profile `profile`; returns them with the VMM's configs.
-    #[allow(clippy::type_complexity)]
+    /// `filled` puts disks back into their slots (a restore).
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
     pub fn new(
         vm: &str,
         profile: &str,
@@ -121,6 +172,7 @@ impl Slots {
         boot_nics: usize,
         disk_slots: u32,
         nic_slots: u32,
+        filled: &[SlotDisk],
     ) -> Result<(Slots, Vec<Arc<BlockSlot>>, Vec<NicSlot>), SlotError> {
         let mut disks = Vec::new();
         for i in 0..disk_slots as usize {
@@ -145,6 +197,18 @@ impl Slots {
                 in_use: Mutex::new(false),
             }));
         }
+        let mut restored = Vec::new();
+        for f in filled {
+            let Some(state) = disks.get(f.slot) else {
+                return Err(SlotError::NoSuchSlot {
+                    vm: vm.to_string(),
+                    profile: profile.to_string(),
+                    slot: f.slot,
+                    limit: disks.len(),
+                });
+            };
+            restored.push(fill(state, &f.disk, f.slot, false)?);
+        }
         let block = disks.iter().map(|d| d.slot.clone()).collect();
         let net = nics
             .iter()
@@ -159,6 +223,7 @@ impl Slots {
                 profile: profile.to_string(),
                 disks,
                 nics,
+                restored: Mutex::new(restored),
             },
             block,
             net,
@@ -177,28 +242,17 @@ impl Slots {
                 limit: self.disks.len(),
                 max: crate::config::profile::MAX_SLOTS,
             })?;
-        let image =
-            DiskImage::open(&disk.image, false, &disk.id).map_err(|source| SlotError::Open {
-                id: disk.id.clone(),
-                image: disk.image.display().to_string(),
-                source,
-            })?;
-        let mut holder = free.holder.lock().unwrap();
-        *holder = Some(disk.id.clone());
-        // Free (no holder) means empty: the insert cannot find a medium.
-        let _ = free.slot.insert(BlockConfig {
-            disk: Arc::new(image),
-            faults: disk.faults.clone(),
-        });
-        drop(holder);
-        let slot = free.clone();
-        Ok(AddedDisk {
-            guest_device: free.device.clone(),
-            lease: DeviceLease::new(move || {
-                slot.slot.eject();
-                *slot.holder.lock().unwrap() = None;
-            }),
-        })
+        let index = self
+            .disks
+            .iter()
+            .position(|d| Arc::ptr_eq(d, free))
+            .expect("found in the list");
+        fill(free, disk, index, true)
+    }
+
+    /// The disks [`Slots::new`] put back, once.
+    pub fn take_restored(&self) -> Vec<AddedDisk> {
+        std::mem::take(&mut *self.restored.lock().unwrap())
     }
 
     /// Plugs a free NIC slot into the port `connect` makes for its MAC:
@@ -250,7 +304,7 @@ mod tests {
 
     #[test]
     fn slots_follow_the_boot_devices_and_refuse_past_the_limit() {
-        let (slots, block, net) = Slots::new("v", "p", 1, 2, 1, 1).unwrap();
+        let (slots, block, net) = Slots::new("v", "p", 1, 2, 1, 1, &[]).unwrap();
         assert_eq!((block.len(), net.len()), (1, 1));
         let dir = tempfile::tempdir().unwrap();
         let img = dir.path().join("d.img");

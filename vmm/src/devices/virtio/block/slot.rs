@@ -106,6 +106,12 @@ impl BlockSlot {
         Ok(())
     }
 
+    /// Puts `cfg` in without telling the guest: for a device not yet
+    /// running (a restore whose snapshot had it in), replacing any medium.
+    pub fn restore_medium(&self, cfg: BlockConfig) {
+        self.lock().medium = Some(cfg);
+    }
+
     /// Takes the medium out (requests fail from now on) and tells the
     /// guest; returns it (`None` when the slot was empty: nothing signalled).
     pub fn eject(&self) -> Option<BlockConfig> {
