@@ -35,10 +35,10 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use crate::backend::vmm_models::{DiskFaults, SECTOR_BYTES, SLOW_COMPLETION_MS};
-use crate::backend::{BackendError, DeviceLease, DiskSpec, Guest};
+use crate::backend::{AddedDisk, BackendError, DeviceLease, DiskSpec, Guest};
 use mlua::{Lua, Table, UserData, UserDataMethods, Value};
 
-use super::snapshot::DiskDecl;
+use super::snapshot::{DiskDecl, SlotDiskDecl};
 use super::{err, rust_err};
 
 /// Why a VM's disks cannot become its machine's drives, each naming the
@@ -86,7 +86,7 @@ struct DiskInner {
     guest_device: Mutex<Option<String>>,
     /// Set when a running guest took the disk (`give_to_running_guest`):
     /// dropping it takes the disk back out of the guest's slot.
-    lease: Mutex<Option<DeviceLease>>,
+    lease: Mutex<Option<(usize, DeviceLease)>>,
     siblings: Weak<Mutex<Vec<Disk>>>,
     env: Arc<FileEnv>,
 }
@@ -403,7 +403,7 @@ impl Disk {
         self.0.faults.detach();
         // A disk a running guest took after boot leaves its slot: the
         // guest's /dev/vdX goes back to size 0.
-        if let Some(lease) = self.0.lease.lock().unwrap().take() {
+        if let Some((_, lease)) = self.0.lease.lock().unwrap().take() {
             lease.release();
         }
     }
@@ -411,15 +411,44 @@ impl Disk {
     /// Gives this disk (its image and fault set) to `machine`, which runs
     /// (`Guest::add_disk`), and records its guest device.
     pub fn give_to_running_guest(&self, machine: &dyn Guest) -> Result<(), BackendError> {
-        let image = self.image().expect("the caller checked the image");
-        let added = machine.add_disk(&DiskSpec {
-            id: self.0.id.clone(),
-            image,
-            faults: self.0.faults.clone(),
-        })?;
-        *self.0.guest_device.lock().unwrap() = Some(added.guest_device);
-        *self.0.lease.lock().unwrap() = Some(added.lease);
+        let spec = self.spec().expect("the caller checked the image");
+        self.adopt(machine.add_disk(&spec)?);
         Ok(())
+    }
+
+    /// This disk as a machine's: its image and fault set (`None` without
+    /// an image).
+    pub fn spec(&self) -> Option<DiskSpec> {
+        Some(DiskSpec {
+            id: self.0.id.clone(),
+            image: self.image()?,
+            faults: self.0.faults.clone(),
+        })
+    }
+
+    /// Takes a running guest's slot for this disk (`Guest::add_disk`, or a
+    /// restore that put it back).
+    pub fn adopt(&self, added: AddedDisk) {
+        *self.0.guest_device.lock().unwrap() = Some(added.guest_device);
+        *self.0.lease.lock().unwrap() = Some((added.slot, added.lease));
+    }
+
+    /// What a snapshot records of a disk in a slot (`None` for a disk given
+    /// at boot, or detached).
+    pub fn slot_decl(&self) -> Option<SlotDiskDecl> {
+        let slot = self.0.lease.lock().unwrap().as_ref().map(|(s, _)| *s)?;
+        if self.is_detached() {
+            return None;
+        }
+        Some(SlotDiskDecl {
+            slot,
+            disk: DiskDecl {
+                id: self.0.id.clone(),
+                image: self.image()?,
+                size_bytes: self.0.size_bytes,
+                detached: false,
+            },
+        })
     }
 
     /// `/dev/vdX` once booted into a guest, else None.

@@ -23,7 +23,7 @@ local function await_file(t, vm, path, want)
   t:assert_eq(got, want)
 end
 
-test("a restored guest gets a disk after boot: its bytes through /dev/vda, eio_read fails it, detach empties it", function(t)
+test("a restored guest gets a disk after boot: its bytes through /dev/vda, a snapshot keeps it, eio_read fails it, detach empties it", function(t)
   local img = os.tmpname()
   local f = assert(io.open(img, "wb"))
   f:write(string.rep("h", IMAGE_BYTES))
@@ -33,6 +33,19 @@ test("a restored guest gets a disk after boot: its bytes through /dev/vda, eio_r
   t:assert_eq(disk:guest_device(), "/dev/vda")
   await_file(t, a, "/sys/block/vda/size", tostring(IMAGE_BYTES // 512) .. "\n")
   local dev = a:open_file("/dev/vda", {read = true})
+  t:assert_eq(dev:read(512), string.rep("h", 512))
+  dev:close()
+  -- A snapshot holds the disk added after boot: a restore puts it back
+  -- into its slot (a new Disk handle, as for the snapshot's other disks).
+  local s = a:snapshot()
+  a:shutdown()
+  a:restore(s)
+  s:delete()
+  disk = a:disk("late")
+  t:assert_eq(disk:guest_device(), "/dev/vda")
+  t:assert_eq(a:read_file("/sys/block/vda/size"), tostring(IMAGE_BYTES // 512) .. "\n")
+  dev = a:open_file("/dev/vda", {read = true})
+  dev:seek(1 << 20)
   t:assert_eq(dev:read(512), string.rep("h", 512))
   disk:fault_inject("eio_read")
   dev:seek(2 << 20) -- a MiB the page cache has not seen

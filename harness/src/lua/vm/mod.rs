@@ -203,7 +203,19 @@ impl Vm {
             cpus: self.0.sizing.cpus,
             rng_seed: self.0.pending.lock().unwrap().rng_seed,
         };
-        let devices = VmDevices { disks, nics };
+        let slot_disks = self
+            .0
+            .disks
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(Disk::slot_decl)
+            .collect();
+        let devices = VmDevices {
+            disks,
+            nics,
+            slot_disks,
+        };
         machine
             .snapshot_to(
                 path,
