@@ -573,7 +573,7 @@ fn kvm_machine_nic_sends_to_the_switch_and_follows_the_link() {
     assert!(m.capabilities().has_vmm_nics());
     let e = flatten(&m.open_nic("eth1", mac).unwrap_err());
     assert!(
-        e.contains("no hotplug") && e.contains("attach the bridge before vm:boot()"),
+        e.contains("NIC slots") && e.contains("attach the bridge before vm:boot()"),
         "{e}"
     );
 
@@ -861,6 +861,7 @@ mod restored_devices {
             rng_seed: None,
         };
         let devices = VmDevices {
+            slot_disks: vec![],
             disks: vec![DiskDecl {
                 id: "vda".into(),
                 image: image.to_path_buf(),

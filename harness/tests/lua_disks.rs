@@ -192,7 +192,7 @@ fn a_disk_attached_in_lua_reaches_the_tiny_guest_as_virtio_blk() {
     // died): that must fail, saying to attach before boot.
     assert_eq!(o.status.code(), Some(1), "{out}");
     assert!(
-        out.contains("vm:attach_disk: vm `v` is dead; the kvm backend's virtio-mmio disks are announced on the kernel command line at boot and cannot be hot-plugged (no ACPI), so attach disks before vm:boot()"),
+        out.contains("vm:attach_disk: vm `v` is dead; attach disks to a created vm (given at vm:boot()) or a booted one (into a disk slot)"),
         "{out}"
     );
     assert!(out.contains("0 passed, 1 failed"), "{out}");

@@ -29,7 +29,7 @@ mod tests {
         });
         let flat = crate::error_chain::flatten(&e);
         assert!(
-            flat.starts_with("NIC eth1: a booted kvm VM cannot get a new NIC"),
+            flat.starts_with("NIC eth1: a kvm VM's NICs are virtio-net devices"),
             "{flat}"
         );
         let e = BackendError::from(LocalGuestError::Unsupported("disks need the kvm backend"));

@@ -154,7 +154,9 @@ pub trait Guest: Send + Sync {
     }
 
     /// Gives the running guest a new NIC of a VMM device whose port
-    /// `connect` makes for the MAC the NIC has (only where
+    /// `connect` makes (it is told the device's own MAC; a port with
+    /// another MAC is fine: the backend gives the guest interface the
+    /// port's MAC) (only where
     /// [`Capabilities::nics`] is [`NicKind::VmmDevices`] and
     /// [`Capabilities::nics_after_boot`] says yes). `want` is the interface
     /// name the naming rule gives; the guest may already have fixed
@@ -247,8 +249,11 @@ pub struct AddedDisk {
 pub struct AddedNic {
     /// The guest interface (`eth2`).
     pub ifname: String,
-    /// Its MAC (its port on the bridge has it too).
+    /// Its MAC: its port's on the bridge, which the guest interface has.
     pub mac: provium_netsetup::MacAddr,
+    /// The MAC the device was made with (a kvm NIC slot's, fixed at boot);
+    /// when it differs from `mac`, the backend set the interface's address.
+    pub slot_mac: provium_netsetup::MacAddr,
     pub lease: DeviceLease,
 }
 

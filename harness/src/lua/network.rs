@@ -684,10 +684,11 @@ impl Bridge {
             // A running kvm guest: one of its NIC slots (made at boot, with
             // its own MAC) gets a port on this switch.
             let switch = &self.0.switch;
-            let added = machine.add_nic(&ifname, &mut |slot_mac| {
-                Ok(Arc::new(switch.attach(name, slot_mac)?))
+            // The member keeps its own MAC (vm, bridge): the backend gives
+            // the guest interface the port's.
+            let added = machine.add_nic(&ifname, &mut |_slot_mac| {
+                Ok(Arc::new(switch.attach(name, mac)?))
             })?;
-            m.mac = added.mac;
             ifname = added.ifname.clone();
             NicEnd::Slot {
                 _lease: added.lease,

@@ -192,10 +192,19 @@ impl Guest for KvmMachine {
             Box<dyn std::error::Error + Send + Sync>,
         >,
     ) -> Result<AddedNic, BackendError> {
-        Ok(self
+        let added = self
             .slots()
             .add_nic(want, connect)
-            .map_err(KvmError::from)?)
+            .map_err(KvmError::from)?;
+        if added.mac != added.slot_mac {
+            // The guest read the slot's MAC at probe (config space is read
+            // once): it takes the port's now, through its agent.
+            if let Err(e) = self.set_guest_mac(&added.ifname, added.mac) {
+                added.lease.release();
+                return Err(e.into());
+            }
+        }
+        Ok(added)
     }
 
     /// The VMM records its own shape (memory, vCPUs), the same sizing the
@@ -218,13 +227,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_booted_vm_gets_no_new_nic_and_says_why() {
+    fn a_kvm_vm_opens_no_tap_and_says_what_instead() {
         let e = BackendError::from(KvmError::NicAfterBoot {
             ifname: "eth2".into(),
         });
         let m = e.to_string();
         assert!(
-            m.starts_with("NIC eth2: a booted kvm VM cannot get a new NIC"),
+            m.starts_with("NIC eth2: a kvm VM's NICs are virtio-net devices, not host TAPs"),
             "{m}"
         );
         assert!(m.ends_with("attach the bridge before vm:boot()"), "{m}");

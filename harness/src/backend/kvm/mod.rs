@@ -59,6 +59,11 @@ pub enum KvmError {
     NoProfileToRestore { profile: String },
     #[error(transparent)]
     Config(#[from] config::VmConfigError),
+    #[error(
+        "NIC {ifname}: cannot give the guest interface the bridge port's MAC through its agent \
+         ({detail}); the guest needs `ip` (iproute2 or busybox)"
+    )]
+    GuestMac { ifname: String, detail: String },
     /// A device for a running guest (its slots: `slots.rs`).
     #[error(transparent)]
     Slot(#[from] slots::SlotError),
@@ -112,9 +117,8 @@ pub enum KvmError {
         console_tail: String,
     },
     #[error(
-        "NIC {ifname}: a booted kvm VM cannot get a new NIC: its virtio-net devices are \
-         virtio-mmio, which a guest without ACPI finds only on its kernel command line at \
-         boot (no hotplug); attach the bridge before vm:boot()"
+        "NIC {ifname}: a kvm VM's NICs are virtio-net devices, not host TAPs: a booted kvm VM \
+         gets a new NIC in one of its NIC slots (Guest::add_nic), or attach the bridge before vm:boot()"
     )]
     NicAfterBoot { ifname: String },
 }
@@ -191,6 +195,44 @@ impl KvmMachine {
     /// Its disk and NIC slots.
     pub fn slots(&self) -> &slots::Slots {
         &self.slots
+    }
+
+    /// Sets guest interface `ifname`'s MAC through the agent (`ip link set
+    /// … address`: a NIC slot's MAC is fixed at probe, and copies of one
+    /// fixture share it, so a slot joining a bridge takes the member's).
+    pub fn set_guest_mac(
+        &self,
+        ifname: &str,
+        mac: provium_netsetup::MacAddr,
+    ) -> Result<(), KvmError> {
+        use crate::client::AgentOps;
+        let script = format!("ip link set dev {ifname} address {mac}");
+        let client = self.connect()?;
+        let out = client
+            .exec(provium_protocol::op::ExecSpec {
+                command: provium_protocol::op::Command::Shell {
+                    script: script.clone(),
+                },
+                env: Default::default(),
+                env_clear: false,
+                cwd: None,
+                stdin: None,
+                timeout_ms: Some(120_000),
+            })
+            .map_err(|source| KvmError::GuestMac {
+                ifname: ifname.to_string(),
+                detail: crate::error_chain::flatten(&source),
+            })?;
+        if !out.success() {
+            return Err(KvmError::GuestMac {
+                ifname: ifname.to_string(),
+                detail: format!(
+                    "`{script}` failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Prepares the VM of `spec` on `profile` with guest CID `cid`, without

@@ -184,7 +184,11 @@ impl Slots {
         }
         let mut nics = Vec::new();
         for i in 0..nic_slots as usize {
-            let mac = crate::network::nic_mac(vm, &format!("@slot{i}"), &[]);
+            // The same for every VM (not of its name): a snapshot restored
+            // into a VM of another name (a fixture's copy) has the device
+            // the snapshot's guest probed. A port with another MAC is
+            // given to the guest interface on attach (`add_nic`'s caller).
+            let mac = crate::network::nic_mac("@slots", &format!("{i}"), &[]);
             let switch = Switch::new(&format!("@slot{i}"), SwitchConfig::default());
             let parked = Arc::new(switch.attach(vm, mac).map_err(SlotError::Park)?);
             switch.disconnect(vm).map_err(SlotError::Park)?;
@@ -285,11 +289,13 @@ impl Slots {
             source,
         })?;
         *slot.in_use.lock().unwrap() = true;
+        let port_mac = port.mac();
         slot.plug.replug(port);
         let s = slot.clone();
         Ok(AddedNic {
             ifname: slot.ifname.clone(),
-            mac: slot.mac,
+            mac: port_mac,
+            slot_mac: slot.mac,
             lease: DeviceLease::new(move || {
                 s.plug.replug(s.parked.clone());
                 *s.in_use.lock().unwrap() = false;

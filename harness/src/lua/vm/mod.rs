@@ -237,7 +237,8 @@ impl Vm {
         let phase = self.phase();
         if phase != Phase::Created && phase != Phase::Booted {
             return Err(err(format!(
-                "{M}: vm `{}` is {}; attach disks to a created or booted vm",
+                "{M}: vm `{}` is {}; attach disks to a created vm (given at vm:boot()) or a booted one \
+                 (into a disk slot)",
                 self.name(),
                 phase.as_str()
             )));
