@@ -11,6 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use provium_protocol::{Event, EventFrame};
 
+use crate::lock::Locked;
 use crate::report::event_stream::{EventStreamWriter, Sink, SocketClients as Clients};
 
 /// A cheap, cloneable handle producers use to emit events.
@@ -65,7 +66,7 @@ impl EventSocket {
         let c = clients.clone();
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
-                c.0.lock().unwrap().push(conn);
+                c.0.locked().push(conn);
             }
         });
         Ok(EventSocket { clients })

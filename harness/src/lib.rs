@@ -28,6 +28,7 @@ pub mod events;
 pub mod file_digest;
 pub mod fixture;
 pub mod host_memory;
+pub mod lock;
 pub mod lua;
 pub mod network;
 pub mod partition;
@@ -36,4 +37,6 @@ pub mod runner;
 pub mod scheduler;
 pub mod script_error;
 pub mod settings;
+#[cfg(test)]
+mod source_scan;
 pub mod verified_entries;

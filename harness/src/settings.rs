@@ -218,19 +218,6 @@ mod tests {
     /// the source tree was built.
     #[test]
     fn no_other_harness_code_reads_the_environment() {
-        fn walk(dir: &std::path::Path, out: &mut Vec<PathBuf>) {
-            for entry in std::fs::read_dir(dir).unwrap() {
-                let path = entry.unwrap().path();
-                if path.is_dir() {
-                    walk(&path, out);
-                } else if path.extension().is_some_and(|e| e == "rs") {
-                    out.push(path);
-                }
-            }
-        }
-        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        let mut files = Vec::new();
-        walk(&src, &mut files);
         let forbidden = [
             "env::var(",
             "env::var_os(",
@@ -238,16 +225,7 @@ mod tests {
             "env::current_exe(",
             "env!(\"CARGO_MANIFEST_DIR\")",
         ];
-        let mut found = Vec::new();
-        for file in files.iter().filter(|f| !f.ends_with("settings.rs")) {
-            let text = std::fs::read_to_string(file).unwrap();
-            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
-            for (n, line) in code.lines().enumerate() {
-                if forbidden.iter().any(|f| line.contains(f)) {
-                    found.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
-                }
-            }
-        }
+        let found = crate::source_scan::lines_containing("settings.rs", &forbidden);
         assert!(
             found.is_empty(),
             "read the environment in Settings::from_env instead:\n{}",

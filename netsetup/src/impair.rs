@@ -124,22 +124,7 @@ fn float_to_u64(x: f64) -> u64 {
     x as u64
 }
 
-/// FNV-1a over a byte string: a small, stable hash used to derive seeds and
-/// stream numbers. Stable across versions and platforms by construction
-/// (unlike `std`'s hashers), which reproducibility needs.
-pub fn fnv1a(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for b in *part {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        // Separator so ("ab","c") and ("a","bc") differ.
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
+pub use crate::fnv1a::fnv1a;
 
 /// The bridge seed: FNV-1a of the run seed (little-endian) and the bridge name.
 /// Printing the run seed is enough to reproduce every bridge's drops.

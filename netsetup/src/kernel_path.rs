@@ -254,10 +254,24 @@ pub fn is_wire_end(ifname: &str) -> bool {
         && matches!(&rest[8..], "a" | "b")
 }
 
-/// Wires are numbered process-wide: the number names the veth ends (which
-/// must be unique in each namespace, whatever bridge made them), the
-/// filter preference on the TAPs and the action indices.
-static NEXT_WIRE: AtomicU32 = AtomicU32::new(0);
+/// Where [`Wire`]s get their numbers. The number names the veth ends
+/// (unique in each namespace, whatever bridge made them), the filter
+/// preference on the TAPs and the action indices. Clones share one
+/// counter: switches whose kernel NICs may share a network namespace (a
+/// sandbox on two bridges) must share one ([`SwitchConfig::wire_numbers`];
+/// the harness gives every bridge of a test file the file's). No
+/// process-wide counter: each run context passes its own (STYLE.md §5).
+///
+/// [`SwitchConfig::wire_numbers`]: crate::SwitchConfig::wire_numbers
+#[derive(Clone, Debug, Default)]
+pub struct WireNumbers(Arc<AtomicU32>);
+
+impl WireNumbers {
+    /// The next wire's number.
+    fn next(&self) -> u32 {
+        self.0.fetch_add(1, Ordering::Relaxed)
+    }
+}
 
 /// One direction of a [`Wire`]: from the TAP at one end to the other.
 #[derive(Debug)]
@@ -281,8 +295,12 @@ pub struct Wire {
 impl Wire {
     /// Builds the wire between `a` and `b`; both directions start
     /// disabled. On an error nothing is left behind.
-    pub fn create(a: &KernelNic, b: &KernelNic) -> Result<Wire, KernelPathError> {
-        let n = NEXT_WIRE.fetch_add(1, Ordering::Relaxed);
+    pub fn create(
+        a: &KernelNic,
+        b: &KernelNic,
+        numbers: &WireNumbers,
+    ) -> Result<Wire, KernelPathError> {
+        let n = numbers.next();
         let wire = Wire {
             nics: [a.clone(), b.clone()],
             ends: [format!("pvk{n:08x}a"), format!("pvk{n:08x}b")],

@@ -30,6 +30,7 @@
 #![warn(missing_docs)]
 
 pub mod clock;
+pub mod fnv1a;
 pub mod impair;
 pub mod kernel_path;
 pub mod mac;
@@ -42,7 +43,7 @@ pub mod uplink;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use impair::Impairment;
-pub use kernel_path::{KernelNic, KernelPathError, WireCount};
+pub use kernel_path::{KernelNic, KernelPathError, WireCount, WireNumbers};
 pub use mac::{MacAddr, MAX_FRAME_BYTES};
 pub use offload::{OffloadError, Offloads, VnetHdr};
 pub use pcap::{Capture, CaptureScope};

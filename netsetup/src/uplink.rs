@@ -28,7 +28,7 @@ use std::os::fd::BorrowedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::impair::fnv1a;
+use crate::fnv1a::fnv1a;
 use crate::tap::{set_link_up, tap_name, TapError};
 
 /// Errors from enabling or disabling an uplink.

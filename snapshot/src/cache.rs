@@ -36,7 +36,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sha2::{Digest, Sha256};
 
-use crate::format::NoSpace;
+use crate::install::NoSpace;
 use crate::lab_index::LAB_INDEX_FILE;
 
 /// A fixture cache key: SHA-256 over the fixture's inputs.
@@ -349,7 +349,7 @@ impl FixtureCache {
     /// cache under a temporary name, fsync, rename). Returns the entry's path.
     pub fn install_vm(&self, key: &CacheKey, src: &Path) -> Result<PathBuf, CacheError> {
         let dst = self.entry_path(key, EntryKind::Vm);
-        let tmp = crate::format::temp_sibling(&dst);
+        let tmp = crate::install::temp_sibling(&dst);
         let r = (|| {
             fs::copy(src, &tmp)?;
             File::open(&tmp)?.sync_all()?;
@@ -377,12 +377,12 @@ impl FixtureCache {
             });
         }
         let dst = self.entry_path(key, EntryKind::Lab);
-        let tmp = crate::format::temp_sibling(&dst);
+        let tmp = crate::install::temp_sibling(&dst);
         let r = copy_flat_dir(src, &tmp);
         if let Err(e) = r {
             let _ = fs::remove_dir_all(&tmp);
             return Err(match e {
-                CacheError::Io { source, .. } if crate::format::is_no_space(&source) => {
+                CacheError::Io { source, .. } if crate::install::is_no_space(&source) => {
                     self.install_error(src, source)
                 }
                 e => e,
@@ -524,10 +524,10 @@ impl FixtureCache {
         let Ok(rd) = fs::read_dir(&self.dir) else {
             return;
         };
-        let here = crate::format::host_name();
+        let here = crate::install::host_name();
         for ent in rd.flatten() {
             let name = ent.file_name().to_string_lossy().into_owned();
-            let Some((pid, host)) = crate::format::temp_owner(&name) else {
+            let Some((pid, host)) = crate::install::temp_owner(&name) else {
                 continue;
             };
             let gone = match host {
@@ -672,7 +672,7 @@ fn rename_exchange_or_replace(new: &Path, dst: &Path) -> io::Result<()> {
 }
 
 fn replace_by_sibling_rename(new: &Path, dst: &Path) -> io::Result<()> {
-    let old = crate::format::temp_sibling(dst);
+    let old = crate::install::temp_sibling(dst);
     match fs::rename(dst, &old) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -960,16 +960,16 @@ mod tests {
             .dir()
             .join(format!(".y.snap.tmp-{}-1", std::process::id()));
         fs::write(&live, b"half").unwrap();
-        let here = crate::format::host_name();
+        let here = crate::install::host_name();
         let stale_here = c.dir().join(format!(".z.snap.tmp-999999999-ab@{here}"));
         fs::write(&stale_here, b"half").unwrap();
         // Another host's writer: pid 999999999 means nothing here, so it stays.
         let other_host = c.dir().join(".w.snap.tmp-999999999-ab@other-host.example");
         fs::write(&other_host, b"half").unwrap();
-        let fresh = crate::format::temp_sibling(&c.dir().join("k.snap"));
+        let fresh = crate::install::temp_sibling(&c.dir().join("k.snap"));
         let fresh_name = fresh.file_name().unwrap().to_str().unwrap().to_string();
         assert_eq!(
-            crate::format::temp_owner(&fresh_name),
+            crate::install::temp_owner(&fresh_name),
             Some((std::process::id(), Some(here.as_str())))
         );
         c.evict_lru(0).unwrap();

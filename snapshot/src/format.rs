@@ -39,6 +39,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
+use crate::install::{temp_sibling, NoSpace};
 use crate::memory::{self, MemoryError, MemoryStats};
 
 /// The first eight bytes of every snapshot.
@@ -539,66 +540,6 @@ impl SnapshotBuilder {
     }
 }
 
-/// Whether `e` says the file system is full (or the writer's quota is).
-pub fn is_no_space(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
-}
-
-/// Bytes an unprivileged writer may still allocate on the file system
-/// holding `dir` (0 when it cannot be asked).
-pub fn free_bytes(dir: &Path) -> u64 {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
-        return 0;
-    };
-    // SAFETY: statvfs only writes the struct it is given; zeroed is a
-    // valid value of it.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a NUL-terminated path and a pointer to a live statvfs.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return 0;
-    }
-    st.f_bavail.saturating_mul(st.f_frsize)
-}
-
-/// What a write that ran out of space reports, whoever reports it: the
-/// fields of [`SnapshotError::NoSpace`] and `CacheError::NoSpace`, built in
-/// one place.
-pub(crate) struct NoSpace {
-    /// The file being written.
-    pub path: PathBuf,
-    /// The directory whose file system is full.
-    pub dir: PathBuf,
-    /// Space left there for an unprivileged writer, in bytes.
-    pub free_bytes: u64,
-    /// What the write needed in all, in bytes.
-    pub needed_bytes: u64,
-    /// The I/O error (ENOSPC or EDQUOT).
-    pub source: io::Error,
-}
-
-impl NoSpace {
-    /// `Ok` when `source` says the file system holding `dir` is full
-    /// (`needed_bytes` is only asked then); otherwise the error back.
-    pub(crate) fn detect(
-        path: &Path,
-        dir: &Path,
-        needed_bytes: impl FnOnce() -> u64,
-        source: io::Error,
-    ) -> Result<NoSpace, io::Error> {
-        if !is_no_space(&source) {
-            return Err(source);
-        }
-        Ok(NoSpace {
-            path: path.to_path_buf(),
-            dir: dir.to_path_buf(),
-            free_bytes: free_bytes(dir),
-            needed_bytes: needed_bytes(),
-            source,
-        })
-    }
-}
-
 impl From<NoSpace> for SnapshotError {
     fn from(n: NoSpace) -> SnapshotError {
         SnapshotError::NoSpace {
@@ -626,64 +567,6 @@ pub(crate) fn write_error(path: &Path, needed_bytes: u64, source: io::Error) -> 
             source,
         },
     }
-}
-
-/// `<dir>/.<name>.tmp-<pid>-<random>@<host>`, beside `path`: unique across
-/// the processes of every machine sharing the directory (a cache on NFS),
-/// and saying whose it is, so only its own host judges whether its writer
-/// is gone ([`temp_owner`]).
-pub(crate) fn temp_sibling(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "snapshot".into());
-    let mut b = [0u8; 8];
-    let random = std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
-        .map(|()| u64::from_le_bytes(b))
-        .unwrap_or_else(|_| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64)
-        });
-    path.with_file_name(format!(
-        ".{name}.tmp-{}-{random:016x}@{}",
-        std::process::id(),
-        host_name()
-    ))
-}
-
-/// This machine's host name, reduced to `[A-Za-z0-9.-]` (others become `_`).
-pub(crate) fn host_name() -> String {
-    let raw = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let h: String = raw
-        .trim()
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if h.is_empty() {
-        "localhost".into()
-    } else {
-        h
-    }
-}
-
-/// The writer of a temporary name from [`temp_sibling`]: (pid, host); the
-/// host is `None` for names written before hosts were recorded.
-pub(crate) fn temp_owner(file_name: &str) -> Option<(u32, Option<&str>)> {
-    let rest = file_name.strip_prefix('.')?.split_once(".tmp-")?.1;
-    let (rest, host) = match rest.split_once('@') {
-        Some((r, h)) => (r, Some(h)),
-        None => (rest, None),
-    };
-    let pid = rest.split('-').next()?.parse().ok()?;
-    Some((pid, host))
 }
 
 fn put_str(t: &mut Vec<u8>, s: &str) {

@@ -33,7 +33,8 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::format::{temp_sibling, write_error, SectionKind, Snapshot, SnapshotError};
+use crate::format::{write_error, SectionKind, Snapshot, SnapshotError};
+use crate::install::temp_sibling;
 use crate::memory;
 use sha2::{Digest, Sha256};
 

@@ -186,7 +186,7 @@ impl LabIndex {
             source,
         };
         let json = serde_json::to_vec_pretty(self).expect("an index always serializes");
-        let tmp = crate::format::temp_sibling(&path);
+        let tmp = crate::install::temp_sibling(&path);
         std::fs::write(&tmp, json).map_err(io)?;
         std::fs::rename(&tmp, &path).map_err(io)
     }

@@ -23,6 +23,7 @@
 pub mod cache;
 pub mod format;
 pub mod image;
+pub mod install;
 pub mod lab_index;
 pub mod memory;
 pub mod persist;

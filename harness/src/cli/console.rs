@@ -37,12 +37,6 @@ pub struct ConsoleOpts {
     pub agent: bool,
 }
 
-static SIGNALLED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    SIGNALLED.store(true, Ordering::SeqCst);
-}
-
 /// Raw mode on the terminal at fd 0 while alive.
 struct RawTerminal {
     saved: libc::termios,
@@ -194,10 +188,7 @@ pub fn run(args: &RunArgs, profile_name: &str, opts: &ConsoleOpts) -> Result<i32
         machine.cid().unwrap_or_default(),
         if opts.agent { "with the" } else { "no" }
     );
-    for sig in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT] {
-        // SAFETY: the handler only stores to an atomic.
-        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
-    }
+    crate::runner::interrupt::install_for_console();
     let out_done = Arc::new(AtomicBool::new(false));
     let out_thread = {
         let machine = machine.clone();
@@ -253,7 +244,7 @@ fn input_loop(
     let mut esc = Escape::default();
     let mut buf = [0u8; 1024];
     loop {
-        if SIGNALLED.load(Ordering::SeqCst) {
+        if crate::runner::interrupt::received().is_some() {
             return Ended::Detached("signal");
         }
         let stopped = machine.stopped();

@@ -46,6 +46,7 @@ use provium_protocol::wire::{
 use provium_protocol::{decode, encode, ProtocolError, MAX_CHUNK_BYTES, STREAM_WINDOW_BYTES};
 
 use super::error::ClientError;
+use crate::lock::Locked;
 
 /// When a call gives up, with the budget it was given: a timeout error
 /// names the budget, which is what the caller set.
@@ -683,7 +684,7 @@ pub(crate) fn take_done(st: &mut State, id: u64) -> Option<OpResult> {
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves plain data behind; keep going.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.locked()
     }
 
     fn wait_for<T>(
@@ -754,7 +755,7 @@ impl Shared {
             return Err(lost.error());
         }
         let res = {
-            let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+            let mut w = self.writer.locked();
             write_frame(&mut *w, body, self.max_frame_bytes)
         };
         res.map_err(|e| {

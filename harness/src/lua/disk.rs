@@ -58,6 +58,7 @@ pub enum DiskError {
     ImageGone { id: String, reason: String },
 }
 use crate::config::parse_size;
+use crate::lock::Locked;
 use crate::runner::FileEnv;
 
 /// `size` when `vm:attach_disk` gives none (the reference's default).
@@ -278,7 +279,7 @@ impl BootDrives {
     /// the guest nothing).
     pub fn given_to_guest(&self) {
         for (i, d) in self.disks.iter().enumerate() {
-            *d.0.guest_device.lock().unwrap() = Some(guest_device_name(i));
+            *d.0.guest_device.locked() = Some(guest_device_name(i));
         }
     }
 }
@@ -385,7 +386,7 @@ impl Disk {
     }
 
     pub fn image(&self) -> Option<PathBuf> {
-        self.0.image.lock().unwrap().clone()
+        self.0.image.locked().clone()
     }
 
     /// The fault set the VMM's block device shares.
@@ -403,7 +404,7 @@ impl Disk {
         self.0.faults.detach();
         // A disk a running guest took after boot leaves its slot: the
         // guest's /dev/vdX goes back to size 0.
-        if let Some((_, lease)) = self.0.lease.lock().unwrap().take() {
+        if let Some((_, lease)) = self.0.lease.locked().take() {
             lease.release();
         }
     }
@@ -429,14 +430,14 @@ impl Disk {
     /// Takes a running guest's slot for this disk (`Guest::add_disk`, or a
     /// restore that put it back).
     pub fn adopt(&self, added: AddedDisk) {
-        *self.0.guest_device.lock().unwrap() = Some(added.guest_device);
-        *self.0.lease.lock().unwrap() = Some((added.slot, added.lease));
+        *self.0.guest_device.locked() = Some(added.guest_device);
+        *self.0.lease.locked() = Some((added.slot, added.lease));
     }
 
     /// What a snapshot records of a disk in a slot (`None` for a disk given
     /// at boot, or detached).
     pub fn slot_decl(&self) -> Option<SlotDiskDecl> {
-        let slot = self.0.lease.lock().unwrap().as_ref().map(|(s, _)| *s)?;
+        let slot = self.0.lease.locked().as_ref().map(|(s, _)| *s)?;
         if self.is_detached() {
             return None;
         }
@@ -453,7 +454,7 @@ impl Disk {
 
     /// `/dev/vdX` once booted into a guest, else None.
     pub fn guest_device(&self) -> Option<String> {
-        self.0.guest_device.lock().unwrap().clone()
+        self.0.guest_device.locked().clone()
     }
 
     /// `:size()`: the live image size, or the modelled size without one.
@@ -491,10 +492,10 @@ impl Disk {
         // Not under this disk's image lock: the check reads every sibling's
         // image, this disk's included.
         if let Some(list) = self.0.siblings.upgrade() {
-            let list = list.lock().unwrap();
+            let list = list.locked();
             check_image_unused(M, &self.0.vm_name, &abs, &list)?;
         }
-        let mut image = self.0.image.lock().unwrap();
+        let mut image = self.0.image.locked();
         if let Some(old) = image.as_ref() {
             return Err(already(old));
         }
@@ -756,7 +757,7 @@ mod tests {
             image: Some(f.path().to_path_buf()),
         };
         let d = Disk::new(env, "v", opts, &list);
-        list.lock().unwrap().push(d.clone());
+        list.locked().push(d.clone());
         (d, f, list)
     }
 

@@ -13,6 +13,7 @@ use super::process::ProcessUd;
 use super::run_result::RunResult;
 use super::vm_ctx::{client_err, Ops, VmCtx};
 use super::{command, err, rust_err};
+use crate::lock::Locked;
 
 /// A userdata that can run guest operations.
 pub trait GuestTarget: Sized + 'static {
@@ -351,17 +352,17 @@ impl UserData for BatchBuilder {
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
         m.add_method("run", |_, b, (cmd, second): (String, Option<Table>)| {
             let run = command::parse("b:run", cmd, second, true)?;
-            b.ops.lock().unwrap().push(Op::Exec(run.into_exec()));
+            b.ops.locked().push(Op::Exec(run.into_exec()));
             Ok(())
         });
         m.add_method("read_file", |_, b, path: String| {
-            b.ops.lock().unwrap().push(Op::ReadFile { path });
+            b.ops.locked().push(Op::ReadFile { path });
             Ok(())
         });
         m.add_method(
             "write_file",
             |_, b, (path, data): (String, mlua::LuaString)| {
-                b.ops.lock().unwrap().push(Op::WriteFile {
+                b.ops.locked().push(Op::WriteFile {
                     path,
                     data: data.as_bytes().to_vec(),
                 });
@@ -369,16 +370,16 @@ impl UserData for BatchBuilder {
             },
         );
         m.add_method("stat", |_, b, path: String| {
-            b.ops.lock().unwrap().push(Op::Stat { path });
+            b.ops.locked().push(Op::Stat { path });
             Ok(())
         });
         m.add_method("listdir", |_, b, path: String| {
-            b.ops.lock().unwrap().push(Op::ListDir { path });
+            b.ops.locked().push(Op::ListDir { path });
             Ok(())
         });
         m.add_method("mkdir", |_, b, (path, opts): (String, Option<Table>)| {
             let (parents, perm) = mkdir_opts(opts)?;
-            b.ops.lock().unwrap().push(Op::Mkdir {
+            b.ops.locked().push(Op::Mkdir {
                 path,
                 parents,
                 perm,
@@ -386,16 +387,16 @@ impl UserData for BatchBuilder {
             Ok(())
         });
         m.add_method("unlink", |_, b, path: String| {
-            b.ops.lock().unwrap().push(Op::Unlink { path });
+            b.ops.locked().push(Op::Unlink { path });
             Ok(())
         });
         m.add_method("rename", |_, b, (from, to): (String, String)| {
-            b.ops.lock().unwrap().push(Op::Rename { from, to });
+            b.ops.locked().push(Op::Rename { from, to });
             Ok(())
         });
         m.add_method("syscall", |_, b, (nr, rest): (i64, MultiValue)| {
             let spec = parse_syscall("b:syscall", nr, rest, false)?;
-            b.ops.lock().unwrap().push(Op::Syscall(spec));
+            b.ops.locked().push(Op::Syscall(spec));
             Ok(())
         });
     }
@@ -420,12 +421,8 @@ pub fn add_guest_methods<T: GuestTarget + UserData, M: UserDataMethods<T>>(m: &m
             let method = name("run");
             let run = command::parse(&method, cmd, second, true)?;
             let ops = this.ops()?;
-            let out = this.ctx().guard_op(&method, || ops.exec(run.into_exec()))?;
-            Ok(RunResult {
-                exit: out.exit,
-                stdout: out.stdout,
-                stderr: out.stderr,
-            })
+            let out: RunResult = this.ctx().guard_op(&method, || ops.exec(run.into_exec()))?;
+            Ok(out)
         },
     );
     m.add_method(
@@ -613,7 +610,7 @@ pub fn add_guest_methods<T: GuestTarget + UserData, M: UserDataMethods<T>>(m: &m
             ops: Default::default(),
         })?;
         f.call::<()>(builder.clone())?;
-        let ops_list = std::mem::take(&mut *builder.borrow::<BatchBuilder>()?.ops.lock().unwrap());
+        let ops_list = std::mem::take(&mut *builder.borrow::<BatchBuilder>()?.ops.locked());
         let ops = this.ops()?;
         let results = this
             .ctx()

@@ -45,6 +45,7 @@ use super::stream::{creation_site, Stream};
 use super::vm_ctx::VmCtx;
 use super::{err, rust_err};
 use crate::backend::{lone_port, plan_nics, BackendError, Guest, NicSource, NicSpec};
+use crate::lock::Locked;
 pub use crate::network::{nic_mac, BridgeOpts, DEFAULT_UPLINK_ADDR, UPLINK_PORT};
 use crate::runner::{CloseKind, Closeable, FileEnv};
 
@@ -161,7 +162,7 @@ impl NetMember {
 
     /// Records that this VM is attached to `b` (called by the bridge).
     fn link_bridge(&self, b: &Bridge) {
-        let mut bs = self.links.on.lock().unwrap();
+        let mut bs = self.links.on.locked();
         bs.retain(|w| w.upgrade().is_some());
         if !bs.iter().any(|w| w.is(b)) {
             bs.push(b.downgrade());
@@ -170,19 +171,19 @@ impl NetMember {
 
     /// Forgets the attachment to `b` (called by the bridge).
     fn unlink_bridge(&self, b: &Bridge) {
-        self.links.on.lock().unwrap().retain(|w| !w.is(b));
+        self.links.on.locked().retain(|w| !w.is(b));
     }
 
     /// The live bridges this VM is attached to.
     pub fn bridges(&self) -> Vec<Bridge> {
-        let bs = self.links.on.lock().unwrap().clone();
+        let bs = self.links.on.locked().clone();
         bs.iter().filter_map(WeakBridge::upgrade).collect()
     }
 
     /// The live bridges this VM was on when it last shut down (until a
     /// restore puts it back).
     pub fn left_bridges(&self) -> Vec<Bridge> {
-        let bs = self.links.left.lock().unwrap().clone();
+        let bs = self.links.left.locked().clone();
         bs.iter().filter_map(WeakBridge::upgrade).collect()
     }
 
@@ -191,7 +192,7 @@ impl NetMember {
     pub fn leave_all(&self) {
         let on: Vec<WeakBridge> = self.bridges().iter().map(Bridge::downgrade).collect();
         if !on.is_empty() {
-            *self.links.left.lock().unwrap() = on;
+            *self.links.left.locked() = on;
         }
         for b in self.bridges() {
             b.vm_gone(self);
@@ -200,7 +201,7 @@ impl NetMember {
 
     /// A restore put the VM back: it has left nothing.
     pub fn forget_left(&self) {
-        self.links.left.lock().unwrap().clear();
+        self.links.left.locked().clear();
     }
 }
 
@@ -322,6 +323,7 @@ impl Bridge {
             SwitchConfig {
                 run_seed: env.run_seed,
                 kernel_path: opts.kernel_path,
+                wire_numbers: env.wire_numbers.clone(),
                 ..SwitchConfig::default()
             },
         );
@@ -363,7 +365,7 @@ impl Bridge {
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, BridgeState> {
-        self.0.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.0.state.locked()
     }
 
     pub(super) fn open_state(&self, method: &str) -> mlua::Result<MutexGuard<'_, BridgeState>> {
@@ -1007,7 +1009,7 @@ impl Bridge {
             format!("bridge {}", self.0.name),
             None,
         );
-        let mut caps = self.0.captures.lock().unwrap();
+        let mut caps = self.0.captures.locked();
         caps.retain(Stream::is_open);
         caps.push(s.clone());
         Ok(s)
@@ -1017,7 +1019,7 @@ impl Bridge {
     /// `Vm::live_streams` names them (they count as live streams of every
     /// VM on the bridge).
     pub fn live_capture_streams(&self) -> Vec<Stream> {
-        let mut caps = self.0.captures.lock().unwrap();
+        let mut caps = self.0.captures.locked();
         caps.retain(Stream::is_open);
         caps.clone()
     }

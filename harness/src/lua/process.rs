@@ -7,10 +7,10 @@ use mlua::{Lua, UserData, UserDataMethods, Value};
 use provium_protocol::signal::{parse_signal, SIGTERM};
 
 use super::phase::Phase;
-use super::run_result::RunResult;
 use super::vm_ctx::VmCtx;
 use super::{duration, err};
 use crate::client::Process;
+use crate::lock::Locked;
 use crate::runner::{CloseKind, Closeable};
 
 struct ProcInner {
@@ -25,7 +25,7 @@ pub struct ProcessUd(Arc<ProcInner>);
 impl Closeable for ProcessUd {
     fn auto_close(&self) -> Result<(), crate::runner::file::TestFailure> {
         // SIGTERM, then the agent escalates to SIGKILL after its grace period.
-        if let Some(mut p) = self.0.proc.lock().unwrap().take() {
+        if let Some(mut p) = self.0.proc.locked().take() {
             if self.0.vm.phase() == Phase::Booted {
                 p.release()
                     .map_err(|e| format!("proc:close: {}", crate::error_chain::flatten(&e)))?;
@@ -68,7 +68,7 @@ impl ProcessUd {
         method: &str,
         f: impl FnOnce(&mut Process) -> Result<T, crate::client::ClientError>,
     ) -> mlua::Result<T> {
-        let mut guard = self.0.proc.lock().unwrap();
+        let mut guard = self.0.proc.locked();
         let p = guard.as_mut().ok_or_else(|| {
             err(format!(
                 "proc:{method}: the process was already waited for or closed"
@@ -93,8 +93,8 @@ impl UserData for ProcessUd {
             };
             let out = this.with("wait", |p| p.wait(timeout))?;
             // The agent slot is gone: the Process is consumed.
-            this.0.proc.lock().unwrap().take();
-            Ok(RunResult { exit: out.exit, stdout: out.stdout, stderr: out.stderr })
+            this.0.proc.locked().take();
+            Ok(out)
         });
         let kill = |_: &Lua, this: &ProcessUd, sig: Value| {
             let sig = signal_arg(sig, "proc:kill")?;

@@ -1,23 +1,18 @@
-//! RunResult: what `vm:run`, `worker:run` and `proc:wait` return.
+//! RunResult: what `vm:run`, `worker:run` and `proc:wait` return. It is
+//! the agent client's [`RunOutput`] itself (one run-result type for the
+//! client and the Lua API), given its Lua face here.
 
 use mlua::{UserData, UserDataFields, UserDataMethods};
-use provium_protocol::result::{ExitInfo, ExitStatus};
+use provium_protocol::result::ExitStatus;
 use provium_protocol::signal::signal_name;
 
 use super::err;
 
-#[derive(Clone)]
-pub struct RunResult {
-    pub exit: ExitInfo,
-    pub stdout: Vec<u8>,
-    pub stderr: Vec<u8>,
-}
+pub use crate::client::RunOutput;
+/// The Lua API's name for a [`RunOutput`].
+pub use crate::client::RunOutput as RunResult;
 
-impl RunResult {
-    pub fn ok(&self) -> bool {
-        self.exit.status == ExitStatus::Exited && self.exit.exit_code == 0
-    }
-
+impl RunOutput {
     /// The message of a failed `assert_ok`: status, stdout and stderr.
     pub fn failure_message(&self) -> String {
         let status = match self.exit.status {
@@ -39,7 +34,7 @@ impl RunResult {
     }
 }
 
-impl UserData for RunResult {
+impl UserData for RunOutput {
     fn add_fields<F: UserDataFields<Self>>(f: &mut F) {
         f.add_field_method_get("exit_code", |_, this| Ok(this.exit.exit_code));
         f.add_field_method_get("stdout", |lua, this| lua.create_string(&this.stdout));
@@ -52,9 +47,9 @@ impl UserData for RunResult {
     }
 
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
-        m.add_method("ok", |_, this, ()| Ok(this.ok()));
+        m.add_method("ok", |_, this, ()| Ok(this.success()));
         m.add_method("assert_ok", |_, this, ()| {
-            if this.ok() {
+            if this.success() {
                 Ok(this.clone())
             } else {
                 Err(err(this.failure_message()))

@@ -9,6 +9,7 @@ use mlua::{Lua, UserData, UserDataMethods, Value};
 
 use super::{duration, err};
 use crate::client::{ClientError, StreamReader};
+use crate::lock::Locked;
 use crate::runner::{CloseKind, Closeable, FileEnv};
 
 const DEFAULT_NEXT: Duration = Duration::from_secs(10);
@@ -148,7 +149,7 @@ impl Stream {
     }
 
     fn close_now(&self) {
-        let mut st = self.state.lock().unwrap();
+        let mut st = self.state.locked();
         if !st.closed {
             st.closed = true;
             st.pending.clear();
@@ -160,7 +161,7 @@ impl Stream {
     }
 
     fn next(&self, timeout: Duration) -> mlua::Result<Option<Vec<u8>>> {
-        let mut st = self.state.lock().unwrap();
+        let mut st = self.state.locked();
         if st.closed {
             return Ok(None);
         }
@@ -193,7 +194,7 @@ impl Stream {
     fn read_until(&self, pattern: &[u8], timeout: Duration) -> mlua::Result<Vec<u8>> {
         let shown = String::from_utf8_lossy(pattern).into_owned();
         let end = Instant::now() + timeout;
-        let mut st = self.state.lock().unwrap();
+        let mut st = self.state.locked();
         if st.closed {
             return Err(err("stream closed"));
         }
@@ -221,7 +222,7 @@ impl Stream {
     }
 
     fn drain(&self, timeout: Duration) -> mlua::Result<Vec<Vec<u8>>> {
-        let mut st = self.state.lock().unwrap();
+        let mut st = self.state.locked();
         let mut out = Vec::new();
         if st.closed {
             return Ok(out);
@@ -292,7 +293,7 @@ impl UserData for Stream {
             Ok(())
         });
         m.add_method("eof", |_, this, ()| {
-            let st = this.state.lock().unwrap();
+            let st = this.state.locked();
             Ok(st.pending.is_empty() && (st.closed || st.source.is_eof()))
         });
         m.add_method("creation_site", |lua, this, ()| match &this.site {

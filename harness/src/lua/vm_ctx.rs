@@ -24,6 +24,7 @@ use super::stream::{ByteSource, Stream};
 use super::{err, rust_err};
 use crate::backend::{Capabilities, Guest};
 use crate::client::{AgentClient, AgentOps, ClientError};
+use crate::lock::Locked;
 use crate::runner::{FileEnv, LiveResource};
 
 /// The agent operations a guest op runs on (the VM's or a worker's).
@@ -57,13 +58,13 @@ impl LiveResource for VmShared {
     fn teardown(&self) {
         // Only the machine's kill switch: never wait on the state lock, which
         // the file's thread may hold while blocked on the agent.
-        if let Some(m) = self.machine.lock().unwrap().as_ref() {
+        if let Some(m) = self.machine.locked().as_ref() {
             m.kill();
         }
     }
 
     fn console_excerpt(&self) -> Option<String> {
-        let m = self.machine.lock().unwrap().clone()?;
+        let m = self.machine.locked().clone()?;
         m.console_tail(crate::runner::file::CONSOLE_EXCERPT_BYTES)
             .map(|t| format!("--- {} console ---\n{t}", self.name))
     }
@@ -101,12 +102,12 @@ impl VmCtx {
     }
 
     pub fn phase(&self) -> Phase {
-        self.0.state.lock().unwrap().phase
+        self.0.state.locked().phase
     }
 
     /// The state lock (the VM's own thread only; see the module docs).
     pub fn lock_state(&self) -> MutexGuard<'_, VmState> {
-        self.0.state.lock().unwrap()
+        self.0.state.locked()
     }
 
     /// True when both contexts are the same VM.
@@ -122,7 +123,7 @@ impl VmCtx {
     /// The machine, whatever the phase (None before boot and after
     /// shutdown).
     pub fn current_machine(&self) -> Option<Arc<dyn Guest>> {
-        self.0.machine.lock().unwrap().clone()
+        self.0.machine.locked().clone()
     }
 
     /// The machine, while booted (for creating NICs).
@@ -141,12 +142,12 @@ impl VmCtx {
 
     /// Puts a just-built machine in the slot (boot, restore).
     pub fn set_machine(&self, machine: Arc<dyn Guest>) {
-        *self.0.machine.lock().unwrap() = Some(machine);
+        *self.0.machine.locked() = Some(machine);
     }
 
     /// Empties the slot (shutdown), returning the machine that was there.
     pub fn take_machine(&self) -> Option<Arc<dyn Guest>> {
-        self.0.machine.lock().unwrap().take()
+        self.0.machine.locked().take()
     }
 
     /// Open `file` handles on this VM (`vm:open_file_count()`).
@@ -175,7 +176,7 @@ impl VmCtx {
 
     /// The connection for guest ops: only while booted.
     pub fn client(&self, method: &str) -> mlua::Result<AgentClient> {
-        let st = self.0.state.lock().unwrap();
+        let st = self.0.state.locked();
         match (st.phase, &st.client) {
             (Phase::Booted, Some(c)) => Ok(c.clone()),
             (phase, _) => Err(err(format!(
@@ -210,7 +211,7 @@ impl VmCtx {
                 return err(format!("{method}: {}", reason.message()));
             }
             if e.is_connection_lost() {
-                let mut st = self.0.state.lock().unwrap();
+                let mut st = self.0.state.locked();
                 if st.phase == Phase::Booted {
                     st.phase = Phase::Dead;
                 }
@@ -240,7 +241,7 @@ impl VmCtx {
             detail,
             Some(self.0.open_streams.clone()),
         );
-        let mut streams = self.0.streams.lock().unwrap();
+        let mut streams = self.0.streams.locked();
         streams.retain(Stream::is_open);
         streams.push(s.clone());
         s
@@ -248,7 +249,7 @@ impl VmCtx {
 
     /// The streams opened on this VM that are still open.
     pub fn own_streams(&self) -> Vec<Stream> {
-        let mut own = self.0.streams.lock().unwrap();
+        let mut own = self.0.streams.locked();
         own.retain(Stream::is_open);
         own.clone()
     }

@@ -11,6 +11,7 @@ use super::phase::Phase;
 use super::process::signal_arg;
 use super::vm_ctx::{Ops, VmCtx};
 use crate::client::{AgentOps, Worker};
+use crate::lock::Locked;
 use crate::runner::{CloseKind, Closeable};
 
 struct WorkerInner {
@@ -24,7 +25,7 @@ pub struct WorkerUd(Arc<WorkerInner>);
 
 impl Closeable for WorkerUd {
     fn auto_close(&self) -> Result<(), crate::runner::file::TestFailure> {
-        let w = self.0.worker.lock().unwrap().take();
+        let w = self.0.worker.locked().take();
         if let Some(w) = w {
             if self.0.vm.phase() == Phase::Booted {
                 if let Ok(w) = Arc::try_unwrap(w) {

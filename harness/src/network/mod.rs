@@ -11,7 +11,7 @@
 //! that is free, else the lowest free `ethN` ([`ifname_for`]): an existing
 //! interface is never renamed under a running guest.
 
-use provium_netsetup::impair::fnv1a;
+use provium_netsetup::fnv1a::fnv1a;
 use provium_netsetup::MacAddr;
 
 /// The switch port name of a bridge's uplink (not a valid VM name on any

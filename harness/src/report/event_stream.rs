@@ -52,6 +52,7 @@ impl EventStreamWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lock::Locked;
     use provium_protocol::event::{Event, FixtureCacheHit};
     use provium_protocol::frame::read_message;
 
@@ -72,7 +73,7 @@ mod tests {
         w.write(&frame).unwrap();
         w.write(&frame).unwrap();
         w.flush().unwrap();
-        assert!(clients.lock().unwrap().is_empty());
+        assert!(clients.locked().is_empty());
         let bytes = out.bytes();
         let mut r = bytes.as_slice();
         for _ in 0..2 {

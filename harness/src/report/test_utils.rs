@@ -3,13 +3,15 @@
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
+use crate::lock::Locked;
+
 /// A `Write` whose bytes the test reads back after the writer is gone.
 #[derive(Clone, Default)]
 pub struct SharedBuffer(Arc<Mutex<Vec<u8>>>);
 
 impl SharedBuffer {
     pub fn bytes(&self) -> Vec<u8> {
-        self.0.lock().unwrap().clone()
+        self.0.locked().clone()
     }
 
     pub fn text(&self) -> String {
@@ -19,7 +21,7 @@ impl SharedBuffer {
 
 impl Write for SharedBuffer {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
+        self.0.locked().extend_from_slice(buf);
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {

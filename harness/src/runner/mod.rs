@@ -20,6 +20,7 @@ use crate::backend::Backend;
 use crate::config::Config;
 use crate::events::EventSender;
 use crate::file_digest::FileDigests;
+use crate::lock::Locked;
 
 /// Which backend creates VMs for this run (defined with the backends).
 pub use crate::backend::BackendKind;
@@ -66,7 +67,7 @@ impl RunResources {
     }
 
     fn track(&self, r: Weak<dyn LiveResource>) {
-        let mut all = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let mut all = self.live.locked();
         all.retain(|w| w.strong_count() > 0);
         all.push(r);
     }
@@ -75,8 +76,7 @@ impl RunResources {
     pub fn tear_down_all(&self) {
         let live: Vec<Arc<dyn LiveResource>> = self
             .live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .locked()
             .iter()
             .filter_map(Weak::upgrade)
             .collect();
@@ -161,6 +161,10 @@ pub struct FileEnv {
     /// The run seed: every bridge's drop pattern derives from it (and the
     /// bridge name), so the same seed reproduces the same drops.
     pub run_seed: u64,
+    /// Where this file's bridges number their kernel-path wires: one
+    /// counter for all of them, since a sandbox on two bridges has both
+    /// bridges' wires in its namespace.
+    pub wire_numbers: provium_netsetup::WireNumbers,
     /// The run's resources, which this file's join.
     run_resources: RunResources,
     cancelled: AtomicBool,
@@ -190,6 +194,7 @@ impl FileEnv {
             machines,
             events,
             run_seed: 0,
+            wire_numbers: provium_netsetup::WireNumbers::default(),
             run_resources: RunResources::default(),
             cancelled: AtomicBool::new(false),
             cancel_reason: Mutex::new(None),
@@ -236,22 +241,22 @@ impl FileEnv {
     /// Register something to auto-close at the end of the current scope.
     /// The scope holds it (alive) until it ends.
     pub fn register_closeable(&self, kind: CloseKind, c: Arc<dyn Closeable>) {
-        let mut scopes = self.scopes.lock().unwrap();
+        let mut scopes = self.scopes.locked();
         if let Some(top) = scopes.last_mut() {
             top.push((kind, c));
         }
     }
 
     pub fn push_scope(&self) {
-        self.scopes.lock().unwrap().push(Vec::new());
+        self.scopes.locked().push(Vec::new());
     }
 
     /// Close everything registered in the innermost scope, in [`CloseKind`]
     /// order (newest first within a kind); returns the first error.
     pub fn pop_scope(&self) -> Result<(), TestFailure> {
-        let mut items = self.scopes.lock().unwrap().pop().unwrap_or_default();
-        if self.scopes.lock().unwrap().is_empty() {
-            self.scopes.lock().unwrap().push(Vec::new());
+        let mut items = self.scopes.locked().pop().unwrap_or_default();
+        if self.scopes.locked().is_empty() {
+            self.scopes.locked().push(Vec::new());
         }
         items.reverse();
         items.sort_by_key(|(k, _)| *k);
@@ -267,7 +272,7 @@ impl FileEnv {
     /// Register a resource for watchdog teardown and console excerpts.
     pub fn track(&self, r: Weak<dyn LiveResource>) {
         self.run_resources.track(r.clone());
-        let mut live = self.live.lock().unwrap();
+        let mut live = self.live.locked();
         live.retain(|w| w.strong_count() > 0);
         live.push(r);
     }
@@ -284,7 +289,7 @@ impl FileEnv {
     /// Called by the watchdog: flag the cancellation and kill every VM so
     /// that calls blocked on an agent return.
     pub fn cancel(&self, reason: CancelReason) {
-        *self.cancel_reason.lock().unwrap() = Some(reason);
+        *self.cancel_reason.locked() = Some(reason);
         self.cancelled.store(true, Ordering::SeqCst);
         for r in self.live_resources() {
             r.teardown();
@@ -294,11 +299,11 @@ impl FileEnv {
     /// Clear a per-test cancellation so the next test can run.
     pub fn clear_cancel(&self) -> Option<CancelReason> {
         self.cancelled.store(false, Ordering::SeqCst);
-        self.cancel_reason.lock().unwrap().take()
+        self.cancel_reason.locked().take()
     }
 
     pub fn cancel_reason(&self) -> Option<CancelReason> {
-        self.cancel_reason.lock().unwrap().clone()
+        self.cancel_reason.locked().clone()
     }
 
     /// [`RunnerError::Cancelled`] once the watchdog fired, for calls to

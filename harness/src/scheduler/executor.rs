@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use provium_protocol::event::{Event, TestFailed, TestPassed, TestSkipped, TestStarted};
 
 use super::messages::{ExecutorMessage, Reservation};
+use crate::lock::Locked;
 use crate::runner::file::{FileRuntimeFactory, LoadFailure, TestFailure, TestRun, POISONED};
 use crate::runner::filter::TestFilter;
 use crate::runner::outcome::{FileOutcome, TestReport, TestStatus};
@@ -78,7 +79,7 @@ impl Watchdog {
                 while !s.load(Ordering::SeqCst) {
                     let now = Instant::now();
                     let fired = {
-                        let mut dl = d.lock().unwrap();
+                        let mut dl = d.locked();
                         if let Some(sig) = interrupt::received().filter(|_| !interrupted) {
                             interrupted = true;
                             Some(CancelReason::Interrupted(sig))
@@ -107,7 +108,7 @@ impl Watchdog {
     }
 
     fn set_test_deadline(&self, timeout: Option<Duration>) {
-        self.deadlines.lock().unwrap().test = timeout.map(|d| (Instant::now() + d, d));
+        self.deadlines.locked().test = timeout.map(|d| (Instant::now() + d, d));
     }
 }
 

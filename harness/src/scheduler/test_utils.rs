@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use provium_protocol::meta::MetaMap;
 
+use crate::lock::Locked;
 use crate::runner::file::{
     FileRuntime, FileRuntimeFactory, LoadFailure, LoadedFile, RuntimeSetupError, TestFailure,
     TestRun,
@@ -111,7 +112,7 @@ impl ScriptedFactory {
 
 impl FileRuntimeFactory for ScriptedFactory {
     fn open(&self, _: Arc<FileEnv>) -> Result<Box<dyn FileRuntime>, RuntimeSetupError> {
-        let mut slot = self.script.lock().unwrap();
+        let mut slot = self.script.locked();
         let script = if self.reuse {
             slot.clone()
         } else {

@@ -117,7 +117,7 @@ impl Inner {
                     let nics = [key.0, key.1]
                         .map(|id| c.ports.get(&id).and_then(|s| s.kernel_nic.as_ref()));
                     let [Some(a), Some(b)] = nics else { continue };
-                    match Wire::create(a, b) {
+                    match Wire::create(a, b, &self.config.wire_numbers) {
                         Ok(w) => v.insert(w),
                         Err(e) => return self.kernel_failed(broken, "build a kernel path", e),
                     }

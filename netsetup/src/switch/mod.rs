@@ -166,6 +166,10 @@ pub struct SwitchConfig {
     /// kernel NIC ([`Port::set_kernel_nic`]; see [`crate::kernel_path`]).
     /// Off, every frame goes through the switch (the bench compares both).
     pub kernel_path: bool,
+    /// Where this switch's kernel-path wires get their numbers (see
+    /// [`crate::WireNumbers`]): share one among switches whose kernel NICs
+    /// may share a network namespace. The default is a counter of its own.
+    pub wire_numbers: crate::WireNumbers,
 }
 
 impl Default for SwitchConfig {
@@ -180,6 +184,7 @@ impl Default for SwitchConfig {
             mac_ageing: Duration::from_secs(300),
             bandwidth_burst_bits: None,
             kernel_path: true,
+            wire_numbers: crate::WireNumbers::default(),
         }
     }
 }

@@ -16,6 +16,8 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::lock::Locked;
+
 use provium_netsetup::{MacAddr, Port, Switch, SwitchConfig};
 use provium_vmm::devices::virtio::block::{BlockConfig, BlockSlot, DiskImage};
 use provium_vmm::devices::virtio::net::PortPlug;
@@ -114,7 +116,7 @@ fn fill(
         disk: Arc::new(image),
         faults: disk.faults.clone(),
     };
-    let mut holder = state.holder.lock().unwrap();
+    let mut holder = state.holder.locked();
     *holder = Some(disk.id.clone());
     if signal {
         // Free (no holder) means empty: the insert cannot find a medium.
@@ -129,7 +131,7 @@ fn fill(
         slot: index,
         lease: DeviceLease::new(move || {
             slot.slot.eject();
-            *slot.holder.lock().unwrap() = None;
+            *slot.holder.locked() = None;
         }),
     })
 }
@@ -239,7 +241,7 @@ impl Slots {
         let free = self
             .disks
             .iter()
-            .find(|d| d.holder.lock().unwrap().is_none())
+            .find(|d| d.holder.locked().is_none())
             .ok_or_else(|| SlotError::NoFreeDiskSlot {
                 vm: self.vm.clone(),
                 profile: self.profile.clone(),
@@ -256,7 +258,7 @@ impl Slots {
 
     /// The disks [`Slots::new`] put back, once.
     pub fn take_restored(&self) -> Vec<AddedDisk> {
-        std::mem::take(&mut *self.restored.lock().unwrap())
+        std::mem::take(&mut *self.restored.locked())
     }
 
     /// Plugs a free NIC slot into the port `connect` makes for its MAC:
@@ -270,7 +272,7 @@ impl Slots {
         )
             -> Result<Arc<Port>, Box<dyn std::error::Error + Send + Sync>>,
     ) -> Result<AddedNic, SlotError> {
-        let free = |n: &&Arc<NicSlotState>| !*n.in_use.lock().unwrap();
+        let free = |n: &&Arc<NicSlotState>| !*n.in_use.locked();
         let slot = self
             .nics
             .iter()
@@ -288,7 +290,7 @@ impl Slots {
             ifname: slot.ifname.clone(),
             source,
         })?;
-        *slot.in_use.lock().unwrap() = true;
+        *slot.in_use.locked() = true;
         let port_mac = port.mac();
         slot.plug.replug(port);
         let s = slot.clone();
@@ -298,7 +300,7 @@ impl Slots {
             slot_mac: slot.mac,
             lease: DeviceLease::new(move || {
                 s.plug.replug(s.parked.clone());
-                *s.in_use.lock().unwrap() = false;
+                *s.in_use.locked() = false;
             }),
         })
     }

@@ -16,6 +16,7 @@ use crate::backend::{
     Backend, BackendError, Capabilities, Guest, MachineSpec, NicKind, Stopped, Support,
 };
 use crate::client::AgentClient;
+use crate::lock::Locked;
 
 /// Refusal for virtio-net configs handed to the local backend.
 const LOCAL_NICS: &str = "virtio-net devices need the kvm backend (the local sandbox uses TAPs)";
@@ -150,7 +151,7 @@ pub struct LocalGuest {
 impl LocalGuest {
     fn sandbox(&self) -> MutexGuard<'_, LocalSandbox> {
         // A panicked holder left nothing half-done that a kill must avoid.
-        self.sandbox.lock().unwrap_or_else(|p| p.into_inner())
+        self.sandbox.locked()
     }
 
     /// The running sandbox, or why not.

@@ -26,7 +26,11 @@
 use std::ffi::{c_char, c_int, c_ulong, CString};
 use std::io;
 use std::os::fd::RawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::ptr;
+
+use super::LocalError;
 
 /// Step index reported when executing the agent failed.
 pub(super) const STEP_EXEC: u32 = u32::MAX - 1;
@@ -397,4 +401,287 @@ unsafe fn run_init(plan: &InitPlan) -> ! {
             }
         }
     }
+}
+pub(super) fn cstr(path: &Path) -> Result<CString, LocalError> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| LocalError::RuntimeDir {
+        path: path.to_path_buf(),
+        source: io::Error::other("path contains a NUL byte"),
+    })
+}
+
+fn c(s: &str) -> CString {
+    CString::new(s).expect("literal without NUL")
+}
+
+/// The setup steps, in order, with their descriptions: everything the
+/// child will do, built here on the host (allocation and formatting are
+/// allowed here, never in the child; see the module doc).
+pub(super) fn build_plan(
+    name: &str,
+    runtime_base: &Path,
+    fs_dir: &Path,
+    sock_dir: &Path,
+    socket: &Path,
+    agent: &Path,
+    fds: [RawFd; 4],
+) -> Result<InitPlan, LocalError> {
+    let root = fs_dir.join("root");
+    let upper = fs_dir.join("upper");
+    let work = fs_dir.join("work");
+    let inside = |p: &str| root.join(p.trim_start_matches('/'));
+    let fd_base = fds.iter().copied().max().unwrap_or(2).max(2) + 1;
+    let mut steps = Vec::new();
+    let mut descriptions = Vec::new();
+    let mut add = |step: Step, what: String| {
+        steps.push(step);
+        descriptions.push(what);
+    };
+    let mount = |source: Option<&str>,
+                 target: &Path,
+                 fstype: Option<&str>,
+                 flags: libc::c_ulong,
+                 data: Option<&str>|
+     -> Result<Step, LocalError> {
+        Ok(Step::Mount {
+            source: source.map(c),
+            target: cstr(target)?,
+            fstype: fstype.map(c),
+            flags,
+            data: data.map(c),
+        })
+    };
+    let mkdir = |p: &Path, mode| -> Result<Step, LocalError> {
+        Ok(Step::Mkdir {
+            path: cstr(p)?,
+            mode,
+        })
+    };
+    let nosuid_nodev = libc::MS_NOSUID | libc::MS_NODEV;
+
+    add(
+        mount(
+            None,
+            Path::new("/"),
+            None,
+            libc::MS_REC | libc::MS_PRIVATE,
+            None,
+        )?,
+        "make / recursively private (so no mount reaches the host)".into(),
+    );
+    add(
+        mount(
+            Some("tmpfs"),
+            fs_dir,
+            Some("tmpfs"),
+            nosuid_nodev,
+            Some("mode=0700"),
+        )?,
+        format!("mount the overlay's tmpfs on {}", fs_dir.display()),
+    );
+    for d in [&upper, &work, &root] {
+        add(mkdir(d, 0o755)?, format!("create {}", d.display()));
+    }
+    add(
+        Step::KeepDir {
+            path: cstr(&upper)?,
+            target: fd_base + UPPER_FD_OFFSET,
+        },
+        format!("open the overlay's upper directory {}", upper.display()),
+    );
+    let overlay = format!(
+        "lowerdir=/,upperdir={},workdir={}",
+        upper.display(),
+        work.display()
+    );
+    add(
+        mount(Some("overlay"), &root, Some("overlay"), 0, Some(&overlay))?,
+        format!("mount the root overlay ({overlay}) on {}", root.display()),
+    );
+    add(
+        mount(
+            Some("proc"),
+            &inside("/proc"),
+            Some("proc"),
+            nosuid_nodev | libc::MS_NOEXEC,
+            None,
+        )?,
+        "mount a fresh /proc".into(),
+    );
+    add(
+        mount(
+            Some("sysfs"),
+            &inside("/sys"),
+            Some("sysfs"),
+            nosuid_nodev | libc::MS_NOEXEC | libc::MS_RDONLY,
+            None,
+        )?,
+        "mount /sys (read-only)".into(),
+    );
+    add(
+        mount(
+            Some("tmpfs"),
+            &inside("/dev"),
+            Some("tmpfs"),
+            libc::MS_NOSUID,
+            Some("mode=0755"),
+        )?,
+        "mount a tmpfs on /dev".into(),
+    );
+    for node in ["null", "zero", "full", "random", "urandom", "tty"] {
+        let target = inside(&format!("/dev/{node}"));
+        add(
+            Step::Touch {
+                path: cstr(&target)?,
+            },
+            format!("create /dev/{node}"),
+        );
+        add(
+            mount(
+                Some(&format!("/dev/{node}")),
+                &target,
+                None,
+                libc::MS_BIND,
+                None,
+            )?,
+            format!("bind-mount the host's /dev/{node}"),
+        );
+    }
+    add(mkdir(&inside("/dev/pts"), 0o755)?, "create /dev/pts".into());
+    add(
+        mount(
+            Some("devpts"),
+            &inside("/dev/pts"),
+            Some("devpts"),
+            libc::MS_NOSUID | libc::MS_NOEXEC,
+            Some("newinstance,ptmxmode=0666,mode=0620"),
+        )?,
+        "mount a new devpts instance on /dev/pts".into(),
+    );
+    add(
+        mkdir(&inside("/dev/shm"), 0o1777)?,
+        "create /dev/shm".into(),
+    );
+    add(
+        mount(
+            Some("tmpfs"),
+            &inside("/dev/shm"),
+            Some("tmpfs"),
+            nosuid_nodev,
+            Some("mode=1777"),
+        )?,
+        "mount a tmpfs on /dev/shm".into(),
+    );
+    for (target, link) in [
+        ("pts/ptmx", "/dev/ptmx"),
+        ("/proc/self/fd", "/dev/fd"),
+        ("/proc/self/fd/0", "/dev/stdin"),
+        ("/proc/self/fd/1", "/dev/stdout"),
+        ("/proc/self/fd/2", "/dev/stderr"),
+    ] {
+        add(
+            Step::Symlink {
+                target: c(target),
+                link: cstr(&inside(link))?,
+            },
+            format!("link {link} to {target}"),
+        );
+    }
+    add(
+        mount(
+            Some("tmpfs"),
+            &inside("/tmp"),
+            Some("tmpfs"),
+            nosuid_nodev,
+            Some("mode=1777"),
+        )?,
+        "mount a fresh tmpfs on /tmp".into(),
+    );
+    // Hide the host's runtime directory (siblings' sockets) under a tmpfs,
+    // then bring back only this sandbox's socket directory at the same path.
+    let mut made = PathBuf::from("/");
+    for comp in runtime_base.components().skip(1) {
+        made.push(comp);
+        let p = inside(&made.to_string_lossy());
+        add(
+            mkdir(&p, 0o755)?,
+            format!("create {} inside", made.display()),
+        );
+    }
+    add(
+        mount(
+            Some("tmpfs"),
+            &inside(&runtime_base.to_string_lossy()),
+            Some("tmpfs"),
+            nosuid_nodev,
+            Some("mode=0755"),
+        )?,
+        format!("hide {} under a tmpfs", runtime_base.display()),
+    );
+    let rel = sock_dir.strip_prefix(runtime_base).unwrap_or(sock_dir);
+    let mut made = runtime_base.to_path_buf();
+    for comp in rel.components() {
+        made.push(comp);
+        let p = inside(&made.to_string_lossy());
+        add(
+            mkdir(&p, 0o700)?,
+            format!("create {} inside", made.display()),
+        );
+    }
+    let sock_inside = inside(&sock_dir.to_string_lossy());
+    add(
+        Step::Mount {
+            source: Some(cstr(sock_dir)?),
+            target: cstr(&sock_inside)?,
+            fstype: None,
+            flags: libc::MS_BIND,
+            data: None,
+        },
+        format!("bind-mount the socket directory {}", sock_dir.display()),
+    );
+    add(
+        Step::Hostname { name: c(name) },
+        format!("set the hostname to `{name}`"),
+    );
+    add(Step::LoopbackUp, "bring the loopback interface up".into());
+    add(
+        Step::PivotRoot { root: cstr(&root)? },
+        "pivot_root into the overlay".into(),
+    );
+    add(
+        Step::StdinDevNull {
+            dev_null: c("/dev/null"),
+        },
+        "open /dev/null for stdin".into(),
+    );
+
+    let listen = format!("unix:{}", socket.display());
+    let argv = vec![
+        cstr(agent)?,
+        c("--listen"),
+        CString::new(listen).map_err(|_| LocalError::RuntimeDir {
+            path: socket.to_path_buf(),
+            source: io::Error::other("path contains a NUL byte"),
+        })?,
+        c("--no-clock"),
+    ];
+    let envp = vec![
+        c("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+        c("HOME=/root"),
+        c("LANG=C.UTF-8"),
+        CString::new(format!("PROVIUM_SANDBOX={name}")).expect("checked name has no NUL"),
+    ];
+    Ok(InitPlan {
+        steps,
+        descriptions,
+        err_fd: fds[0],
+        log_fd: fds[1],
+        agent_fd: fds[2],
+        lifeline_fd: fds[3],
+        fd_base,
+        argv,
+        envp,
+        argv_ptrs: Vec::new(),
+        envp_ptrs: Vec::new(),
+        empty: CString::default(),
+    })
 }

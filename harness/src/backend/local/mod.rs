@@ -32,11 +32,9 @@ pub mod net;
 pub mod netconfig;
 pub mod snapshot;
 
-use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
@@ -45,8 +43,9 @@ use std::time::{Duration, Instant};
 
 use crate::agent_search::{AgentSearch, AgentSearchError};
 use crate::client::{AgentClient, ClientError, ClientOptions};
+use crate::lock::Locked;
 use crate::settings::Settings;
-use init::{InitPlan, Step};
+use init::{build_plan, InitPlan};
 
 /// Environment variable naming the agent binary (see [`locate_agent`]).
 pub use crate::settings::AGENT_ENV;
@@ -364,11 +363,7 @@ impl LocalSandbox {
 
     /// Whether the sandbox's init is still running.
     pub fn is_running(&self) -> bool {
-        self.exit
-            .0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none()
+        self.exit.0.locked().is_none()
     }
 
     /// A new connection to the agent, handshake done.
@@ -420,7 +415,7 @@ impl LocalSandbox {
     }
 
     fn exit_status(&self) -> Option<i32> {
-        *self.exit.0.lock().unwrap_or_else(|p| p.into_inner())
+        *self.exit.0.locked()
     }
 
     fn log_tail(&self) -> String {
@@ -605,7 +600,7 @@ fn keep(plan: InitPlan, tx: mpsc::Sender<Started>, exit: ExitSlot) {
         }
     }
     let (lock, cond) = &*exit;
-    *lock.lock().unwrap_or_else(|p| p.into_inner()) = Some(status);
+    *lock.locked() = Some(status);
     cond.notify_all();
     drop(plan);
 }
@@ -716,288 +711,6 @@ pub fn pids_in_pid_ns_of(pid: i32) -> Vec<i32> {
         .collect();
     pids.sort_unstable();
     pids
-}
-
-fn cstr(path: &Path) -> Result<CString, LocalError> {
-    CString::new(path.as_os_str().as_bytes()).map_err(|_| LocalError::RuntimeDir {
-        path: path.to_path_buf(),
-        source: io::Error::other("path contains a NUL byte"),
-    })
-}
-
-fn c(s: &str) -> CString {
-    CString::new(s).expect("literal without NUL")
-}
-
-/// The setup steps, in order, with their descriptions.
-fn build_plan(
-    name: &str,
-    runtime_base: &Path,
-    fs_dir: &Path,
-    sock_dir: &Path,
-    socket: &Path,
-    agent: &Path,
-    fds: [RawFd; 4],
-) -> Result<InitPlan, LocalError> {
-    let root = fs_dir.join("root");
-    let upper = fs_dir.join("upper");
-    let work = fs_dir.join("work");
-    let inside = |p: &str| root.join(p.trim_start_matches('/'));
-    let fd_base = fds.iter().copied().max().unwrap_or(2).max(2) + 1;
-    let mut steps = Vec::new();
-    let mut descriptions = Vec::new();
-    let mut add = |step: Step, what: String| {
-        steps.push(step);
-        descriptions.push(what);
-    };
-    let mount = |source: Option<&str>,
-                 target: &Path,
-                 fstype: Option<&str>,
-                 flags: libc::c_ulong,
-                 data: Option<&str>|
-     -> Result<Step, LocalError> {
-        Ok(Step::Mount {
-            source: source.map(c),
-            target: cstr(target)?,
-            fstype: fstype.map(c),
-            flags,
-            data: data.map(c),
-        })
-    };
-    let mkdir = |p: &Path, mode| -> Result<Step, LocalError> {
-        Ok(Step::Mkdir {
-            path: cstr(p)?,
-            mode,
-        })
-    };
-    let nosuid_nodev = libc::MS_NOSUID | libc::MS_NODEV;
-
-    add(
-        mount(
-            None,
-            Path::new("/"),
-            None,
-            libc::MS_REC | libc::MS_PRIVATE,
-            None,
-        )?,
-        "make / recursively private (so no mount reaches the host)".into(),
-    );
-    add(
-        mount(
-            Some("tmpfs"),
-            fs_dir,
-            Some("tmpfs"),
-            nosuid_nodev,
-            Some("mode=0700"),
-        )?,
-        format!("mount the overlay's tmpfs on {}", fs_dir.display()),
-    );
-    for d in [&upper, &work, &root] {
-        add(mkdir(d, 0o755)?, format!("create {}", d.display()));
-    }
-    add(
-        Step::KeepDir {
-            path: cstr(&upper)?,
-            target: fd_base + init::UPPER_FD_OFFSET,
-        },
-        format!("open the overlay's upper directory {}", upper.display()),
-    );
-    let overlay = format!(
-        "lowerdir=/,upperdir={},workdir={}",
-        upper.display(),
-        work.display()
-    );
-    add(
-        mount(Some("overlay"), &root, Some("overlay"), 0, Some(&overlay))?,
-        format!("mount the root overlay ({overlay}) on {}", root.display()),
-    );
-    add(
-        mount(
-            Some("proc"),
-            &inside("/proc"),
-            Some("proc"),
-            nosuid_nodev | libc::MS_NOEXEC,
-            None,
-        )?,
-        "mount a fresh /proc".into(),
-    );
-    add(
-        mount(
-            Some("sysfs"),
-            &inside("/sys"),
-            Some("sysfs"),
-            nosuid_nodev | libc::MS_NOEXEC | libc::MS_RDONLY,
-            None,
-        )?,
-        "mount /sys (read-only)".into(),
-    );
-    add(
-        mount(
-            Some("tmpfs"),
-            &inside("/dev"),
-            Some("tmpfs"),
-            libc::MS_NOSUID,
-            Some("mode=0755"),
-        )?,
-        "mount a tmpfs on /dev".into(),
-    );
-    for node in ["null", "zero", "full", "random", "urandom", "tty"] {
-        let target = inside(&format!("/dev/{node}"));
-        add(
-            Step::Touch {
-                path: cstr(&target)?,
-            },
-            format!("create /dev/{node}"),
-        );
-        add(
-            mount(
-                Some(&format!("/dev/{node}")),
-                &target,
-                None,
-                libc::MS_BIND,
-                None,
-            )?,
-            format!("bind-mount the host's /dev/{node}"),
-        );
-    }
-    add(mkdir(&inside("/dev/pts"), 0o755)?, "create /dev/pts".into());
-    add(
-        mount(
-            Some("devpts"),
-            &inside("/dev/pts"),
-            Some("devpts"),
-            libc::MS_NOSUID | libc::MS_NOEXEC,
-            Some("newinstance,ptmxmode=0666,mode=0620"),
-        )?,
-        "mount a new devpts instance on /dev/pts".into(),
-    );
-    add(
-        mkdir(&inside("/dev/shm"), 0o1777)?,
-        "create /dev/shm".into(),
-    );
-    add(
-        mount(
-            Some("tmpfs"),
-            &inside("/dev/shm"),
-            Some("tmpfs"),
-            nosuid_nodev,
-            Some("mode=1777"),
-        )?,
-        "mount a tmpfs on /dev/shm".into(),
-    );
-    for (target, link) in [
-        ("pts/ptmx", "/dev/ptmx"),
-        ("/proc/self/fd", "/dev/fd"),
-        ("/proc/self/fd/0", "/dev/stdin"),
-        ("/proc/self/fd/1", "/dev/stdout"),
-        ("/proc/self/fd/2", "/dev/stderr"),
-    ] {
-        add(
-            Step::Symlink {
-                target: c(target),
-                link: cstr(&inside(link))?,
-            },
-            format!("link {link} to {target}"),
-        );
-    }
-    add(
-        mount(
-            Some("tmpfs"),
-            &inside("/tmp"),
-            Some("tmpfs"),
-            nosuid_nodev,
-            Some("mode=1777"),
-        )?,
-        "mount a fresh tmpfs on /tmp".into(),
-    );
-    // Hide the host's runtime directory (siblings' sockets) under a tmpfs,
-    // then bring back only this sandbox's socket directory at the same path.
-    let mut made = PathBuf::from("/");
-    for comp in runtime_base.components().skip(1) {
-        made.push(comp);
-        let p = inside(&made.to_string_lossy());
-        add(
-            mkdir(&p, 0o755)?,
-            format!("create {} inside", made.display()),
-        );
-    }
-    add(
-        mount(
-            Some("tmpfs"),
-            &inside(&runtime_base.to_string_lossy()),
-            Some("tmpfs"),
-            nosuid_nodev,
-            Some("mode=0755"),
-        )?,
-        format!("hide {} under a tmpfs", runtime_base.display()),
-    );
-    let rel = sock_dir.strip_prefix(runtime_base).unwrap_or(sock_dir);
-    let mut made = runtime_base.to_path_buf();
-    for comp in rel.components() {
-        made.push(comp);
-        let p = inside(&made.to_string_lossy());
-        add(
-            mkdir(&p, 0o700)?,
-            format!("create {} inside", made.display()),
-        );
-    }
-    let sock_inside = inside(&sock_dir.to_string_lossy());
-    add(
-        Step::Mount {
-            source: Some(cstr(sock_dir)?),
-            target: cstr(&sock_inside)?,
-            fstype: None,
-            flags: libc::MS_BIND,
-            data: None,
-        },
-        format!("bind-mount the socket directory {}", sock_dir.display()),
-    );
-    add(
-        Step::Hostname { name: c(name) },
-        format!("set the hostname to `{name}`"),
-    );
-    add(Step::LoopbackUp, "bring the loopback interface up".into());
-    add(
-        Step::PivotRoot { root: cstr(&root)? },
-        "pivot_root into the overlay".into(),
-    );
-    add(
-        Step::StdinDevNull {
-            dev_null: c("/dev/null"),
-        },
-        "open /dev/null for stdin".into(),
-    );
-
-    let listen = format!("unix:{}", socket.display());
-    let argv = vec![
-        cstr(agent)?,
-        c("--listen"),
-        CString::new(listen).map_err(|_| LocalError::RuntimeDir {
-            path: socket.to_path_buf(),
-            source: io::Error::other("path contains a NUL byte"),
-        })?,
-        c("--no-clock"),
-    ];
-    let envp = vec![
-        c("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
-        c("HOME=/root"),
-        c("LANG=C.UTF-8"),
-        CString::new(format!("PROVIUM_SANDBOX={name}")).expect("checked name has no NUL"),
-    ];
-    Ok(InitPlan {
-        steps,
-        descriptions,
-        err_fd: fds[0],
-        log_fd: fds[1],
-        agent_fd: fds[2],
-        lifeline_fd: fds[3],
-        fd_base,
-        argv,
-        envp,
-        argv_ptrs: Vec::new(),
-        envp_ptrs: Vec::new(),
-        empty: CString::default(),
-    })
 }
 
 #[cfg(test)]

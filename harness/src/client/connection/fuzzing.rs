@@ -20,6 +20,7 @@ use provium_protocol::wire::{AgentFrame, Channel, HostFrame};
 use provium_protocol::{decode, STREAM_WINDOW_BYTES};
 
 use super::{AgentClient, ClientOptions, Deadline, Guard, Handshake, Lost, Shared, State};
+use crate::lock::Locked;
 
 /// A deadline that has already passed: the fuzzer's calls never wait.
 fn now() -> Deadline {
@@ -34,10 +35,7 @@ struct Sink(Arc<Mutex<Vec<u8>>>);
 
 impl std::io::Write for Sink {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend_from_slice(buf);
+        self.0.locked().extend_from_slice(buf);
         Ok(buf.len())
     }
 
@@ -211,7 +209,7 @@ impl Driver {
                 assert!(*unacked <= STREAM_WINDOW_BYTES, "stdin of {p}: {unacked}");
             }
         }
-        let sent = std::mem::take(&mut *self.sent.lock().unwrap_or_else(|p| p.into_inner()));
+        let sent = std::mem::take(&mut *self.sent.locked());
         self.decoder.push(&sent);
         loop {
             match self.decoder.next_frame() {

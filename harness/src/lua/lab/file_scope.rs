@@ -11,6 +11,7 @@ use provium_protocol::event::{ClaimAcquired, Event, ResourceAmount};
 
 use super::Lab;
 use crate::config::parse_size;
+use crate::lock::Locked;
 use crate::lua::{duration, err, rust_err};
 
 /// File-level settings and one-shot primitives.
@@ -41,11 +42,11 @@ pub(super) struct Barrier {
 impl Lab {
     /// `provium.timeout`, the file-default per-test timeout.
     pub fn file_timeout(&self) -> mlua::Result<Option<Duration>> {
-        Ok(self.0.file.settings.lock().unwrap().timeout)
+        Ok(self.0.file.settings.locked().timeout)
     }
 
     pub(super) fn claim(&self, spec: Table) -> mlua::Result<()> {
-        let mut held = self.0.file.claim.lock().unwrap();
+        let mut held = self.0.file.claim.locked();
         if held.is_some() {
             return Err(err("lab claim already held; one-shot per lab"));
         }
@@ -102,7 +103,7 @@ impl Lab {
         }
         let count = count as usize;
         let deadline = Instant::now() + timeout.unwrap_or(Duration::from_secs(60));
-        let mut barriers = self.0.file.barriers.lock().unwrap();
+        let mut barriers = self.0.file.barriers.locked();
         let b = barriers.entry(name.clone()).or_insert(Barrier {
             count,
             arrived: 0,
@@ -157,7 +158,7 @@ impl Lab {
                 "provium.{key} can only be set at file scope on the root lab"
             )));
         }
-        let mut s = self.0.file.settings.lock().unwrap();
+        let mut s = self.0.file.settings.locked();
         match key {
             "timeout" => {
                 s.timeout = match value {
@@ -185,7 +186,7 @@ impl Lab {
     /// The settings as they stand (read by `provium.timeout` and
     /// `provium.reset_between_tests`).
     pub(super) fn settings(&self) -> FileSettings {
-        self.0.file.settings.lock().unwrap().clone()
+        self.0.file.settings.locked().clone()
     }
 }
 
@@ -221,7 +222,7 @@ mod tests {
         let spec: Table = lua.load("{memory = '1M', cpus = 2}").eval().unwrap();
         root.claim(spec).unwrap();
         assert_eq!(
-            *root.0.file.claim.lock().unwrap(),
+            *root.0.file.claim.locked(),
             Some(ResourceAmount {
                 memory_bytes: 1 << 20,
                 cpus: 2
@@ -272,7 +273,7 @@ mod tests {
             .barrier("b".into(), 2, Some(Duration::from_millis(10)))
             .unwrap());
         assert_eq!(
-            root.0.file.barriers.lock().unwrap()["b"].arrived,
+            root.0.file.barriers.locked()["b"].arrived,
             0,
             "a timed-out caller leaves"
         );

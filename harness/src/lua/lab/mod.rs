@@ -25,6 +25,7 @@ use provium_protocol::event::{ClaimReleased, Event};
 use self::file_scope::FileScope;
 pub use self::fixture::ChunkBuilder;
 use self::state::LabState;
+use crate::lock::Locked;
 use crate::lua::network::NetworkError;
 use crate::runner::FileEnv;
 
@@ -129,10 +130,10 @@ impl Lab {
     /// File end: close everything at file scope and release the claim.
     pub fn close_all(&self, lua: &Lua) {
         let _ = self.0.env.pop_scope();
-        if let Some(dir) = self.0.file.baseline.lock().unwrap().take() {
+        if let Some(dir) = self.0.file.baseline.locked().take() {
             crate::lua::snapshot::remove_any(&dir);
         }
-        if let Some(amount) = self.0.file.claim.lock().unwrap().take() {
+        if let Some(amount) = self.0.file.claim.locked().take() {
             self.0.env.events.emit(Event::ClaimReleased(ClaimReleased {
                 path: self.0.env.rel_path.clone(),
                 amount,

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use mlua::{Lua, Value};
 
 use super::Lab;
+use crate::lock::Locked;
 use crate::lua::network::Bridge;
 use crate::lua::snapshot::{self, LabSnapshotUd};
 use crate::lua::vm::{Phase, RestoreError, Vm, VmSizing};
@@ -18,7 +19,7 @@ impl Lab {
     /// `provium.reset_between_tests = true`: after the chunk, snapshot the
     /// root lab as the baseline every test is restored to.
     pub fn prepare_reset_between_tests(&self) -> mlua::Result<()> {
-        if !self.0.file.settings.lock().unwrap().reset_between_tests {
+        if !self.0.file.settings.locked().reset_between_tests {
             return Ok(());
         }
         let mut vms = Vec::new();
@@ -35,7 +36,7 @@ impl Lab {
             )));
         }
         let dir = snapshot::temp_path(".lab");
-        *self.0.file.baseline.lock().unwrap() = Some(dir.clone());
+        *self.0.file.baseline.locked() = Some(dir.clone());
         self.snapshot_into(&dir).map_err(|e| {
             err(format!(
                 "provium.reset_between_tests: taking the baseline failed: {}",
@@ -48,7 +49,7 @@ impl Lab {
     /// Fails with the test failure the runner reports (the Lua error's
     /// message, flattened once here).
     pub fn restore_between_tests(&self) -> Result<(), crate::runner::file::TestFailure> {
-        let Some(dir) = self.0.file.baseline.lock().unwrap().clone() else {
+        let Some(dir) = self.0.file.baseline.locked().clone() else {
             return Ok(());
         };
         self.restore_from_dir(&dir)
@@ -143,7 +144,7 @@ impl Lab {
         }
         for v in &index.vms {
             let lab = self.sub_lab_at(&v.lab_path).map_err(Failed)?;
-            let existing = lab.0.state.lock().unwrap().vms.get(&v.name).cloned();
+            let existing = lab.0.state.locked().vms.get(&v.name).cloned();
             let vm = match existing {
                 Some(vm) => vm,
                 None => {
@@ -265,7 +266,7 @@ mod tests {
     fn without_reset_between_tests_there_is_no_baseline() {
         let root = Lab::root(kvm_env());
         root.prepare_reset_between_tests().unwrap();
-        assert!(root.0.file.baseline.lock().unwrap().is_none());
+        assert!(root.0.file.baseline.locked().is_none());
         root.restore_between_tests().unwrap();
     }
 
@@ -276,7 +277,7 @@ mod tests {
             .unwrap();
         add_bridge(&root, "lan");
         root.prepare_reset_between_tests().unwrap();
-        let dir = root.0.file.baseline.lock().unwrap().clone().unwrap();
+        let dir = root.0.file.baseline.locked().clone().unwrap();
         assert!(dir.join("lab.json").is_file());
         root.restore_between_tests().unwrap();
         assert_eq!(root.bridge_names(), ["lan"]);

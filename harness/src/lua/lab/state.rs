@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use mlua::{Lua, Table, Value};
 
 use super::{Lab, RESERVED_NAMES};
+use crate::lock::Locked;
 use crate::lua::err;
 use crate::lua::network::Bridge;
 use crate::lua::vm::Vm;
@@ -39,7 +40,7 @@ impl Lab {
         pick: &dyn Fn(&LabState) -> Vec<T>,
     ) {
         let (mine, subs): (Vec<T>, Vec<(String, Lab)>) = {
-            let st = self.0.state.lock().unwrap();
+            let st = self.0.state.locked();
             (
                 pick(&st),
                 st.sub_labs
@@ -60,7 +61,7 @@ impl Lab {
     pub(super) fn sub_lab_at(&self, path: &[String]) -> mlua::Result<Lab> {
         let mut lab = self.clone();
         for name in path {
-            let existing = lab.0.state.lock().unwrap().sub_labs.get(name).cloned();
+            let existing = lab.0.state.locked().sub_labs.get(name).cloned();
             lab = match existing {
                 Some(l) => l,
                 None => {
@@ -79,7 +80,7 @@ impl Lab {
     pub(super) fn find_in_chain<T>(&self, pick: impl Fn(&LabState) -> Option<T>) -> Option<T> {
         let mut lab = Some(self.clone());
         while let Some(l) = lab {
-            if let Some(found) = pick(&l.0.state.lock().unwrap()) {
+            if let Some(found) = pick(&l.0.state.locked()) {
                 return Some(found);
             }
             lab = l.0.parent.clone();
@@ -111,7 +112,7 @@ impl Lab {
                 RESERVED_NAMES.join(", ")
             )));
         }
-        let st = self.0.state.lock().unwrap();
+        let st = self.0.state.locked();
         if st.vms.contains_key(name) {
             return Err(err(format!(
                 "DuplicateVmName: vm `{name}` already exists in lab `{}`; use {}:vm(\"{name}\") to look it up",
@@ -133,7 +134,7 @@ impl Lab {
         drop(st);
         let mut parent = self.0.parent.clone();
         while let Some(p) = parent {
-            let st = p.0.state.lock().unwrap();
+            let st = p.0.state.locked();
             if st.vms.contains_key(name)
                 || st.sub_labs.contains_key(name)
                 || st.bridges.contains_key(name)
@@ -151,11 +152,11 @@ impl Lab {
     }
 
     pub(super) fn vms(&self) -> Vec<Vm> {
-        self.0.state.lock().unwrap().vms.values().cloned().collect()
+        self.0.state.locked().vms.values().cloned().collect()
     }
 
     pub(super) fn members_of(&self, lua: &Lua) -> mlua::Result<Table> {
-        let st = self.0.state.lock().unwrap();
+        let st = self.0.state.locked();
         let out = lua.create_table()?;
         for name in st.vms.keys() {
             let e = lua.create_table()?;
@@ -208,12 +209,12 @@ impl Lab {
 
     /// Put `vm` in this lab under `name` (the caller checked the name).
     pub(super) fn put_vm(&self, name: String, vm: &Vm) {
-        self.0.state.lock().unwrap().vms.insert(name, vm.clone());
+        self.0.state.locked().vms.insert(name, vm.clone());
     }
 
     /// Put bridge `b` in this lab under `name` (the caller checked the name).
     pub(super) fn put_bridge(&self, name: String, b: &Bridge) {
-        self.0.state.lock().unwrap().bridges.insert(name, b.clone());
+        self.0.state.locked().bridges.insert(name, b.clone());
     }
 
     /// Put `lab` in this lab as sub-lab `name` (the caller checked the name).
@@ -228,7 +229,7 @@ impl Lab {
 
     /// A fresh `__lab_N` name for an anonymous sub-lab.
     pub(super) fn next_anon_lab_name(&self) -> String {
-        let mut st = self.0.state.lock().unwrap();
+        let mut st = self.0.state.locked();
         let n = format!("__lab_{}", st.next_anon);
         st.next_anon += 1;
         n
@@ -237,7 +238,7 @@ impl Lab {
     /// `lab:vm_names()`, `lab:bridge_names()`, `lab:sub_lab_names()`: this
     /// lab's own members of one kind, sorted.
     pub(super) fn vm_names(&self) -> Vec<String> {
-        self.0.state.lock().unwrap().vms.keys().cloned().collect()
+        self.0.state.locked().vms.keys().cloned().collect()
     }
 
     pub(super) fn bridge_names(&self) -> Vec<String> {
@@ -265,7 +266,7 @@ impl Lab {
     /// `lab:remove(name)`: drops the member of that name from this lab
     /// (the resource itself lives on until its scope closes).
     pub(super) fn remove_named(&self, name: &str) -> mlua::Result<()> {
-        let mut st = self.0.state.lock().unwrap();
+        let mut st = self.0.state.locked();
         if st.vms.remove(name).is_some()
             || st.bridges.remove(name).is_some()
             || st.sub_labs.remove(name).is_some()

@@ -15,6 +15,7 @@ use crate::backend::DiskPlan;
 use crate::backend::{Guest, MachineSpec};
 use crate::client::AgentClient;
 use crate::error_chain::flatten;
+use crate::lock::Locked;
 use crate::lua::disk::{BootDrives, Disk};
 use crate::lua::network::{MachineNic, VmmNics};
 use crate::lua::snapshot::{VmDecl, VmDevices};
@@ -61,7 +62,7 @@ impl Vm {
     /// snapshot without a declaration (written below Lua) pins nothing.
     fn adopt_recorded_rng_seed(&self, path: &std::path::Path) -> Result<(), RestoreError> {
         let st = self.lock_state();
-        let mut pending = self.0.pending.lock().unwrap();
+        let mut pending = self.0.pending.locked();
         if pending.rng_seed.is_some() {
             return Ok(());
         }
@@ -241,7 +242,7 @@ impl Vm {
         // images are not: they are used as they are now).
         let name = self.name();
         let (drives, new_disks) = {
-            let disks = self.0.disks.lock().unwrap();
+            let disks = self.0.disks.locked();
             let failed = |e: crate::lua::disk::DiskError| Failed(rust_err("vm:restore", &e));
             match want_disks.filter(|_| caps.device_snapshots) {
                 Some(want) => {
@@ -308,7 +309,7 @@ impl Vm {
         *built = true;
         if !new_disks.is_empty() {
             // The snapshot's disks replace the detached ones of those ids.
-            let mut disks = self.0.disks.lock().unwrap();
+            let mut disks = self.0.disks.locked();
             disks.retain(|d| !new_disks.iter().any(|n| n.id() == d.id()));
             let old = std::mem::take(&mut *disks);
             disks.extend(new_disks);
@@ -316,7 +317,7 @@ impl Vm {
         }
         if !slot_new.is_empty() {
             let mut back = machine.take_restored_disks();
-            let mut disks = self.0.disks.lock().unwrap();
+            let mut disks = self.0.disks.locked();
             for (slot, d) in slot_new {
                 if let Some(i) = back.iter().position(|a| a.slot == slot) {
                     d.adopt(back.swap_remove(i));
@@ -325,7 +326,7 @@ impl Vm {
                 disks.push(d);
             }
         }
-        *self.0.lone_switches.lock().unwrap() = lone;
+        *self.0.lone_switches.locked() = lone;
         let client = self
             .bring_up(&mut st, "restore", &machine, &drives, record)
             .map_err(Failed)?;
@@ -358,13 +359,13 @@ impl Vm {
                 "created (a VM boots once; create another or restore a snapshot)",
             ));
         }
-        let mut pending = self.0.pending.lock().unwrap();
+        let mut pending = self.0.pending.locked();
         if let Some(o) = &opts {
             pending.merge(o)?;
         }
         let env = self.env();
         let drives = {
-            let disks = self.0.disks.lock().unwrap();
+            let disks = self.0.disks.locked();
             crate::lua::disk::boot_drives(self.name(), &disks)
                 .map_err(|e| rust_err("vm:boot", &e))?
         };
@@ -405,8 +406,8 @@ impl Vm {
         nics: Vec<MachineNic>,
     ) -> mlua::Result<AgentClient> {
         drives.given_to_guest();
-        *self.0.machine_disks.lock().unwrap() = drives.disks().to_vec();
-        *self.0.machine_nics.lock().unwrap() = nics;
+        *self.0.machine_disks.locked() = drives.disks().to_vec();
+        *self.0.machine_nics.locked() = nics;
         self.set_machine(machine.clone());
         machine.connect().map_err(|e| {
             machine.kill();
@@ -461,10 +462,10 @@ impl Vm {
         // `vm:restore` of a snapshot whose NICs were on them.
         drop(st);
         self.net().leave_all();
-        self.0.lone_switches.lock().unwrap().clear();
+        self.0.lone_switches.locked().clear();
         // A disk does not outlive its VM's life: the guest is gone, and a
         // later sector op must say so rather than act on a dead VM's image.
-        for d in self.0.disks.lock().unwrap().iter() {
+        for d in self.0.disks.locked().iter() {
             d.detach();
         }
         Ok(())

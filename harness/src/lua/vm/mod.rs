@@ -29,6 +29,7 @@ use super::vm_ctx::{Ops, VmCtx};
 use super::{err, rust_err};
 use crate::backend::{Guest, MachineSpec};
 use crate::client::AgentClient;
+use crate::lock::Locked;
 use crate::runner::{CloseKind, Closeable, FileEnv};
 
 pub struct VmInner {
@@ -180,9 +181,9 @@ impl Vm {
     ) -> mlua::Result<u64> {
         // Read from the bridges before the state lock (a bridge may read
         // this VM's phase).
-        let machine_nics = self.0.machine_nics.lock().unwrap().clone();
+        let machine_nics = self.0.machine_nics.locked().clone();
         let nics = super::network::nic_decls(&self.net(), &machine_nics, bridge_lab);
-        let disks = super::disk::disk_decls(&self.0.machine_disks.lock().unwrap());
+        let disks = super::disk::disk_decls(&self.0.machine_disks.locked());
         let st = self.lock_state();
         if !matches!(st.phase, Phase::Booted | Phase::Paused) {
             return Err(self.wrong_state("snapshot", st.phase, "booted"));
@@ -201,7 +202,7 @@ impl Vm {
             profile: self.0.profile.clone(),
             memory_bytes: self.0.sizing.memory_bytes,
             cpus: self.0.sizing.cpus,
-            rng_seed: self.0.pending.lock().unwrap().rng_seed,
+            rng_seed: self.0.pending.locked().rng_seed,
         };
         let slot_disks = self
             .0
@@ -256,7 +257,7 @@ impl Vm {
                 )));
             }
         }
-        let mut disks = self.0.disks.lock().unwrap();
+        let mut disks = self.0.disks.locked();
         if disks.iter().any(|d| d.id() == opts.id) {
             return Err(err(format!(
                 "{M}: vm `{}` already has a disk `{}` (ids are unique per VM: pick another id, or use \
@@ -280,7 +281,7 @@ impl Vm {
 
     /// `vm:disk(id)`.
     pub fn disk(&self, id: &str) -> mlua::Result<Disk> {
-        let disks = self.0.disks.lock().unwrap();
+        let disks = self.0.disks.locked();
         if let Some(d) = disks.iter().find(|d| d.id() == id) {
             return Ok(d.clone());
         }
