@@ -747,6 +747,35 @@ mod tests {
     }
 
     /// A disk over a fresh 8-sector image of `fill` bytes.
+    #[test]
+    fn a_disk_in_a_slot_is_recorded_by_slot_and_detach_gives_the_slot_back() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let (d, _f, _list) = disk(env(), 1);
+        assert!(d.slot_decl().is_none(), "a disk given at boot is no slot's");
+        let released = Arc::new(AtomicBool::new(false));
+        let r = released.clone();
+        d.adopt(AddedDisk {
+            guest_device: "/dev/vdc".into(),
+            slot: 1,
+            lease: DeviceLease::new(move || r.store(true, Ordering::SeqCst)),
+        });
+        assert_eq!(d.guest_device().as_deref(), Some("/dev/vdc"));
+        let decl = d.slot_decl().expect("recorded");
+        assert_eq!((decl.slot, decl.disk.id.as_str()), (1, "vda"));
+        assert!(!decl.disk.detached);
+        assert!(!released.load(Ordering::SeqCst));
+        d.detach();
+        assert!(
+            released.load(Ordering::SeqCst),
+            "detach ejects the slot's medium"
+        );
+        assert!(
+            d.slot_decl().is_none(),
+            "a detached disk is no longer in a slot"
+        );
+        d.detach(); // idempotent: nothing left to release
+    }
+
     fn disk(env: Arc<FileEnv>, fill: u8) -> (Disk, tempfile::NamedTempFile, DiskList) {
         let f = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(f.path(), vec![fill; 8 * 512]).unwrap();
