@@ -179,6 +179,7 @@ fn run_provium(dir: &Path, extra: &[&str]) -> Run {
         let mut status = 0;
         // SAFETY: an all-zero rusage is valid; wait4 on our own child.
         let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: wait4 on our own child, with live out-pointers.
         let r = unsafe { libc::wait4(pid as i32, &mut status, libc::WNOHANG, &mut usage) };
         assert!(r >= 0, "wait4: {}", std::io::Error::last_os_error());
         if r == pid as i32 {

@@ -97,10 +97,17 @@ pub struct UplinkEnv {
 
 impl UplinkEnv {
     /// The process's PATH (read once, here), or the usual sbin/bin dirs.
+    /// For standalone callers (tests, benches); a caller that reads its
+    /// environment once elsewhere (the harness's `Settings`) passes that
+    /// to [`UplinkEnv::from_path`].
     pub fn from_process() -> UplinkEnv {
+        UplinkEnv::from_path(std::env::var_os("PATH"))
+    }
+
+    /// `path` (a PATH as read), or the usual sbin/bin dirs when unset.
+    pub fn from_path(path: Option<OsString>) -> UplinkEnv {
         UplinkEnv {
-            path: std::env::var_os("PATH")
-                .unwrap_or_else(|| OsString::from("/usr/sbin:/usr/bin:/sbin:/bin")),
+            path: path.unwrap_or_else(|| OsString::from("/usr/sbin:/usr/bin:/sbin:/bin")),
         }
     }
 

@@ -948,7 +948,9 @@ impl Bridge {
             .map_err(|e| fail(crate::error_chain::flatten(&e)))?;
         let port = TapPort::attach_on(&poller, &self.0.switch, UPLINK_PORT, mac, tap.into_fd())
             .map_err(|e| fail(crate::error_chain::flatten(&e)))?;
-        let uplink = enable_uplink(&self.0.name, port.fd(), addr, &UplinkEnv::from_process())
+        // The PATH `Settings` read once, not the process's now.
+        let tools = UplinkEnv::from_path(self.0.env.config.settings.path.clone());
+        let uplink = enable_uplink(&self.0.name, port.fd(), addr, &tools)
             .map_err(|e| fail(crate::error_chain::flatten(&e)))?;
         st.uplink = Some(UplinkLink { port, uplink });
         Ok(())

@@ -477,8 +477,8 @@ mod tests {
         .expect("encodes");
         let mut resident = vec![0u8; 4096];
         let r = ram.memory.iter().next().expect("a region");
-        // SAFETY: the region maps 16 MiB at as_ptr(); one byte per page.
         assert_eq!(
+            // SAFETY: the region maps 16 MiB at as_ptr(); one byte per page.
             unsafe { libc::mincore(r.as_ptr().cast(), 16 << 20, resident.as_mut_ptr().cast()) },
             0
         );

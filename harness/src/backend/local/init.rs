@@ -198,8 +198,8 @@ fn opt_ptr(s: &Option<CString>) -> *const c_char {
 
 /// Run one step; `Err(errno)` on failure.
 unsafe fn run_step(step: &Step) -> Result<(), c_int> {
-    // SAFETY (whole function): raw syscalls over the plan's C strings and
-    // stack buffers.
+    // SAFETY: the whole function makes raw syscalls over the plan's C
+    // strings and stack buffers.
     unsafe {
         let rc = match step {
             Step::Mount {
@@ -309,7 +309,8 @@ unsafe fn loopback_up() -> c_int {
 
 /// The child: set up the namespaces, fork the agent, reap until it exits.
 unsafe fn run_init(plan: &InitPlan) -> ! {
-    // SAFETY (whole function): raw syscalls only, over the plan (see module docs).
+    // SAFETY: the whole function makes raw syscalls only, over the plan
+    // (see the module docs).
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as c_ulong, 0, 0, 0);
 

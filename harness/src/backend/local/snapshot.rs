@@ -798,7 +798,8 @@ fn split_parent(p: &[u8]) -> (&[u8], &[u8]) {
 }
 
 fn set_meta(dir: RawFd, leaf: &CStr, e: &FsEntry, symlink: bool) -> io::Result<()> {
-    // SAFETY (block): *at calls on a valid dirfd and NUL-terminated names.
+    // SAFETY: the block makes *at calls on a valid dirfd and NUL-terminated
+    // names.
     unsafe {
         last_err(
             libc::fchownat(dir, leaf.as_ptr(), e.uid, e.gid, libc::AT_SYMLINK_NOFOLLOW),
@@ -909,8 +910,8 @@ fn apply_tree(
                             Node::BlockDev { rdev } => (libc::S_IFBLK, *rdev),
                             _ => unreachable!("matched above"),
                         };
-                        // SAFETY: valid dirfd and name.
                         last_err(
+                            // SAFETY: valid dirfd and name.
                             unsafe {
                                 libc::mknodat(p, leaf.as_ptr(), kind | 0o600, rdev as libc::dev_t)
                             },
@@ -924,8 +925,8 @@ fn apply_tree(
                             .map_err(fail("open the link target of"))?;
                         let tl =
                             CString::new(tl).map_err(|_| fail("link")(io::Error::other("NUL")))?;
-                        // SAFETY: valid dirfds and names.
                         last_err(
+                            // SAFETY: valid dirfds and names.
                             unsafe {
                                 libc::linkat(tfd.as_raw_fd(), tl.as_ptr(), p, leaf.as_ptr(), 0)
                             },
@@ -971,8 +972,8 @@ fn set_xattrs(dir: RawFd, leaf: &CStr, e: &FsEntry) -> io::Result<()> {
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     for (name, value) in &e.xattrs {
         let n = CString::new(name.as_str()).map_err(|_| io::Error::other("NUL in xattr name"))?;
-        // SAFETY: valid fd, name and value buffer.
         last_err(
+            // SAFETY: valid fd, name and value buffer.
             unsafe {
                 libc::fsetxattr(
                     fd.as_raw_fd(),
