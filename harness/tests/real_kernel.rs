@@ -12,6 +12,12 @@
 //! kernel code is emulated: the suite takes minutes, and the dispatcher runs
 //! one VM per host core.
 //!
+//! The guest kernel here is distro-shaped (scripts/build-probe-kernel.sh
+//! --modular): virtio, its transports, vsock, blk, net and rng are modules,
+//! and the test first checks (`kernel check`) that the agent's channel is
+//! one of the modules the harness packs, so the suite passing proves the
+//! agent loaded them from its overlay.
+//!
 //! On hardware KVM with a user's kernel, the local-backend suites under
 //! tests/lua (guest, network, snapshots, disks) must pass on kvm too; they
 //! boot a VM per file, which an emulated kernel cannot afford, so they run
@@ -109,6 +115,29 @@ fn the_linux_suite_passes_in_real_guests() {
     let Some(guest) = guest(test) else {
         return;
     };
+    if !guest.users {
+        // The distro-shaped kernel: the agent's channel is a module, so the
+        // suite below passes only if the agent loaded it from the overlay.
+        let report = provium::kernel::check(&guest.kernel, None).unwrap();
+        assert!(
+            report.vsock_available() && report.can_reach_agent(),
+            "{}",
+            report.render()
+        );
+        let names: Vec<&str> = report.modules.iter().map(|m| m.name.as_str()).collect();
+        for m in [
+            "virtio_mmio",
+            "vsock",
+            "vmw_vsock_virtio_transport",
+            "virtio_blk",
+            "virtio_net",
+        ] {
+            assert!(
+                names.contains(&m),
+                "{m} is not a module the agent loads: {names:?}"
+            );
+        }
+    }
     let events = run_suite(&guest, LINUX_SUITE);
     // Each fixture was booted once, into the empty cache, and every file
     // that asks for one got VMs restored from its cache entry.

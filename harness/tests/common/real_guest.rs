@@ -5,8 +5,12 @@
 //! The guest, in order of preference:
 //! - the user's own kernel and initrd (`PROVIUM_TEST_KERNEL`,
 //!   `PROVIUM_TEST_INITRD`), for hardware KVM;
-//! - the probe kernel with its kvm_pvm shims (`scripts/build-probe-kernel.sh`,
-//!   booted as the stripped vmlinux) and the busybox initrd
+//! - the distro-shaped probe kernel with its kvm_pvm shims
+//!   (`scripts/build-probe-kernel.sh --modular`, booted as the stripped
+//!   vmlinux): virtio, its transports, vsock, blk, net, rng and console are
+//!   modules, which the harness packs into the agent overlay from the
+//!   kernel's lib/modules/<release> beside it and the agent loads before it
+//!   serves (docs/kernels.md); and the busybox initrd
 //!   (`scripts/build-guest-initrd.sh`), which `.ci/run` builds before the
 //!   tests. Missing, the test fails saying how to build them, unless
 //!   `PROVIUM_SKIP_REAL_GUEST=1` (then it skips, printing why).
@@ -30,7 +34,7 @@ impl Guest {
         if self.users {
             "the user's kernel"
         } else {
-            "the probe kernel"
+            "the distro-shaped probe kernel (modules loaded by the agent)"
         }
     }
 }
@@ -61,12 +65,12 @@ pub fn guest(test: &str) -> Option<Guest> {
         return Some(g);
     }
     let g = Guest {
-        kernel: target_dir().join("probe-kernel/vmlinux"),
+        kernel: target_dir().join("probe-kernel-modular/vmlinux"),
         initrd: target_dir().join("guest-initrd/initrd.cpio"),
         users: false,
     };
     let missing: Vec<String> = [
-        (&g.kernel, "scripts/build-probe-kernel.sh"),
+        (&g.kernel, "scripts/build-probe-kernel.sh --modular"),
         (&g.initrd, "scripts/build-guest-initrd.sh"),
     ]
     .iter()
