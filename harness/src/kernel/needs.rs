@@ -157,6 +157,10 @@ pub const KCONFIG_FRAGMENT: &[(&str, &str)] = &[
     ),
     ("ACPI", "the VMM's DSDT lists its virtio-mmio devices"),
     ("ACPI_BUTTON", "vm:power_button() through ACPI"),
+    (
+        "INPUT_EVDEV",
+        "the agent reads the power button's KEY_POWER (/dev/input)",
+    ),
     ("PCI", "transport = \"pci\""),
     ("PCI_MSI", "virtio-pci interrupts"),
     ("VIRTIO_PCI", "transport = \"pci\""),
