@@ -97,7 +97,9 @@ fn main() -> ExitCode {
         // The kernel modules the harness packed (vsock, virtio...), before
         // anything needs them: the listener below, the initrd's own init.
         modules::load_listed(std::path::Path::new(modules::MODULES_DIR));
-        pid1::split(opts.init.as_deref(), &args);
+        if pid1::split(opts.init.as_deref(), &args) {
+            power_button::forward_presses_to_init();
+        }
     }
     let listen_addr = listen::resolve(&opts.listen);
     let listener = match listen::bind(&listen_addr) {

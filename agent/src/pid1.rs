@@ -128,14 +128,17 @@ fn exec_init(init: &Path, args: &[OsString]) -> io::Error {
 
 /// Step 2 of the module docs. Returns only in the child that serves.
 /// `args` are the agent's own arguments (without argv\[0\]), passed on to init.
-pub fn split(init: Option<&Path>, args: &[OsString]) {
+/// Returns, in the agent child, whether PID 1 execs the initrd's own init
+/// (then that init, which reads no input devices, gets the ACPI power
+/// button from the agent: `power_button::forward_presses_to_init`).
+pub fn split(init: Option<&Path>, args: &[OsString]) -> bool {
     let agent = match fork() {
-        Ok(0) => return,
+        Ok(0) => return init_to_exec(init).is_some(),
         Ok(pid) => pid,
         Err(e) => {
             // No child: serve from PID 1 itself rather than not at all.
             eprintln!("provium-agent: fork failed ({e}); serving from PID 1");
-            return;
+            return false;
         }
     };
     if let Some(init) = init_to_exec(init) {
@@ -146,6 +149,9 @@ pub fn split(init: Option<&Path>, args: &[OsString]) {
         );
     }
     reap_forever(agent);
+    // A restarted agent child: PID 1 is this agent, which watches the
+    // button itself.
+    false
 }
 
 /// How long processes get between SIGTERM and SIGKILL on power-off.

@@ -149,6 +149,54 @@ pub fn poll_readable(fds: &[&File], timeout_ms: i32) -> Vec<bool> {
         .collect()
 }
 
+/// For the initrd's own init, which PID 1 execs and which reads no input
+/// devices: a thread that sends PID 1 SIGINT for each KEY_POWER press, the
+/// signal the kernel gives init for Ctrl+Alt+Del once init turned the
+/// kernel's C-A-D reboot off. So an init that powers off on Ctrl+Alt+Del
+/// (the test initrd's /init, busybox init's `ctrlaltdel` action) powers off
+/// on the ACPI button too, as it would with acpid. Not for systemd (its
+/// SIGINT means ctrl-alt-del.target, a reboot, and logind already handles
+/// the key): PID 1 named `systemd` gets nothing.
+pub fn forward_presses_to_init() {
+    let spawned = std::thread::Builder::new()
+        .name("power-button".into())
+        .spawn(|| loop {
+            let comm = std::fs::read_to_string("/proc/1/comm").unwrap_or_default();
+            if comm.trim() == "systemd" {
+                return;
+            }
+            let mut buttons = open_power_buttons();
+            if buttons.is_empty() {
+                // A button driver that is a module appears later.
+                std::thread::sleep(std::time::Duration::from_secs(5));
+                continue;
+            }
+            'watch: loop {
+                let ready = {
+                    let refs: Vec<&File> = buttons.iter().collect();
+                    poll_readable(&refs, 5000)
+                };
+                for (f, r) in buttons.iter_mut().zip(ready) {
+                    if !r {
+                        continue;
+                    }
+                    match read_press(f) {
+                        Some(true) => {
+                            // SAFETY: kill(2) with a constant pid and signal
+                            // touches no memory of ours.
+                            unsafe { libc::kill(1, libc::SIGINT) };
+                        }
+                        Some(false) => {}
+                        None => break 'watch,
+                    }
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        eprintln!("provium-agent: cannot watch the power button: {e}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
