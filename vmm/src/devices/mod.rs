@@ -23,3 +23,22 @@ pub trait GuestRequestSink: Send + Sync {
     /// Records `req`. Must not block the calling vCPU.
     fn request(&self, req: GuestRequest);
 }
+
+/// A [`GuestRequestSink`] that records what it is given: the one test double
+/// for the devices that raise guest requests (i8042, PM1a_CNT, the ACPI sleep
+/// registers).
+#[cfg(test)]
+pub(crate) mod test_requests {
+    use super::{GuestRequest, GuestRequestSink};
+    use std::sync::Mutex;
+
+    /// The requests, in order.
+    #[derive(Default)]
+    pub(crate) struct Requests(pub Mutex<Vec<GuestRequest>>);
+
+    impl GuestRequestSink for Requests {
+        fn request(&self, req: GuestRequest) {
+            self.0.lock().expect("not poisoned").push(req);
+        }
+    }
+}

@@ -351,16 +351,8 @@ impl<T: Trigger + Send> BusDevice for I8042<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::devices::test_requests::Requests;
     use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::Mutex;
-
-    #[derive(Default)]
-    pub(crate) struct Requests(pub Mutex<Vec<GuestRequest>>);
-    impl GuestRequestSink for Requests {
-        fn request(&self, req: GuestRequest) {
-            self.0.lock().expect("not poisoned").push(req);
-        }
-    }
 
     #[derive(Clone, Default)]
     struct Irq(Arc<AtomicU64>);

@@ -64,15 +64,7 @@ impl BusDevice for PmControl {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Mutex;
-
-    #[derive(Default)]
-    struct Requests(Mutex<Vec<GuestRequest>>);
-    impl GuestRequestSink for Requests {
-        fn request(&self, req: GuestRequest) {
-            self.0.lock().expect("not poisoned").push(req);
-        }
-    }
+    use crate::devices::test_requests::Requests;
 
     #[test]
     fn slp_en_powers_off() {
