@@ -693,10 +693,13 @@ fn mutable_statics(files: &[(String, String)]) -> Vec<(String, String)> {
     out
 }
 
+/// A rule's finder: `(file, line)` of each offence in `(file, source)`s.
+type Finder = fn(&[(String, String)]) -> Vec<(String, String)>;
+
 /// What `check` finds in every crate's source (`(crate/src/file, line)`),
 /// except in the files `allowed` lists (each with why).
 fn offenders(
-    check: fn(&[(String, String)]) -> Vec<(String, String)>,
+    check: Finder,
     allowed: &[(&str, &str)],
 ) -> Vec<(String, String)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
