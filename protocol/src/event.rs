@@ -136,7 +136,7 @@ events! {
         path: String,
         /// How it ended.
         status: FileStatus,
-        /// Wall time from dispatch to completion, in nanoseconds.
+        /// Wall time the file took, in nanoseconds.
         duration_ns: u64,
     }
     /// A test began.
@@ -167,7 +167,7 @@ events! {
         name: String,
         /// How long it ran, in nanoseconds.
         duration_ns: u64,
-        /// The failure message (the Lua error, its cause chain flattened).
+        /// Why it failed: the error the test raised, as text.
         reason: String,
         /// Last 4 KiB of each booted VM's console log; may be empty.
         console_excerpt: String,

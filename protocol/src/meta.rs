@@ -14,13 +14,13 @@ pub type MetaMap = BTreeMap<String, MetaValue>;
 /// [`MetaValue::Bytes`] even when it is valid UTF-8.
 #[derive(Debug, Clone, PartialEq)]
 pub enum MetaValue {
-    /// msgpack `nil` (Lua `nil`).
+    /// msgpack `nil`.
     Null,
     /// msgpack bool.
     Bool(bool),
     /// msgpack integer; one above `i64::MAX` is refused.
     Int(i64),
-    /// msgpack float (a 32-bit float widens).
+    /// msgpack float, encoded as float 64.
     Float(f64),
     /// msgpack `str`: UTF-8 text.
     Str(String),

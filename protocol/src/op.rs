@@ -175,7 +175,8 @@ pub enum Op {
     Write {
         /// The handle, from `open`.
         handle: HandleId,
-        /// Bytes to write at the handle's offset, in one write(2).
+        /// Bytes to write at the handle's offset (at the end of file under
+        /// `append`), in one write(2).
         #[serde(with = "serde_bytes")]
         data: Vec<u8>,
     },
@@ -484,7 +485,10 @@ impl CommandSpec {
 }
 
 /// The args of [`Op::Exec`]: a [`CommandSpec`] and a timeout, one flat map on
-/// the wire.
+/// the wire. serde buffers a flattened struct (rmp-serde counts the map's
+/// entries before writing them; the decoder reads the map into serde's
+/// generic value first), so an exec's stdin is copied once more each way;
+/// unknown keys are still refused and the strict re-encode check still holds.
 #[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
