@@ -698,10 +698,7 @@ type Finder = fn(&[(String, String)]) -> Vec<(String, String)>;
 
 /// What `check` finds in every crate's source (`(crate/src/file, line)`),
 /// except in the files `allowed` lists (each with why).
-fn offenders(
-    check: Finder,
-    allowed: &[(&str, &str)],
-) -> Vec<(String, String)> {
+fn offenders(check: Finder, allowed: &[(&str, &str)]) -> Vec<(String, String)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut found = Vec::new();
     for krate in [
