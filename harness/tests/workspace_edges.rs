@@ -776,13 +776,6 @@ const KNOWN_CYCLES: &[(&str, &[&str])] = &[
             "devices::virtio::net::persist",
         ],
     ),
-    (
-        "vmm",
-        &[
-            "devices::virtio::rng::device",
-            "devices::virtio::rng::persist",
-        ],
-    ),
 ];
 
 /// Source with comments, string/char literal contents and `#[cfg(test)]`

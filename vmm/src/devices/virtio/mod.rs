@@ -30,6 +30,7 @@ pub mod test_utils;
 pub mod transport;
 pub mod vsock;
 pub mod worker;
+pub mod worker_slot;
 
 use std::sync::Arc;
 
