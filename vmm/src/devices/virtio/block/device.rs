@@ -1,33 +1,23 @@
 //! The virtio-blk `VirtioDevice`: features, config space (capacity), and a
-//! device worker (`worker::DeviceWorker`) per activated device that drains
-//! the request queue.
-//!
-//! The worker owns the queue ([`ActiveBlock`]). A notify (MMIO write on a
-//! vCPU thread) only writes the notify eventfd, so vCPUs never do disk I/O or
-//! wait for `slow` completions. With `slow` set, each completion is held for
-//! 50 ms in a deadline queue (a timerfd fires for the nearest one) while the
-//! worker keeps accepting requests; in-flight completions are capped at the
-//! queue size, and beyond that requests stay in the avail ring until earlier
-//! ones complete (backpressure, no unbounded growth whatever the guest does).
+//! device worker per activated device (`worker_slot::WorkerSlot`) that
+//! drains the request queue. What the worker owns and does is
+//! [`ActiveBlock`] (`active.rs`).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use virtio_bindings::virtio_blk::{VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
-use virtio_queue::{Queue, QueueT};
-use vmm_sys_util::eventfd::EventFd;
+use virtio_queue::Queue;
 
-use super::defs::{QUEUE_SIZE, SLOW_COMPLETION_MS};
-use super::io::{BlockFaults, DiskImage};
+use super::active::{ActiveBlock, BlockConfig, Pending};
+use super::defs::QUEUE_SIZE;
 use super::persist::{BlockConstructorArgs, BlockState};
-use super::request::Request;
 use crate::devices::virtio::persist::{
     check_queue_count, decode_state, encode_state, QueueSnapshot,
 };
-use crate::devices::virtio::worker::{DeadlineTimer, DeviceWorker};
+use crate::devices::virtio::worker_slot::WorkerSlot;
 use crate::devices::virtio::{
     read_config_bytes, ActivateError, ActiveArgs, DeviceSnapshot, VirtioDevice, VirtioInterrupt,
     VirtioPersistError,
@@ -35,112 +25,12 @@ use crate::devices::virtio::{
 use crate::vstate::memory::GuestMemoryMmap;
 use provium_snapshot::Persist;
 
-/// What a block device is built from.
-#[derive(Clone)]
-pub struct BlockConfig {
-    /// The backing file.
-    pub disk: Arc<DiskImage>,
-    /// Fault modes (the host keeps a clone to flip them).
-    pub faults: Arc<BlockFaults>,
-}
-
-/// An activated device's queue and in-flight work: what the worker owns
-/// (its event handler is in `event_handler.rs`) and hands back when stopped.
-pub struct ActiveBlock {
-    pub(super) queue: Queue,
-    pub(super) pending: VecDeque<Pending>,
-    pub(super) mem: GuestMemoryMmap,
-    pub(super) cfg: BlockConfig,
-    pub(super) interrupt: Arc<dyn VirtioInterrupt>,
-    /// Written by `queue_notify`.
-    pub(super) notify: EventFd,
-    /// Fires for the nearest `slow` completion.
-    pub(super) slow_timer: DeadlineTimer,
-    /// Events for fds the handler does not know (a VMM bug; see `worker`).
-    pub(super) unexpected_events: u64,
-}
-
-impl ActiveBlock {
-    pub(super) fn new(
-        mem: GuestMemoryMmap,
-        queue: Queue,
-        pending: VecDeque<Pending>,
-        cfg: BlockConfig,
-        interrupt: Arc<dyn VirtioInterrupt>,
-    ) -> std::io::Result<ActiveBlock> {
-        Ok(ActiveBlock {
-            queue,
-            pending,
-            mem,
-            cfg,
-            interrupt,
-            notify: EventFd::new(libc::EFD_NONBLOCK)?,
-            slow_timer: DeadlineTimer::new()?,
-            unexpected_events: 0,
-        })
-    }
-
-    #[cfg(test)]
-    pub(super) fn for_test(
-        mem: GuestMemoryMmap,
-        queue: Queue,
-        cfg: BlockConfig,
-        interrupt: Arc<dyn VirtioInterrupt>,
-    ) -> ActiveBlock {
-        ActiveBlock::new(mem, queue, VecDeque::new(), cfg, interrupt).expect("eventfd and timerfd")
-    }
-
-    /// The guest notified the queue: run what it made available.
-    pub(super) fn handle_queue_notify(&mut self) {
-        let _ = self.notify.read();
-        let signal = process(&mut self.queue, &self.mem, &self.cfg, &mut self.pending);
-        self.finish_turn(signal);
-    }
-
-    /// The nearest `slow` completion may be due.
-    pub(super) fn handle_slow_deadline(&mut self) {
-        self.slow_timer.acknowledge();
-        self.finish_turn(false);
-    }
-
-    /// Completes what is due, runs what the in-flight cap held back,
-    /// interrupts the guest if the used ring moved, and re-arms the timer.
-    fn finish_turn(&mut self, mut signal: bool) {
-        let now = Instant::now();
-        let mut freed = false;
-        while let Some(p) = self.pending.front() {
-            if p.due > now {
-                break;
-            }
-            let (head, used_len) = (p.head, p.used_len);
-            self.pending.pop_front();
-            signal |= complete(&mut self.queue, &self.mem, head, used_len);
-            freed = true;
-        }
-        if freed {
-            // Requests held back by the in-flight cap can go now.
-            signal |= process(&mut self.queue, &self.mem, &self.cfg, &mut self.pending);
-        }
-        if signal && self.queue.needs_notification(&self.mem).unwrap_or(true) {
-            self.interrupt.signal_used_queue(0);
-        }
-        self.slow_timer.arm(self.pending.front().map(|p| p.due));
-    }
-}
-
-struct Worker {
-    worker: DeviceWorker<ActiveBlock>,
-    /// A clone of the worker's notify eventfd.
-    notify: EventFd,
-}
-
 /// A virtio-blk device.
 pub struct Block {
     cfg: BlockConfig,
     acked_features: u64,
-    worker: Option<Worker>,
-    /// What `save` took from the worker, until `resume_after_save`.
-    parked: Option<ActiveBlock>,
+    /// The activated device, on its worker or parked by a save.
+    worker: WorkerSlot<ActiveBlock>,
     config_space: [u8; 8],
 }
 
@@ -151,8 +41,7 @@ impl Block {
         Block {
             cfg,
             acked_features: 0,
-            worker: None,
-            parked: None,
+            worker: WorkerSlot::new("virtio-blk"),
             config_space,
         }
     }
@@ -163,24 +52,11 @@ impl Block {
     }
 
     fn stop_worker(&mut self) {
-        self.take_worker();
-    }
-
-    /// Stops the worker and returns what it owned (`None` when not
-    /// activated, or if the worker panicked).
-    fn take_worker(&mut self) -> Option<ActiveBlock> {
-        self.worker.take()?.worker.stop()
+        drop(self.worker.stop());
     }
 
     fn start_worker(&mut self, active: ActiveBlock) -> Result<(), ActivateError> {
-        let notify = active.notify.try_clone().map_err(ActivateError::Worker)?;
-        // Completions held across a save may be due already: the timer
-        // fires for them as soon as the worker runs.
-        let mut active = active;
-        active.slow_timer.arm(active.pending.front().map(|p| p.due));
-        let worker = DeviceWorker::spawn("virtio-blk", active)?;
-        self.worker = Some(Worker { worker, notify });
-        Ok(())
+        self.worker.start(active)
     }
 
     fn activate_with(
@@ -193,12 +69,6 @@ impl Block {
         let active = ActiveBlock::new(mem, queue, pending, self.cfg.clone(), interrupt)
             .map_err(ActivateError::Worker)?;
         self.start_worker(active)
-    }
-}
-
-impl Drop for Block {
-    fn drop(&mut self) {
-        self.stop_worker();
     }
 }
 
@@ -243,9 +113,7 @@ impl VirtioDevice for Block {
     }
 
     fn queue_notify(&mut self, _index: u32) {
-        if let Some(w) = &self.worker {
-            let _ = w.notify.write(1);
-        }
+        self.worker.notify();
     }
 
     fn reset(&mut self) {
@@ -254,26 +122,22 @@ impl VirtioDevice for Block {
     }
 
     fn save(&mut self) -> DeviceSnapshot {
-        let Some(parked) = self.take_worker() else {
+        let Some(parked) = self.worker.park() else {
             return DeviceSnapshot {
                 queues: Vec::new(),
                 state: encode_state(&BlockState::default()),
             };
         };
-        let snap = DeviceSnapshot {
+        DeviceSnapshot {
             queues: vec![QueueSnapshot::of(&parked.queue)],
             state: encode_state(&parked.save()),
-        };
-        self.parked = Some(parked);
-        snap
+        }
     }
 
     fn resume_after_save(&mut self) {
         // The same queue and held completions go back to a new worker. A
         // failed spawn leaves the device stopped, as a failed activate would.
-        if let Some(active) = self.parked.take() {
-            let _ = self.start_worker(active);
-        }
+        let _ = self.worker.resume();
     }
 
     fn restore(
@@ -297,55 +161,15 @@ impl VirtioDevice for Block {
     }
 }
 
-#[derive(Debug)]
-pub(super) struct Pending {
-    pub(super) due: Instant,
-    pub(super) head: u16,
-    pub(super) used_len: u32,
-}
-
-fn complete(queue: &mut Queue, mem: &GuestMemoryMmap, head: u16, len: u32) -> bool {
-    // add_used rejects an out-of-range head; the chain came from this queue so
-    // that cannot happen, and if memory went bad there is no one to tell.
-    queue.add_used(mem, head, len).is_ok()
-}
-
-/// Pops and executes every available request. Returns whether any completed now.
-fn process(
-    queue: &mut Queue,
-    mem: &GuestMemoryMmap,
-    cfg: &BlockConfig,
-    pending: &mut VecDeque<Pending>,
-) -> bool {
-    let mut completed = false;
-    while pending.len() < usize::from(queue.size()) {
-        let Some(chain) = queue.pop_descriptor_chain(mem) else {
-            break;
-        };
-        let head = chain.head_index();
-        let used_len = match Request::parse(chain, mem) {
-            Ok(req) => cfg.disk.execute(&req, mem, &cfg.faults).used_len,
-            Err(_) => 0,
-        };
-        if cfg.faults.is_slow() {
-            pending.push_back(Pending {
-                due: Instant::now() + Duration::from_millis(SLOW_COMPLETION_MS),
-                head,
-                used_len,
-            });
-        } else {
-            completed |= complete(queue, mem, head, used_len);
-        }
-    }
-    completed
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::devices::virtio::block::defs::SLOW_COMPLETION_MS;
+    use crate::devices::virtio::block::{BlockFaults, DiskImage};
     use crate::devices::virtio::test_utils::{guest_memory, CountingInterrupt};
     use std::io::Write;
     use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
     use virtio_bindings::virtio_blk::{VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT};
     use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
     use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};

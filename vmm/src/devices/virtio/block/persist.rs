@@ -7,7 +7,7 @@
 //! and the fault modes (the restoring host sets its own).
 //!
 //! `Persist` is implemented by the activated device's worker state
-//! (`ActiveBlock`): a device that was never activated has nothing of its own
+//! (`ActiveBlock`, `active.rs`): a device that was never activated has nothing of its own
 //! to save (`BlockState::default()`).
 
 use std::collections::VecDeque;
@@ -18,8 +18,8 @@ use provium_snapshot::Persist;
 use serde::{Deserialize, Serialize};
 use virtio_queue::{Queue, QueueT};
 
+use super::active::{ActiveBlock, BlockConfig, Pending};
 use super::defs::SLOW_COMPLETION_MS;
-use super::device::{ActiveBlock, BlockConfig, Pending};
 use crate::devices::virtio::{VirtioInterrupt, VirtioPersistError};
 use crate::vstate::memory::GuestMemoryMmap;
 
