@@ -92,6 +92,12 @@ impl Clock for ManualClock {
     }
 }
 
+/// `d` (a time on a switch clock, from its start) in whole nanoseconds, as
+/// the switch publishes times in atomics; saturates far past any run.
+pub(crate) fn duration_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

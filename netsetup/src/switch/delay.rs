@@ -2,7 +2,7 @@
 //! queue per destination port, and the timer that releases them.
 //!
 //! # No lock shared by all ports
-//! Each destination port has its own [`PortDelay`] (in its `PortShared`,
+//! Each destination port has its own [`PortDelay`](super::port_delay::PortDelay) (in its `PortShared`,
 //! next to its receive queue), so the senders that share a delay lock are
 //! exactly those that already share the destination's receive-queue lock.
 //! What the queues have in common is lock-free ([`DelayShared`]):
@@ -29,171 +29,18 @@
 //! [`Switch::release_due`]: super::Switch::release_due
 //! [`Switch::reset`]: super::Switch::reset
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, OnceLock};
 use std::thread::Thread;
 use std::time::Duration;
 
 use super::counters::{add, bump};
 use super::forward::{After, Direct};
-use super::topology::{duration_ns, PortShared, Topology};
-use super::{Inner, PortId};
+use super::port_delay::{Delayed, Release, NOTHING_PENDING_NS};
+use super::topology::{PortShared, Topology};
+use super::Inner;
+use crate::clock::duration_ns;
 use crate::offload::VnetHdr;
-
-/// A published release time meaning "nothing pending" (a queue's earliest
-/// release) or "scanning, wake me for anything" (the timer's deadline).
-const NOTHING_PENDING_NS: u64 = u64::MAX;
-
-/// Which frames a release hands over.
-#[derive(Clone, Copy)]
-pub(super) enum Release {
-    /// Those due at this time, each stamped (in captures) with its release
-    /// time: the timer and [`Switch::release_due`](super::Switch::release_due).
-    Due(Duration),
-    /// All of them, stamped `now`: [`Switch::reset`](super::Switch::reset).
-    All {
-        /// The switch clock's time of the reset.
-        now: Duration,
-    },
-}
-
-/// One held frame. Ordered by (release, seq); `seq` is unique switch-wide.
-pub(super) struct Delayed {
-    release: Duration,
-    seq: u64,
-    frame: Vec<u8>,
-}
-
-impl PartialEq for Delayed {
-    fn eq(&self, o: &Self) -> bool {
-        (self.release, self.seq) == (o.release, o.seq)
-    }
-}
-impl Eq for Delayed {}
-impl PartialOrd for Delayed {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Delayed {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (self.release, self.seq).cmp(&(o.release, o.seq))
-    }
-}
-
-/// The frames held for one destination port, behind that port's delay lock.
-#[derive(Default)]
-struct DelayQueue {
-    /// A min-heap by (release, seq).
-    heap: BinaryHeap<Reverse<Delayed>>,
-    /// This queue's share of [`DelayShared::held_bytes`].
-    bytes: usize,
-    /// Set by detach: nothing may be queued any more.
-    closed: bool,
-}
-
-/// One destination port's delay queue and its published earliest release.
-pub(super) struct PortDelay {
-    queue: Mutex<DelayQueue>,
-    /// The earliest release in `queue` in nanoseconds on the switch clock,
-    /// [`NOTHING_PENDING_NS`] when empty. Written under the queue's lock
-    /// after every change; the timer reads it without the lock.
-    next_release_ns: AtomicU64,
-}
-
-impl PortDelay {
-    pub(super) fn new() -> PortDelay {
-        PortDelay {
-            queue: Mutex::new(DelayQueue::default()),
-            next_release_ns: AtomicU64::new(NOTHING_PENDING_NS),
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, DelayQueue> {
-        // The queue stays consistent between statements; a panicking
-        // holder leaves it usable.
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Publishes `q`'s earliest release for the timer; call under the lock.
-    fn publish(&self, q: &DelayQueue) {
-        let next = q
-            .heap
-            .peek()
-            .map_or(NOTHING_PENDING_NS, |d| duration_ns(d.0.release));
-        // SeqCst: one of the three atomics of the wake-up protocol (see
-        // `DelayShared`).
-        self.next_release_ns.store(next, Ordering::SeqCst);
-    }
-
-    /// Queues `d` (whose bytes the caller reserved); gives it back when the
-    /// port was detached meanwhile.
-    fn push(&self, d: Delayed) -> Result<(), Delayed> {
-        let mut q = self.lock();
-        if q.closed {
-            return Err(d);
-        }
-        q.bytes += d.frame.len();
-        q.heap.push(Reverse(d));
-        self.publish(&q);
-        Ok(())
-    }
-
-    /// Moves the frames `which` names into `out`, tagged with this port's
-    /// id; returns their bytes.
-    fn take(&self, which: Release, to: PortId, out: &mut Vec<(Delayed, PortId)>) -> usize {
-        let now = match which {
-            Release::Due(now) => Some(now),
-            Release::All { .. } => None,
-        };
-        // An idle or not yet due queue is skipped without its lock, so the
-        // timer does not contend with senders to ports it has nothing for.
-        // A push racing with this load is found by the next release.
-        if let Some(now) = now {
-            if self.next_release_ns.load(Ordering::SeqCst) > duration_ns(now) {
-                return 0;
-            }
-        }
-        let mut q = self.lock();
-        let mut bytes = 0;
-        while q
-            .heap
-            .peek()
-            .is_some_and(|d| now.is_none_or(|n| d.0.release <= n))
-        {
-            let Some(Reverse(d)) = q.heap.pop() else {
-                break;
-            };
-            bytes += d.frame.len();
-            out.push((d, to));
-        }
-        q.bytes -= bytes;
-        self.publish(&q);
-        bytes
-    }
-
-    /// Closes the queue for good and drops its frames; returns their
-    /// bytes and how many there were.
-    pub(super) fn close(&self) -> (usize, usize) {
-        let mut q = self.lock();
-        q.closed = true;
-        let frames = q.heap.len();
-        q.heap.clear();
-        let bytes = std::mem::take(&mut q.bytes);
-        self.publish(&q);
-        (bytes, frames)
-    }
-
-    fn next_release(&self) -> Option<Duration> {
-        self.lock().heap.peek().map(|d| d.0.release)
-    }
-
-    fn len(&self) -> usize {
-        self.lock().heap.len()
-    }
-}
 
 /// What every port's delay queue shares; senders touch only its atomics.
 ///

@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::counters::{add, bump};
-use super::topology::{duration_ns, Topology};
+use super::topology::Topology;
 use super::{Inner, PortId, SendError};
+use crate::clock::duration_ns;
 use crate::impair::{DropRng, Effective, TokenBucket};
 use crate::mac::{dst_mac, src_mac, MacAddr, ETH_HEADER_BYTES, MAX_FRAME_BYTES};
 use crate::offload::{segment, OffloadMeta, Segments, VnetHdr};

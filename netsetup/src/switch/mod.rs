@@ -62,6 +62,7 @@ mod delay;
 mod forward;
 mod handle;
 mod kernel;
+mod port_delay;
 mod topology;
 
 #[cfg(test)]
@@ -81,9 +82,10 @@ use crate::pcap::{Capture, CaptureScope};
 use crate::port::RxQueue;
 
 use counters::{add, PortCounterCells, SwitchStatCells};
-use delay::{DelayShared, PortDelay, Release};
+use delay::DelayShared;
 use forward::{After, Sender};
 use kernel::KernelPaths;
+use port_delay::{PortDelay, Release};
 use topology::{Control, ControlSlot, PortShared, Topology};
 
 /// Errors from switch control operations.

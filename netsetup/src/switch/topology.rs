@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::counters::PortCounterCells;
-use super::delay::PortDelay;
+use super::port_delay::PortDelay;
 use super::PortId;
+use crate::clock::duration_ns;
 use crate::impair::Impairment;
 use crate::kernel_path::KernelNic;
 use crate::mac::MacAddr;
@@ -58,10 +59,6 @@ impl MacEntry {
         let seen = Duration::from_nanos(self.last_seen_ns.load(Ordering::Relaxed));
         now.saturating_sub(seen) < ageing
     }
-}
-
-pub(super) fn duration_ns(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// An immutable view of everything the forwarding decision reads; rebuilt
