@@ -56,6 +56,7 @@ const CONSOLE_SUITE: &str = "tests/lua/linux-console";
 const LAB_FIXTURE_FILE: &str = "devices.test.lua";
 const FIXTURE_FILES: &[&str] = &[
     "files.test.lua",
+    "hotplug.test.lua",
     "machine.test.lua",
     "reset.test.lua",
     "run.test.lua",

@@ -48,6 +48,11 @@ pub struct MachineSpec {
     /// The VM's disks in attach order (the guest's vda, vdb, …); each
     /// carries its Disk userdata's fault set (`lua::disk::boot_drives`).
     pub disks: Vec<DiskSpec>,
+    /// Disks given to the guest after boot, by slot (a restore of a
+    /// snapshot taken while they were in: `Guest::take_restored_disks`
+    /// hands their leases back). Backends without slots refuse none: a
+    /// boot has none.
+    pub slot_disks: Vec<SlotDisk>,
     /// The VMM boot timer to attach (`provium bench boot` keeps a clone and
     /// reads its marks); none for tests. A backend with no VMM ignores it.
     pub boot_timer: Option<BootTimer>,
@@ -94,6 +99,14 @@ pub struct DiskSpec {
     /// The disk's fault modes, shared with its `Disk` userdata: a change
     /// reaches the running guest's requests.
     pub faults: Arc<DiskFaults>,
+}
+
+/// A disk in slot `slot` of a machine's disk slots (see
+/// [`MachineSpec::slot_disks`]).
+#[derive(Debug, Clone)]
+pub struct SlotDisk {
+    pub slot: usize,
+    pub disk: DiskSpec,
 }
 
 impl MachineSpec {

@@ -278,6 +278,13 @@ enum NicEnd {
     /// kvm: the port is held by the VM's virtio-net device (attached before
     /// boot by [`Bridge::vmm_port`]); the switch detaches it by name.
     Vmm,
+    /// kvm, joined after boot: a NIC slot of the machine plugged into this
+    /// switch (`Guest::add_nic`); dropping the lease parks the slot again
+    /// (link down in the guest) and its port leaves the switch.
+    Slot {
+        /// Held for its drop.
+        _lease: crate::backend::DeviceLease,
+    },
 }
 
 struct UplinkLink {
@@ -670,12 +677,27 @@ impl Bridge {
             return Ok(());
         }
         let mac = m.mac;
-        let end = if machine.capabilities().has_vmm_nics() && self.0.switch.port_mac(name).is_ok() {
+        let mut ifname = ifname.to_owned();
+        let caps = machine.capabilities();
+        let end = if caps.has_vmm_nics() && self.0.switch.port_mac(name).is_ok() {
             // The virtio-net device got its port before boot (`vmm_port`).
             NicEnd::Vmm
+        } else if caps.has_vmm_nics() && caps.nics_after_boot.is_yes() {
+            // A running kvm guest: one of its NIC slots (made at boot, with
+            // its own MAC) gets a port on this switch.
+            let switch = &self.0.switch;
+            // The member keeps its own MAC (vm, bridge): the backend gives
+            // the guest interface the port's.
+            let added = machine.add_nic(&ifname, &mut |_slot_mac| {
+                Ok(Arc::new(switch.attach(name, mac)?))
+            })?;
+            ifname = added.ifname.clone();
+            NicEnd::Slot {
+                _lease: added.lease,
+            }
         } else {
             let poller = tap_poller(taps, &self.0.name)?;
-            let fd = machine.open_nic(ifname, mac)?;
+            let fd = machine.open_nic(&ifname, mac)?;
             let port = TapPort::attach_on(&poller, &self.0.switch, name, mac, fd)?;
             // The kernel forwards this NIC's plain directions to the other
             // sandboxes' (docs/networking.md, "The kernel path"). Without
@@ -695,7 +717,7 @@ impl Bridge {
         if m.link_down {
             let _ = self.0.switch.disconnect(name);
         }
-        m.nic = Some((ifname.to_owned(), end));
+        m.nic = Some((ifname, end));
         Ok(())
     }
 

@@ -237,6 +237,17 @@ pub struct VmDevices {
     /// sandbox that has one).
     #[serde(default)]
     pub nics: Vec<NicDecl>,
+    /// Disks a running kvm guest took after boot, by disk slot: a restore
+    /// puts each back into its slot.
+    #[serde(default)]
+    pub slot_disks: Vec<SlotDiskDecl>,
+}
+
+/// A disk in disk slot `slot` of a snapshotted kvm VM (docs/disks.md).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SlotDiskDecl {
+    pub slot: usize,
+    pub disk: DiskDecl,
 }
 
 /// One disk of a snapshotted VM. Its contents are not in the snapshot: a
@@ -399,6 +410,15 @@ mod tests {
     #[test]
     fn a_device_record_round_trips_through_a_snapshot() {
         let d = VmDevices {
+            slot_disks: vec![SlotDiskDecl {
+                slot: 1,
+                disk: DiskDecl {
+                    id: "late".into(),
+                    image: "/srv/late.img".into(),
+                    size_bytes: 4096,
+                    detached: false,
+                },
+            }],
             disks: vec![DiskDecl {
                 id: "vda".into(),
                 image: "/srv/a.img".into(),

@@ -108,6 +108,7 @@ mod tests {
         VmDevices {
             disks: vec![],
             nics,
+            slot_disks: vec![],
         }
     }
 

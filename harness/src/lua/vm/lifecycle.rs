@@ -112,8 +112,9 @@ impl Vm {
         } else {
             None
         };
-        let (want_disks, want_nics) =
-            devices.map_or((None, None), |d| (Some(d.disks), Some(d.nics)));
+        let (want_disks, want_nics, slot_disks) = devices.map_or((None, None, Vec::new()), |d| {
+            (Some(d.disks), Some(d.nics), d.slot_disks)
+        });
         if caps.seeded_rng {
             self.adopt_recorded_rng_seed(path)?;
         }
@@ -160,6 +161,7 @@ impl Vm {
         let r = self.restore_machine(
             path,
             want_disks.as_deref(),
+            &slot_disks,
             (configs, record, lone),
             &mut built,
         );
@@ -196,6 +198,7 @@ impl Vm {
         &self,
         path: &std::path::Path,
         want_disks: Option<&[crate::lua::snapshot::DiskDecl]>,
+        slot_disks: &[crate::lua::snapshot::SlotDiskDecl],
         (nics, record, lone): (
             Vec<crate::backend::NicSpec>,
             Vec<MachineNic>,
@@ -279,6 +282,23 @@ impl Vm {
         };
         spec.disks = drives.specs.clone();
         spec.nics = nics;
+        // Disks the snapshot's guest took after boot go back into their
+        // slots (new Disk userdata like the snapshot's).
+        let mut slot_new = Vec::new();
+        for s in slot_disks {
+            let d = Disk::from_decl(env.clone(), name, &s.disk, &self.0.disks)
+                .map_err(|e| Mismatch(format!("vm:restore: vm `{name}`: {e}")))?;
+            spec.slot_disks.push(crate::backend::SlotDisk {
+                slot: s.slot,
+                disk: d.spec().ok_or_else(|| {
+                    Mismatch(format!(
+                        "vm:restore: vm `{name}`: disk `{}` has no image",
+                        d.id()
+                    ))
+                })?,
+            });
+            slot_new.push((s.slot, d));
+        }
         let machine: Arc<dyn Guest> =
             Arc::from(env.machines().restore(&spec, path).map_err(|e| {
                 Failed(rust_err(
@@ -294,6 +314,17 @@ impl Vm {
             let old = std::mem::take(&mut *disks);
             disks.extend(new_disks);
             disks.extend(old);
+        }
+        if !slot_new.is_empty() {
+            let mut back = machine.take_restored_disks();
+            let mut disks = self.0.disks.locked();
+            for (slot, d) in slot_new {
+                if let Some(i) = back.iter().position(|a| a.slot == slot) {
+                    d.adopt(back.swap_remove(i));
+                }
+                disks.retain(|o| o.id() != d.id());
+                disks.push(d);
+            }
         }
         *self.0.lone_switches.locked() = lone;
         let client = self
@@ -481,7 +512,11 @@ mod tests {
     }
 
     fn decl(disks: Vec<DiskDecl>, nics: Vec<NicDecl>) -> VmDevices {
-        VmDevices { disks, nics }
+        VmDevices {
+            disks,
+            nics,
+            slot_disks: vec![],
+        }
     }
 
     /// `vm:shutdown(); vm:restore(s)` on a bridged VM: the shutdown leaves
@@ -620,6 +655,8 @@ mod tests {
         config.profiles.insert(
             "p".into(),
             crate::config::Profile {
+                disk_slots: crate::config::profile::DEFAULT_DISK_SLOTS,
+                nic_slots: crate::config::profile::DEFAULT_NIC_SLOTS,
                 name: "p".into(),
                 kernel: Some(kernel),
                 initrd: None,

@@ -6,9 +6,11 @@ pub mod event_handler;
 pub mod io;
 pub mod persist;
 pub mod request;
+pub mod slot;
 
 pub use device::{Block, BlockConfig};
 pub use io::{BlockFaults, DiskImage};
+pub use slot::{BlockSlot, SlotError};
 
 /// Constants of the block device.
 pub mod defs {

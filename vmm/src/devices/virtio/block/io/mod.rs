@@ -128,6 +128,18 @@ fn status(s: u32) -> u8 {
     u8::try_from(s).expect("virtio-blk status codes fit a byte")
 }
 
+/// Completes `req` with VIRTIO_BLK_S_IOERR: an empty disk slot has no
+/// medium to serve it (see `slot.rs`).
+pub fn fail_no_medium<M: GuestMemory>(req: &Request, mem: &M) -> Completion {
+    let st = status(VIRTIO_BLK_S_IOERR);
+    // A bad status address is the guest's; nothing more can be reported.
+    let _ = mem.write_slice(&[st], req.status_gpa);
+    Completion {
+        status: st,
+        used_len: 1,
+    }
+}
+
 impl DiskImage {
     /// Opens `path` (read-write unless `read_only`). `id` is truncated to 20 bytes.
     pub fn open(
