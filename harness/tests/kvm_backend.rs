@@ -868,6 +868,7 @@ mod restored_devices {
         };
         let devices = VmDevices {
             slot_disks: vec![],
+            slot_nics: vec![],
             disks: vec![DiskDecl {
                 id: "vda".into(),
                 image: image.to_path_buf(),

@@ -24,7 +24,7 @@ use std::sync::Arc;
 pub use capabilities::{Capabilities, NicKind, Support};
 pub use cid::CidAllocator;
 pub use error::BackendError;
-pub use spec::{DiskSpec, MachineSpec, NicSpec, SlotDisk};
+pub use spec::{DiskSpec, MachineSpec, NicSpec, SlotDisk, SlotNic};
 pub use vmm_models::{BootSource, BootTimer, Console, ConsoleRead, ConsoleSubscriber, DiskFaults};
 // How a restore fits the snapshot's devices into a machine whose devices
 // are fixed when it is built (kvm's, `Capabilities::device_snapshots`):
@@ -153,6 +153,13 @@ pub trait Guest: Send + Sync {
         Vec::new()
     }
 
+    /// The NICs a restore plugged back into their slots
+    /// ([`MachineSpec::slot_nics`]), once, each with its bridge's name:
+    /// their leases park them again.
+    fn take_restored_nics(&self) -> Vec<(String, AddedNic)> {
+        Vec::new()
+    }
+
     /// Gives the running guest a new NIC of a VMM device whose port
     /// `connect` makes (it is told the device's own MAC; a port with
     /// another MAC is fine: the backend gives the guest interface the
@@ -245,6 +252,9 @@ pub struct AddedDisk {
 /// A NIC given to a running guest.
 #[derive(Debug)]
 pub struct AddedNic {
+    /// Its NIC slot (what a snapshot records, for a restore to plug it
+    /// back).
+    pub slot: usize,
     /// The guest interface (`eth2`).
     pub ifname: String,
     /// Its MAC: its port's on the bridge, which the guest interface has.

@@ -53,6 +53,10 @@ pub struct MachineSpec {
     /// hands their leases back). Backends without slots refuse none: a
     /// boot has none.
     pub slot_disks: Vec<SlotDisk>,
+    /// NICs a running guest was given after boot, by NIC slot, each on the
+    /// port it goes back on (a restore of a snapshot taken while they were
+    /// plugged: `Guest::take_restored_nics` hands their leases back).
+    pub slot_nics: Vec<SlotNic>,
     /// The VMM boot timer to attach (`provium bench boot` keeps a clone and
     /// reads its marks); none for tests. A backend with no VMM ignores it.
     pub boot_timer: Option<BootTimer>,
@@ -107,6 +111,16 @@ pub struct DiskSpec {
 pub struct SlotDisk {
     pub slot: usize,
     pub disk: DiskSpec,
+}
+
+/// A NIC slot `slot` plugged into `port` from the start (see
+/// [`MachineSpec::slot_nics`]); `bridge` names the bridge it is for, which
+/// the restored lease carries back.
+#[derive(Debug, Clone)]
+pub struct SlotNic {
+    pub slot: usize,
+    pub bridge: String,
+    pub port: Arc<provium_netsetup::Port>,
 }
 
 impl MachineSpec {

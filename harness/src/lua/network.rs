@@ -40,7 +40,7 @@ use provium_netsetup::{
 
 use super::capture::CaptureSource;
 use super::phase::Phase;
-use super::snapshot::NicDecl;
+use super::snapshot::{NicDecl, SlotNicDecl};
 use super::stream::{creation_site, Stream};
 use super::vm_ctx::VmCtx;
 use super::{err, rust_err};
@@ -282,6 +282,8 @@ enum NicEnd {
     /// switch (`Guest::add_nic`); dropping the lease parks the slot again
     /// (link down in the guest) and its port leaves the switch.
     Slot {
+        /// Which NIC slot (what a snapshot records).
+        slot: usize,
         /// Held for its drop.
         _lease: crate::backend::DeviceLease,
     },
@@ -693,6 +695,7 @@ impl Bridge {
             })?;
             ifname = added.ifname.clone();
             NicEnd::Slot {
+                slot: added.slot,
                 _lease: added.lease,
             }
         } else {
@@ -719,6 +722,31 @@ impl Bridge {
         }
         m.nic = Some((ifname, end));
         Ok(())
+    }
+
+    /// For a restore: `vm`'s member takes the NIC slot the machine plugged
+    /// back into this bridge's port ([`restore_slot_ports`]), as its
+    /// realised NIC; the lease parks the slot when the member goes.
+    pub fn adopt_slot_nic(&self, vm: &NetMember, added: crate::backend::AddedNic) {
+        let mut st = self.lock();
+        if let Some(m) = st.members.get_mut(vm.name()) {
+            m.nic = Some((
+                added.ifname,
+                NicEnd::Slot {
+                    slot: added.slot,
+                    _lease: added.lease,
+                },
+            ));
+        }
+    }
+
+    /// The NIC slot `vm`'s realised NIC on this bridge is in, if it joined
+    /// after boot.
+    fn slot_of(&self, vm: &NetMember) -> Option<usize> {
+        match self.lock().members.get(vm.name())?.nic {
+            Some((_, NicEnd::Slot { slot, .. })) => Some(slot),
+            _ => None,
+        }
     }
 
     /// Whether `close` ran (a closed bridge takes no member).
@@ -1146,11 +1174,18 @@ pub fn restore_ports(
     vm: &NetMember,
     want: &[NicDecl],
     left: &[Bridge],
+    slot_bridges: &[String],
 ) -> Result<VmmNics, NetworkError> {
-    let current = sorted_bridges(vm);
+    // The bridges the snapshot's NIC slots go back on are theirs
+    // ([`restore_slot_ports`]), not a boot NIC's.
+    let theirs = |b: &Bridge| slot_bridges.iter().any(|n| n == b.name());
+    let current: Vec<Bridge> = sorted_bridges(vm)
+        .into_iter()
+        .filter(|b| !theirs(b))
+        .collect();
     let left: Vec<Bridge> = left
         .iter()
-        .filter(|b| !b.is_closed() && !current.iter().any(|c| c.ptr_eq(b)))
+        .filter(|b| !b.is_closed() && !theirs(b) && !current.iter().any(|c| c.ptr_eq(b)))
         .cloned()
         .collect();
     let names = |bs: &[Bridge]| bs.iter().map(|b| b.name().to_string()).collect::<Vec<_>>();
@@ -1224,6 +1259,85 @@ pub fn nic_decls(
             }
         })
         .collect()
+}
+
+/// What a snapshot of `vm` records of the NICs it was given after boot
+/// (NIC slots plugged into the bridges it is on).
+pub fn slot_nic_decls(
+    vm: &NetMember,
+    bridge_lab: &dyn Fn(&Bridge) -> Option<Vec<String>>,
+) -> Vec<SlotNicDecl> {
+    let mut out = Vec::new();
+    for b in sorted_bridges(vm) {
+        let (Some(slot), Some(mac)) = (b.slot_of(vm), b.mac_of(vm.name())) else {
+            continue;
+        };
+        out.push(SlotNicDecl {
+            slot,
+            nic: NicDecl {
+                bridge: b.name().to_string(),
+                mac: mac.to_string(),
+                attached: true,
+                connected: b.is_connected(vm.name()),
+                bridge_lab: bridge_lab(&b),
+            },
+        });
+    }
+    out
+}
+
+/// For a kvm restore from a snapshot whose VM had NICs in NIC slots
+/// (`want`): each goes back on the bridge of its recorded name, one `vm` is
+/// on (keeping its link state) or one it left at shutdown (joining again
+/// with the recorded MAC and link state), on a port with the recorded MAC
+/// that the machine's slot is plugged into from the start. A recorded
+/// bridge `vm` has no way to (a fixture's copy in a file without it) leaves
+/// its slot parked: the guest's interface is there with its link down.
+/// Memberships added are returned with the ports; on an error they are
+/// undone here.
+pub fn restore_slot_ports(
+    vm: &NetMember,
+    want: &[SlotNicDecl],
+    left: &[Bridge],
+) -> Result<(Vec<crate::backend::SlotNic>, Vec<Bridge>), NetworkError> {
+    let current = sorted_bridges(vm);
+    let mut ports = Vec::new();
+    let mut added: Vec<Bridge> = Vec::new();
+    let r = (|| -> Result<(), NetworkError> {
+        for w in want {
+            let mac = w.nic.mac_addr()?;
+            let (bridge, connected) =
+                if let Some(b) = current.iter().find(|b| b.name() == w.nic.bridge) {
+                    (b.clone(), None)
+                } else if let Some(b) = left
+                    .iter()
+                    .find(|b| !b.is_closed() && b.name() == w.nic.bridge)
+                {
+                    (b.clone(), Some(w.nic.connected))
+                } else {
+                    continue;
+                };
+            if bridge.restore_member(vm, mac, connected)? {
+                added.push(bridge.clone());
+            }
+            let cfg = bridge.vmm_port(vm)?;
+            ports.push(crate::backend::SlotNic {
+                slot: w.slot,
+                bridge: bridge.name().to_string(),
+                port: cfg.port,
+            });
+        }
+        Ok(())
+    })();
+    match r {
+        Ok(()) => Ok((ports, added)),
+        Err(e) => {
+            for b in &added {
+                b.vm_gone(vm);
+            }
+            Err(e)
+        }
+    }
 }
 
 #[cfg(test)]

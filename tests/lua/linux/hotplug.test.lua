@@ -57,7 +57,7 @@ test("a restored guest gets a disk after boot: its bytes through /dev/vda, a sna
   os.remove(img)
 end)
 
-test("two restored guests without a NIC join a new bridge, ping, and a partition cuts them", function(t)
+test("two restored guests without a NIC join a new bridge, ping, a partition cuts them, a snapshot keeps the NIC", function(t)
   local lan = provium:bridge("late")
   lan:attach({a, b})
   for i, vm in ipairs({a, b}) do
@@ -73,6 +73,17 @@ test("two restored guests without a NIC join a new bridge, ping, and a partition
   lan:partition(a, b)
   t:assert(not ping(a, "10.0.9.2"):ok(), "a -> b must fail while partitioned")
   lan:unpartition(a, b)
+  -- A snapshot holds the NIC added after boot: a restore plugs its slot
+  -- back onto the bridge with the member's MAC, and the guest carries on.
+  local s = a:snapshot()
+  a:shutdown()
+  a:restore(s)
+  s:delete()
+  local nic = lan:nic(a)
+  t:assert_eq(nic:ifname(), "eth0")
+  t:assert_eq(a:read_file("/sys/class/net/eth0/address"), nic:mac() .. "\n")
+  r = ping(a, "10.0.9.2")
+  t:assert(r:ok(), "a -> b after a's snapshot and restore: " .. r.stdout .. r.stderr)
   -- bridge:detach on kvm parks the slot: the interface stays, its carrier goes.
   lan:detach(b)
   await_file(t, b, "/sys/class/net/eth0/carrier", "0\n")

@@ -182,6 +182,10 @@ impl Guest for KvmMachine {
         self.slots().take_restored()
     }
 
+    fn take_restored_nics(&self) -> Vec<(String, AddedNic)> {
+        self.slots().take_restored_nics()
+    }
+
     fn add_nic(&self, want: &str, connect: &mut ConnectPort<'_>) -> Result<AddedNic, BackendError> {
         let added = self
             .slots()

@@ -64,7 +64,7 @@ pub enum KvmError {
     Config(#[from] config::VmConfigError),
     #[error(
         "NIC {ifname}: cannot give the guest interface the bridge port's MAC through its agent \
-         ({detail}); the guest needs `ip` (iproute2 or busybox)"
+         ({detail}); the guest needs `ip` (iproute2, or busybox with AF_PACKET) or `ifconfig`"
     )]
     GuestMac { ifname: String, detail: String },
     /// A device for a running guest (its slots: `slots.rs`).
@@ -270,7 +270,14 @@ impl KvmMachine {
         mac: provium_netsetup::MacAddr,
     ) -> Result<(), KvmError> {
         use crate::client::AgentOps;
-        let script = format!("ip link set dev {ifname} address {mac}");
+        // `ip` (iproute2, busybox) first; busybox's `ip` needs AF_PACKET
+        // for an address (the probe kernel has none: "ip: socket: Address
+        // family not supported by protocol"), and `ifconfig` sets it with
+        // SIOCSIFHWADDR on an AF_INET socket. virtio_net takes a live
+        // change (IFF_LIVE_ADDR_CHANGE).
+        let script = format!(
+            "ip link set dev {ifname} address {mac} 2>/dev/null || ifconfig {ifname} hw ether {mac}"
+        );
         let client = self.connect()?;
         let out = client
             .exec(provium_protocol::op::ExecSpec {
@@ -315,6 +322,7 @@ impl KvmMachine {
             profile.disk_slots,
             profile.nic_slots,
             &spec.slot_disks,
+            &spec.slot_nics,
         )?;
         cfg.disk_slots = disk_slots;
         cfg.nic_slots = nic_slots;

@@ -23,7 +23,7 @@ use provium_vmm::devices::virtio::block::{BlockConfig, BlockSlot, DiskImage};
 use provium_vmm::devices::virtio::net::PortPlug;
 use provium_vmm::vmm_config::NicSlot;
 
-use crate::backend::{AddedDisk, AddedNic, ConnectPort, DeviceLease, DiskSpec, SlotDisk};
+use crate::backend::{AddedDisk, AddedNic, ConnectPort, DeviceLease, DiskSpec, SlotDisk, SlotNic};
 
 /// Why a device could not be added to a running guest.
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +66,17 @@ pub enum SlotError {
     NoSuchSlot {
         vm: String,
         profile: String,
+        slot: usize,
+        limit: usize,
+    },
+    #[error(
+        "the snapshot's vm `{vm}` had NIC slot {slot} on bridge `{bridge}`, and profile \
+         `{profile}` gives {limit} NIC slot(s); restore with the snapshot's `nic_slots`"
+    )]
+    NoSuchNicSlot {
+        vm: String,
+        profile: String,
+        bridge: String,
         slot: usize,
         limit: usize,
     },
@@ -144,6 +155,27 @@ pub struct Slots {
     nics: Vec<Arc<NicSlotState>>,
     /// What a restore put back ([`Slots::new`]'s `filled`), until taken.
     restored: Mutex<Vec<AddedDisk>>,
+    /// The NICs a restore plugged back ([`Slots::new`]'s `plugged`), with
+    /// their bridges' names, until taken.
+    restored_nics: Mutex<Vec<(String, AddedNic)>>,
+}
+
+/// The lease of NIC slot `slot` (index `index`), now plugged into a port
+/// of MAC `port_mac`: its release parks the slot again (link down, config
+/// interrupt) and frees it.
+fn plugged(slot: &Arc<NicSlotState>, index: usize, port_mac: MacAddr) -> AddedNic {
+    *slot.in_use.locked() = true;
+    let s = slot.clone();
+    AddedNic {
+        slot: index,
+        ifname: slot.ifname.clone(),
+        mac: port_mac,
+        slot_mac: slot.mac,
+        lease: DeviceLease::new(move || {
+            s.plug.replug(s.parked.clone());
+            *s.in_use.locked() = false;
+        }),
+    }
 }
 
 impl Slots {
@@ -160,6 +192,7 @@ impl Slots {
         disk_slots: u32,
         nic_slots: u32,
         filled: &[SlotDisk],
+        plugged_nics: &[SlotNic],
     ) -> Result<(Slots, Vec<Arc<BlockSlot>>, Vec<NicSlot>), SlotError> {
         let mut disks = Vec::new();
         for i in 0..disk_slots as usize {
@@ -179,8 +212,14 @@ impl Slots {
             let switch = Switch::new(&format!("@slot{i}"), SwitchConfig::default());
             let parked = Arc::new(switch.attach(vm, mac).map_err(SlotError::Park)?);
             switch.disconnect(vm).map_err(SlotError::Park)?;
+            // A restore plugs the slot into its port from the start: the
+            // device reads the link state at construction, as at boot.
+            let start = plugged_nics
+                .iter()
+                .find(|p| p.slot == i)
+                .map_or_else(|| parked.clone(), |p| p.port.clone());
             nics.push(Arc::new(NicSlotState {
-                plug: PortPlug::new(parked.clone()),
+                plug: PortPlug::new(start),
                 mac,
                 ifname: format!("eth{}", boot_nics + i),
                 parked,
@@ -200,6 +239,19 @@ impl Slots {
             };
             restored.push(fill(state, &f.disk, f.slot, false)?);
         }
+        let mut restored_nics = Vec::new();
+        for p in plugged_nics {
+            let Some(state) = nics.get(p.slot) else {
+                return Err(SlotError::NoSuchNicSlot {
+                    vm: vm.to_string(),
+                    profile: profile.to_string(),
+                    bridge: p.bridge.clone(),
+                    slot: p.slot,
+                    limit: nics.len(),
+                });
+            };
+            restored_nics.push((p.bridge.clone(), plugged(state, p.slot, p.port.mac())));
+        }
         let block = disks.iter().map(|d| d.slot.clone()).collect();
         let net = nics
             .iter()
@@ -215,6 +267,7 @@ impl Slots {
                 disks,
                 nics,
                 restored: Mutex::new(restored),
+                restored_nics: Mutex::new(restored_nics),
             },
             block,
             net,
@@ -246,6 +299,11 @@ impl Slots {
         std::mem::take(&mut *self.restored.locked())
     }
 
+    /// The NICs [`Slots::new`] plugged back, with their bridges, once.
+    pub fn take_restored_nics(&self) -> Vec<(String, AddedNic)> {
+        std::mem::take(&mut *self.restored_nics.locked())
+    }
+
     /// Plugs a free NIC slot into the port `connect` makes for its MAC:
     /// the slot named `want` when free (the interface naming rule's name),
     /// else the lowest free one.
@@ -272,19 +330,14 @@ impl Slots {
             ifname: slot.ifname.clone(),
             source,
         })?;
-        *slot.in_use.locked() = true;
-        let port_mac = port.mac();
+        let index = self
+            .nics
+            .iter()
+            .position(|n| Arc::ptr_eq(n, &slot))
+            .expect("found in the list");
+        let added = plugged(&slot, index, port.mac());
         slot.plug.replug(port);
-        let s = slot.clone();
-        Ok(AddedNic {
-            ifname: slot.ifname.clone(),
-            mac: port_mac,
-            slot_mac: slot.mac,
-            lease: DeviceLease::new(move || {
-                s.plug.replug(s.parked.clone());
-                *s.in_use.locked() = false;
-            }),
-        })
+        Ok(added)
     }
 }
 
@@ -294,7 +347,7 @@ mod tests {
 
     #[test]
     fn slots_follow_the_boot_devices_and_refuse_past_the_limit() {
-        let (slots, block, net) = Slots::new("v", "p", 1, 2, 1, 1, &[]).unwrap();
+        let (slots, block, net) = Slots::new("v", "p", 1, 2, 1, 1, &[], &[]).unwrap();
         assert_eq!((block.len(), net.len()), (1, 1));
         let dir = tempfile::tempdir().unwrap();
         let img = dir.path().join("d.img");
@@ -330,5 +383,49 @@ mod tests {
         assert!(e.contains("raise `nic_slots`"), "{e}");
         drop(nic);
         assert!(!net[0].plug.port().is_link_up(), "parked again");
+    }
+
+    #[test]
+    fn a_restore_plugs_its_nic_slots_back_and_refuses_a_missing_slot() {
+        let lan = Switch::new("lan", SwitchConfig::default());
+        let mac = crate::network::nic_mac("v", "lan", &[]);
+        let port = Arc::new(lan.attach("v", mac).unwrap());
+        let back = SlotNic {
+            slot: 1,
+            bridge: "lan".into(),
+            port: port.clone(),
+        };
+        let (slots, _, net) =
+            Slots::new("v", "p", 0, 0, 0, 2, &[], std::slice::from_ref(&back)).unwrap();
+        assert!(
+            Arc::ptr_eq(&net[1].plug.port(), &port),
+            "plugged from the start"
+        );
+        assert!(!net[0].plug.port().is_link_up(), "the other slot is parked");
+        let mut restored = slots.take_restored_nics();
+        assert!(slots.take_restored_nics().is_empty(), "taken once");
+        let (bridge, nic) = restored.pop().unwrap();
+        assert_eq!(
+            (bridge.as_str(), nic.slot, nic.ifname.as_str(), nic.mac),
+            ("lan", 1, "eth1", mac)
+        );
+        // The slot is in use until its lease goes: an add takes the other.
+        let mut connect = |m| {
+            Ok(Arc::new(lan.attach("w", m)?))
+                as Result<Arc<Port>, Box<dyn std::error::Error + Send + Sync>>
+        };
+        let other = slots.add_nic("eth1", &mut connect).unwrap();
+        assert_eq!(other.slot, 0);
+        drop(nic);
+        assert!(!net[1].plug.port().is_link_up(), "parked again");
+        drop(other);
+        let e = Slots::new("v", "p", 0, 0, 0, 1, &[], &[back])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("NIC slot 1 on bridge `lan`") && e.contains("gives 1 NIC slot(s)"),
+            "{e}"
+        );
     }
 }

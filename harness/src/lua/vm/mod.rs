@@ -183,6 +183,7 @@ impl Vm {
         // this VM's phase).
         let machine_nics = self.0.machine_nics.locked().clone();
         let nics = super::network::nic_decls(&self.net(), &machine_nics, bridge_lab);
+        let slot_nics = super::network::slot_nic_decls(&self.net(), bridge_lab);
         let disks = super::disk::disk_decls(&self.0.machine_disks.locked());
         let st = self.lock_state();
         if !matches!(st.phase, Phase::Booted | Phase::Paused) {
@@ -215,6 +216,7 @@ impl Vm {
             disks,
             nics,
             slot_disks,
+            slot_nics,
         };
         machine
             .snapshot_to(
