@@ -490,6 +490,47 @@ fn a_running_kvm_machine_gets_a_disk_and_a_nic_in_its_slots() {
     assert_eq!(nic.ifname, "eth0");
     c.write_input(&[tiny_guest::CMD_NET_LINK]).unwrap();
     wait("NET-LINK cfg-irq=02 status=01\n", 1);
+    // A snapshot taken while the slot is plugged (its RX buffer posted): a
+    // restore that plugs the slot into a port of another switch from the
+    // start (what vm:restore does with the recorded bridge and MAC)
+    // receives from it.
+    m.pause().unwrap();
+    let snap = d.path().join("v-nic.snap");
+    m.snapshot_to(&snap, &[]).unwrap();
+    m.resume().unwrap();
+    let lan2 = Switch::new("lan2", SwitchConfig::default());
+    let peer2 = lan2
+        .attach("peer", "02:00:00:00:00:99".parse().unwrap())
+        .unwrap();
+    let with_nic = MachineSpec {
+        slot_nics: vec![provium::backend::SlotNic {
+            slot: nic.slot,
+            bridge: "lan2".into(),
+            port: Arc::new(lan2.attach("v", nic.mac).unwrap()),
+        }],
+        ..spec.clone()
+    };
+    let r = kvm.restore(&with_nic, &snap).unwrap();
+    let back = r.take_restored_nics();
+    assert_eq!(back.len(), 1);
+    assert_eq!(
+        (back[0].0.as_str(), back[0].1.ifname.as_str(), back[0].1.mac),
+        ("lan2", "eth0", nic.mac)
+    );
+    let rc = r.console().expect("kvm has a console");
+    let mut again = nic.mac.0.to_vec();
+    again.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x99, 0x88, 0xb5]);
+    again.extend_from_slice(b"BACK-NIC");
+    again.resize(64, 0);
+    peer2.send(&again).unwrap();
+    rc.write_input(&[tiny_guest::CMD_NET_RX]).unwrap();
+    assert!(
+        rc.wait_for(b"NET-RX BACK-NIC\n", 1, Duration::from_secs(60)),
+        "{}",
+        rc.log_string()
+    );
+    r.kill();
+    drop(back);
     let mut to_guest = nic.mac.0.to_vec();
     to_guest.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x99, 0x88, 0xb5]);
     to_guest.extend_from_slice(b"LATE-NIC");
