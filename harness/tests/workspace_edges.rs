@@ -546,8 +546,9 @@ const VMM_NAMERS: &[(&str, &str)] = &[
 
 /// Files (relative to harness/src) whose non-test code names `provium_vmm`
 /// outside [`VMM_NAMERS`].
-fn vmm_namers(files: &[(String, String)]) -> Vec<String> {
-    // Files declared by `#[cfg(test)] mod x;` are test code.
+/// `files` without those declared by `#[cfg(test)] mod x;`, which are test
+/// code (paths relative to one source root, with or without a prefix).
+fn non_test_files(files: &[(String, String)]) -> Vec<&(String, String)> {
     let mut test_files = std::collections::BTreeSet::new();
     for (rel, src) in files {
         let dir = match rel.rsplit_once('/') {
@@ -564,6 +565,12 @@ fn vmm_namers(files: &[(String, String)]) -> Vec<String> {
     files
         .iter()
         .filter(|(rel, _)| !test_files.contains(rel))
+        .collect()
+}
+
+fn vmm_namers(files: &[(String, String)]) -> Vec<String> {
+    non_test_files(files)
+        .into_iter()
         .filter(|(rel, _)| {
             !VMM_NAMERS.iter().any(|(place, _)| {
                 if place.ends_with('/') {
@@ -686,8 +693,12 @@ fn mutable_statics(files: &[(String, String)]) -> Vec<(String, String)> {
     out
 }
 
-#[test]
-fn no_crate_keeps_a_process_wide_counter() {
+/// What `check` finds in every crate's source (`(crate/src/file, line)`),
+/// except in the files `allowed` lists (each with why).
+fn offenders(
+    check: fn(&[(String, String)]) -> Vec<(String, String)>,
+    allowed: &[(&str, &str)],
+) -> Vec<(String, String)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut found = Vec::new();
     for krate in [
@@ -699,11 +710,17 @@ fn no_crate_keeps_a_process_wide_counter() {
             .collect();
         assert!(!files.is_empty(), "{krate}/src has Rust files");
         found.extend(
-            mutable_statics(&files)
+            check(&files)
                 .into_iter()
-                .filter(|(f, _)| !PROCESS_WIDE.iter().any(|(p, _)| p == f)),
+                .filter(|(f, _)| !allowed.iter().any(|(p, _)| p == f)),
         );
     }
+    found
+}
+
+#[test]
+fn no_crate_keeps_a_process_wide_counter() {
+    let found = offenders(mutable_statics, PROCESS_WIDE);
     assert!(
         found.is_empty(),
         "process-wide mutable state (pass a per-run or per-VM context instead, as \
@@ -733,6 +750,93 @@ fn the_static_check_sees_counters_and_spares_constants_and_tests() {
     ] {
         assert_eq!(mutable_statics(&files(src)), [], "{src}");
     }
+}
+
+// ---- where each crate reads its environment ----
+
+/// The only places that read the process environment at run time, each
+/// with why. Everything else takes what it needs from its caller: the
+/// harness's `Settings` (read once, in settings.rs) hands PATH, cache
+/// directories and knobs down to netsetup, snapshot and the VMM, so a test
+/// or a caller can give any of them another value.
+const ENV_READERS: &[(&str, &str)] = &[
+    (
+        "harness/src/settings.rs",
+        "Settings::from_env: every variable the harness reads, once a run",
+    ),
+    (
+        "agent/src/main.rs",
+        "the agent's own process entry: as PID 1 it may start with no PATH, \
+         and sets the one its children get",
+    ),
+];
+
+/// Run-time environment reads in non-test code: `(file, line)`.
+fn env_reads(files: &[(String, String)]) -> Vec<(String, String)> {
+    const READS: [&str; 5] = [
+        "env::var(",
+        "env::var_os(",
+        "env::vars(",
+        "env::vars_os(",
+        "env::current_exe(",
+    ];
+    let mut out = Vec::new();
+    for (rel, src) in non_test_files(files) {
+        for line in code_without_tests(src).0.lines() {
+            let compact: String = line.chars().filter(|c| !c.is_whitespace()).collect();
+            if READS.iter().any(|r| compact.contains(r)) {
+                out.push((rel.clone(), line.trim().to_string()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn only_the_settings_and_the_agents_entry_read_the_environment() {
+    let found = offenders(env_reads, ENV_READERS);
+    assert!(
+        found.is_empty(),
+        "environment read outside harness/src/settings.rs (add the variable to Settings and \
+         pass the value down):\n  {}",
+        found
+            .iter()
+            .map(|(f, l)| format!("{f}: {l}"))
+            .collect::<Vec<_>>()
+            .join("\n  ")
+    );
+}
+
+#[test]
+fn the_env_check_sees_each_read_and_spares_comments_and_tests() {
+    let files = |src: &str| vec![("a.rs".to_string(), src.to_string())];
+    for src in [
+        "fn f() { std::env::var_os(\"PATH\"); }",
+        "use std::env;\nfn f() { env::var (\"X\").ok(); }",
+        "fn f() { for (k, v) in std::env::vars() {} }",
+        "fn f() { std::env::current_exe().unwrap(); }",
+    ] {
+        assert_eq!(env_reads(&files(src)).len(), 1, "{src}");
+    }
+    for src in [
+        "// std::env::var(\"X\") is read in Settings\nfn f() {}",
+        "fn f() { let s = \"env::var(\"; }",
+        "#[cfg(test)]\nmod tests { fn t() { std::env::var(\"X\").ok(); } }",
+    ] {
+        assert_eq!(env_reads(&files(src)), [], "{src}");
+    }
+    // A file that `#[cfg(test)] mod tests;` declares is test code.
+    let with_test_file = vec![
+        (
+            "k/src/a/mod.rs".to_string(),
+            "#[cfg(test)]\nmod tests;".to_string(),
+        ),
+        (
+            "k/src/a/tests.rs".to_string(),
+            "fn t() { std::env::var_os(\"X\"); }".to_string(),
+        ),
+    ];
+    assert_eq!(env_reads(&with_test_file), []);
 }
 
 // ---- module import graph: no circles ----

@@ -96,15 +96,9 @@ pub struct UplinkEnv {
 }
 
 impl UplinkEnv {
-    /// The process's PATH (read once, here), or the usual sbin/bin dirs.
-    /// For standalone callers (tests, benches); a caller that reads its
-    /// environment once elsewhere (the harness's `Settings`) passes that
-    /// to [`UplinkEnv::from_path`].
-    pub fn from_process() -> UplinkEnv {
-        UplinkEnv::from_path(std::env::var_os("PATH"))
-    }
-
-    /// `path` (a PATH as read), or the usual sbin/bin dirs when unset.
+    /// `path` (a PATH as the caller read it: the harness's `Settings`),
+    /// or the usual sbin/bin dirs when unset. The library reads no
+    /// environment of its own (harness/tests/workspace_edges.rs holds it).
     pub fn from_path(path: Option<OsString>) -> UplinkEnv {
         UplinkEnv {
             path: path.unwrap_or_else(|| OsString::from("/usr/sbin:/usr/bin:/sbin:/bin")),

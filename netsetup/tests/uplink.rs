@@ -22,6 +22,11 @@ fn env_dir(tools: &[(&str, &str)]) -> tempfile::TempDir {
     dir
 }
 
+/// The test process's own PATH, as the harness's `Settings` would pass it.
+fn path_env() -> UplinkEnv {
+    UplinkEnv::from_path(std::env::var_os("PATH"))
+}
+
 fn env_of(dir: &Path) -> UplinkEnv {
     UplinkEnv {
         path: OsString::from(dir),
@@ -94,8 +99,7 @@ fn no_default_route_is_an_error() {
     }
     in_fresh_netns("no_default_route_is_an_error", || {
         let t = Tap::open("ptap2").expect("open tap");
-        let e =
-            enable_uplink("lan", t.as_fd(), "10.0.2.1/24", &UplinkEnv::from_process()).unwrap_err();
+        let e = enable_uplink("lan", t.as_fd(), "10.0.2.1/24", &path_env()).unwrap_err();
         assert!(matches!(e, UplinkError::NoDefaultRoute(_)), "{e:?}");
         assert!(e.to_string().contains("no default route"));
     });
@@ -119,8 +123,8 @@ fn enable_installs_nat_and_disable_removes_everything() {
         assert_eq!(fwd(), "0");
         let t = Tap::open("ptap3").expect("open tap");
 
-        let up = enable_uplink("lan", t.as_fd(), "10.0.2.1/24", &UplinkEnv::from_process())
-            .expect("enable uplink");
+        let up =
+            enable_uplink("lan", t.as_fd(), "10.0.2.1/24", &path_env()).expect("enable uplink");
         assert_eq!(up.wan(), "wan0");
         assert_eq!(up.tap(), "ptap3");
         assert_eq!(up.subnet(), "10.0.2.0/24");
@@ -144,7 +148,7 @@ fn enable_installs_nat_and_disable_removes_everything() {
         // Enabling again for the same bridge replaces the table, not
         // duplicates it; disabling both is clean in either order.
         let table = up.table().to_owned();
-        let up2 = enable_uplink("lan", t.as_fd(), "10.0.2.1/24", &UplinkEnv::from_process())
+        let up2 = enable_uplink("lan", t.as_fd(), "10.0.2.1/24", &path_env())
             .expect("enable uplink again");
         assert_eq!(sh("nft list tables").matches(&table).count(), 1);
         disable_uplink(up2).expect("disable second");

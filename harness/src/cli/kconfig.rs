@@ -25,9 +25,15 @@ mod tests {
                 assert_eq!(c.get(p.option), Tristate::Yes, "{}", p.option);
             }
         }
-        for (route, parts) in DISCOVERY_ROUTES {
-            for p in *parts {
-                assert_eq!(c.get(p.option), Tristate::Yes, "{route}: {}", p.option);
+        for route in DISCOVERY_ROUTES {
+            for p in route.parts {
+                assert_eq!(
+                    c.get(p.option),
+                    Tristate::Yes,
+                    "{}: {}",
+                    route.name,
+                    p.option
+                );
             }
         }
     }

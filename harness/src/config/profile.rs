@@ -28,8 +28,9 @@ pub enum ProfileError {
     )]
     UnsupportedGuestOs { name: String, guest_os: String },
     #[error(
-        "profile `{name}` has transport = `{transport}`; use `mmio` (virtio-mmio on the \
-         command line) or `pci` (virtio-pci, for kernels without virtio-mmio)"
+        "profile `{name}` has transport = `{transport}`; use `auto` (the default: what the \
+         kernel finds), `mmio` (virtio-mmio, through ACPI or the command line) or `pci` \
+         (virtio-pci, for kernels without virtio-mmio)"
     )]
     UnknownTransport { name: String, transport: String },
     #[error("profile `{name}` has {key} = {got}; at most {MAX_SLOTS} (each is a virtio device made at boot; on virtio-mmio each takes one of the 18 interrupt lines the VM's devices share)")]
@@ -43,9 +44,17 @@ pub enum ProfileError {
 /// The virtio transport a profile's VMs put their devices on.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Transport {
-    /// virtio-mmio, announced with `virtio_mmio.device=` words (the
-    /// default: see docs/vmm.md, "PCI", for the measurements behind it).
+    /// What `kernel check` finds the kernel can use, at each boot:
+    /// virtio-mmio when the kernel finds it (through ACPI or the command
+    /// line), else virtio-pci when it has that, else virtio-mmio (and a
+    /// boot without Hello then quotes the check's verdict). A user's
+    /// kernel built with only virtio-pci (`defconfig + kvm_guest.config`)
+    /// gets its devices without a profile line. docs/vmm.md, "PCI", has
+    /// the measurements behind preferring virtio-mmio.
     #[default]
+    Auto,
+    /// virtio-mmio, announced through the DSDT or `virtio_mmio.device=`
+    /// words.
     Mmio,
     /// virtio-pci on a PCI root bus with MSI-X.
     Pci,
@@ -252,7 +261,8 @@ impl ProfileTable {
             return Err(ProfileError::UnsupportedGuestOs { name, guest_os });
         }
         let transport = match self.transport.as_deref() {
-            None | Some("mmio") => Transport::Mmio,
+            None | Some("auto") => Transport::Auto,
+            Some("mmio") => Transport::Mmio,
             Some("pci") => Transport::Pci,
             Some(other) => {
                 return Err(ProfileError::UnknownTransport {
@@ -353,21 +363,24 @@ mod tests {
             profile("cmdline = \"q\"\ntransport = \"isa\"\n")
                 .unwrap_err()
                 .to_string(),
-            "profile `x` has transport = `isa`; use `mmio` (virtio-mmio on the command line) or \
-             `pci` (virtio-pci, for kernels without virtio-mmio)"
+            "profile `x` has transport = `isa`; use `auto` (the default: what the kernel finds), \
+             `mmio` (virtio-mmio, through ACPI or the command line) or `pci` (virtio-pci, for \
+             kernels without virtio-mmio)"
         );
     }
 
     #[test]
-    fn transport_defaults_to_mmio_and_takes_pci() {
+    fn transport_defaults_to_auto_and_takes_mmio_and_pci() {
         assert_eq!(
             profile("cmdline = \"q\"\n").unwrap().transport,
-            Transport::Mmio
+            Transport::Auto
         );
         let p = profile("cmdline = \"q\"\ntransport = \"pci\"\n").unwrap();
         assert_eq!(p.transport, Transport::Pci);
         let p = profile("cmdline = \"q\"\ntransport = \"mmio\"\n").unwrap();
         assert_eq!(p.transport, Transport::Mmio);
+        let p = profile("cmdline = \"q\"\ntransport = \"auto\"\n").unwrap();
+        assert_eq!(p.transport, Transport::Auto);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use super::image::{read_image, ImageError, ImageKind, KernelImageInfo};
 use super::kconfig::{read_config, KconfigError, KernelConfig, Tristate};
 use super::modtree::{locate, LoadableModule, ModuleError, ModuleTree};
-use super::needs::{Need, Part, DISCOVERY_ROUTES};
+use super::needs::{Need, Part, RouteTransport, DISCOVERY_ROUTES};
 
 /// One row's state.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +70,10 @@ pub struct KernelReport {
     /// VMM's devices through the DSDT, and one without needs the
     /// `virtio_mmio.device=` words (vmm_config::DeviceDiscovery).
     pub acpi: bool,
+    /// The virtio transports whose devices the kernel can find (built in,
+    /// or modules the agent loads): what a profile's `transport = "auto"`
+    /// chooses from.
+    pub transports: Vec<RouteTransport>,
 }
 
 /// Why there is no report (exit 2 of `kernel check`).
@@ -114,6 +118,14 @@ pub fn check_with_host(
     )?;
     let rows = rows(&config, tree.as_ref());
     let acpi = config.get("ACPI") == super::kconfig::Tristate::Yes;
+    let mut transports = Vec::new();
+    for route in DISCOVERY_ROUTES {
+        if parts_status(&config, tree.as_ref(), route.parts).usable()
+            && !transports.contains(&route.transport)
+        {
+            transports.push(route.transport);
+        }
+    }
     let roots: Vec<&str> = agent_roots(&config, tree.as_ref(), &rows);
     let modules = match (&tree, roots.is_empty()) {
         (Some(t), false) => t.resolve(&roots)?,
@@ -128,6 +140,7 @@ pub fn check_with_host(
         rows,
         modules,
         acpi,
+        transports,
     })
 }
 
@@ -177,7 +190,7 @@ fn rows(config: &KernelConfig, tree: Option<&ModuleTree>) -> Vec<Row> {
             }
             let routes: Vec<(&str, Status)> = DISCOVERY_ROUTES
                 .iter()
-                .map(|(name, parts)| (*name, parts_status(config, tree, parts)))
+                .map(|r| (r.name, parts_status(config, tree, r.parts)))
                 .collect();
             let best = routes
                 .iter()
@@ -221,9 +234,12 @@ fn agent_roots(
     };
     // A route whose module is missing from the tree is not one the guest
     // can use: its row says so; packing stops at what is there.
-    for (_, parts) in DISCOVERY_ROUTES {
-        if matches!(parts_status(config, tree, parts), Status::ModuleFound(_)) {
-            add(parts);
+    for route in DISCOVERY_ROUTES {
+        if matches!(
+            parts_status(config, tree, route.parts),
+            Status::ModuleFound(_)
+        ) {
+            add(route.parts);
         }
     }
     for row in rows {
@@ -525,6 +541,32 @@ mod tests {
             v.contains("a boot can reach the agent (virtio-net module missing, virtio-rng absent"),
             "{v}"
         );
+    }
+
+    /// The transports a kernel can find devices on: Debian's (virtio-mmio
+    /// through ACPI; no VIRTIO_PCI here), `defconfig + kvm_guest.config`
+    /// (virtio-pci built in, no virtio-mmio), and one with both.
+    #[test]
+    fn transports_follow_the_discovery_routes() {
+        let d = tempfile::tempdir().unwrap();
+        let k = debian_like(d.path(), DEBIAN);
+        let none = d.path().join("none");
+        let r = check_with_host(&k, None, &none).unwrap();
+        assert_eq!(r.transports, [RouteTransport::Mmio]);
+        let kvm_guest = "CONFIG_ACPI=y\nCONFIG_PCI=y\nCONFIG_PCI_MSI=y\nCONFIG_VIRTIO=y\n\
+            CONFIG_VIRTIO_PCI=y\nCONFIG_VIRTIO_BLK=y\nCONFIG_SERIAL_8250=y\n";
+        std::fs::write(d.path().join(format!("boot/config-{REL}")), kvm_guest).unwrap();
+        let r = check_with_host(&k, None, &none).unwrap();
+        assert_eq!(r.transports, [RouteTransport::Pci]);
+        let both = format!("{kvm_guest}CONFIG_VIRTIO_MMIO=y\n");
+        std::fs::write(d.path().join(format!("boot/config-{REL}")), both).unwrap();
+        let r = check_with_host(&k, None, &none).unwrap();
+        assert_eq!(r.transports, [RouteTransport::Mmio, RouteTransport::Pci]);
+        // VIRTIO_PCI=m with no virtio_pci.ko in the tree: not usable.
+        let missing = format!("{DEBIAN}CONFIG_PCI_MSI=y\nCONFIG_VIRTIO_PCI=m\n");
+        std::fs::write(d.path().join(format!("boot/config-{REL}")), missing).unwrap();
+        let r = check_with_host(&k, None, &none).unwrap();
+        assert_eq!(r.transports, [RouteTransport::Mmio]);
     }
 
     #[test]

@@ -109,28 +109,50 @@ impl Need {
     }
 }
 
+/// The virtio transport whose devices a discovery route finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteTransport {
+    /// virtio-mmio windows (the DSDT's `LNRO0005` entries or the
+    /// `virtio_mmio.device=` words).
+    Mmio,
+    /// virtio-pci functions on the PCI root bus.
+    Pci,
+}
+
+/// One way the VMM lets a guest find its virtio devices.
+#[derive(Debug, Clone, Copy)]
+pub struct DiscoveryRoute {
+    pub name: &'static str,
+    pub transport: RouteTransport,
+    /// What the kernel needs for it.
+    pub parts: &'static [Part],
+}
+
 /// The ways the VMM lets a guest find its virtio devices, in the order
 /// `kernel check` prefers them when several work.
-pub const DISCOVERY_ROUTES: &[(&str, &[Part])] = &[
-    (
-        "ACPI",
-        &[part("ACPI", None), part("VIRTIO_MMIO", Some("virtio_mmio"))],
-    ),
-    (
-        "cmdline virtio-mmio",
-        &[
+pub const DISCOVERY_ROUTES: &[DiscoveryRoute] = &[
+    DiscoveryRoute {
+        name: "ACPI",
+        transport: RouteTransport::Mmio,
+        parts: &[part("ACPI", None), part("VIRTIO_MMIO", Some("virtio_mmio"))],
+    },
+    DiscoveryRoute {
+        name: "cmdline virtio-mmio",
+        transport: RouteTransport::Mmio,
+        parts: &[
             part("VIRTIO_MMIO", Some("virtio_mmio")),
             part("VIRTIO_MMIO_CMDLINE_DEVICES", None),
         ],
-    ),
-    (
-        "PCI",
-        &[
+    },
+    DiscoveryRoute {
+        name: "PCI",
+        transport: RouteTransport::Pci,
+        parts: &[
             part("PCI", None),
             part("PCI_MSI", None),
             part("VIRTIO_PCI", Some("virtio_pci")),
         ],
-    ),
+    },
 ];
 
 /// `provium kconfig`'s fragment: every option Provium uses, `=y`, with why.
@@ -212,7 +234,7 @@ mod tests {
     fn every_option_a_row_checks_is_in_the_fragment() {
         let in_fragment = |o: &str| KCONFIG_FRAGMENT.iter().any(|(f, _)| *f == o);
         let rows = Need::ALL.iter().flat_map(|n| n.parts().iter());
-        let routes = DISCOVERY_ROUTES.iter().flat_map(|(_, p)| p.iter());
+        let routes = DISCOVERY_ROUTES.iter().flat_map(|r| r.parts.iter());
         for p in rows.chain(routes) {
             assert!(in_fragment(p.option), "{} is not in the fragment", p.option);
         }

@@ -22,6 +22,7 @@ use provium_vmm::vmm_config::{
     ConsoleHost, DeviceDiscovery, RngConfig, VirtioTransportKind, VsockHost,
 };
 
+use crate::kernel::needs::RouteTransport;
 use crate::kernel::KernelReport;
 use provium_vmm::{BootSource, KernelImage, MachineConfig, VmConfig};
 
@@ -246,11 +247,29 @@ pub fn vm_config_with(
     cfg.protocol_version = provium_protocol::PROTOCOL_VERSION;
     cfg.nets = super::devices::net_configs(&opts.nics);
     cfg.boot_timer = opts.boot_timer.clone();
-    cfg.transport = match profile.transport {
+    cfg.transport = virtio_transport(profile.transport, report.as_ref());
+    Ok((cfg, vsock))
+}
+
+/// The virtio transport a boot puts its devices on: the profile's, or for
+/// `auto` the one `kernel check` finds the kernel can use, virtio-mmio
+/// first (docs/vmm.md, "PCI", says why). A kernel whose config cannot be
+/// read, or that finds neither, gets virtio-mmio (a boot without Hello then
+/// quotes the check's verdict).
+pub fn virtio_transport(profile: Transport, report: Option<&KernelReport>) -> VirtioTransportKind {
+    match profile {
         Transport::Mmio => VirtioTransportKind::Mmio,
         Transport::Pci => VirtioTransportKind::Pci,
-    };
-    Ok((cfg, vsock))
+        Transport::Auto => match report {
+            Some(r)
+                if !r.transports.contains(&RouteTransport::Mmio)
+                    && r.transports.contains(&RouteTransport::Pci) =>
+            {
+                VirtioTransportKind::Pci
+            }
+            _ => VirtioTransportKind::Mmio,
+        },
+    }
 }
 
 /// Where the agent finds the modules it loads (agent/src/modules.rs).
@@ -593,6 +612,59 @@ mod tests {
             build: None,
             build_out: dir.into(),
         }
+    }
+
+    /// `transport = "auto"` takes virtio-pci for a kernel that has only
+    /// that (`defconfig + kvm_guest.config`), virtio-mmio for one that has
+    /// it, and virtio-mmio when there is no config to read (the tiny
+    /// guest); an explicit transport is kept.
+    #[test]
+    fn auto_transport_follows_the_kernel() {
+        let d = tempfile::tempdir().unwrap();
+        let rel = "6.1.0-kvm-guest";
+        let kernel = d.path().join("vmlinuz");
+        std::fs::write(
+            &kernel,
+            crate::kernel::image::fake_bzimage(2, 15, &format!("{rel} (x@y) #1"), true, true),
+        )
+        .unwrap();
+        let config = d.path().join(format!("config-{rel}"));
+        let pci_only = "CONFIG_ACPI=y\nCONFIG_PCI=y\nCONFIG_PCI_MSI=y\nCONFIG_VIRTIO=y\n\
+            CONFIG_VIRTIO_PCI=y\nCONFIG_VSOCKETS=y\nCONFIG_VIRTIO_VSOCKETS=y\n";
+        std::fs::write(&config, pci_only).unwrap();
+        let report = crate::kernel::check(&kernel, None).unwrap();
+        assert_eq!(
+            virtio_transport(Transport::Auto, Some(&report)),
+            VirtioTransportKind::Pci
+        );
+        assert_eq!(
+            virtio_transport(Transport::Mmio, Some(&report)),
+            VirtioTransportKind::Mmio,
+            "an explicit transport is the user's"
+        );
+        std::fs::write(&config, format!("{pci_only}CONFIG_VIRTIO_MMIO=y\n")).unwrap();
+        let report = crate::kernel::check(&kernel, None).unwrap();
+        assert_eq!(
+            virtio_transport(Transport::Auto, Some(&report)),
+            VirtioTransportKind::Mmio
+        );
+        assert_eq!(
+            virtio_transport(Transport::Pci, Some(&report)),
+            VirtioTransportKind::Pci
+        );
+        assert_eq!(
+            virtio_transport(Transport::Auto, None),
+            VirtioTransportKind::Mmio
+        );
+        // Through the boot's config: the tiny guest has no config.
+        let opts = MachineSpec {
+            memory_bytes: 64 << 20,
+            cpus: 1,
+            inject_agent: false,
+            ..MachineSpec::default()
+        };
+        let (c, _) = cfg(&profile(d.path()), &opts, 3, d.path()).unwrap();
+        assert_eq!(c.transport, VirtioTransportKind::Mmio);
     }
 
     /// `agent_channel = "console"`: the VM gets the console device instead

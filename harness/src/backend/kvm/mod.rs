@@ -95,13 +95,13 @@ pub enum KvmError {
         console_tail: String,
         hint: Option<&'static str>,
     },
-    /// No Hello within the agent timeout ([`no_hello_message`]: what was
-    /// tried, how far the kernel got, what to check).
-    #[error("{0}")]
-    NoHello(String),
-    /// The guest kernel panicked first ([`panic_message`]).
-    #[error("{0}")]
-    Panicked(String),
+    /// No Hello within the agent timeout: what was tried, how far the
+    /// kernel got, what to check (boxed: it carries the console tail).
+    #[error(transparent)]
+    NoHello(Box<NoHello>),
+    /// The guest kernel panicked first.
+    #[error(transparent)]
+    Panicked(KernelPanic),
     #[error("initial_time")]
     InitialTime(#[source] ClientError),
     /// A reset ran, and then no agent answered (the inner error says why).
@@ -457,9 +457,9 @@ impl KvmMachine {
             let now = Instant::now();
             let left = deadline.saturating_duration_since(now);
             if left.is_zero() {
-                return Err(KvmError::NoHello(
+                return Err(KvmError::NoHello(Box::new(
                     self.no_hello(&last, init_seen.as_deref()),
-                ));
+                )));
             }
             match self.dial(left.min(Duration::from_secs(2))) {
                 Ok(stream) => {
@@ -491,10 +491,10 @@ impl KvmMachine {
             if log.contains("Kernel panic") {
                 // Let the rest of the panic message arrive.
                 std::thread::sleep(Duration::from_secs(1));
-                return Err(KvmError::Panicked(panic_message(
+                return Err(KvmError::Panicked(KernelPanic::from_boot_log(
                     &self.boot_log(),
                     self.settings.host_kvm_pvm,
-                    &self.last_lines(ERROR_CONSOLE_LINES),
+                    self.last_lines(ERROR_CONSOLE_LINES),
                 )));
             }
             if init_seen.is_none() {
@@ -541,7 +541,7 @@ impl KvmMachine {
         }
     }
 
-    fn no_hello(&self, last: &str, init: Option<&str>) -> String {
+    fn no_hello(&self, last: &str, init: Option<&str>) -> NoHello {
         let kernel_verdict = self.kernel_check.as_ref().map(|(k, m)| {
             crate::kernel::check(k, m.as_deref()).map_or_else(
                 |e| format!("kernel check: {}", crate::error_chain::flatten(&e)),
@@ -549,21 +549,22 @@ impl KvmMachine {
             )
         });
         let log = self.boot_log();
-        let module_failures: Vec<&str> = log
+        let module_failures: Vec<String> = log
             .lines()
             .filter(|l| l.contains(MODULE_LOAD_FAILED))
+            .map(str::to_string)
             .collect();
-        no_hello_message(&NoHello {
+        NoHello {
             cid: self.cid,
             console: self.console.is_some(),
-            last,
-            init,
+            last: last.to_string(),
+            init: init.map(str::to_string),
             timeout: self.agent_timeout,
             kvm_pvm: self.settings.host_kvm_pvm,
-            console_tail: &self.last_lines(ERROR_CONSOLE_LINES),
-            kernel_verdict: kernel_verdict.as_deref(),
-            module_failures: &module_failures,
-        })
+            console_tail: self.last_lines(ERROR_CONSOLE_LINES),
+            kernel_verdict,
+            module_failures,
+        }
     }
 
     fn after_hello(&self, client: AgentClient) -> Result<AgentClient, KvmError> {
@@ -700,23 +701,28 @@ pub const KVM_PVM_INTERNAL_ERROR_HINT: &str =
      (kvm_pvm's emulator has no fwait); the guest needs a kernel with the kvm_pvm shims (the \
      SYSCALL-as-#PF and FWAIT patches in scripts/probe-kernel/, see docs/vmm.md)";
 
-/// What a missing Hello is reported from.
-pub struct NoHello<'a> {
+/// An agent that never said Hello: what was tried, how far the kernel got,
+/// what to check (on kvm_pvm: the shims), the console tail. Its message is
+/// [`no_hello_message`].
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{}", no_hello_message(self))]
+pub struct NoHello {
     pub cid: u32,
     /// The agent was sought on the console channel, not vsock.
     pub console: bool,
-    /// The last connect or handshake error.
-    pub last: &'a str,
+    /// The last connect or handshake error, flattened (the attempt was
+    /// retried until the timeout: only the last one's words are kept).
+    pub last: String,
     /// The kernel's "Run ... as init process" line, if the console has it.
-    pub init: Option<&'a str>,
+    pub init: Option<String>,
     pub timeout: Duration,
     pub kvm_pvm: bool,
     /// The current boot's last console lines.
-    pub console_tail: &'a str,
+    pub console_tail: String,
     /// `kernel check`'s one-line verdict on the profile's kernel.
-    pub kernel_verdict: Option<&'a str>,
+    pub kernel_verdict: Option<String>,
     /// The agent's console lines about modules it could not load.
-    pub module_failures: &'a [&'a str],
+    pub module_failures: Vec<String>,
 }
 
 /// How the agent's console line for a module it could not load starts
@@ -725,7 +731,7 @@ pub const MODULE_LOAD_FAILED: &str = "provium-agent: cannot load module";
 
 /// The error for an agent that never said Hello: what was tried, how far
 /// the kernel got, what to check (on kvm_pvm: the shims), the console tail.
-pub fn no_hello_message(n: &NoHello<'_>) -> String {
+pub fn no_hello_message(n: &NoHello) -> String {
     let place = if n.console {
         format!(
             "virtio-console port {AGENT_PORT_NAME} (agent_channel = \"console\"; the kernel \
@@ -739,7 +745,7 @@ pub fn no_hello_message(n: &NoHello<'_>) -> String {
          within {:?} ({AGENT_TIMEOUT_ENV} to wait longer)",
         n.last, n.timeout
     );
-    match (n.init, n.kvm_pvm) {
+    match (n.init.as_deref(), n.kvm_pvm) {
         (Some(line), true) => msg.push_str(&format!(
             "; the kernel reached init (\"{line}\") but the agent never answered: this host's KVM is \
              kvm_pvm, where Linux user space runs only on {KVM_PVM_SHIMS}; without them init's first \
@@ -758,29 +764,51 @@ pub fn no_hello_message(n: &NoHello<'_>) -> String {
         )),
         (None, false) => msg.push_str("; the kernel never reached init"),
     }
-    for f in n.module_failures {
+    for f in &n.module_failures {
         msg.push_str(&format!("; {}", f.trim()));
     }
-    if let Some(v) = n.kernel_verdict {
+    if let Some(v) = &n.kernel_verdict {
         msg.push_str(&format!("; {v}"));
     }
     msg.push_str(&format!("; last console lines:\n{}", n.console_tail));
     msg
 }
 
-/// The error for a guest kernel panic before the Hello. On kvm_pvm, init
-/// killed by SIGSEGV (`exitcode=0x0000000b`) is how a kernel without the
-/// shims ends (its init's first `syscall` faults), so the shims are named.
-pub fn panic_message(boot_log: &str, kvm_pvm: bool, console_tail: &str) -> String {
-    let mut msg = String::from("the guest kernel panicked before its agent answered");
-    if kvm_pvm && boot_log.contains("Attempted to kill init! exitcode=0x0000000b") {
-        msg.push_str(&format!(
+/// A guest kernel panic before the Hello. On kvm_pvm, init killed by
+/// SIGSEGV (`exitcode=0x0000000b`) is how a kernel without the shims ends
+/// (its init's first `syscall` faults), so the shims are named.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the guest kernel panicked before its agent answered{}; last console lines:\n{console_tail}",
+    sigsegv_init_hint(*.init_sigsegv_on_kvm_pvm)
+)]
+pub struct KernelPanic {
+    /// On kvm_pvm, init was killed by SIGSEGV: the shims are missing.
+    pub init_sigsegv_on_kvm_pvm: bool,
+    /// The current boot's last console lines.
+    pub console_tail: String,
+}
+
+fn sigsegv_init_hint(on_kvm_pvm: bool) -> String {
+    if on_kvm_pvm {
+        format!(
             " (init was killed by SIGSEGV: on this kvm_pvm host that is how a kernel without the \
              kvm_pvm shims ends, at init's first system call; it needs {KVM_PVM_SHIMS})"
-        ));
+        )
+    } else {
+        String::new()
     }
-    msg.push_str(&format!("; last console lines:\n{console_tail}"));
-    msg
+}
+
+impl KernelPanic {
+    /// The panic the boot log shows, on this host.
+    pub fn from_boot_log(boot_log: &str, kvm_pvm: bool, console_tail: String) -> KernelPanic {
+        KernelPanic {
+            init_sigsegv_on_kvm_pvm: kvm_pvm
+                && boot_log.contains("Attempted to kill init! exitcode=0x0000000b"),
+            console_tail,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -815,13 +843,13 @@ mod tests {
         no_hello_message(&NoHello {
             cid: 7,
             console: false,
-            last: "connection refused",
-            init,
+            last: "connection refused".into(),
+            init: init.map(str::to_string),
             timeout: Duration::from_secs(600),
             kvm_pvm,
-            console_tail: "[ 1.0] last line",
+            console_tail: "[ 1.0] last line".into(),
             kernel_verdict: None,
-            module_failures: &[],
+            module_failures: Vec::new(),
         })
     }
 
@@ -857,13 +885,13 @@ mod tests {
         let m = no_hello_message(&NoHello {
             cid: 7,
             console: true,
-            last: "the guest did not open console port `org.provium.agent` within 2000 ms",
+            last: "the guest did not open console port `org.provium.agent` within 2000 ms".into(),
             init: None,
             timeout: Duration::from_secs(60),
             kvm_pvm: false,
-            console_tail: "x",
+            console_tail: "x".into(),
             kernel_verdict: None,
-            module_failures: &[],
+            module_failures: Vec::new(),
         });
         assert!(
             m.starts_with(
@@ -881,13 +909,13 @@ mod tests {
         let m = no_hello_message(&NoHello {
             cid: 7,
             console: false,
-            last: "connection refused",
+            last: "connection refused".into(),
             init: None,
             timeout: Duration::from_secs(60),
             kvm_pvm: false,
-            console_tail: "tail",
-            kernel_verdict: Some("kernel check of /k (6.1): a boot cannot reach the agent (vsock + virtio transport absent)"),
-            module_failures: &[failed],
+            console_tail: "tail".into(),
+            kernel_verdict: Some("kernel check of /k (6.1): a boot cannot reach the agent (vsock + virtio transport absent)".into()),
+            module_failures: vec![failed.into()],
         });
         assert!(
             m.contains(&format!(
@@ -915,7 +943,7 @@ mod tests {
     #[test]
     fn a_sigsegv_init_panic_on_kvm_pvm_names_the_shims() {
         let log = "Run /init as init process\nKernel panic - not syncing: Attempted to kill init! exitcode=0x0000000b\n";
-        let m = panic_message(log, true, "tail");
+        let m = KernelPanic::from_boot_log(log, true, "tail".into()).to_string();
         assert!(
             m.starts_with(
                 "the guest kernel panicked before its agent answered (init was killed by SIGSEGV"
@@ -934,7 +962,7 @@ mod tests {
             ),
         ] {
             assert_eq!(
-                panic_message(log, kvm_pvm, "tail"),
+                KernelPanic::from_boot_log(log, kvm_pvm, "tail".into()).to_string(),
                 "the guest kernel panicked before its agent answered; last console lines:\ntail"
             );
         }

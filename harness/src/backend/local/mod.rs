@@ -31,10 +31,11 @@ mod init;
 pub mod net;
 pub mod netconfig;
 pub mod snapshot;
+mod sys;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
@@ -195,8 +196,7 @@ impl std::fmt::Debug for LocalSandbox {
 impl LocalSandbox {
     /// Create the sandbox and wait until its agent answers a handshake.
     pub fn start(name: &str, opts: &LocalOptions) -> Result<LocalSandbox, LocalError> {
-        // SAFETY: geteuid has no preconditions.
-        let euid = unsafe { libc::geteuid() };
+        let euid = sys::geteuid();
         if euid != 0 {
             return Err(LocalError::NotRoot { euid });
         }
@@ -243,8 +243,8 @@ impl LocalSandbox {
             .open(&log)
             .map_err(rt_err(&log))?;
 
-        let (err_r, err_w) = pipe().map_err(rt_err(&dir))?;
-        let (life_r, life_w) = pipe().map_err(rt_err(&dir))?;
+        let (err_r, err_w) = sys::pipe().map_err(rt_err(&dir))?;
+        let (life_r, life_w) = sys::pipe().map_err(rt_err(&dir))?;
         let mut plan = build_plan(
             name,
             &base,
@@ -388,17 +388,9 @@ impl LocalSandbox {
             return Ok(());
         }
         self.down = true;
-        // SAFETY: pidfd_send_signal on our own pidfd; the pidfd pins the
-        // process identity, so a reused pid can never be hit.
-        unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                self.pidfd.as_raw_fd(),
-                libc::SIGKILL,
-                std::ptr::null::<libc::siginfo_t>(),
-                0u32,
-            );
-        }
+        // Through the pidfd: a reused pid can never be hit. It fails only
+        // when the init is already gone, which is what this wants.
+        let _ = sys::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
         if let Some(keeper) = self.keeper.take() {
             // The kernel reaps the pid namespace before the init's wait
             // returns, so after this no sandbox process is left.
@@ -452,15 +444,10 @@ impl LocalSandbox {
         let mut file = File::from(err_r);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let mut pfd = libc::pollfd {
-                fd: file.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
             let ms = libc::c_int::try_from(left.as_millis()).unwrap_or(libc::c_int::MAX);
-            // SAFETY: poll on one valid pollfd.
-            let n = unsafe { libc::poll(&mut pfd, 1, ms) };
-            if n == 0 {
+            // A failed poll (EINTR) falls through to the read, which blocks
+            // only until the init writes or exits.
+            if matches!(sys::poll_readable(file.as_fd(), ms), Ok(false)) {
                 return Err(LocalError::SetupTimeout {
                     name: self.name.clone(),
                     timeout_ms: millis(timeout),
@@ -577,28 +564,16 @@ fn keep(plan: InitPlan, tx: mpsc::Sender<Started>, exit: ExitSlot) {
             return;
         }
     };
-    // SAFETY: pidfd_open on our own unreaped child.
-    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    let pidfd = match RawFd::try_from(raw) {
-        // SAFETY: a fresh descriptor from pidfd_open, owned by nobody else.
-        Ok(fd) if fd >= 0 => Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
-        _ => Err(io::Error::last_os_error()),
-    };
+    // Our own unreaped child: its pid cannot have been reused.
+    let pidfd = sys::pidfd_open(pid);
     let descriptions = InitPlanDescriptions(plan.descriptions.clone());
     let failed = pidfd.is_err();
     let _ = tx.send(pidfd.map(|fd| (pid, fd, descriptions)));
     if failed {
-        // SAFETY: killing our own unreaped child.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        // Our own unreaped child: its pid is still its own.
+        let _ = sys::kill(pid, libc::SIGKILL);
     }
-    let mut status = 0;
-    loop {
-        // SAFETY: waiting for our own child.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::__WALL) };
-        if r == pid || (r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR)) {
-            break;
-        }
-    }
+    let status = sys::wait_child(pid).unwrap_or(0);
     let (lock, cond) = &*exit;
     *lock.locked() = Some(status);
     cond.notify_all();
@@ -633,16 +608,6 @@ fn check_name(name: &str) -> Result<(), LocalError> {
             name: name.to_string(),
         })
     }
-}
-
-fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0 as RawFd; 2];
-    // SAFETY: pipe2 fills the two-element array on success.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: both descriptors are fresh and owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 fn random_hex() -> Result<String, LocalError> {

@@ -147,8 +147,7 @@ mod tests {
 
     #[test]
     fn tap_in_a_fresh_namespace() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 || !std::path::Path::new("/dev/net/tun").exists() {
+        if super::super::sys::geteuid() != 0 || !std::path::Path::new("/dev/net/tun").exists() {
             eprintln!("SKIP tap_in_a_fresh_namespace: needs root and /dev/net/tun");
             return;
         }

@@ -39,7 +39,7 @@ use std::collections::HashMap;
 use std::ffi::{CStr, CString, OsStr};
 use std::fs;
 use std::io::{self, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -47,7 +47,7 @@ use std::path::{Path, PathBuf};
 use provium_snapshot::{Expect, Shape, Snapshot, SnapshotBuilder};
 use serde::{Deserialize, Serialize};
 
-use super::LocalSandbox;
+use super::{sys, LocalSandbox};
 
 /// The overlay upper layer's section.
 pub const SECTION_UPPER: &str = "fs-upper";
@@ -211,31 +211,10 @@ fn shown(rel: &[u8]) -> String {
     String::from_utf8_lossy(rel).into_owned()
 }
 
-fn cpath(p: &Path) -> io::Result<CString> {
-    CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::other("path holds a NUL byte"))
-}
-
 /// Extended attribute names of `path` (not following a symlink).
 fn list_xattrs(path: &Path) -> io::Result<Vec<Vec<u8>>> {
-    let c = cpath(path)?;
-    // SAFETY: a size query with a null buffer.
-    let n = unsafe { libc::llistxattr(c.as_ptr(), std::ptr::null_mut(), 0) };
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        return if e.raw_os_error() == Some(libc::ENOTSUP) {
-            Ok(Vec::new())
-        } else {
-            Err(e)
-        };
-    }
-    let mut buf = vec![0u8; usize::try_from(n).unwrap_or(0) + 1];
-    // SAFETY: buf has buf.len() writable bytes.
-    let n = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    buf.truncate(usize::try_from(n).unwrap_or(0));
-    Ok(buf
+    let list = sys::llistxattr(&sys::cpath(path)?)?;
+    Ok(list
         .split(|b| *b == 0)
         .filter(|s| !s.is_empty())
         .map(<[u8]>::to_vec)
@@ -243,22 +222,8 @@ fn list_xattrs(path: &Path) -> io::Result<Vec<Vec<u8>>> {
 }
 
 fn get_xattr(path: &Path, name: &[u8]) -> io::Result<Vec<u8>> {
-    let c = cpath(path)?;
     let n = CString::new(name).map_err(|_| io::Error::other("xattr name holds a NUL byte"))?;
-    // SAFETY: a size query with a null buffer.
-    let len = unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) };
-    if len < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut buf = vec![0u8; usize::try_from(len).unwrap_or(0)];
-    // SAFETY: buf has buf.len() writable bytes.
-    let len =
-        unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    if len < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    buf.truncate(usize::try_from(len).unwrap_or(0));
-    Ok(buf)
+    sys::lgetxattr(&sys::cpath(path)?, &n)
 }
 
 impl Walker<'_> {
@@ -599,7 +564,7 @@ impl LocalSandbox {
             }
         };
         let root_path = PathBuf::from(format!("/proc/{}/root", self.init_pid));
-        let root = open_path(&root_path).map_err(io("open the root of", b""))?;
+        let root = sys::open_dir_path(&root_path).map_err(io("open the root of", b""))?;
         apply_tree(&root, &state.upper, b"").map_err(|(action, path, source)| {
             SandboxSnapshotError::Io {
                 name: name.clone(),
@@ -609,7 +574,7 @@ impl LocalSandbox {
             }
         })?;
         for ((_, inside), tree) in TMPFS_TREES.iter().zip(&state.tmpfs) {
-            let base = open_beneath(&root, inside.as_bytes(), true)
+            let base = sys::open_beneath(root.as_fd(), inside.as_bytes(), true)
                 .map_err(io("open", inside.as_bytes()))?;
             apply_tree(&base, tree, inside.as_bytes()).map_err(|(action, path, source)| {
                 SandboxSnapshotError::Io {
@@ -624,117 +589,40 @@ impl LocalSandbox {
     }
 }
 
-fn last_err<T>(rc: libc::c_int, ok: T) -> io::Result<T> {
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ok)
-    }
-}
-
-fn open_path(p: &Path) -> io::Result<OwnedFd> {
-    let c = cpath(p)?;
-    // SAFETY: open of a NUL-terminated path; the result is owned below.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    };
-    last_err(fd, ())?;
-    // SAFETY: a fresh descriptor owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// Open directory `rel` beneath `base`, never leaving it (`..` and absolute
-/// symlinks stay inside) and, with `no_symlinks`, following no symlink.
-fn open_beneath(base: &OwnedFd, rel: &[u8], no_symlinks: bool) -> io::Result<OwnedFd> {
-    let rel: &[u8] = if rel.is_empty() { b"." } else { rel };
-    let c = CString::new(rel).map_err(|_| io::Error::other("path holds a NUL byte"))?;
-    // SAFETY: open_how is plain data; zero is a valid value for each field.
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64;
-    how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
-    if no_symlinks {
-        how.resolve |= libc::RESOLVE_NO_SYMLINKS;
-    }
-    // SAFETY: openat2 with a valid dirfd, path and open_how of the given size.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            base.as_raw_fd(),
-            c.as_ptr(),
-            &how as *const libc::open_how,
-            std::mem::size_of::<libc::open_how>(),
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let fd = RawFd::try_from(fd).map_err(io::Error::other)?;
-    // SAFETY: a fresh descriptor owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-fn fstatat(dir: RawFd, leaf: &CStr) -> io::Result<Option<libc::stat>> {
-    // SAFETY: stat is plain data, filled by the call.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid dirfd, NUL-terminated name, stat buffer.
-    let rc = unsafe { libc::fstatat(dir, leaf.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
-    if rc == 0 {
-        return Ok(Some(st));
-    }
-    let e = io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::ENOENT) {
-        Ok(None)
-    } else {
-        Err(e)
-    }
-}
-
 fn is_dir(st: &libc::stat) -> bool {
     st.st_mode & libc::S_IFMT == libc::S_IFDIR
 }
 
 /// Remove `leaf` in `dir`, recursively if it is a directory.
-fn remove_at(dir: RawFd, leaf: &CStr) -> io::Result<()> {
-    // SAFETY: valid dirfd and name.
-    if unsafe { libc::unlinkat(dir, leaf.as_ptr(), 0) } == 0 {
-        return Ok(());
-    }
-    let e = io::Error::last_os_error();
+fn remove_at(dir: BorrowedFd<'_>, leaf: &CStr) -> io::Result<()> {
+    let e = match sys::unlinkat(dir, leaf, 0) {
+        Ok(()) => return Ok(()),
+        Err(e) => e,
+    };
     match e.raw_os_error() {
         Some(libc::ENOENT) => Ok(()),
         Some(libc::EISDIR) | Some(libc::EPERM) => {
             clear_dir(dir, leaf)?;
-            // SAFETY: valid dirfd and name.
-            last_err(
-                unsafe { libc::unlinkat(dir, leaf.as_ptr(), libc::AT_REMOVEDIR) },
-                (),
-            )
+            sys::unlinkat(dir, leaf, libc::AT_REMOVEDIR)
         }
         _ => Err(e),
     }
 }
 
 /// Remove everything inside directory `leaf` of `dir`.
-fn clear_dir(dir: RawFd, leaf: &CStr) -> io::Result<()> {
-    // SAFETY: valid dirfd and name; O_NOFOLLOW: never a symlink's target.
-    let fd = unsafe {
-        libc::openat(
-            dir,
-            leaf.as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    };
-    last_err(fd, ())?;
-    // SAFETY: a fresh descriptor owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+fn clear_dir(dir: BorrowedFd<'_>, leaf: &CStr) -> io::Result<()> {
+    // O_NOFOLLOW: never a symlink's target.
+    let fd = sys::openat(
+        dir,
+        leaf,
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+        0,
+    )?;
     let names: Vec<CString> = fs::read_dir(format!("/proc/self/fd/{}", fd.as_raw_fd()))?
         .map(|e| e.map(|e| CString::new(e.file_name().as_bytes()).expect("no NUL in a name")))
         .collect::<io::Result<_>>()?;
     for n in names {
-        remove_at(fd.as_raw_fd(), &n)?;
+        remove_at(fd.as_fd(), &n)?;
     }
     Ok(())
 }
@@ -797,39 +685,18 @@ fn split_parent(p: &[u8]) -> (&[u8], &[u8]) {
     }
 }
 
-fn set_meta(dir: RawFd, leaf: &CStr, e: &FsEntry, symlink: bool) -> io::Result<()> {
-    // SAFETY: the block makes *at calls on a valid dirfd and NUL-terminated
-    // names.
-    unsafe {
-        last_err(
-            libc::fchownat(dir, leaf.as_ptr(), e.uid, e.gid, libc::AT_SYMLINK_NOFOLLOW),
-            (),
-        )?;
-        if !symlink {
-            // After chown, which clears set-id bits.
-            last_err(libc::fchmodat(dir, leaf.as_ptr(), e.mode & 0o7777, 0), ())?;
-        }
-        let times = [
-            libc::timespec {
-                tv_sec: 0,
-                tv_nsec: libc::UTIME_OMIT,
-            },
-            libc::timespec {
-                tv_sec: e.mtime_s as libc::time_t,
-                tv_nsec: e.mtime_ns as libc::c_long,
-            },
-        ];
-        last_err(
-            libc::utimensat(
-                dir,
-                leaf.as_ptr(),
-                times.as_ptr(),
-                libc::AT_SYMLINK_NOFOLLOW,
-            ),
-            (),
-        )?;
+fn set_meta(dir: BorrowedFd<'_>, leaf: &CStr, e: &FsEntry, symlink: bool) -> io::Result<()> {
+    sys::lchownat(dir, leaf, e.uid, e.gid)?;
+    if !symlink {
+        // After chown, which clears set-id bits.
+        sys::fchmodat(dir, leaf, e.mode & 0o7777)?;
     }
-    Ok(())
+    sys::set_mtime_nofollow(
+        dir,
+        leaf,
+        e.mtime_s as libc::time_t,
+        e.mtime_ns as libc::c_long,
+    )
 }
 
 /// Write `tree` beneath `base` (shown as `shown_prefix` in errors).
@@ -843,10 +710,11 @@ fn apply_tree(
     for e in &tree.entries {
         let (parent, leaf) = split_parent(&e.path);
         let fail = |action: &'static str| move |err: io::Error| (action, at(e), err);
-        let pfd = open_beneath(base, parent, true).map_err(fail("open the parent of"))?;
-        let p = pfd.as_raw_fd();
+        let pfd =
+            sys::open_beneath(base.as_fd(), parent, true).map_err(fail("open the parent of"))?;
+        let p = pfd.as_fd();
         let leaf = CString::new(leaf).map_err(|_| fail("name")(io::Error::other("NUL in name")))?;
-        let existing = fstatat(p, &leaf).map_err(fail("inspect"))?;
+        let existing = sys::fstatat_nofollow(p, &leaf).map_err(fail("inspect"))?;
         match &e.node {
             Node::Whiteout => {
                 if existing.is_some() {
@@ -862,13 +730,11 @@ fn apply_tree(
                     }
                     _ => {}
                 }
-                if !fstatat(p, &leaf)
+                if !sys::fstatat_nofollow(p, &leaf)
                     .map_err(fail("inspect"))?
                     .is_some_and(|s| is_dir(&s))
                 {
-                    // SAFETY: valid dirfd and name.
-                    last_err(unsafe { libc::mkdirat(p, leaf.as_ptr(), 0o700) }, ())
-                        .map_err(fail("create the directory"))?;
+                    sys::mkdirat(p, &leaf, 0o700).map_err(fail("create the directory"))?;
                 }
                 dirs.push(e);
             }
@@ -878,30 +744,21 @@ fn apply_tree(
                 }
                 match node {
                     Node::File { data } => {
-                        // SAFETY: valid dirfd and name; O_EXCL|O_NOFOLLOW: a new file only.
-                        let fd = unsafe {
-                            libc::openat(
-                                p,
-                                leaf.as_ptr(),
-                                libc::O_WRONLY
-                                    | libc::O_CREAT
-                                    | libc::O_EXCL
-                                    | libc::O_NOFOLLOW
-                                    | libc::O_CLOEXEC,
-                                0o600,
-                            )
-                        };
-                        last_err(fd, ()).map_err(fail("create"))?;
-                        // SAFETY: a fresh descriptor owned by nobody else.
-                        let mut f = fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+                        // O_EXCL|O_NOFOLLOW: a new file only.
+                        let fd = sys::openat(
+                            p,
+                            &leaf,
+                            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+                            0o600,
+                        )
+                        .map_err(fail("create"))?;
+                        let mut f = fs::File::from(fd);
                         f.write_all(data).map_err(fail("write"))?;
                     }
                     Node::Symlink { target } => {
                         let t = CString::new(target.as_slice())
                             .map_err(|_| fail("link")(io::Error::other("NUL in symlink target")))?;
-                        // SAFETY: valid names and dirfd.
-                        last_err(unsafe { libc::symlinkat(t.as_ptr(), p, leaf.as_ptr()) }, ())
-                            .map_err(fail("create the symlink"))?;
+                        sys::symlinkat(&t, p, &leaf).map_err(fail("create the symlink"))?;
                     }
                     Node::Fifo | Node::CharDev { .. } | Node::BlockDev { .. } => {
                         let (kind, rdev) = match node {
@@ -910,29 +767,16 @@ fn apply_tree(
                             Node::BlockDev { rdev } => (libc::S_IFBLK, *rdev),
                             _ => unreachable!("matched above"),
                         };
-                        last_err(
-                            // SAFETY: valid dirfd and name.
-                            unsafe {
-                                libc::mknodat(p, leaf.as_ptr(), kind | 0o600, rdev as libc::dev_t)
-                            },
-                            (),
-                        )
-                        .map_err(fail("create the node"))?;
+                        sys::mknodat(p, &leaf, kind | 0o600, rdev as libc::dev_t)
+                            .map_err(fail("create the node"))?;
                     }
                     Node::HardLink { to } => {
                         let (tp, tl) = split_parent(to);
-                        let tfd = open_beneath(base, tp, true)
+                        let tfd = sys::open_beneath(base.as_fd(), tp, true)
                             .map_err(fail("open the link target of"))?;
                         let tl =
                             CString::new(tl).map_err(|_| fail("link")(io::Error::other("NUL")))?;
-                        last_err(
-                            // SAFETY: valid dirfds and names.
-                            unsafe {
-                                libc::linkat(tfd.as_raw_fd(), tl.as_ptr(), p, leaf.as_ptr(), 0)
-                            },
-                            (),
-                        )
-                        .map_err(fail("hard-link"))?;
+                        sys::linkat(tfd.as_fd(), &tl, p, &leaf).map_err(fail("hard-link"))?;
                         continue; // shares the first name's metadata
                     }
                     Node::Whiteout | Node::Dir { .. } => unreachable!("handled above"),
@@ -947,44 +791,29 @@ fn apply_tree(
     for e in dirs.iter().rev() {
         let (parent, leaf) = split_parent(&e.path);
         let fail = |action: &'static str| move |err: io::Error| (action, at(e), err);
-        let pfd = open_beneath(base, parent, true).map_err(fail("open the parent of"))?;
+        let pfd =
+            sys::open_beneath(base.as_fd(), parent, true).map_err(fail("open the parent of"))?;
         let leaf = CString::new(leaf).map_err(|_| fail("name")(io::Error::other("NUL in name")))?;
-        set_meta(pfd.as_raw_fd(), &leaf, e, false).map_err(fail("set the attributes of"))?;
-        set_xattrs(pfd.as_raw_fd(), &leaf, e).map_err(fail("set extended attributes of"))?;
+        set_meta(pfd.as_fd(), &leaf, e, false).map_err(fail("set the attributes of"))?;
+        set_xattrs(pfd.as_fd(), &leaf, e).map_err(fail("set extended attributes of"))?;
     }
     Ok(())
 }
 
-fn set_xattrs(dir: RawFd, leaf: &CStr, e: &FsEntry) -> io::Result<()> {
+fn set_xattrs(dir: BorrowedFd<'_>, leaf: &CStr, e: &FsEntry) -> io::Result<()> {
     if e.xattrs.is_empty() {
         return Ok(());
     }
-    // SAFETY: valid dirfd and name; O_NOFOLLOW: the entry itself.
-    let fd = unsafe {
-        libc::openat(
-            dir,
-            leaf.as_ptr(),
-            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK,
-        )
-    };
-    last_err(fd, ())?;
-    // SAFETY: a fresh descriptor owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // O_NOFOLLOW: the entry itself.
+    let fd = sys::openat(
+        dir,
+        leaf,
+        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+        0,
+    )?;
     for (name, value) in &e.xattrs {
         let n = CString::new(name.as_str()).map_err(|_| io::Error::other("NUL in xattr name"))?;
-        last_err(
-            // SAFETY: valid fd, name and value buffer.
-            unsafe {
-                libc::fsetxattr(
-                    fd.as_raw_fd(),
-                    n.as_ptr(),
-                    value.as_ptr().cast(),
-                    value.len(),
-                    0,
-                )
-            },
-            (),
-        )?;
+        sys::fsetxattr(fd.as_fd(), &n, value)?;
     }
     Ok(())
 }
@@ -1150,7 +979,7 @@ mod tests {
         let dst = tempfile::tempdir().unwrap();
         // Something in the way that the tree replaces.
         fs::write(dst.path().join("d"), b"a file where a directory goes").unwrap();
-        let base = open_path(dst.path()).unwrap();
+        let base = sys::open_dir_path(dst.path()).unwrap();
         apply_tree(&base, &tree, b"").unwrap();
         let d = dst.path();
         assert_eq!(fs::read(d.join("d/f")).unwrap(), b"hello");
@@ -1189,7 +1018,7 @@ mod tests {
         fs::create_dir(&base_dir).unwrap();
         // A symlink inside pointing out: a path through it must not resolve.
         std::os::unix::fs::symlink(outer.path(), base_dir.join("escape")).unwrap();
-        let base = open_path(&base_dir).unwrap();
+        let base = sys::open_dir_path(&base_dir).unwrap();
         let t = FsTree {
             entries: vec![entry(
                 "escape/pwned",
