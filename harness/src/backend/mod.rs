@@ -24,7 +24,7 @@ use std::sync::Arc;
 pub use capabilities::{Capabilities, NicKind, Support};
 pub use cid::CidAllocator;
 pub use error::BackendError;
-pub use spec::{DiskSpec, MachineSpec, NicSpec, SlotDisk, SlotNic};
+pub use spec::{guest_device_name, DiskSpec, MachineSpec, NicSpec, SlotDisk, SlotNic};
 pub use vmm_models::{BootSource, BootTimer, Console, ConsoleRead, ConsoleSubscriber, DiskFaults};
 // How a restore fits the snapshot's devices into a machine whose devices
 // are fixed when it is built (kvm's, `Capabilities::device_snapshots`):

@@ -105,6 +105,25 @@ pub struct DiskSpec {
     pub faults: Arc<DiskFaults>,
 }
 
+/// Linux's virtio-blk name for the disk at `index` (vda … vdz, vdaa, …):
+/// virtio_blk names disks in probe order, which is the VMM's device order.
+pub fn guest_device_name(index: usize) -> String {
+    let mut letters = Vec::new();
+    let mut i = index;
+    loop {
+        letters.push(b'a' + u8::try_from(i % 26).expect("below 26"));
+        if i < 26 {
+            break;
+        }
+        i = i / 26 - 1;
+    }
+    letters.reverse();
+    format!(
+        "/dev/vd{}",
+        String::from_utf8(letters).expect("ascii letters")
+    )
+}
+
 /// A disk in slot `slot` of a machine's disk slots (see
 /// [`MachineSpec::slot_disks`]).
 #[derive(Debug, Clone)]

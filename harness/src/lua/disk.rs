@@ -248,7 +248,7 @@ fn sector_arg(method: &str, what: &str, v: &Value) -> mlua::Result<u64> {
     })
 }
 
-pub use crate::backend::kvm::disk_plan::guest_device_name;
+pub use crate::backend::guest_device_name;
 
 /// The drives of a kvm boot (see [`boot_drives`]) and their disks.
 pub struct BootDrives {

@@ -22,25 +22,6 @@ pub enum DiskPlanError {
     },
 }
 
-/// Linux's virtio-blk name for the disk at `index` (vda … vdz, vdaa, …):
-/// virtio_blk names disks in probe order, which is the VMM's device order.
-pub fn guest_device_name(index: usize) -> String {
-    let mut letters = Vec::new();
-    let mut i = index;
-    loop {
-        letters.push(b'a' + u8::try_from(i % 26).expect("below 26"));
-        if i < 26 {
-            break;
-        }
-        i = i / 26 - 1;
-    }
-    letters.reverse();
-    format!(
-        "/dev/vd{}",
-        String::from_utf8(letters).expect("ascii letters")
-    )
-}
-
 /// Which disks a restore gives the machine (see [`plan_disks`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DiskPlan {

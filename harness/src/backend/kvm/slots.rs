@@ -198,7 +198,7 @@ impl Slots {
         for i in 0..disk_slots as usize {
             disks.push(Arc::new(DiskSlotState {
                 slot: BlockSlot::empty(),
-                device: super::disk_plan::guest_device_name(boot_disks + i),
+                device: crate::backend::guest_device_name(boot_disks + i),
                 holder: Mutex::new(None),
             }));
         }

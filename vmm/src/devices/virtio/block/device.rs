@@ -21,7 +21,7 @@ use virtio_queue::{Queue, QueueT};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::defs::{QUEUE_SIZE, SLOW_COMPLETION_MS};
-use super::io::{BlockFaults, DiskImage};
+use super::io::BlockConfig;
 use super::persist::{BlockConstructorArgs, BlockState};
 use super::request::Request;
 use super::slot::{BlockSlot, Media};
@@ -35,15 +35,6 @@ use crate::devices::virtio::{
 };
 use crate::vstate::memory::GuestMemoryMmap;
 use provium_snapshot::Persist;
-
-/// What a block device is built from.
-#[derive(Clone)]
-pub struct BlockConfig {
-    /// The backing file.
-    pub disk: Arc<DiskImage>,
-    /// Fault modes (the host keeps a clone to flip them).
-    pub faults: Arc<BlockFaults>,
-}
 
 /// An activated device's queue and in-flight work: what the worker owns
 /// (its event handler is in `event_handler.rs`) and hands back when stopped.
@@ -371,6 +362,7 @@ fn process(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::devices::virtio::block::io::{BlockFaults, DiskImage};
     use crate::devices::virtio::test_utils::{guest_memory, CountingInterrupt};
     use std::io::Write;
     use std::sync::atomic::Ordering;

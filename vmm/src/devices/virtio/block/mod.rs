@@ -8,8 +8,8 @@ pub mod persist;
 pub mod request;
 pub mod slot;
 
-pub use device::{Block, BlockConfig};
-pub use io::{BlockFaults, DiskImage};
+pub use device::Block;
+pub use io::{BlockConfig, BlockFaults, DiskImage};
 pub use slot::{BlockSlot, SlotError};
 
 /// Constants of the block device.

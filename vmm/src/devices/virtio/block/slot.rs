@@ -17,7 +17,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::device::BlockConfig;
+use super::io::BlockConfig;
 use crate::devices::virtio::VirtioInterrupt;
 
 /// Why a medium change was refused.

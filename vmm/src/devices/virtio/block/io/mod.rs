@@ -289,6 +289,17 @@ impl DiskImage {
     }
 }
 
+/// What a block device is built from: its medium (a disk slot's comes and
+/// goes, `slot.rs`). Here, beside the image and the fault engine it pairs,
+/// so the device and the slot both import it from below them.
+#[derive(Clone)]
+pub struct BlockConfig {
+    /// The backing file.
+    pub disk: std::sync::Arc<DiskImage>,
+    /// Fault modes (the host keeps a clone to flip them).
+    pub faults: std::sync::Arc<BlockFaults>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
