@@ -20,8 +20,9 @@
 #   kvm-pvm-no-fwait.patch        no FWAIT in fpu__drop (not emulated).
 # Each patch's header says the exact fault it serves; hardware KVM needs none of
 # them (docs/vmm.md, "The probe kernel's kvm_pvm shims"). The image is
-# LZ4-compressed, has no PCI or ACPI, and finds its virtio devices on the
-# command line (virtio_mmio.device=).
+# LZ4-compressed and has ACPI, PCI (MSI) and virtio-mmio with its command-line
+# route built in: the probe tier boots it with ACPI discovery, over virtio-pci,
+# and with the virtio_mmio.device= words.
 #
 # Cache: target/probe-kernel/<key>/{bzImage,vmlinux}, where <key> is the
 # SHA-256 of the options, the patches, this script, the linux-source package

@@ -22,7 +22,7 @@ use std::process::{self, Child, ChildStdin};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
-use provium_protocol::op::{Command, StreamId};
+use provium_protocol::op::{Command, CommandSpec, StreamId};
 use provium_protocol::result::{ExitInfo, OpError};
 use provium_protocol::signal::SIGKILL;
 use provium_protocol::wire::StreamEndReason;
@@ -49,14 +49,18 @@ pub fn kill_group(pgid: u32, signal: i32) -> io::Result<()> {
     }
 }
 
-/// The child for `command`: environment merged over the agent's (or alone
-/// with `env_clear`), `cwd` checked up front so its error names it.
-pub fn build(
-    command: &Command,
-    env: &BTreeMap<String, String>,
-    env_clear: bool,
-    cwd: Option<&str>,
-) -> Result<process::Command, OpError> {
+/// The child for `spec` (an exec's or a spawn's): environment merged over
+/// the agent's (or alone with `env_clear`), `cwd` checked up front so its
+/// error names it. Stdio is the caller's to set.
+pub fn build(spec: &CommandSpec) -> Result<process::Command, OpError> {
+    let CommandSpec {
+        command,
+        env,
+        env_clear,
+        cwd,
+        stdin: _,
+    } = spec;
+    let env_clear = *env_clear;
     let mut cmd = match command {
         Command::Shell { script } => {
             let mut c = process::Command::new("/bin/sh");
@@ -548,8 +552,13 @@ mod tests {
         env_clear: bool,
         cwd: Option<&str>,
     ) -> process::Command {
-        let script = script.into();
-        build(&Command::Shell { script }, env, env_clear, cwd).unwrap()
+        build(&CommandSpec {
+            env: env.clone(),
+            env_clear,
+            cwd: cwd.map(Into::into),
+            ..CommandSpec::shell(script)
+        })
+        .unwrap()
     }
 
     fn run_captured(cmd: &mut process::Command, deadline: Option<Instant>) -> PumpOutcome {
@@ -609,30 +618,17 @@ mod tests {
 
     #[test]
     fn deadline_kills_and_reports_timed_out() {
-        let mut cmd = build(
-            &Command::Argv {
-                program: "sleep".into(),
-                args: vec!["30".into()],
-            },
-            &BTreeMap::new(),
-            false,
-            None,
-        )
-        .unwrap();
+        let mut cmd = build(&CommandSpec::argv("sleep", ["30"])).unwrap();
         let o = run_captured(&mut cmd, Some(Instant::now() + Duration::from_millis(50)));
         assert_eq!(o.exit, ExitInfo::timed_out());
     }
 
     #[test]
     fn bad_cwd_and_program_are_named() {
-        let err = build(
-            &Command::Shell {
-                script: "true".into(),
-            },
-            &BTreeMap::new(),
-            false,
-            Some("/nonexistent-dir"),
-        )
+        let err = build(&CommandSpec {
+            cwd: Some("/nonexistent-dir".into()),
+            ..CommandSpec::shell("true")
+        })
         .unwrap_err();
         assert!(
             err.message.contains("working directory /nonexistent-dir"),

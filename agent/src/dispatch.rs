@@ -145,16 +145,7 @@ mod tests {
     fn streaming_ops_are_the_ones_refused_in_batches() {
         // run_op returns a Then only for these; batch drops Thens, so it must
         // never run them.
-        assert!(!Op::Spawn(SpawnSpec {
-            command: provium_protocol::op::Command::Shell {
-                script: String::new()
-            },
-            env: Default::default(),
-            env_clear: false,
-            cwd: None,
-            stdin: None,
-        })
-        .allowed_in_batch());
+        assert!(!Op::Spawn(SpawnSpec::shell("")).allowed_in_batch());
         assert!(!Op::WorkerSpawn.allowed_in_batch());
     }
 }

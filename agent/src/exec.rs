@@ -19,27 +19,23 @@ use crate::waker::Waker;
 
 /// `exec`: run to completion, streaming output (or capturing it in a batch).
 pub fn exec(ctx: &Ctx<'_>, id: u64, spec: ExecSpec) -> Result<OpValue, OpError> {
-    let mut cmd = build(
-        &spec.command,
-        &spec.env,
-        spec.env_clear,
-        spec.cwd.as_deref(),
-    )?;
-    cmd.stdin(if spec.stdin.is_some() {
+    let ExecSpec { run, timeout_ms } = spec;
+    let mut cmd = build(&run)?;
+    cmd.stdin(if run.stdin.is_some() {
         Stdio::piped()
     } else {
         Stdio::null()
     });
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let waker = Arc::new(Waker::new().map_err(|e| op_error::io(&e, "eventfd for exec"))?);
-    let mut child = cmd.spawn().map_err(|e| spawn_error(&e, &spec.command))?;
+    let mut child = cmd.spawn().map_err(|e| spawn_error(&e, &run.command))?;
     let pid = child.id();
     if let Err(e) = ctx.ns.insert_exec(id, pid) {
         let _ = kill_group(pid, SIGKILL);
         let _ = child.wait();
         return Err(e);
     }
-    if let (Some(data), Some(stdin)) = (spec.stdin, child.stdin.take()) {
+    if let (Some(data), Some(stdin)) = (run.stdin, child.stdin.take()) {
         feed_stdin(stdin, data);
     }
     let streams: Option<[Arc<StreamOut>; 2]> = (!ctx.in_batch).then(|| {
@@ -53,9 +49,7 @@ pub fn exec(ctx: &Ctx<'_>, id: u64, spec: ExecSpec) -> Result<OpValue, OpError> 
         Some([out, err]) => [Sink::Stream(Arc::clone(out)), Sink::Stream(Arc::clone(err))],
         None => [Sink::Capture(Vec::new()), Sink::Capture(Vec::new())],
     };
-    let deadline = spec
-        .timeout_ms
-        .and_then(|ms| Instant::now().checked_add(Duration::from_millis(ms)));
+    let deadline = timeout_ms.and_then(|ms| Instant::now().checked_add(Duration::from_millis(ms)));
     let outcome = Pump::new(child, sinks, waker, deadline).run(&NoEvents);
     ctx.ns.remove_exec(id);
     if let Some(streams) = streams {
@@ -81,8 +75,7 @@ pub fn exec(ctx: &Ctx<'_>, id: u64, spec: ExecSpec) -> Result<OpValue, OpError> 
 
 #[cfg(test)]
 mod tests {
-    use provium_protocol::op::Command;
-    use std::collections::BTreeMap;
+    use provium_protocol::op::CommandSpec;
 
     use super::*;
     use crate::conn::Conn;
@@ -99,16 +92,7 @@ mod tests {
             worker: None,
             in_batch: true,
         };
-        let spec = ExecSpec {
-            command: Command::Shell {
-                script: "echo out; echo err >&2; exit 3".into(),
-            },
-            env: BTreeMap::new(),
-            env_clear: false,
-            cwd: None,
-            stdin: None,
-            timeout_ms: None,
-        };
+        let spec = CommandSpec::shell("echo out; echo err >&2; exit 3").into();
         match exec(&ctx, 1, spec).unwrap() {
             OpValue::Ran {
                 exit,

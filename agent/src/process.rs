@@ -41,12 +41,7 @@ pub fn spawn(ctx: &Ctx<'_>, id: u64, spec: SpawnSpec) -> (Result<OpValue, OpErro
 }
 
 fn start(ctx: &Ctx<'_>, id: u64, spec: SpawnSpec) -> Result<(u32, mpsc::Sender<()>), OpError> {
-    let mut cmd = build(
-        &spec.command,
-        &spec.env,
-        spec.env_clear,
-        spec.cwd.as_deref(),
-    )?;
+    let mut cmd = build(&spec)?;
     cmd.stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());

@@ -337,7 +337,7 @@ fn flood(conn: &mut UnixStream, id: u64) {
 /// The script of an `exec` request in shell form.
 fn shell_script(req: &Request) -> Option<&str> {
     match &req.op {
-        Op::Exec(spec) => match &spec.command {
+        Op::Exec(spec) => match &spec.run.command {
             Command::Shell { script } => Some(script),
             _ => None,
         },

@@ -14,7 +14,6 @@ mod common;
 
 use common::agent;
 
-use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -24,7 +23,7 @@ use std::time::{Duration, Instant};
 use provium::backend::local::{LocalOptions, LocalSandbox};
 use provium::client::{AgentClient, AgentOps, ClientError};
 use provium_protocol::op::{
-    Command as Cmd, ExecSpec, IoctlSpec, NestedPtr, OpenMode, SpawnSpec, SyscallSpec, Whence,
+    CommandSpec, ExecSpec, IoctlSpec, NestedPtr, OpenMode, SpawnSpec, SyscallSpec, Whence,
 };
 use provium_protocol::result::{ErrorCode, ExitInfo, ExitStatus};
 use provium_protocol::STREAM_WINDOW_BYTES;
@@ -39,38 +38,15 @@ fn sandbox(name: &str) -> (LocalSandbox, AgentClient) {
 }
 
 fn shell(script: &str) -> ExecSpec {
-    ExecSpec {
-        command: Cmd::Shell {
-            script: script.into(),
-        },
-        env: BTreeMap::new(),
-        env_clear: false,
-        cwd: None,
-        stdin: None,
-        timeout_ms: None,
-    }
+    CommandSpec::shell(script).into()
 }
 
 fn argv(program: &str, args: &[&str]) -> ExecSpec {
-    ExecSpec {
-        command: Cmd::Argv {
-            program: program.into(),
-            args: args.iter().map(|a| a.to_string()).collect(),
-        },
-        ..shell("")
-    }
+    CommandSpec::argv(program, args.iter().copied()).into()
 }
 
 fn spawn_sh(script: &str) -> SpawnSpec {
-    SpawnSpec {
-        command: Cmd::Shell {
-            script: script.into(),
-        },
-        env: BTreeMap::new(),
-        env_clear: false,
-        cwd: None,
-        stdin: None,
-    }
+    SpawnSpec::shell(script)
 }
 
 /// Every byte value, NULs included, `len` bytes long.
@@ -144,10 +120,13 @@ fn binary_data_with_nul_bytes_both_ways() {
     let r = c.run("cat /tmp/bin").unwrap();
     assert!(r.stdout == data, "cat returned {} bytes", r.stdout.len());
     let r = c
-        .exec(ExecSpec {
-            stdin: Some(data.clone()),
-            ..shell("cat > /tmp/from-stdin; printf 'a\\000b' >&2")
-        })
+        .exec(
+            CommandSpec {
+                stdin: Some(data.clone()),
+                ..CommandSpec::shell("cat > /tmp/from-stdin; printf 'a\\000b' >&2")
+            }
+            .into(),
+        )
         .unwrap();
     assert!(r.success(), "{r:?}");
     assert_eq!(r.stderr, b"a\0b");
@@ -262,10 +241,13 @@ fn stdin_larger_than_the_window_round_trips() {
     assert!(got == data, "cat echoed different bytes");
     // exec's own stdin (sent whole in the request) beyond the window too.
     let r = c
-        .exec(ExecSpec {
-            stdin: Some(data.clone()),
-            ..shell("wc -c")
-        })
+        .exec(
+            CommandSpec {
+                stdin: Some(data.clone()),
+                ..CommandSpec::shell("wc -c")
+            }
+            .into(),
+        )
         .unwrap();
     assert_eq!(r.stdout_str().trim(), data.len().to_string());
 }
@@ -286,13 +268,7 @@ fn missing_executables_enoent_and_eacces() {
         "{err}"
     );
     let err = c
-        .spawn(SpawnSpec {
-            command: Cmd::Argv {
-                program: "/no/such/bin".into(),
-                args: vec![],
-            },
-            ..spawn_sh("")
-        })
+        .spawn(SpawnSpec::argv("/no/such/bin", Vec::<String>::new()))
         .unwrap_err();
     assert_eq!(err.errno(), Some(libc::ENOENT), "{err}");
     assert!(err.to_string().contains("/no/such/bin"), "{err}");

@@ -5,7 +5,6 @@ mod common;
 
 use common::agent as agent_bin;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::thread;
@@ -13,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use provium::client::{AgentClient, AgentOps, ClientOptions};
 use provium_protocol::op::{
-    Command as Cmd, ExecSpec, Op, OpenMode, SpawnSpec, SyscallSpec, TailSource, TailStart, Whence,
+    CommandSpec, ExecSpec, Op, OpenMode, SpawnSpec, SyscallSpec, TailSource, TailStart, Whence,
 };
 use provium_protocol::result::{EntryType, ExitStatus, OpValue};
 use provium_protocol::STREAM_WINDOW_BYTES;
@@ -64,28 +63,11 @@ impl Drop for Agent {
 }
 
 fn shell(script: &str) -> ExecSpec {
-    ExecSpec {
-        command: Cmd::Shell {
-            script: script.into(),
-        },
-        env: BTreeMap::new(),
-        env_clear: false,
-        cwd: None,
-        stdin: None,
-        timeout_ms: None,
-    }
+    CommandSpec::shell(script).into()
 }
 
 fn spawn_spec(script: &str) -> SpawnSpec {
-    SpawnSpec {
-        command: Cmd::Shell {
-            script: script.into(),
-        },
-        env: BTreeMap::new(),
-        env_clear: false,
-        cwd: None,
-        stdin: None,
-    }
+    SpawnSpec::shell(script)
 }
 
 #[test]

@@ -192,7 +192,7 @@ fn project_with(dir: &Path, guest: &Guest, extra: &str) {
              [profiles.linux-hostile]\n{profile}{extra}agent_overlay_path = {overlay:?}\n",
             root = tests.display().to_string(),
             cache = dir.join("cache").display().to_string(),
-            profile = profile(guest),
+            profile = profile(guest, "mmio"),
             overlay = overlay.display().to_string(),
         ),
     )

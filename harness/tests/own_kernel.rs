@@ -9,8 +9,9 @@
 //!   machines: a stock kernel has no kvm_pvm shims, so its user space cannot
 //!   run there, and the skip says so); with `PROVIUM_TEST_KERNEL` and
 //!   `PROVIUM_TEST_MODULES` set (hardware KVM) it boots and must pass;
-//! - `provium exec` on the probe kernel (kvm, minutes of emulated boot
-//!   here): `#[ignore]`d, run by hand (docs/benchmarking.md has its time).
+//! - `provium exec` on a kernel (kvm, a minute or more of emulated boot
+//!   here): in the real-guest tier, harness/tests/real_kernel.rs, which
+//!   holds the tier's one-boot-at-a-time lock.
 //!
 //! `PROVIUM_SKIP_DEBIAN_KERNEL=1` skips the Debian kernel's check (printing
 //! why) on a machine without Debian's archive.
@@ -195,34 +196,4 @@ fn debians_stock_kernel_boots_to_the_agent_where_kvm_is_hardware() {
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
     assert!(stdout.contains("vmw_vsock_virtio_transport"), "{stdout}");
-}
-
-#[test]
-#[ignore = "boots the probe kernel (minutes of emulated boot on kvm_pvm); run by hand"]
-fn exec_on_the_probe_kernel_runs_the_command_in_the_guest() {
-    let kernel = common::real_guest::target_dir().join("probe-kernel/vmlinux");
-    assert!(
-        kernel.is_file(),
-        "build it with scripts/build-probe-kernel.sh"
-    );
-    let start = std::time::Instant::now();
-    let out = provium(&[
-        "exec",
-        "--kernel",
-        kernel.to_str().unwrap(),
-        "--",
-        "/sbin/provium-agent",
-        "--version",
-    ]);
-    eprintln!(
-        "provium exec on {}: {:.1} s wall",
-        kernel.display(),
-        start.elapsed().as_secs_f64()
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stdout).starts_with("provium-agent "),
-        "{}",
-        text(&out.stdout)
-    );
 }

@@ -19,6 +19,15 @@
 //! middle of a session. The tier's tests take [`BOOTS`] so their guests
 //! never boot at once.
 //!
+//! The guest kernel here is distro-shaped (scripts/build-probe-kernel.sh
+//! --modular): virtio, its transports, vsock, blk, net, rng and console are
+//! modules, discovered through ACPI (no `virtio_mmio.device=` words), and
+//! each test first checks (`kernel check`) that its channel and devices are
+//! among the modules the harness packs, so the suite passing proves the
+//! agent loaded them from its overlay. The two suites cover both virtio
+//! transports in one boot each: `tests/lua/linux` over virtio-pci (MSI-X),
+//! `tests/lua/linux-console` over virtio-mmio.
+//!
 //! On hardware KVM with a user's kernel, the local-backend suites under
 //! tests/lua (guest, network, snapshots, disks) must pass on kvm too; they
 //! boot a VM per file, which an emulated kernel cannot afford, so they run
@@ -86,12 +95,12 @@ fn prebuilt_overlay(dir: &Path) -> PathBuf {
 /// `guest`, with a fresh fixture cache under `dir`; `linux-overlay` is the
 /// same guest with a [`prebuilt_overlay`] (the pair fixture boots it).
 fn config(dir: &Path, guest: &Guest, root: &Path) -> PathBuf {
-    config_with(dir, guest, root, "")
+    config_with(dir, guest, root, PCI, "")
 }
 
-/// [`config`] with `extra` lines in the `linux` profile.
-fn config_with(dir: &Path, guest: &Guest, root: &Path, extra: &str) -> PathBuf {
-    let profile = format!("{}{extra}", profile(guest));
+/// [`config`] over `transport`, with `extra` lines in the `linux` profile.
+fn config_with(dir: &Path, guest: &Guest, root: &Path, transport: &str, extra: &str) -> PathBuf {
+    let profile = format!("{}{extra}", profile(guest, transport));
     let path = dir.join("provium.toml");
     std::fs::write(
         &path,
@@ -134,7 +143,18 @@ fn the_linux_suite_passes_in_real_guests() {
         return;
     };
     let _boots = boots();
-    let events = run_suite(&guest, LINUX_SUITE);
+    assert_packs_modules(
+        &guest,
+        &[
+            "virtio_pci",
+            "vsock",
+            "vmw_vsock_virtio_transport",
+            "virtio_blk",
+            "virtio_net",
+            "virtio_rng",
+        ],
+    );
+    let events = run_suite(&guest, LINUX_SUITE, PCI);
     // Each fixture was booted once, into the empty cache, and every file
     // that asks for one got VMs restored from its cache entry.
     let mut builds: Vec<&str> = events
@@ -187,7 +207,9 @@ fn the_agent_serves_over_the_console_channel() {
         return;
     };
     let _boots = boots();
-    let (events, out) = run_suite_with(&guest, CONSOLE_SUITE, "agent_channel = \"console\"\n");
+    assert_packs_modules(&guest, &["virtio_mmio", "virtio_console"]);
+    let (events, out) =
+        run_suite_with(&guest, CONSOLE_SUITE, MMIO, "agent_channel = \"console\"\n");
     assert!(
         out.contains("provium: agent channel: console"),
         "the harness did not say it used the console channel"
@@ -219,6 +241,54 @@ fn the_agent_serves_over_the_console_channel() {
     );
 }
 
+/// `provium exec` (issue 25) as a user's first line runs it: the tier's
+/// kernel, no provium.toml, no `--initrd` (the initrd is the agent alone,
+/// which as PID 1 mounts /proc, /sys and /dev and, on the distro-shaped
+/// kernel, loads vsock, its virtio transport and virtio-mmio from its
+/// overlay: no Hello otherwise), one command through the agent, its stdout
+/// streamed back and its exit code provium's. The wall time is printed:
+/// docs/benchmarking.md compares it with vmtest's and vng's (emulated kernel
+/// here). `exec --vmm local` (harness/tests/own_kernel.rs) covers stderr and
+/// a non-zero exit through the same client code.
+#[test]
+fn exec_boots_the_kernel_and_runs_one_command() {
+    let test = "exec_boots_the_kernel_and_runs_one_command";
+    let Some(guest) = guest(test) else {
+        return;
+    };
+    let _boots = boots();
+    ensure_agent();
+    let start = std::time::Instant::now();
+    let o = Command::new(env!("CARGO_BIN_EXE_provium"))
+        .args(["exec", "--vmm", "kvm", "--kernel"])
+        .arg(&guest.kernel)
+        .args(["--", "/sbin/provium-agent", "--version"])
+        .current_dir(repo_root())
+        .output()
+        .unwrap();
+    let wall = start.elapsed();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    eprintln!(
+        "provium exec on {} ({}): {:.1} s wall, kvm_pvm: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        guest.kernel.display(),
+        guest.kernel_kind(),
+        wall.as_secs_f64(),
+        provium::settings::Settings::from_env().host_kvm_pvm,
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "provium exec failed (output above)"
+    );
+    assert!(
+        stdout.starts_with("provium-agent "),
+        "the command's stdout did not come back"
+    );
+}
+
 /// How many top-level `test("...", ...)` declarations the suite's test
 /// files hold: the number of tests a full, green run passes.
 fn declared_tests(dir: &Path) -> usize {
@@ -236,23 +306,55 @@ fn declared_tests(dir: &Path) -> usize {
         .sum()
 }
 
-/// Runs `suite` (relative to the repository) with a fresh fixture cache,
-/// prints its output, asserts it passed, and returns its events.
-fn run_suite(guest: &Guest, suite: &str) -> Vec<EventFrame> {
-    run_suite_with(guest, suite, "").0
+/// The two virtio transports, each covered by one suite of the tier.
+const PCI: &str = "pci";
+const MMIO: &str = "mmio";
+
+/// On the distro-shaped kernel, asserts that `kernel check` finds that a
+/// boot can reach the agent and that each of `modules` is a module the
+/// harness packs into the agent overlay: the suite that follows then
+/// passes only if the agent loaded them. A user's kernel may have them
+/// built in, so it is not checked.
+fn assert_packs_modules(guest: &Guest, modules: &[&str]) {
+    if guest.users {
+        return;
+    }
+    let report = provium::kernel::check(&guest.kernel, None).unwrap();
+    assert!(report.can_reach_agent(), "{}", report.render());
+    let packed: Vec<&str> = report.modules.iter().map(|m| m.name.as_str()).collect();
+    for m in modules {
+        assert!(
+            packed.contains(m),
+            "{m} is not a module the agent loads (the tier's kernel must be \
+             scripts/build-probe-kernel.sh --modular): {packed:?}\n{}",
+            report.render()
+        );
+    }
+}
+
+/// Runs `suite` (relative to the repository) over `transport` with a fresh
+/// fixture cache, prints its output, asserts it passed, and returns its
+/// events.
+fn run_suite(guest: &Guest, suite: &str, transport: &str) -> Vec<EventFrame> {
+    run_suite_with(guest, suite, transport, "").0
 }
 
 /// [`run_suite`] with `extra` profile lines; also returns the output.
-fn run_suite_with(guest: &Guest, suite: &str, extra: &str) -> (Vec<EventFrame>, String) {
+fn run_suite_with(
+    guest: &Guest,
+    suite: &str,
+    transport: &str,
+    extra: &str,
+) -> (Vec<EventFrame>, String) {
     ensure_agent();
     let scratch = tempfile::tempdir().unwrap();
     let dir = repo_root().join(suite);
-    let config = config_with(scratch.path(), guest, &dir, extra);
+    let config = config_with(scratch.path(), guest, &dir, transport, extra);
     let events = scratch.path().join("events.bin");
     let (code, out) = provium(&config, &dir, &["--save-events", events.to_str().unwrap()]);
     let kernel = guest.kernel_kind();
     eprintln!(
-        "== {suite} on the kvm backend ({kernel}; kvm_pvm: {}): exit {code:?}\n{out}",
+        "== {suite} on the kvm backend ({kernel}, virtio-{transport}; kvm_pvm: {}): exit {code:?}\n{out}",
         provium::settings::Settings::from_env().host_kvm_pvm,
     );
     assert_eq!(

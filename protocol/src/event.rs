@@ -11,11 +11,13 @@ use serde::{Deserialize, Serialize};
 use crate::meta::MetaMap;
 use crate::WireMessage;
 
+/// One frame of the event stream: when, and what happened.
 #[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq)]
 pub struct EventFrame {
     /// Nanoseconds since the Unix epoch, host clock at emission.
     pub ts: i64,
+    /// The event; its kind and payload are the frame's `kind` and `payload`.
     pub event: Event,
 }
 
@@ -24,16 +26,22 @@ pub struct EventFrame {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResourceAmount {
+    /// Guest memory, in bytes.
     pub memory_bytes: u64,
+    /// Virtual CPUs.
     pub cpus: u32,
 }
 
 closed_enum! {
     /// How a test file ended.
     pub enum FileStatus {
+        /// It loaded and every test passed or was skipped.
         Passed => "passed",
+        /// A test failed, or the file did not load.
         Failed => "failed",
+        /// It ran past `--timeout`.
         TimedOut => "timed_out",
+        /// The harness runner for it crashed before it finished.
         Crashed => "crashed",
     }
 }
@@ -42,7 +50,12 @@ macro_rules! events {
     ( $( $(#[$doc:meta])* $variant:ident => $wire:literal { $( $(#[$fdoc:meta])* $field:ident : $ty:ty ),* $(,)? } )+ ) => {
         closed_enum! {
             /// The `kind` of every event.
-            pub enum EventKind { $( $variant => $wire ),+ }
+            pub enum EventKind {
+                $(
+                    #[doc = concat!("The kind of a [`", stringify!($variant), "`] event.")]
+                    $variant => $wire
+                ),+
+            }
         }
 
         $(
@@ -53,11 +66,19 @@ macro_rules! events {
             pub struct $variant { $( $(#[$fdoc])* pub $field: $ty ),* }
         )+
 
+        /// Every event of the stream, one variant per kind, each carrying
+        /// its payload struct of the same name.
         #[cfg_attr(test, derive(proptest_derive::Arbitrary))]
         #[derive(Debug, Clone, PartialEq)]
-        pub enum Event { $( $variant($variant) ),+ }
+        pub enum Event {
+            $(
+                #[doc = concat!("A `", $wire, "` event; see [`", stringify!($variant), "`].")]
+                $variant($variant)
+            ),+
+        }
 
         impl Event {
+            /// The frame's `kind`.
             pub fn kind(&self) -> EventKind {
                 match self { $( Event::$variant(_) => EventKind::$variant ),+ }
             }
@@ -86,90 +107,152 @@ macro_rules! events {
 events! {
     /// Once per discovered `*.test.lua` file, before any dispatching.
     FileDiscovered => "file_discovered" {
+        /// The file, relative to the test root.
         path: String,
+        /// The fixtures it names.
         fixture_refs: Vec<String>,
+        /// The resources it declares it needs, if it declares any.
         declared_claim: Option<ResourceAmount>,
     }
     /// A runner thread picked up a file.
     FileDispatched => "file_dispatched" {
+        /// The file, relative to the test root.
         path: String,
+        /// What the pool set aside for it.
         reservation: ResourceAmount,
     }
     /// A file waits on the pool or on PSI pressure.
     FileBlocked => "file_blocked" {
+        /// The file, relative to the test root.
         path: String,
+        /// What it needs and the pool cannot give yet.
         waiting_for: ResourceAmount,
         /// `pool_full`, `psi_pressure`, …
         reason: String,
     }
+    /// A file finished, whatever the outcome.
     FileCompleted => "file_completed" {
+        /// The file, relative to the test root.
         path: String,
+        /// How it ended.
         status: FileStatus,
+        /// Wall time the file took, in nanoseconds.
         duration_ns: u64,
     }
+    /// A test began.
     TestStarted => "test_started" {
+        /// Its file, relative to the test root.
         path: String,
+        /// The test's name.
         name: String,
+        /// The test's metadata, as its file declared it.
         meta: MetaMap,
     }
+    /// A test passed.
     TestPassed => "test_passed" {
+        /// Its file, relative to the test root.
         path: String,
+        /// The test's name.
         name: String,
+        /// How long it ran, in nanoseconds.
         duration_ns: u64,
+        /// The test's metadata.
         meta: MetaMap,
     }
+    /// A test failed.
     TestFailed => "test_failed" {
+        /// Its file, relative to the test root.
         path: String,
+        /// The test's name.
         name: String,
+        /// How long it ran, in nanoseconds.
         duration_ns: u64,
+        /// Why it failed: the error the test raised, as text.
         reason: String,
         /// Last 4 KiB of each booted VM's console log; may be empty.
         console_excerpt: String,
+        /// The test's metadata.
         meta: MetaMap,
     }
+    /// A test was skipped and did not run.
     TestSkipped => "test_skipped" {
+        /// Its file, relative to the test root.
         path: String,
+        /// The test's name.
         name: String,
+        /// Why (the skip's own message, or the filter that left it out).
         reason: String,
+        /// The test's metadata.
         meta: MetaMap,
     }
+    /// A VM booted (or was restored) for a test file.
     VmSpawned => "vm_spawned" {
+        /// The test file, relative to the test root.
         file: String,
+        /// The VM's name in the file.
         vm_name: String,
+        /// The profile it was built from.
         profile: String,
+        /// Its guest memory, in bytes.
         memory_bytes: u64,
+        /// Its vsock context id; 0 when it has none (local backend).
         cid: u32,
     }
+    /// A VM stopped.
     VmShutdown => "vm_shutdown" {
+        /// The test file, relative to the test root.
         file: String,
+        /// The VM's name in the file.
         vm_name: String,
+        /// How long it was up (from boot or restore), in nanoseconds.
         duration_ns: u64,
     }
+    /// The pool's resources after a change.
     PoolState => "pool_state" {
+        /// Claimed by running files.
         used: ResourceAmount,
+        /// Still free.
         available: ResourceAmount,
     }
+    /// A file's claim on the pool was granted.
     ClaimAcquired => "claim_acquired" {
+        /// The file, relative to the test root.
         path: String,
+        /// What it holds.
         amount: ResourceAmount,
     }
+    /// A file gave its claim back.
     ClaimReleased => "claim_released" {
+        /// The file, relative to the test root.
         path: String,
+        /// What it gave back.
         amount: ResourceAmount,
     }
+    /// This run builds a fixture (none was cached).
     FixtureBuildStarted => "fixture_build_started" {
+        /// The fixture's name.
         path: String,
     }
+    /// A fixture build ended.
     FixtureBuildDone => "fixture_build_done" {
+        /// The fixture's name.
         path: String,
+        /// How long the build took, in nanoseconds.
         duration_ns: u64,
+        /// Size of the cached snapshot, in bytes; 0 when the build failed.
         snapshot_bytes: u64,
     }
+    /// Another file (of this run or another) holds the fixture's build
+    /// lock; this one waits for its result. Sent once per wait.
     FixtureBuildWaiting => "fixture_build_waiting" {
+        /// The fixture's name.
         path: String,
+        /// The file that holds the lock.
         held_by_file: String,
     }
+    /// A fixture was found in the cache and not rebuilt.
     FixtureCacheHit => "fixture_cache_hit" {
+        /// The fixture's name.
         path: String,
     }
     /// Once per run, before `file_discovered`: what `provium report merge`

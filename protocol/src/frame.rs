@@ -100,6 +100,7 @@ pub struct FrameDecoder {
 }
 
 impl FrameDecoder {
+    /// A decoder that refuses frames whose body is over `max_frame_bytes`.
     pub fn new(max_frame_bytes: usize) -> Self {
         FrameDecoder {
             max: max_frame_bytes,

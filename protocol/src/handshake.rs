@@ -5,14 +5,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::PROTOCOL_VERSION;
 
+/// The host's first frame: the protocol version it speaks.
 #[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Hello {
+    /// The host's [`PROTOCOL_VERSION`].
     pub protocol_version: u32,
 }
 
 impl Hello {
+    /// The hello of this build: [`PROTOCOL_VERSION`].
     pub fn current() -> Self {
         Hello {
             protocol_version: PROTOCOL_VERSION,
@@ -20,6 +23,7 @@ impl Hello {
     }
 }
 
+/// The agent accepts the connection: who it is and what it can do.
 #[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -47,12 +51,17 @@ impl HelloOk {
     }
 }
 
+/// The agent refuses the connection: the versions differ. The agent closes
+/// the connection after sending it.
 #[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HelloErr {
+    /// The version the agent speaks.
     pub agent_protocol_version: u32,
+    /// The version the host's `hello` asked for.
     pub host_protocol_version: u32,
+    /// Both versions and the fix (rebuild both from one Provium version).
     pub message: String,
 }
 

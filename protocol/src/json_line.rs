@@ -11,8 +11,11 @@ use serde::Serialize;
 closed_enum! {
     /// How a test ended.
     pub enum TestStatus {
+        /// It ran and passed.
         Passed => "passed",
+        /// It ran and failed; `message` says why.
         Failed => "failed",
+        /// It did not run; `message` says why.
         Skipped => "skipped",
     }
 }
@@ -20,7 +23,9 @@ closed_enum! {
 closed_enum! {
     /// Whether a file finished within `--timeout`.
     pub enum Timeliness {
+        /// It ran past `--timeout` and was stopped.
         TimedOut => "timed_out",
+        /// It finished within it (or no timeout was set).
         InTime => "in_time",
     }
 }
@@ -40,6 +45,7 @@ pub struct FileLine {
     pub run: Option<RunLine>,
     /// In declaration order.
     pub tests: Vec<TestLine>,
+    /// Whether the file finished within `--timeout`.
     pub timeout: Timeliness,
 }
 
@@ -50,7 +56,9 @@ pub struct TestLine {
     pub log: Vec<String>,
     /// Failure message or skip reason; null for a pass.
     pub message: Option<String>,
+    /// The test's name.
     pub name: String,
+    /// How it ended.
     pub status: TestStatus,
 }
 

@@ -13,6 +13,13 @@
 //!
 //! [`PROTOCOL_VERSION`] pins every shape in this crate; `tests/pins.rs` locks the
 //! exact bytes. See `docs/protocol.md` for how to add an op.
+//!
+//! `missing_docs` is denied here: these types are the contract between the
+//! harness and the agent (and the event stream's readers), written by one side
+//! and read by the other, so every public item says what it means on the
+//! wire, in which units, who sends it and what limits hold.
+
+#![deny(missing_docs)]
 
 #[macro_use]
 mod closed_enum;

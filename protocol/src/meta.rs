@@ -6,6 +6,7 @@ use std::fmt;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::ser::{Serialize, Serializer};
 
+/// A test's metadata: names to values, in key order on the wire.
 pub type MetaMap = BTreeMap<String, MetaValue>;
 
 /// A value tagged by its msgpack type. Deserialisation dispatches on the
@@ -13,13 +14,21 @@ pub type MetaMap = BTreeMap<String, MetaValue>;
 /// [`MetaValue::Bytes`] even when it is valid UTF-8.
 #[derive(Debug, Clone, PartialEq)]
 pub enum MetaValue {
+    /// msgpack `nil`.
     Null,
+    /// msgpack bool.
     Bool(bool),
+    /// msgpack integer; one above `i64::MAX` is refused.
     Int(i64),
+    /// msgpack float, encoded as float 64.
     Float(f64),
+    /// msgpack `str`: UTF-8 text.
     Str(String),
+    /// msgpack `bin`, even when it is valid UTF-8.
     Bytes(Vec<u8>),
+    /// msgpack array.
     Array(Vec<MetaValue>),
+    /// msgpack map with string keys.
     Map(MetaMap),
 }
 

@@ -17,7 +17,9 @@ pub const SIGNALS: &[(&str, i32)] = &[
     ("winch", 28),
 ];
 
+/// SIGTERM's number: the polite stop (`release` sends it first).
 pub const SIGTERM: i32 = 15;
+/// SIGKILL's number: timeouts, namespace closes and `release`'s second step.
 pub const SIGKILL: i32 = 9;
 
 /// Parse a signal as the Lua API accepts it: a name with or without `sig`

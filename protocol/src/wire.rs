@@ -13,12 +13,15 @@ use crate::op::{Op, StreamId, WorkerId};
 use crate::result::OpResult;
 use crate::{ProtocolError, WireMessage, MAX_CHUNK_BYTES, STREAM_WINDOW_BYTES};
 
+/// Every frame the host sends to the agent.
 #[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", content = "body", deny_unknown_fields)]
 pub enum HostFrame {
+    /// The first frame of a connection, and only the first.
     #[serde(rename = "hello")]
     Hello(Hello),
+    /// Ask for one op; answered by one [`AgentFrame::Response`].
     #[serde(rename = "request")]
     Request(Request),
     /// More stdin for a spawned process. The host keeps at most
@@ -30,12 +33,16 @@ pub enum HostFrame {
     StreamAck(StreamAck),
 }
 
+/// Every frame the agent sends to the host.
 #[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", content = "body", deny_unknown_fields)]
 pub enum AgentFrame {
+    /// The answer to a matching `hello`: the connection is open.
     #[serde(rename = "hello_ok")]
     HelloOk(HelloOk),
+    /// The answer to a `hello` of another protocol version; the agent then
+    /// closes the connection.
     #[serde(rename = "hello_err")]
     HelloErr(HelloErr),
     /// The one answer to request `id`. For an exec it is the terminal frame:
@@ -54,6 +61,7 @@ pub enum AgentFrame {
     StdinAck(StdinAck),
 }
 
+/// One op the host asks for.
 #[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -62,31 +70,42 @@ pub struct Request {
     pub id: u64,
     /// Run in this worker's namespace and queue; `None`: the connection's own.
     pub worker: Option<WorkerId>,
+    /// What to do.
     pub op: Op,
 }
 
+/// The agent's one answer to a request.
 #[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Response {
+    /// The request's id.
     pub id: u64,
+    /// Its outcome.
     pub result: OpResult,
 }
 
 closed_enum! {
+    /// Which output of a stream a chunk, end or ack belongs to. Windows and
+    /// ends are per stream and channel.
     pub enum Channel {
+        /// A process's standard output.
         Stdout => "stdout",
+        /// A process's standard error.
         Stderr => "stderr",
         /// Tail data.
         Data => "data",
     }
 }
 
+/// A piece of a stream's output, agent to host.
 #[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StreamChunk {
+    /// The stream: the id of the exec, spawn or tail request.
     pub stream: StreamId,
+    /// Which output it is.
     pub channel: Channel,
     /// Never empty, at most [`MAX_CHUNK_BYTES`].
     #[serde(with = "serde_bytes")]
@@ -95,6 +114,7 @@ pub struct StreamChunk {
 }
 
 closed_enum! {
+    /// Why a stream's channel ended.
     pub enum StreamEndReason {
         /// The source ended (process output closed, tailed handle closed).
         Eof => "eof",
@@ -105,20 +125,28 @@ closed_enum! {
     }
 }
 
+/// The last frame of one channel of a stream: no chunk follows on it. Sent
+/// at most once per stream and channel.
 #[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StreamEnd {
+    /// The stream: the id of the request that opened it.
     pub stream: StreamId,
+    /// The channel that ended.
     pub channel: Channel,
+    /// Why.
     pub reason: StreamEndReason,
+    /// What failed, for `error`; else `None`.
     pub message: Option<String>,
 }
 
+/// More stdin for a spawned process, host to agent.
 #[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StdinData {
+    /// The spawned process: its spawn request's id.
     pub process: StreamId,
     /// Never empty, at most [`MAX_CHUNK_BYTES`].
     #[serde(with = "serde_bytes")]
@@ -126,21 +154,28 @@ pub struct StdinData {
     pub data: Vec<u8>,
 }
 
+/// The host consumed bytes of a stream's channel: the agent's window for
+/// it reopens by that much.
 #[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StreamAck {
+    /// The stream acknowledged.
     pub stream: StreamId,
+    /// Its channel.
     pub channel: Channel,
     /// Never 0, at most [`STREAM_WINDOW_BYTES`].
     #[cfg_attr(test, proptest(strategy = "1..=crate::STREAM_WINDOW_BYTES"))]
     pub bytes: u64,
 }
 
+/// The agent wrote bytes of stdin to a process: the host's window for it
+/// reopens by that much.
 #[cfg_attr(test, derive(proptest_derive::Arbitrary))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StdinAck {
+    /// The spawned process: its spawn request's id.
     pub process: StreamId,
     /// Never 0, at most [`STREAM_WINDOW_BYTES`].
     #[cfg_attr(test, proptest(strategy = "1..=crate::STREAM_WINDOW_BYTES"))]

@@ -71,6 +71,56 @@ fn unknown_field_is_named() {
     assert!(msg.contains("extra"), "{msg}");
 }
 
+/// exec and spawn share one args struct (`CommandSpec`, flattened into
+/// exec's map beside `timeout_ms`): each op still refuses a field the other
+/// has, an unknown field and a missing one, and a mistyped field inside the
+/// flattened part stays an error.
+#[test]
+fn exec_and_spawn_args_stay_strict() {
+    let args = |extra: Vec<(&'static str, Value)>| {
+        let mut e = vec![
+            (
+                "command",
+                map(vec![("form", "shell".into()), ("script", "true".into())]),
+            ),
+            ("env", map(vec![])),
+            ("env_clear", false.into()),
+            ("cwd", Value::Nil),
+            ("stdin", Value::Nil),
+        ];
+        e.extend(extra);
+        map(e)
+    };
+    let op = |kind: &str, args: Value| map(vec![("op", kind.into()), ("args", args)]);
+    let ok = |v: Value| decode::<HostFrame>(&body(&ping_request(v))).is_ok();
+    assert!(ok(op("exec", args(vec![("timeout_ms", Value::Nil)]))));
+    assert!(ok(op("spawn", args(vec![]))));
+
+    let spawn_timeout = host_err(&ping_request(op(
+        "spawn",
+        args(vec![("timeout_ms", 5.into())]),
+    )));
+    assert!(spawn_timeout.contains("timeout_ms"), "{spawn_timeout}");
+    let exec_extra = host_err(&ping_request(op(
+        "exec",
+        args(vec![("timeout_ms", Value::Nil), ("extra", 1.into())]),
+    )));
+    assert!(exec_extra.contains("extra"), "{exec_extra}");
+    // serde reads a missing Option as None; the re-encode check refuses it,
+    // as it did before the args were shared.
+    let exec_missing = host_err(&ping_request(op("exec", args(vec![]))));
+    assert!(exec_missing.contains("non-canonical"), "{exec_missing}");
+    let mut wrong = args(vec![("timeout_ms", Value::Nil)]);
+    if let Value::Map(entries) = &mut wrong {
+        entries[2].1 = "yes".into(); // env_clear as a str
+    }
+    let exec_wrong = host_err(&ping_request(op("exec", wrong)));
+    assert!(
+        exec_wrong.contains("cannot decode host frame"),
+        "{exec_wrong}"
+    );
+}
+
 #[test]
 fn wrong_type_is_an_error() {
     let v = map(vec![

@@ -3,8 +3,8 @@
 //! an infallible `save` and a `restore` that treats the state as untrusted.
 //!
 //! Implemented by provium-vmm's virtio devices, each in its `persist.rs`:
-//! the worker state of an activated block, net and vsock device
-//! (`ActiveBlock`, `ActiveNet`, the vsock `Muxer`) and the rng. Their
+//! the active half of each device, in its own file (`ActiveBlock`,
+//! `ActiveNet`, `ActiveConsole`, the vsock `Muxer`, the rng's `RngServer`). Their
 //! `VirtioDevice::save`/`restore` (which the whole-VM snapshot in
 //! `vmm/src/persist.rs` calls through the transport) encode and decode the
 //! `State` and go through this trait.

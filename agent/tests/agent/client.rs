@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use provium_protocol::frame::{read_message, write_message, DEFAULT_MAX_FRAME_BYTES};
-use provium_protocol::op::{Command as Cmd, ExecSpec, Op, SpawnSpec};
+use provium_protocol::op::{CommandSpec, ExecSpec, Op, SpawnSpec};
 use provium_protocol::result::{ErrorCode, ExitInfo, OpError, OpResult};
 use provium_protocol::wire::{
     AgentFrame, Channel, HostFrame, Request, StdinData, StreamAck, StreamEndReason,
@@ -283,8 +283,8 @@ impl Client {
     }
 
     /// Run an exec; returns (id, exit).
-    pub fn exec(&mut self, spec: ExecSpec) -> (u64, ExitInfo) {
-        let id = self.request(None, Op::Exec(spec));
+    pub fn exec(&mut self, spec: impl Into<ExecSpec>) -> (u64, ExitInfo) {
+        let id = self.request(None, Op::Exec(spec.into()));
         match self.response(id).into_result() {
             Ok(OpValue::Exit(e)) => (id, e),
             other => panic!("exec answered {other:?}"),
@@ -309,39 +309,19 @@ impl Client {
     }
 }
 
+/// An exec of `/bin/sh -c script`, no timeout.
 pub fn shell(script: &str) -> ExecSpec {
-    ExecSpec {
-        command: Cmd::Shell {
-            script: script.into(),
-        },
-        env: Default::default(),
-        env_clear: false,
-        cwd: None,
-        stdin: None,
-        timeout_ms: None,
-    }
+    CommandSpec::shell(script).into()
 }
 
+/// An exec of `program args…`, no shell, no timeout.
 pub fn argv(program: &str, args: &[&str]) -> ExecSpec {
-    ExecSpec {
-        command: Cmd::Argv {
-            program: program.into(),
-            args: args.iter().map(|s| s.to_string()).collect(),
-        },
-        ..shell("")
-    }
+    CommandSpec::argv(program, args.iter().copied()).into()
 }
 
+/// A spawn of `/bin/sh -c script`.
 pub fn spawn_sh(script: &str) -> SpawnSpec {
-    SpawnSpec {
-        command: Cmd::Shell {
-            script: script.into(),
-        },
-        env: Default::default(),
-        env_clear: false,
-        cwd: None,
-        stdin: None,
-    }
+    SpawnSpec::shell(script)
 }
 
 pub fn assert_code(err: &OpError, code: ErrorCode) {

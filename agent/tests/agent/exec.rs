@@ -1,6 +1,6 @@
 use std::collections::BTreeMap;
 
-use provium_protocol::op::{ExecSpec, Op};
+use provium_protocol::op::{CommandSpec, ExecSpec, Op};
 use provium_protocol::result::{ErrorCode, ExitInfo, ExitStatus};
 use provium_protocol::wire::Channel;
 use provium_protocol::{OpValue, STREAM_WINDOW_BYTES};
@@ -35,37 +35,40 @@ fn env_merge_clear_cwd_and_stdin() {
     let mut env = BTreeMap::new();
     env.insert("FOO".to_string(), "bar".to_string());
     let home = std::env::var("HOME").unwrap_or_default();
-    let (id, _) = c.exec(ExecSpec {
+    let (id, _) = c.exec(CommandSpec {
         env: env.clone(),
-        ..shell("echo \"$FOO:$HOME\"")
+        ..CommandSpec::shell("echo \"$FOO:$HOME\"")
     });
     assert_eq!(c.output(id, Channel::Stdout), format!("bar:{home}\n"));
-    let (id, _) = c.exec(ExecSpec {
+    let (id, _) = c.exec(CommandSpec {
         env,
         env_clear: true,
-        ..shell("echo \"$FOO:$HOME\"")
+        ..CommandSpec::shell("echo \"$FOO:$HOME\"")
     });
     assert_eq!(c.output(id, Channel::Stdout), "bar:\n");
     let dir = a.path("");
-    let (id, _) = c.exec(ExecSpec {
+    let (id, _) = c.exec(CommandSpec {
         cwd: Some(dir.clone()),
-        ..shell("pwd")
+        ..CommandSpec::shell("pwd")
     });
     assert_eq!(
         c.output(id, Channel::Stdout).trim_end(),
         dir.trim_end_matches('/')
     );
-    let e = match c.call(Op::Exec(ExecSpec {
-        cwd: Some("/nonexistent-cwd".into()),
-        ..shell("pwd")
-    })) {
+    let e = match c.call(Op::Exec(
+        CommandSpec {
+            cwd: Some("/nonexistent-cwd".into()),
+            ..CommandSpec::shell("pwd")
+        }
+        .into(),
+    )) {
         Err(e) => e,
         other => panic!("{other:?}"),
     };
     assert!(e.message.contains("/nonexistent-cwd"), "{}", e.message);
-    let (id, exit) = c.exec(ExecSpec {
+    let (id, exit) = c.exec(CommandSpec {
         stdin: Some(b"hello stdin".to_vec()),
-        ..argv("cat", &[])
+        ..argv("cat", &[]).run
     });
     assert_eq!(exit, ExitInfo::exited(0));
     assert_eq!(c.output(id, Channel::Stdout), "hello stdin");

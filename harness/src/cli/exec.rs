@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use provium_protocol::op::{Command, SpawnSpec};
+use provium_protocol::op::SpawnSpec;
 use provium_protocol::result::ExitStatus;
 
 use super::VmmChoice;
@@ -156,18 +156,7 @@ fn run_streaming(
     };
     let (program, rest) = command.split_first().expect("clap requires a command");
     let ops: &dyn AgentOps = client;
-    let mut process = ops
-        .spawn(SpawnSpec {
-            command: Command::Argv {
-                program: program.clone(),
-                args: rest.to_vec(),
-            },
-            env: Default::default(),
-            env_clear: false,
-            cwd: None,
-            stdin: None,
-        })
-        .map_err(err)?;
+    let mut process = ops.spawn(SpawnSpec::argv(program, rest)).map_err(err)?;
     let copy = |mut reader: StreamReader, to_stderr: bool| {
         move || -> Result<(), ClientError> {
             while !reader.is_eof() {

@@ -1122,7 +1122,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use provium_protocol::handshake::HelloErr;
-    use provium_protocol::op::{Command, ExecSpec, Op};
+    use provium_protocol::op::{CommandSpec, ExecSpec, Op};
     use provium_protocol::result::{ErrorCode, ExitInfo, OpError, OpResult, OpValue};
     use provium_protocol::wire::{
         AgentFrame, Channel, HostFrame, Response, StreamAck, StreamChunk, StreamEnd,
@@ -1135,16 +1135,7 @@ mod tests {
     use crate::client::AgentOps;
 
     fn exec_spec(script: &str) -> ExecSpec {
-        ExecSpec {
-            command: Command::Shell {
-                script: script.into(),
-            },
-            env: Default::default(),
-            env_clear: false,
-            cwd: None,
-            stdin: None,
-            timeout_ms: None,
-        }
+        CommandSpec::shell(script).into()
     }
 
     #[test]
@@ -1378,17 +1369,7 @@ mod tests {
     fn window_overrun_breaks_the_connection() {
         let (client, mut fake) = connect_fake(ClientOptions::default());
         let c = client.clone();
-        let t = thread::spawn(move || {
-            c.spawn(provium_protocol::op::SpawnSpec {
-                command: Command::Shell {
-                    script: "yes".into(),
-                },
-                env: Default::default(),
-                env_clear: false,
-                cwd: None,
-                stdin: None,
-            })
-        });
+        let t = thread::spawn(move || c.spawn(CommandSpec::shell("yes")));
         let req = fake.recv_request();
         fake.answer(req.id, OpValue::Spawned { pid: 7 });
         let proc = t.join().unwrap().unwrap();
@@ -1422,17 +1403,7 @@ mod tests {
     fn stdin_writes_block_until_the_agent_acknowledges() {
         let (client, mut fake) = connect_fake(ClientOptions::default());
         let c = client.clone();
-        let t = thread::spawn(move || {
-            c.spawn(provium_protocol::op::SpawnSpec {
-                command: Command::Shell {
-                    script: "cat".into(),
-                },
-                env: Default::default(),
-                env_clear: false,
-                cwd: None,
-                stdin: None,
-            })
-        });
+        let t = thread::spawn(move || c.spawn(CommandSpec::shell("cat")));
         let req = fake.recv_request();
         fake.answer(req.id, OpValue::Spawned { pid: 7 });
         let proc = t.join().unwrap().unwrap();
@@ -1471,17 +1442,7 @@ mod tests {
     fn stdin_write_times_out_when_never_acknowledged() {
         let (client, mut fake) = connect_fake(ClientOptions::default());
         let c = client.with_timeout(Duration::from_millis(300));
-        let t = thread::spawn(move || {
-            c.spawn(provium_protocol::op::SpawnSpec {
-                command: Command::Shell {
-                    script: "sleep 100".into(),
-                },
-                env: Default::default(),
-                env_clear: false,
-                cwd: None,
-                stdin: None,
-            })
-        });
+        let t = thread::spawn(move || c.spawn(CommandSpec::shell("sleep 100")));
         let req = fake.recv_request();
         fake.answer(req.id, OpValue::Spawned { pid: 7 });
         let proc = t.join().unwrap().unwrap();

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use provium_protocol::op::{
-    Command, ExecSpec, HandleId, IoctlSpec, Op, OpKind, OpenMode, SpawnSpec, SyscallSpec,
+    CommandSpec, ExecSpec, HandleId, IoctlSpec, Op, OpKind, OpenMode, SpawnSpec, SyscallSpec,
     TailSource, TailStart, Whence, WorkerId,
 };
 use provium_protocol::result::{DirEntry, IoctlResult, OpError, OpValue, StatInfo, SyscallResult};
@@ -121,16 +121,7 @@ pub trait AgentOps {
 
     /// `exec` of a `/bin/sh -c` script with no stdin, env or timeout.
     fn run(&self, script: &str) -> Result<RunOutput, ClientError> {
-        self.exec(ExecSpec {
-            command: Command::Shell {
-                script: script.to_string(),
-            },
-            env: Default::default(),
-            env_clear: false,
-            cwd: None,
-            stdin: None,
-            timeout_ms: None,
-        })
+        self.exec(CommandSpec::shell(script).into())
     }
 
     /// Start a command and return its handle at once.

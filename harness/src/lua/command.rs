@@ -2,10 +2,8 @@
 //! argv form `run("echo", {"hi"})`, and the opts form
 //! `run("echo", {args = {...}, env = {...}, cwd = ..., stdin = ..., timeout = ...})`.
 
-use std::collections::BTreeMap;
-
 use mlua::{Table, Value};
-use provium_protocol::op::{Command, ExecSpec, SpawnSpec};
+use provium_protocol::op::{Command, CommandSpec, ExecSpec, SpawnSpec};
 
 use super::{duration, err};
 
@@ -20,36 +18,16 @@ pub const OPTS_KEYS: &[&str] = &[
     "timeout_ms",
 ];
 
-pub struct RunArgs {
-    pub command: Command,
-    pub env: BTreeMap<String, String>,
-    pub env_clear: bool,
-    pub cwd: Option<String>,
-    pub stdin: Option<Vec<u8>>,
-    pub timeout_ms: Option<u64>,
+/// `vm:run`'s arguments as the exec op's args (`b:run` too). `method` names
+/// the caller in errors ("vm:run", "worker:run", …).
+pub fn parse_exec(method: &str, cmd: String, second: Option<Table>) -> mlua::Result<ExecSpec> {
+    parse(method, cmd, second, true)
 }
 
-impl RunArgs {
-    pub fn into_exec(self) -> ExecSpec {
-        ExecSpec {
-            command: self.command,
-            env: self.env,
-            env_clear: self.env_clear,
-            cwd: self.cwd,
-            stdin: self.stdin,
-            timeout_ms: self.timeout_ms,
-        }
-    }
-
-    pub fn into_spawn(self) -> SpawnSpec {
-        SpawnSpec {
-            command: self.command,
-            env: self.env,
-            env_clear: self.env_clear,
-            cwd: self.cwd,
-            stdin: self.stdin,
-        }
-    }
+/// `run_async`'s arguments as the spawn op's args. A timeout is refused: a
+/// spawned process is bounded by `proc:wait(timeout)`.
+pub fn parse_spawn(method: &str, cmd: String, second: Option<Table>) -> mlua::Result<SpawnSpec> {
+    Ok(parse(method, cmd, second, false)?.run)
 }
 
 fn string_list(t: &Table, what: &str) -> mlua::Result<Vec<String>> {
@@ -71,24 +49,17 @@ fn string_list(t: &Table, what: &str) -> mlua::Result<Vec<String>> {
     Ok(out)
 }
 
-/// `method` names the caller in errors ("vm:run", "worker:run_async", …).
-pub fn parse(
+/// Both forms; `allow_timeout` is false for a spawn, whose result then has
+/// no `timeout_ms`.
+fn parse(
     method: &str,
     cmd: String,
     second: Option<Table>,
     allow_timeout: bool,
-) -> mlua::Result<RunArgs> {
-    let mut run = RunArgs {
-        command: Command::Shell {
-            script: cmd.clone(),
-        },
-        env: BTreeMap::new(),
-        env_clear: false,
-        cwd: None,
-        stdin: None,
-        timeout_ms: None,
-    };
-    let Some(t) = second else { return Ok(run) };
+) -> mlua::Result<ExecSpec> {
+    let mut exec = ExecSpec::from(CommandSpec::shell(cmd.clone()));
+    let Some(t) = second else { return Ok(exec) };
+    let run = &mut exec.run;
     let is_opts = OPTS_KEYS
         .iter()
         .any(|k| t.contains_key(*k).unwrap_or(false));
@@ -96,7 +67,7 @@ pub fn parse(
         // The legacy array form: positional args, no shell.
         let args = string_list(&t, &format!("{method}: args"))?;
         run.command = Command::Argv { program: cmd, args };
-        return Ok(run);
+        return Ok(exec);
     }
     if t.raw_len() > 0 {
         return Err(err(format!(
@@ -166,16 +137,16 @@ pub fn parse(
     }
     if !timeout.is_nil() {
         let d = duration::from_lua(&timeout, &format!("{method}: timeout"))?;
-        run.timeout_ms = Some(d.as_millis().max(1) as u64);
+        exec.timeout_ms = Some(d.as_millis().max(1) as u64);
     }
     match timeout_ms {
         Value::Nil => {}
-        Value::Integer(ms) if ms >= 0 => run.timeout_ms = Some(ms as u64),
+        Value::Integer(ms) if ms >= 0 => exec.timeout_ms = Some(ms as u64),
         other => {
             return Err(err(format!(
                 "{method}: timeout_ms must be a non-negative integer, got {other:?}"
             )))
         }
     }
-    Ok(run)
+    Ok(exec)
 }

@@ -351,8 +351,8 @@ struct BatchBuilder {
 impl UserData for BatchBuilder {
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
         m.add_method("run", |_, b, (cmd, second): (String, Option<Table>)| {
-            let run = command::parse("b:run", cmd, second, true)?;
-            b.ops.locked().push(Op::Exec(run.into_exec()));
+            let exec = command::parse_exec("b:run", cmd, second)?;
+            b.ops.locked().push(Op::Exec(exec));
             Ok(())
         });
         m.add_method("read_file", |_, b, path: String| {
@@ -419,9 +419,9 @@ pub fn add_guest_methods<T: GuestTarget + UserData, M: UserDataMethods<T>>(m: &m
         "run",
         move |_, this, (cmd, second): (String, Option<Table>)| {
             let method = name("run");
-            let run = command::parse(&method, cmd, second, true)?;
+            let exec = command::parse_exec(&method, cmd, second)?;
             let ops = this.ops()?;
-            let out: RunResult = this.ctx().guard_op(&method, || ops.exec(run.into_exec()))?;
+            let out: RunResult = this.ctx().guard_op(&method, || ops.exec(exec))?;
             Ok(out)
         },
     );
@@ -429,11 +429,9 @@ pub fn add_guest_methods<T: GuestTarget + UserData, M: UserDataMethods<T>>(m: &m
         "run_async",
         move |lua, this, (cmd, second): (String, Option<Table>)| {
             let method = name("run_async");
-            let run = command::parse(&method, cmd, second, false)?;
+            let spawn = command::parse_spawn(&method, cmd, second)?;
             let ops = this.ops()?;
-            let p = ops
-                .spawn(run.into_spawn())
-                .map_err(|e| client_err(&method, e))?;
+            let p = ops.spawn(spawn).map_err(|e| client_err(&method, e))?;
             Ok(ProcessUd::new(lua, this.ctx(), p))
         },
     );

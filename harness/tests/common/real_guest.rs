@@ -5,8 +5,12 @@
 //! The guest, in order of preference:
 //! - the user's own kernel and initrd (`PROVIUM_TEST_KERNEL`,
 //!   `PROVIUM_TEST_INITRD`), for hardware KVM;
-//! - the probe kernel with its kvm_pvm shims (`scripts/build-probe-kernel.sh`,
-//!   booted as the stripped vmlinux) and the busybox initrd
+//! - the distro-shaped probe kernel with its kvm_pvm shims
+//!   (`scripts/build-probe-kernel.sh --modular`, booted as the stripped
+//!   vmlinux): virtio, its transports, vsock, blk, net, rng and console are
+//!   modules, which the harness packs into the agent overlay from the
+//!   kernel's lib/modules/<release> beside it and the agent loads before it
+//!   serves (docs/kernels.md); and the busybox initrd
 //!   (`scripts/build-guest-initrd.sh`), which `.ci/run` builds before the
 //!   tests. Missing, the test fails saying how to build them, unless
 //!   `PROVIUM_SKIP_REAL_GUEST=1` (then it skips, printing why).
@@ -30,7 +34,7 @@ impl Guest {
         if self.users {
             "the user's kernel"
         } else {
-            "the probe kernel"
+            "the distro-shaped probe kernel (modules loaded by the agent)"
         }
     }
 }
@@ -61,12 +65,12 @@ pub fn guest(test: &str) -> Option<Guest> {
         return Some(g);
     }
     let g = Guest {
-        kernel: target_dir().join("probe-kernel/vmlinux"),
+        kernel: target_dir().join("probe-kernel-modular/vmlinux"),
         initrd: target_dir().join("guest-initrd/initrd.cpio"),
         users: false,
     };
     let missing: Vec<String> = [
-        (&g.kernel, "scripts/build-probe-kernel.sh"),
+        (&g.kernel, "scripts/build-probe-kernel.sh --modular"),
         (&g.initrd, "scripts/build-guest-initrd.sh"),
     ]
     .iter()
@@ -97,18 +101,16 @@ pub fn guest(test: &str) -> Option<Guest> {
 }
 
 /// The body of a provium.toml profile that boots `guest` (kernel, initrd,
-/// command line, guest_os; one `key = value` a line).
-pub fn profile(guest: &Guest) -> String {
+/// command line, guest_os, virtio transport; one `key = value` a line).
+/// `transport` is the virtio transport (`mmio` or `pci`) the caller's suite
+/// covers; PROVIUM_TEST_TRANSPORT overrides it for every suite.
+pub fn profile(guest: &Guest, transport: &str) -> String {
     // A profile written for hardware KVM: on kvm_pvm the backend adds the
     // command-line words that KVM needs itself.
     // No `quiet` by default: the console lines a failed boot's error quotes
     // are how an emulated boot that stalls is diagnosed.
     let cmdline = std::env::var("PROVIUM_TEST_CMDLINE").unwrap_or_else(|_| "console=ttyS0".into());
-    // The profile's virtio transport: `mmio` unless PROVIUM_TEST_TRANSPORT
-    // says `pci` (the probe kernel has both). Over pci some restored
-    // guests' agents did not answer in the one run here (docs/vmm.md,
-    // "PCI"), so the tier's default stays mmio until a run passes.
-    let transport = std::env::var("PROVIUM_TEST_TRANSPORT").unwrap_or_else(|_| "mmio".into());
+    let transport = std::env::var("PROVIUM_TEST_TRANSPORT").unwrap_or_else(|_| transport.into());
     format!(
         "kernel = {kernel:?}\ninitrd = {initrd:?}\ncmdline = {cmdline:?}\nguest_os = \"linux\"\n\
          transport = {transport:?}\n",

@@ -15,13 +15,15 @@ pub fn ops() -> Vec<Op> {
     vec![
         Op::Ping,
         Op::Exec(ExecSpec {
-            command: Command::Shell {
-                script: "echo hi".into(),
+            run: CommandSpec {
+                command: Command::Shell {
+                    script: "echo hi".into(),
+                },
+                env: env.clone(),
+                env_clear: false,
+                cwd: Some("/tmp".into()),
+                stdin: Some(b"in".to_vec()),
             },
-            env: env.clone(),
-            env_clear: false,
-            cwd: Some("/tmp".into()),
-            stdin: Some(b"in".to_vec()),
             timeout_ms: Some(5000),
         }),
         Op::Spawn(SpawnSpec {

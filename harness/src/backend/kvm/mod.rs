@@ -144,11 +144,16 @@ pub const ERROR_CONSOLE_LINES: usize = 20;
 /// with no ACPI (no `pm_power_off`), halts for good.
 pub const KERNEL_POWER_DOWN: &str = "reboot: Power down";
 /// What Linux prints in `kernel_halt()`. `reboot(LINUX_REBOOT_CMD_POWER_OFF)`
-/// becomes a halt when the kernel has no `pm_power_off` (no ACPI: every
-/// guest of this VMM), so a power-off that `poweroff -f` asked for ends here.
+/// becomes a halt when the kernel has no `pm_power_off` (a kernel without
+/// ACPI, or booted with `acpi=off`), so its `poweroff -f` ends here.
 pub const KERNEL_HALTED: &str = "reboot: System halted";
 /// How long `power_button` waits for the guest to power off.
 pub const DEFAULT_POWER_OFF_TIMEOUT: Duration = Duration::from_secs(30);
+/// The same on kvm_pvm, which emulates every guest kernel instruction: an
+/// init's graceful shutdown (signals, its wait for processes to exit, sync,
+/// the kernel's own power-off path) took over 30 s there with a build
+/// running beside it.
+pub const DEFAULT_POWER_OFF_TIMEOUT_KVM_PVM: Duration = Duration::from_secs(180);
 
 /// The agent timeout: `PROVIUM_KVM_AGENT_TIMEOUT` (seconds, read once into
 /// [`Settings`]), else 60 s ([`DEFAULT_AGENT_TIMEOUT_KVM_PVM`] on kvm_pvm).
@@ -281,13 +286,7 @@ impl KvmMachine {
         let client = self.connect()?;
         let out = client
             .exec(provium_protocol::op::ExecSpec {
-                command: provium_protocol::op::Command::Shell {
-                    script: script.clone(),
-                },
-                env: Default::default(),
-                env_clear: false,
-                cwd: None,
-                stdin: None,
+                run: provium_protocol::op::CommandSpec::shell(script.clone()),
                 timeout_ms: Some(120_000),
             })
             .map_err(|source| KvmError::GuestMac {
@@ -336,7 +335,11 @@ impl KvmMachine {
             cid,
             killed: AtomicBool::new(false),
             agent_timeout,
-            power_off_timeout: DEFAULT_POWER_OFF_TIMEOUT,
+            power_off_timeout: if spec.settings.host_kvm_pvm {
+                DEFAULT_POWER_OFF_TIMEOUT_KVM_PVM
+            } else {
+                DEFAULT_POWER_OFF_TIMEOUT
+            },
             initial_time: spec.initial_time,
             boot_log_mark: AtomicU64::new(0),
             settings: spec.settings.clone(),

@@ -1,5 +1,10 @@
 //! The virtio-mmio transport, version 2 (virtio 1.2, 4.2.2).
 //!
+//! This file is only the register layout: features, queues, status,
+//! activation and snapshots are `transport::VirtioCommon`'s, shared with
+//! virtio-pci. What is virtio-mmio's own is the one interrupt line with its
+//! InterruptStatus bits ([`MmioInterrupt`]).
+//!
 //! Every register access comes from the guest: wrong widths, unknown offsets,
 //! queue selectors out of range and writes after DRIVER_OK are ignored (reads
 //! give 0), never a panic. Queue addresses are validated against guest memory
@@ -9,16 +14,13 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use virtio_bindings::virtio_config::{
-    VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
-    VIRTIO_CONFIG_S_FAILED, VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_CONFIG_S_NEEDS_RESET,
-};
 use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::QueueT;
 
 use serde::{Deserialize, Serialize};
 
-use super::persist::{ActiveArgs, QueueSnapshot, VirtioPersistError};
+use super::persist::{QueueSnapshot, VirtioPersistError};
+use super::transport::{CommonState, Ring, TransportInterrupt, VirtioCommon};
 use super::{VirtioDevice, VirtioInterrupt};
 use crate::devices::bus::BusDevice;
 use crate::devices::legacy::EventFdTrigger;
@@ -66,6 +68,12 @@ impl MmioInterrupt {
     }
 }
 
+impl TransportInterrupt for MmioInterrupt {
+    fn reset(&self) {
+        self.status.store(0, Ordering::SeqCst);
+    }
+}
+
 impl VirtioInterrupt for MmioInterrupt {
     fn signal_used_queue(&self, _queue: u16) {
         self.raise(VIRTIO_MMIO_INT_VRING);
@@ -105,19 +113,10 @@ pub struct MmioTransportState {
     pub device: Vec<u8>,
 }
 
-/// One virtio device behind a virtio-mmio register window.
+/// One virtio device behind a virtio-mmio register window: the register
+/// layout over the transport-neutral [`VirtioCommon`].
 pub struct MmioTransport {
-    device: Box<dyn VirtioDevice>,
-    mem: GuestMemoryMmap,
-    interrupt: Arc<MmioInterrupt>,
-    queues: Vec<Queue>,
-    queue_select: u32,
-    device_features_select: u32,
-    driver_features_select: u32,
-    driver_features: u64,
-    status: u32,
-    activated: bool,
-    config_generation: u32,
+    common: VirtioCommon<MmioInterrupt>,
 }
 
 impl MmioTransport {
@@ -127,291 +126,114 @@ impl MmioTransport {
         mem: GuestMemoryMmap,
         interrupt: Arc<MmioInterrupt>,
     ) -> MmioTransport {
-        let queues = Self::fresh_queues(device.as_ref());
         MmioTransport {
-            device,
-            mem,
-            interrupt,
-            queues,
-            queue_select: 0,
-            device_features_select: 0,
-            driver_features_select: 0,
-            driver_features: 0,
-            status: 0,
-            activated: false,
-            config_generation: 0,
+            common: VirtioCommon::new(device, mem, interrupt),
         }
-    }
-
-    fn fresh_queues(device: &dyn VirtioDevice) -> Vec<Queue> {
-        device
-            .queue_max_sizes()
-            .iter()
-            .map(|&max| Queue::new(max).expect("device queue sizes are powers of two <= 32768"))
-            .collect()
     }
 
     /// Restarts the device `save` quiesced.
     pub fn resume_after_save(&mut self) {
-        self.device.resume_after_save();
+        self.common.resume_after_save();
     }
 
     /// Saves the registers and the device (see `VirtioDevice::save`). Call
     /// with every vCPU paused; the device stays quiesced until
     /// `resume_after_save`.
     pub fn save(&mut self) -> MmioTransportState {
-        let dev = self.device.save();
-        let queues = if self.activated {
-            dev.queues
-        } else {
-            self.queues.iter().map(QueueSnapshot::of).collect()
-        };
+        let c = self.common.save();
         MmioTransportState {
-            device_type: self.device.device_type(),
-            queue_select: self.queue_select,
-            device_features_select: self.device_features_select,
-            driver_features_select: self.driver_features_select,
-            driver_features: self.driver_features,
-            status: self.status,
-            activated: self.activated,
-            config_generation: self.config_generation,
-            interrupt_status: self.interrupt.status(),
-            queues,
-            device: dev.state,
+            device_type: c.device_type,
+            queue_select: c.queue_select,
+            device_features_select: c.device_features_select,
+            driver_features_select: c.driver_features_select,
+            driver_features: c.driver_features,
+            status: c.status,
+            activated: c.activated,
+            config_generation: c.config_generation,
+            interrupt_status: self.common.interrupt().status(),
+            queues: c.queues,
+            device: c.device,
         }
     }
 
-    /// Rebuilds a transport around a fresh `device` from `state` (a file):
-    /// the device type, queue count and sizes must be this device's, the
-    /// features ones it offers, and an activated device's rings must lie in
-    /// `mem`; then the device restores its own state.
+    /// Rebuilds a transport around a fresh `device` from `state` (a file),
+    /// with [`VirtioCommon::restore`]'s checks.
     pub fn restore(
         device: Box<dyn VirtioDevice>,
         mem: GuestMemoryMmap,
         interrupt: Arc<MmioInterrupt>,
         state: &MmioTransportState,
     ) -> Result<MmioTransport, VirtioPersistError> {
-        let bad = |detail: String| VirtioPersistError::State {
-            what: "virtio-mmio",
-            detail,
+        let common = CommonState {
+            device_type: state.device_type,
+            queue_select: state.queue_select,
+            device_features_select: state.device_features_select,
+            driver_features_select: state.driver_features_select,
+            driver_features: state.driver_features,
+            status: state.status,
+            activated: state.activated,
+            config_generation: state.config_generation,
+            queues: state.queues.clone(),
+            device: state.device.clone(),
         };
-        if state.device_type != device.device_type() {
-            return Err(VirtioPersistError::DeviceType {
-                found: state.device_type,
-                expected: device.device_type(),
-            });
-        }
-        let max_sizes = device.queue_max_sizes().to_vec();
-        if state.queues.len() != max_sizes.len() {
-            return Err(bad(format!(
-                "{} queues, the device has {}",
-                state.queues.len(),
-                max_sizes.len()
-            )));
-        }
-        if state.driver_features & !device.avail_features() != 0 {
-            return Err(bad(format!(
-                "driver features {:#x} include some the device does not offer ({:#x})",
-                state.driver_features,
-                device.avail_features()
-            )));
-        }
-        let queues = state
-            .queues
-            .iter()
-            .zip(&max_sizes)
-            .enumerate()
-            .map(|(i, (q, max))| q.to_queue(i, *max, &mem))
-            .collect::<Result<Vec<_>, _>>()?;
+        common.check(device.as_ref(), "virtio-mmio")?;
         interrupt
             .status
             .store(state.interrupt_status, Ordering::SeqCst);
         let mut t = MmioTransport::new(device, mem, interrupt);
-        t.queue_select = state.queue_select;
-        t.device_features_select = state.device_features_select;
-        t.driver_features_select = state.driver_features_select;
-        t.driver_features = state.driver_features;
-        t.status = state.status;
-        t.config_generation = state.config_generation;
-        if state.activated {
-            if queues.iter().any(|q| !q.ready()) {
-                return Err(bad(
-                    "an activated device has a queue that is not ready".into()
-                ));
-            }
-            t.device.set_acked_features(state.driver_features);
-            let active = ActiveArgs {
-                mem: t.mem.clone(),
-                queues,
-                interrupt: t.interrupt.clone(),
-            };
-            t.device.restore(Some(active), &state.device)?;
-            t.activated = true;
-        } else {
-            t.device.restore(None, &state.device)?;
-            t.queues = queues;
-        }
+        t.common.restore(&common, "virtio-mmio")?;
         Ok(t)
     }
 
     /// The device status register.
     pub fn status(&self) -> u32 {
-        self.status
+        self.common.status()
     }
 
     /// Whether the device was activated.
     pub fn is_activated(&self) -> bool {
-        self.activated
-    }
-
-    fn selected_queue(&mut self) -> Option<&mut Queue> {
-        if self.status & VIRTIO_CONFIG_S_DRIVER_OK != 0 {
-            return None; // queue setup is frozen once the driver is up
-        }
-        let i = usize::try_from(self.queue_select).ok()?;
-        self.queues.get_mut(i)
-    }
-
-    fn reset(&mut self) {
-        if self.activated {
-            self.device.reset();
-        }
-        self.activated = false;
-        self.queues = Self::fresh_queues(self.device.as_ref());
-        self.queue_select = 0;
-        self.device_features_select = 0;
-        self.driver_features_select = 0;
-        self.driver_features = 0;
-        self.status = 0;
-        self.interrupt.status.store(0, Ordering::SeqCst);
-    }
-
-    fn try_activate(&mut self) {
-        let ok = self
-            .queues
-            .iter()
-            .all(|q| !q.ready() || q.is_valid(&self.mem));
-        let all_ready = self.queues.iter().all(|q| q.ready());
-        if !ok || !all_ready {
-            self.status |= VIRTIO_CONFIG_S_NEEDS_RESET;
-            return;
-        }
-        self.device.set_acked_features(self.driver_features);
-        // The device owns the queues from here on; queue registers are frozen
-        // after DRIVER_OK and a reset builds fresh ones.
-        let queues = std::mem::take(&mut self.queues);
-        match self
-            .device
-            .activate(self.mem.clone(), queues, self.interrupt.clone())
-        {
-            Ok(()) => self.activated = true,
-            Err(_) => self.status |= VIRTIO_CONFIG_S_NEEDS_RESET,
-        }
-    }
-
-    fn set_status(&mut self, v: u32) {
-        if v == 0 {
-            self.reset();
-            return;
-        }
-        let allowed = VIRTIO_CONFIG_S_ACKNOWLEDGE
-            | VIRTIO_CONFIG_S_DRIVER
-            | VIRTIO_CONFIG_S_FEATURES_OK
-            | VIRTIO_CONFIG_S_DRIVER_OK
-            | VIRTIO_CONFIG_S_FAILED;
-        let old = self.status;
-        self.status = (old & VIRTIO_CONFIG_S_NEEDS_RESET) | (v & allowed);
-        if self.status & VIRTIO_CONFIG_S_FEATURES_OK != 0
-            && old & VIRTIO_CONFIG_S_FEATURES_OK == 0
-            && self.driver_features & !self.device.avail_features() != 0
-        {
-            // The driver accepted features we never offered: refuse FEATURES_OK.
-            self.status &= !VIRTIO_CONFIG_S_FEATURES_OK;
-        }
-        let driver_ok_now =
-            self.status & VIRTIO_CONFIG_S_DRIVER_OK != 0 && old & VIRTIO_CONFIG_S_DRIVER_OK == 0;
-        if driver_ok_now
-            && !self.activated
-            && self.status & VIRTIO_CONFIG_S_FEATURES_OK != 0
-            && self.status & VIRTIO_CONFIG_S_NEEDS_RESET == 0
-        {
-            self.try_activate();
-        }
+        self.common.is_activated()
     }
 
     fn read_reg(&mut self, offset: u64) -> u32 {
+        let c = &mut self.common;
         match offset {
             0x000 => MMIO_MAGIC,
             0x004 => MMIO_VERSION,
-            0x008 => self.device.device_type(),
+            0x008 => c.device().device_type(),
             0x00c => MMIO_VENDOR_ID,
-            0x010 => {
-                let f = self.device.avail_features();
-                match self.device_features_select {
-                    0 => f as u32,
-                    1 => (f >> 32) as u32,
-                    _ => 0,
-                }
-            }
-            0x034 => self.selected_queue().map_or(0, |q| u32::from(q.max_size())),
-            0x044 => self.selected_queue().map_or(0, |q| u32::from(q.ready())),
-            0x060 => self.interrupt.status(),
-            0x070 => self.status,
-            0x0fc => self.config_generation,
+            0x010 => c.device_features_word(),
+            0x034 => c.selected_queue().map_or(0, |q| u32::from(q.max_size())),
+            0x044 => c.selected_queue().map_or(0, |q| u32::from(q.ready())),
+            0x060 => c.interrupt().status(),
+            0x070 => c.status(),
+            0x0fc => c.config_generation(),
             _ => 0,
         }
     }
 
     fn write_reg(&mut self, offset: u64, v: u32) {
+        let c = &mut self.common;
         match offset {
-            0x014 => self.device_features_select = v,
-            0x020 => {
-                let frozen = self.status & VIRTIO_CONFIG_S_FEATURES_OK != 0;
-                if !frozen {
-                    match self.driver_features_select {
-                        0 => {
-                            self.driver_features =
-                                (self.driver_features & !0xffff_ffff) | u64::from(v)
-                        }
-                        1 => {
-                            self.driver_features =
-                                (self.driver_features & 0xffff_ffff) | (u64::from(v) << 32)
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            0x024 => self.driver_features_select = v,
-            0x030 => self.queue_select = v,
-            0x038 => {
-                if let Some(q) = self.selected_queue() {
-                    // Queue::set_size ignores sizes that are not a power of two or exceed the max.
-                    q.set_size(u16::try_from(v).unwrap_or(0));
-                }
-            }
-            0x044 => {
-                if let Some(q) = self.selected_queue() {
-                    q.set_ready(v == 1);
-                }
-            }
-            0x050 if self.activated => self.device.queue_notify(v),
+            0x014 => c.set_device_features_select(v),
+            0x020 => c.set_driver_features_word(v),
+            0x024 => c.set_driver_features_select(v),
+            0x030 => c.set_queue_select(v),
+            // Queue::set_size ignores sizes that are not a power of two or exceed the max.
+            0x038 => c.with_queue(|q| q.set_size(u16::try_from(v).unwrap_or(0))),
+            0x044 => c.with_queue(|q| q.set_ready(v == 1)),
+            0x050 => c.queue_notify(v),
             0x064 => {
-                self.interrupt.status.fetch_and(!v, Ordering::SeqCst);
+                c.interrupt().status.fetch_and(!v, Ordering::SeqCst);
             }
-            0x070 => self.set_status(v),
-            0x080 => self.with_queue(|q| q.set_desc_table_address(Some(v), None)),
-            0x084 => self.with_queue(|q| q.set_desc_table_address(None, Some(v))),
-            0x090 => self.with_queue(|q| q.set_avail_ring_address(Some(v), None)),
-            0x094 => self.with_queue(|q| q.set_avail_ring_address(None, Some(v))),
-            0x0a0 => self.with_queue(|q| q.set_used_ring_address(Some(v), None)),
-            0x0a4 => self.with_queue(|q| q.set_used_ring_address(None, Some(v))),
+            0x070 => c.set_status(v),
+            0x080 => c.set_queue_ring(Ring::Desc, Some(v), None),
+            0x084 => c.set_queue_ring(Ring::Desc, None, Some(v)),
+            0x090 => c.set_queue_ring(Ring::Avail, Some(v), None),
+            0x094 => c.set_queue_ring(Ring::Avail, None, Some(v)),
+            0x0a0 => c.set_queue_ring(Ring::Used, Some(v), None),
+            0x0a4 => c.set_queue_ring(Ring::Used, None, Some(v)),
             _ => {}
-        }
-    }
-
-    fn with_queue(&mut self, f: impl FnOnce(&mut Queue)) {
-        if let Some(q) = self.selected_queue() {
-            f(q);
         }
     }
 }
@@ -419,7 +241,7 @@ impl MmioTransport {
 impl BusDevice for MmioTransport {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         if offset >= CONFIG_OFFSET {
-            self.device.read_config(offset - CONFIG_OFFSET, data);
+            self.common.read_config(offset - CONFIG_OFFSET, data);
             return;
         }
         if data.len() != 4 {
@@ -431,8 +253,7 @@ impl BusDevice for MmioTransport {
 
     fn write(&mut self, offset: u64, data: &[u8]) {
         if offset >= CONFIG_OFFSET {
-            self.device.write_config(offset - CONFIG_OFFSET, data);
-            self.config_generation = self.config_generation.wrapping_add(1);
+            self.common.write_config(offset - CONFIG_OFFSET, data);
             return;
         }
         let Ok(b) = <[u8; 4]>::try_from(data) else {
@@ -446,6 +267,10 @@ impl BusDevice for MmioTransport {
 mod tests {
     use super::*;
     use crate::devices::virtio::test_utils::{guest_memory, CountingDevice};
+    use virtio_bindings::virtio_config::{
+        VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
+        VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_CONFIG_S_NEEDS_RESET,
+    };
 
     fn transport() -> (MmioTransport, Arc<std::sync::Mutex<Vec<String>>>) {
         let (dev, log) = CountingDevice::new();
@@ -561,8 +386,8 @@ mod tests {
     #[test]
     fn interrupt_ack_clears_status() {
         let (mut t, _) = transport();
-        t.interrupt.signal_used_queue(0);
-        t.interrupt.signal_config();
+        t.common.interrupt().signal_used_queue(0);
+        t.common.interrupt().signal_config();
         assert_eq!(rd(&mut t, 0x060), 3);
         wr(&mut t, 0x064, 1);
         assert_eq!(rd(&mut t, 0x060), 2);

@@ -1,14 +1,22 @@
-//! Virtio devices (virtio 1.2) and their MMIO transport.
+//! Virtio devices (virtio 1.2) and their transports.
 //!
-//! A device implements `VirtioDevice`; `mmio::MmioTransport` exposes it as a
-//! virtio-mmio (version 2) register window on the MMIO bus and, when the driver
-//! sets DRIVER_OK, hands it its validated queues, the guest memory and a
-//! `VirtioInterrupt`. Queues are virtio-queue's `Queue`; chain walking, loop
-//! and length limits are virtio-queue's.
+//! A device implements `VirtioDevice` and knows no transport. Two transports
+//! carry it: `mmio::MmioTransport` (a virtio-mmio version 2 register window
+//! on the MMIO bus) and `pci::VirtioPciDevice` (a modern virtio-pci function
+//! with MSI-X). Both map their registers onto one `transport::VirtioCommon`,
+//! which holds what they share (features, queue setup, the status machine,
+//! reset, snapshots) and, when the driver sets DRIVER_OK, hands the device
+//! its validated queues, the guest memory and a `VirtioInterrupt`. Queues
+//! are virtio-queue's `Queue`; chain walking, loop and length limits are
+//! virtio-queue's.
 //!
-//! Devices that work off the vCPU threads (block, net, vsock) all use
-//! `worker::DeviceWorker`: an event-manager loop over the device's
-//! `event_handler.rs` subscriber, woken only by its fds (no polling).
+//! Devices that work off the vCPU threads (block, net, vsock, console) all
+//! use `worker::DeviceWorker`: an event-manager loop over the device's
+//! `event_handler.rs` subscriber, woken only by its fds (no polling), held
+//! in a `worker_slot::WorkerSlot` that runs the lifecycle around it (start,
+//! notify, stop, park on save, resume after save). A device's worker-side
+//! state lives in its own file (`active.rs`; vsock's `muxer.rs`), which its
+//! `device.rs` and `persist.rs` both use and which uses neither.
 
 pub mod block;
 pub mod console;
@@ -19,8 +27,10 @@ pub mod persist;
 pub mod rng;
 #[cfg(test)]
 pub mod test_utils;
+pub mod transport;
 pub mod vsock;
 pub mod worker;
+pub mod worker_slot;
 
 use std::sync::Arc;
 

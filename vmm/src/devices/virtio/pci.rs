@@ -19,9 +19,11 @@
 //! Everything in the BAR and configuration space is guest input: a field
 //! accessed with the wrong width, a register that does not exist, a vector
 //! out of range (it reads back as NO_VECTOR, which a driver checks) and
-//! writes after DRIVER_OK are refused and counted, never a panic. The device
-//! status machine follows virtio-mmio's (`mmio.rs`): queues are checked
-//! against guest memory before the device is activated.
+//! writes after DRIVER_OK are refused and counted, never a panic. Features,
+//! queues, the device status machine, activation and snapshots of the
+//! common state are `transport::VirtioCommon`'s, shared with virtio-mmio:
+//! this file maps the common configuration structure onto it and keeps only
+//! what is PCI's own (configuration space, capabilities, MSI-X, ISR).
 //!
 //! Not offered: the VIRTIO_PCI_CAP_PCI_CFG window (Linux does not use it)
 //! and legacy (0.9.5) registers.
@@ -30,13 +32,11 @@ use std::sync::atomic::{AtomicU16, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
-use virtio_bindings::virtio_config::{
-    VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
-    VIRTIO_CONFIG_S_FAILED, VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_CONFIG_S_NEEDS_RESET,
-};
-use virtio_queue::{Queue, QueueT};
+use virtio_bindings::virtio_config::VIRTIO_CONFIG_S_DRIVER_OK;
+use virtio_queue::QueueT;
 
-use super::persist::{ActiveArgs, QueueSnapshot, VirtioPersistError};
+use super::persist::{QueueSnapshot, VirtioPersistError};
+use super::transport::{CommonState, Ring, TransportInterrupt, VirtioCommon};
 use super::{VirtioDevice, VirtioInterrupt};
 use crate::devices::pci::config::{PciConfigState, PciHeader};
 use crate::devices::pci::msix::{
@@ -102,19 +102,21 @@ impl PciInterrupt {
         }
     }
 
+    fn raise(&self, isr_bit: u8, vector: u16) {
+        self.isr.fetch_or(isr_bit, Ordering::SeqCst);
+        if vector != NO_VECTOR {
+            self.msix.signal(vector);
+        }
+    }
+}
+
+impl TransportInterrupt for PciInterrupt {
     fn reset(&self) {
         self.config_vector.store(NO_VECTOR, Ordering::SeqCst);
         for v in &self.queue_vectors {
             v.store(NO_VECTOR, Ordering::SeqCst);
         }
         self.isr.store(0, Ordering::SeqCst);
-    }
-
-    fn raise(&self, isr_bit: u8, vector: u16) {
-        self.isr.fetch_or(isr_bit, Ordering::SeqCst);
-        if vector != NO_VECTOR {
-            self.msix.signal(vector);
-        }
     }
 }
 
@@ -183,17 +185,7 @@ pub struct PciTransportState {
 pub struct VirtioPciDevice {
     config: PciConfig,
     msix_cap: usize,
-    device: Box<dyn VirtioDevice>,
-    mem: GuestMemoryMmap,
-    interrupt: Arc<PciInterrupt>,
-    queues: Vec<Queue>,
-    queue_select: u16,
-    device_features_select: u32,
-    driver_features_select: u32,
-    driver_features: u64,
-    status: u8,
-    activated: bool,
-    config_generation: u8,
+    common: VirtioCommon<PciInterrupt>,
     counters: VirtioPciCounters,
 }
 
@@ -274,46 +266,31 @@ impl VirtioPciDevice {
         cap.extend_from_slice(&pba.to_le_bytes());
         let msix_cap = config.add_capability(&cap, &[0, 0, 0, 0xc0])?;
         let interrupt = Arc::new(PciInterrupt::new(msix, nq));
-        let queues = Self::fresh_queues(device.as_ref());
         Ok(VirtioPciDevice {
             config,
             msix_cap,
-            device,
-            mem,
-            interrupt,
-            queues,
-            queue_select: 0,
-            device_features_select: 0,
-            driver_features_select: 0,
-            driver_features: 0,
-            status: 0,
-            activated: false,
-            config_generation: 0,
+            common: VirtioCommon::new(device, mem, interrupt),
             counters: VirtioPciCounters::default(),
         })
     }
 
-    fn fresh_queues(device: &dyn VirtioDevice) -> Vec<Queue> {
-        device
-            .queue_max_sizes()
-            .iter()
-            .map(|&max| Queue::new(max).expect("device queue sizes are powers of two <= 32768"))
-            .collect()
+    fn interrupt(&self) -> &PciInterrupt {
+        self.common.interrupt()
     }
 
     /// The device status register.
     pub fn status(&self) -> u32 {
-        u32::from(self.status)
+        self.common.status()
     }
 
     /// Whether the device was activated.
     pub fn is_activated(&self) -> bool {
-        self.activated
+        self.common.is_activated()
     }
 
     /// Refused-access counters (the transport's and its MSI-X table's).
     pub fn counters(&self) -> (VirtioPciCounters, crate::devices::pci::msix::MsixCounters) {
-        (self.counters, self.interrupt.msix.counters())
+        (self.counters, self.interrupt().msix.counters())
     }
 
     fn msix_control(&self) -> u16 {
@@ -321,122 +298,37 @@ impl VirtioPciDevice {
         u16::from_le_bytes([b[self.msix_cap + 2], b[self.msix_cap + 3]])
     }
 
-    fn selected_queue(&mut self) -> Option<&mut Queue> {
-        if u32::from(self.status) & VIRTIO_CONFIG_S_DRIVER_OK != 0 {
-            return None; // queue setup is frozen once the driver is up
-        }
-        self.queues.get_mut(usize::from(self.queue_select))
-    }
-
-    fn reset(&mut self) {
-        if self.activated {
-            self.device.reset();
-        }
-        self.activated = false;
-        self.queues = Self::fresh_queues(self.device.as_ref());
-        self.queue_select = 0;
-        self.device_features_select = 0;
-        self.driver_features_select = 0;
-        self.driver_features = 0;
-        self.status = 0;
-        self.interrupt.reset();
-    }
-
-    fn try_activate(&mut self) {
-        let ok = self
-            .queues
-            .iter()
-            .all(|q| !q.ready() || q.is_valid(&self.mem));
-        let all_ready = self.queues.iter().all(|q| q.ready());
-        if !ok || !all_ready {
-            self.status |= VIRTIO_CONFIG_S_NEEDS_RESET as u8;
-            return;
-        }
-        self.device.set_acked_features(self.driver_features);
-        let queues = std::mem::take(&mut self.queues);
-        let irq: Arc<dyn VirtioInterrupt> = self.interrupt.clone();
-        match self.device.activate(self.mem.clone(), queues, irq) {
-            Ok(()) => self.activated = true,
-            Err(_) => self.status |= VIRTIO_CONFIG_S_NEEDS_RESET as u8,
-        }
-    }
-
-    fn set_status(&mut self, v: u8) {
-        if v == 0 {
-            self.reset();
-            return;
-        }
-        let allowed = (VIRTIO_CONFIG_S_ACKNOWLEDGE
-            | VIRTIO_CONFIG_S_DRIVER
-            | VIRTIO_CONFIG_S_FEATURES_OK
-            | VIRTIO_CONFIG_S_DRIVER_OK
-            | VIRTIO_CONFIG_S_FAILED) as u8;
-        let old = self.status;
-        let needs_reset = VIRTIO_CONFIG_S_NEEDS_RESET as u8;
-        let features_ok = VIRTIO_CONFIG_S_FEATURES_OK as u8;
-        let driver_ok = VIRTIO_CONFIG_S_DRIVER_OK as u8;
-        self.status = (old & needs_reset) | (v & allowed);
-        if self.status & features_ok != 0
-            && old & features_ok == 0
-            && self.driver_features & !self.device.avail_features() != 0
-        {
-            // The driver accepted features we never offered: refuse FEATURES_OK.
-            self.status &= !features_ok;
-        }
-        let driver_ok_now = self.status & driver_ok != 0 && old & driver_ok == 0;
-        if driver_ok_now
-            && !self.activated
-            && self.status & features_ok != 0
-            && self.status & needs_reset == 0
-        {
-            self.try_activate();
-        }
-    }
-
     /// The common configuration register at `offset`, or `None` for no
     /// register or a wrong width.
     fn common_read(&mut self, offset: u64, len: usize) -> Option<u64> {
         let width_ok = |w: usize| len == w;
+        let c = &mut self.common;
         let v = match offset {
-            0x00 if width_ok(4) => u64::from(self.device_features_select),
-            0x04 if width_ok(4) => {
-                let f = self.device.avail_features();
-                match self.device_features_select {
-                    0 => f & 0xffff_ffff,
-                    1 => f >> 32,
-                    _ => 0,
-                }
-            }
-            0x08 if width_ok(4) => u64::from(self.driver_features_select),
-            0x0c if width_ok(4) => match self.driver_features_select {
-                0 => self.driver_features & 0xffff_ffff,
-                1 => self.driver_features >> 32,
-                _ => 0,
-            },
-            0x10 if width_ok(2) => u64::from(self.interrupt.config_vector.load(Ordering::SeqCst)),
-            0x12 if width_ok(2) => u64::try_from(self.device.queue_max_sizes().len()).ok()?,
-            0x14 if width_ok(1) => u64::from(self.status),
-            0x15 if width_ok(1) => u64::from(self.config_generation),
-            0x16 if width_ok(2) => u64::from(self.queue_select),
-            0x18 if width_ok(2) => self.selected_queue().map_or(0, |q| u64::from(q.size())),
+            0x00 if width_ok(4) => u64::from(c.device_features_select()),
+            0x04 if width_ok(4) => u64::from(c.device_features_word()),
+            0x08 if width_ok(4) => u64::from(c.driver_features_select()),
+            0x0c if width_ok(4) => u64::from(c.driver_features_word()),
+            0x10 if width_ok(2) => u64::from(c.interrupt().config_vector.load(Ordering::SeqCst)),
+            0x12 if width_ok(2) => u64::try_from(c.num_queues()).ok()?,
+            // The status and generation are a byte here: the status's bits
+            // all fit, and the generation's low byte changes as it does.
+            0x14 if width_ok(1) => u64::from(c.status() & 0xff),
+            0x15 if width_ok(1) => u64::from(c.config_generation() & 0xff),
+            // queue_select only ever holds a u16 written here.
+            0x16 | 0x1e if width_ok(2) => u64::from(c.queue_select()),
+            0x18 if width_ok(2) => c.selected_queue().map_or(0, |q| u64::from(q.size())),
             0x1a if width_ok(2) => {
-                let i = usize::from(self.queue_select);
-                self.interrupt
+                let i = usize::try_from(c.queue_select()).ok()?;
+                c.interrupt()
                     .queue_vectors
                     .get(i)
                     .map_or(u64::from(NO_VECTOR), |v| {
                         u64::from(v.load(Ordering::SeqCst))
                     })
             }
-            0x1c if width_ok(2) => self.selected_queue().map_or(0, |q| u64::from(q.ready())),
-            0x1e if width_ok(2) => u64::from(self.queue_select),
+            0x1c if width_ok(2) => c.selected_queue().map_or(0, |q| u64::from(q.ready())),
             0x20..=0x37 if (len == 4 || len == 8) && offset % len as u64 == 0 => {
-                let field = offset & !7;
-                let addr = self.selected_queue().map_or(0, |q| match field {
-                    0x20 => q.desc_table(),
-                    0x28 => q.avail_ring(),
-                    _ => q.used_ring(),
-                });
+                let addr = c.queue_ring(ring_at(offset));
                 if len == 8 {
                     addr
                 } else if offset % 8 == 0 {
@@ -451,7 +343,7 @@ impl VirtioPciDevice {
     }
 
     fn set_vector(&mut self, v: u16) -> u16 {
-        if v == NO_VECTOR || v < self.interrupt.msix.len() {
+        if v == NO_VECTOR || v < self.interrupt().msix.len() {
             v
         } else {
             self.counters.bogus_vectors += 1;
@@ -468,51 +360,28 @@ impl VirtioPciDevice {
         let v32 = v as u32;
         let v16 = v as u16;
         match offset {
-            0x00 if width_ok(4) => self.device_features_select = v32,
-            0x08 if width_ok(4) => self.driver_features_select = v32,
-            0x0c if width_ok(4) => {
-                if self.status & VIRTIO_CONFIG_S_FEATURES_OK as u8 == 0 {
-                    match self.driver_features_select {
-                        0 => {
-                            self.driver_features =
-                                (self.driver_features & !0xffff_ffff) | u64::from(v32)
-                        }
-                        1 => {
-                            self.driver_features =
-                                (self.driver_features & 0xffff_ffff) | (u64::from(v32) << 32)
-                        }
-                        _ => {}
-                    }
-                }
-            }
+            0x00 if width_ok(4) => self.common.set_device_features_select(v32),
+            0x08 if width_ok(4) => self.common.set_driver_features_select(v32),
+            0x0c if width_ok(4) => self.common.set_driver_features_word(v32),
             0x10 if width_ok(2) => {
                 let v = self.set_vector(v16);
-                self.interrupt.config_vector.store(v, Ordering::SeqCst);
+                self.interrupt().config_vector.store(v, Ordering::SeqCst);
             }
-            0x14 if width_ok(1) => self.set_status(v as u8),
-            0x16 if width_ok(2) => self.queue_select = v16,
-            0x18 if width_ok(2) => {
-                if let Some(q) = self.selected_queue() {
-                    // Queue::set_size ignores sizes that are not a power of two or exceed the max.
-                    q.set_size(v16);
-                }
-            }
+            0x14 if width_ok(1) => self.common.set_status(u32::from(v as u8)),
+            0x16 if width_ok(2) => self.common.set_queue_select(u32::from(v16)),
+            // Queue::set_size ignores sizes that are not a power of two or exceed the max.
+            0x18 if width_ok(2) => self.common.with_queue(|q| q.set_size(v16)),
             0x1a if width_ok(2) => {
                 let vec = self.set_vector(v16);
-                let i = usize::from(self.queue_select);
-                let frozen = u32::from(self.status) & VIRTIO_CONFIG_S_DRIVER_OK != 0;
-                match self.interrupt.queue_vectors.get(i) {
+                let frozen = self.common.status() & VIRTIO_CONFIG_S_DRIVER_OK != 0;
+                let i = usize::try_from(self.common.queue_select()).unwrap_or(usize::MAX);
+                match self.interrupt().queue_vectors.get(i) {
                     Some(slot) if !frozen => slot.store(vec, Ordering::SeqCst),
                     _ => return false,
                 }
             }
-            0x1c if width_ok(2) => {
-                if let Some(q) = self.selected_queue() {
-                    q.set_ready(v16 == 1);
-                }
-            }
+            0x1c if width_ok(2) => self.common.with_queue(|q| q.set_ready(v16 == 1)),
             0x20..=0x37 if (len == 4 || len == 8) && offset % len as u64 == 0 => {
-                let field = offset & !7;
                 let (lo, hi) = if len == 8 {
                     (Some(v as u32), Some((v >> 32) as u32))
                 } else if offset % 8 == 0 {
@@ -520,13 +389,7 @@ impl VirtioPciDevice {
                 } else {
                     (None, Some(v32))
                 };
-                if let Some(q) = self.selected_queue() {
-                    match field {
-                        0x20 => q.set_desc_table_address(lo, hi),
-                        0x28 => q.set_avail_ring_address(lo, hi),
-                        _ => q.set_used_ring_address(lo, hi),
-                    }
-                }
+                self.common.set_queue_ring(ring_at(offset), lo, hi);
             }
             _ => return false,
         }
@@ -537,45 +400,41 @@ impl VirtioPciDevice {
     /// with every vCPU paused; the device stays quiesced until
     /// [`Self::resume_after_save`].
     pub fn save(&mut self) -> PciTransportState {
-        let dev = self.device.save();
-        let queues = if self.activated {
-            dev.queues
-        } else {
-            self.queues.iter().map(QueueSnapshot::of).collect()
-        };
+        let c = self.common.save();
+        let irq = self.interrupt();
         PciTransportState {
-            device_type: self.device.device_type(),
+            device_type: c.device_type,
             config: self.config.save(),
-            msix: self.interrupt.msix.save(),
-            device_features_select: self.device_features_select,
-            driver_features_select: self.driver_features_select,
-            driver_features: self.driver_features,
-            status: self.status,
-            activated: self.activated,
-            config_generation: self.config_generation,
-            queue_select: self.queue_select,
-            config_vector: self.interrupt.config_vector.load(Ordering::SeqCst),
-            queue_vectors: self
-                .interrupt
+            msix: irq.msix.save(),
+            device_features_select: c.device_features_select,
+            driver_features_select: c.driver_features_select,
+            driver_features: c.driver_features,
+            // Written here as a byte, so it fits (see `common_read`).
+            status: (c.status & 0xff) as u8,
+            activated: c.activated,
+            config_generation: (c.config_generation & 0xff) as u8,
+            queue_select: u16::try_from(c.queue_select).unwrap_or(u16::MAX),
+            config_vector: irq.config_vector.load(Ordering::SeqCst),
+            queue_vectors: irq
                 .queue_vectors
                 .iter()
                 .map(|v| v.load(Ordering::SeqCst))
                 .collect(),
-            isr: self.interrupt.isr.load(Ordering::SeqCst),
-            queues,
-            device: dev.state,
+            isr: irq.isr.load(Ordering::SeqCst),
+            queues: c.queues,
+            device: c.device,
         }
     }
 
     /// Delivers the interrupts a restore raised before the vCPUs existed
     /// (see `MsixVectors::hold`).
     pub fn release_interrupts(&self) {
-        self.interrupt.msix.release();
+        self.interrupt().msix.release();
     }
 
     /// Restarts the device `save` quiesced.
     pub fn resume_after_save(&mut self) {
-        self.device.resume_after_save();
+        self.common.resume_after_save();
     }
 
     /// Rebuilds a function around a fresh `device` from `state` (a file),
@@ -593,26 +452,24 @@ impl VirtioPciDevice {
             what: "virtio-pci",
             detail,
         };
-        if state.device_type != device.device_type() {
-            return Err(VirtioPersistError::DeviceType {
-                found: state.device_type,
-                expected: device.device_type(),
-            });
-        }
-        let max_sizes = device.queue_max_sizes().to_vec();
-        if state.queues.len() != max_sizes.len() || state.queue_vectors.len() != max_sizes.len() {
+        let common = CommonState {
+            device_type: state.device_type,
+            queue_select: u32::from(state.queue_select),
+            device_features_select: state.device_features_select,
+            driver_features_select: state.driver_features_select,
+            driver_features: state.driver_features,
+            status: u32::from(state.status),
+            activated: state.activated,
+            config_generation: u32::from(state.config_generation),
+            queues: state.queues.clone(),
+            device: state.device.clone(),
+        };
+        common.check(device.as_ref(), "virtio-pci")?;
+        let nq = device.queue_max_sizes().len();
+        if state.queue_vectors.len() != nq {
             return Err(bad(format!(
-                "{} queues and {} queue vectors, the device has {} queues",
-                state.queues.len(),
+                "{} queue vectors, the device has {nq} queues",
                 state.queue_vectors.len(),
-                max_sizes.len()
-            )));
-        }
-        if state.driver_features & !device.avail_features() != 0 {
-            return Err(bad(format!(
-                "driver features {:#x} include some the device does not offer ({:#x})",
-                state.driver_features,
-                device.avail_features()
             )));
         }
         let n = msix.len();
@@ -620,50 +477,21 @@ impl VirtioPciDevice {
         if !vector_ok(state.config_vector) || !state.queue_vectors.iter().all(|&v| vector_ok(v)) {
             return Err(bad(format!("an MSI-X vector beyond the function's {n}")));
         }
-        let queues = state
-            .queues
-            .iter()
-            .zip(&max_sizes)
-            .enumerate()
-            .map(|(i, (q, max))| q.to_queue(i, *max, &mem))
-            .collect::<Result<Vec<_>, _>>()?;
         let mut t =
             VirtioPciDevice::new(device, mem, bar_gpa, msix).map_err(|e| bad(e.to_string()))?;
         t.config
             .restore(&state.config)
             .map_err(|_| bad("configuration space is not 256 bytes".into()))?;
-        t.interrupt.msix.restore(&state.msix).map_err(bad)?;
-        t.interrupt
-            .config_vector
+        // The interrupt state goes back before the device runs again.
+        let irq = t.interrupt();
+        irq.msix.restore(&state.msix).map_err(bad)?;
+        irq.config_vector
             .store(state.config_vector, Ordering::SeqCst);
-        for (slot, v) in t.interrupt.queue_vectors.iter().zip(&state.queue_vectors) {
+        for (slot, v) in irq.queue_vectors.iter().zip(&state.queue_vectors) {
             slot.store(*v, Ordering::SeqCst);
         }
-        t.interrupt.isr.store(state.isr, Ordering::SeqCst);
-        t.queue_select = state.queue_select;
-        t.device_features_select = state.device_features_select;
-        t.driver_features_select = state.driver_features_select;
-        t.driver_features = state.driver_features;
-        t.status = state.status;
-        t.config_generation = state.config_generation;
-        if state.activated {
-            if queues.iter().any(|q| !q.ready()) {
-                return Err(bad(
-                    "an activated device has a queue that is not ready".into()
-                ));
-            }
-            t.device.set_acked_features(state.driver_features);
-            let active = ActiveArgs {
-                mem: t.mem.clone(),
-                queues,
-                interrupt: t.interrupt.clone(),
-            };
-            t.device.restore(Some(active), &state.device)?;
-            t.activated = true;
-        } else {
-            t.device.restore(None, &state.device)?;
-            t.queues = queues;
-        }
+        irq.isr.store(state.isr, Ordering::SeqCst);
+        t.common.restore(&common, "virtio-pci")?;
         Ok(t)
     }
 
@@ -672,6 +500,16 @@ impl VirtioPciDevice {
         if let Some(d) = data {
             d.fill(0);
         }
+    }
+}
+
+/// The queue ring whose 64-bit address field holds common-configuration
+/// byte `offset` (0x20..0x38: desc, driver (avail), device (used)).
+fn ring_at(offset: u64) -> Ring {
+    match offset & !7 {
+        0x20 => Ring::Desc,
+        0x28 => Ring::Avail,
+        _ => Ring::Used,
     }
 }
 
@@ -694,7 +532,7 @@ impl PciDevice for VirtioPciDevice {
         self.config.write(offset, data)?;
         let after = self.msix_control();
         if before != after {
-            self.interrupt
+            self.interrupt()
                 .msix
                 .set_control(after & (CONTROL_ENABLE | CONTROL_FUNCTION_MASK));
         }
@@ -716,15 +554,17 @@ impl PciDevice for VirtioPciDevice {
             }
         } else if within(ISR_OFFSET, ISR_BYTES) {
             // Reading the ISR acknowledges it.
-            data[0] = self.interrupt.isr.swap(0, Ordering::SeqCst);
+            data[0] = self.interrupt().isr.swap(0, Ordering::SeqCst);
         } else if within(DEVICE_OFFSET, DEVICE_BYTES) {
-            self.device.read_config(offset - DEVICE_OFFSET, data);
+            self.common.read_config(offset - DEVICE_OFFSET, data);
         } else if within(MSIX_TABLE_OFFSET, MSIX_PBA_OFFSET - MSIX_TABLE_OFFSET) {
-            self.interrupt
+            self.interrupt()
                 .msix
                 .read_table(offset - MSIX_TABLE_OFFSET, data);
         } else if within(MSIX_PBA_OFFSET, BAR_BYTES - MSIX_PBA_OFFSET) {
-            self.interrupt.msix.read_pba(offset - MSIX_PBA_OFFSET, data);
+            self.interrupt()
+                .msix
+                .read_pba(offset - MSIX_PBA_OFFSET, data);
         } else {
             // The notify region is write-only; the gaps hold nothing.
             self.refuse(Some(data));
@@ -746,26 +586,23 @@ impl PciDevice for VirtioPciDevice {
                 self.refuse(None);
             }
         } else if within(DEVICE_OFFSET, DEVICE_BYTES) {
-            self.device.write_config(offset - DEVICE_OFFSET, data);
-            self.config_generation = self.config_generation.wrapping_add(1);
+            self.common.write_config(offset - DEVICE_OFFSET, data);
         } else if within(NOTIFY_OFFSET, 0x1000) {
             let rel = offset - NOTIFY_OFFSET;
             let queue = rel / u64::from(NOTIFY_MULTIPLIER);
-            let nq = self.device.queue_max_sizes().len() as u64;
+            let nq = self.common.num_queues() as u64;
             let ok = rel % u64::from(NOTIFY_MULTIPLIER) == 0 && matches!(data.len(), 2 | 4);
             if !ok || queue >= nq {
                 return self.refuse(None);
             }
-            if self.activated {
-                self.device
-                    .queue_notify(u32::try_from(queue).expect("below the queue count"));
-            }
+            self.common
+                .queue_notify(u32::try_from(queue).expect("below the queue count"));
         } else if within(MSIX_TABLE_OFFSET, MSIX_PBA_OFFSET - MSIX_TABLE_OFFSET) {
-            self.interrupt
+            self.interrupt()
                 .msix
                 .write_table(offset - MSIX_TABLE_OFFSET, data);
         } else if within(MSIX_PBA_OFFSET, BAR_BYTES - MSIX_PBA_OFFSET) {
-            self.interrupt
+            self.interrupt()
                 .msix
                 .write_pba(offset - MSIX_PBA_OFFSET, data);
         } else {
@@ -932,17 +769,17 @@ mod tests {
         let (mut t, _) = transport();
         let m = t.config().capabilities()[4].1 as u64;
         t.write_config(m + 2, &[0x01, 0x80]).expect("aligned");
-        assert!(t.interrupt.msix.enabled());
+        assert!(t.interrupt().msix.enabled());
         t.write_config(m, &[0, 0, 0, 0]).expect("aligned");
-        assert!(!t.interrupt.msix.enabled());
+        assert!(!t.interrupt().msix.enabled());
     }
 
     #[test]
     fn isr_read_acknowledges() {
         let (mut t, _) = transport();
-        t.interrupt.signal_used_queue(0);
-        t.interrupt.signal_config();
-        t.interrupt.signal_used_queue(9); // no such queue: no vector
+        t.interrupt().signal_used_queue(0);
+        t.interrupt().signal_config();
+        t.interrupt().signal_used_queue(9); // no such queue: no vector
         assert_eq!(rd(&mut t, ISR_OFFSET, 1), 3);
         assert_eq!(rd(&mut t, ISR_OFFSET, 1), 0);
     }
@@ -993,7 +830,7 @@ mod tests {
             VirtioPciDevice::restore(Box::new(dev), guest_memory(), BAR, Arc::new(msix), &back)
                 .expect("restores");
         assert_eq!(r.save(), s);
-        assert!(r.interrupt.msix.enabled());
+        assert!(r.interrupt().msix.enabled());
         let mut wrong = s.clone();
         wrong.queue_vectors = vec![5];
         let (dev, _) = CountingDevice::new();

@@ -1,34 +1,25 @@
 //! The virtio-blk `VirtioDevice`: features, config space (capacity), and a
-//! device worker (`worker::DeviceWorker`) per activated device that drains
-//! the request queue.
-//!
-//! The worker owns the queue ([`ActiveBlock`]). A notify (MMIO write on a
-//! vCPU thread) only writes the notify eventfd, so vCPUs never do disk I/O or
-//! wait for `slow` completions. With `slow` set, each completion is held for
-//! 50 ms in a deadline queue (a timerfd fires for the nearest one) while the
-//! worker keeps accepting requests; in-flight completions are capped at the
-//! queue size, and beyond that requests stay in the avail ring until earlier
-//! ones complete (backpressure, no unbounded growth whatever the guest does).
+//! device worker per activated device (`worker_slot::WorkerSlot`) that
+//! drains the request queue. What the worker owns and does is
+//! [`ActiveBlock`] (`active.rs`).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use virtio_bindings::virtio_blk::{VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
-use virtio_queue::{Queue, QueueT};
-use vmm_sys_util::eventfd::EventFd;
+use virtio_queue::Queue;
 
-use super::defs::{QUEUE_SIZE, SLOW_COMPLETION_MS};
+use super::active::{ActiveBlock, Pending};
+use super::defs::QUEUE_SIZE;
 use super::io::BlockConfig;
 use super::persist::{BlockConstructorArgs, BlockState};
-use super::request::Request;
 use super::slot::{BlockSlot, Media};
 use crate::devices::virtio::persist::{
     check_queue_count, decode_state, encode_state, QueueSnapshot,
 };
-use crate::devices::virtio::worker::{DeadlineTimer, DeviceWorker};
+use crate::devices::virtio::worker_slot::WorkerSlot;
 use crate::devices::virtio::{
     read_config_bytes, ActivateError, ActiveArgs, DeviceSnapshot, VirtioDevice, VirtioInterrupt,
     VirtioPersistError,
@@ -36,104 +27,12 @@ use crate::devices::virtio::{
 use crate::vstate::memory::GuestMemoryMmap;
 use provium_snapshot::Persist;
 
-/// An activated device's queue and in-flight work: what the worker owns
-/// (its event handler is in `event_handler.rs`) and hands back when stopped.
-pub struct ActiveBlock {
-    pub(super) queue: Queue,
-    pub(super) pending: VecDeque<Pending>,
-    pub(super) mem: GuestMemoryMmap,
-    pub(super) cfg: Media,
-    pub(super) interrupt: Arc<dyn VirtioInterrupt>,
-    /// Written by `queue_notify`.
-    pub(super) notify: EventFd,
-    /// Fires for the nearest `slow` completion.
-    pub(super) slow_timer: DeadlineTimer,
-    /// Events for fds the handler does not know (a VMM bug; see `worker`).
-    pub(super) unexpected_events: u64,
-}
-
-impl ActiveBlock {
-    pub(super) fn new(
-        mem: GuestMemoryMmap,
-        queue: Queue,
-        pending: VecDeque<Pending>,
-        cfg: Media,
-        interrupt: Arc<dyn VirtioInterrupt>,
-    ) -> std::io::Result<ActiveBlock> {
-        Ok(ActiveBlock {
-            queue,
-            pending,
-            mem,
-            cfg,
-            interrupt,
-            notify: EventFd::new(libc::EFD_NONBLOCK)?,
-            slow_timer: DeadlineTimer::new()?,
-            unexpected_events: 0,
-        })
-    }
-
-    #[cfg(test)]
-    pub(super) fn for_test(
-        mem: GuestMemoryMmap,
-        queue: Queue,
-        cfg: BlockConfig,
-        interrupt: Arc<dyn VirtioInterrupt>,
-    ) -> ActiveBlock {
-        ActiveBlock::new(mem, queue, VecDeque::new(), cfg.into(), interrupt)
-            .expect("eventfd and timerfd")
-    }
-
-    /// The guest notified the queue: run what it made available.
-    pub(super) fn handle_queue_notify(&mut self) {
-        let _ = self.notify.read();
-        let signal = process(&mut self.queue, &self.mem, &self.cfg, &mut self.pending);
-        self.finish_turn(signal);
-    }
-
-    /// The nearest `slow` completion may be due.
-    pub(super) fn handle_slow_deadline(&mut self) {
-        self.slow_timer.acknowledge();
-        self.finish_turn(false);
-    }
-
-    /// Completes what is due, runs what the in-flight cap held back,
-    /// interrupts the guest if the used ring moved, and re-arms the timer.
-    fn finish_turn(&mut self, mut signal: bool) {
-        let now = Instant::now();
-        let mut freed = false;
-        while let Some(p) = self.pending.front() {
-            if p.due > now {
-                break;
-            }
-            let (head, used_len) = (p.head, p.used_len);
-            self.pending.pop_front();
-            signal |= complete(&mut self.queue, &self.mem, head, used_len);
-            freed = true;
-        }
-        if freed {
-            // Requests held back by the in-flight cap can go now.
-            signal |= process(&mut self.queue, &self.mem, &self.cfg, &mut self.pending);
-        }
-        if signal && self.queue.needs_notification(&self.mem).unwrap_or(true) {
-            self.interrupt.signal_used_queue(0);
-        }
-        self.slow_timer.arm(self.pending.front().map(|p| p.due));
-    }
-}
-
-struct Worker {
-    worker: DeviceWorker<ActiveBlock>,
-    /// A clone of the worker's notify eventfd.
-    notify: EventFd,
-}
-
 /// A virtio-blk device.
 pub struct Block {
     cfg: Media,
     acked_features: u64,
-    worker: Option<Worker>,
-    /// What `save` took from the worker, until `resume_after_save`.
-    parked: Option<ActiveBlock>,
+    /// The activated device, on its worker or parked by a save.
+    worker: WorkerSlot<ActiveBlock>,
 }
 
 impl Block {
@@ -151,8 +50,7 @@ impl Block {
         Block {
             cfg,
             acked_features: 0,
-            worker: None,
-            parked: None,
+            worker: WorkerSlot::new("virtio-blk"),
         }
     }
 
@@ -167,26 +65,16 @@ impl Block {
     }
 
     fn stop_worker(&mut self) {
-        self.take_worker();
-    }
-
-    /// Stops the worker and returns what it owned (`None` when not
-    /// activated, or if the worker panicked).
-    fn take_worker(&mut self) -> Option<ActiveBlock> {
+        // A slot's medium change has no device to signal until the next
+        // activation.
         self.cfg.set_interrupt(None);
-        self.worker.take()?.worker.stop()
+        drop(self.worker.stop());
     }
 
     fn start_worker(&mut self, active: ActiveBlock) -> Result<(), ActivateError> {
-        let notify = active.notify.try_clone().map_err(ActivateError::Worker)?;
-        // Completions held across a save may be due already: the timer
-        // fires for them as soon as the worker runs.
-        let mut active = active;
-        active.slow_timer.arm(active.pending.front().map(|p| p.due));
         let irq = active.interrupt.clone();
-        let worker = DeviceWorker::spawn("virtio-blk", active)?;
+        self.worker.start(active)?;
         self.cfg.set_interrupt(Some(irq));
-        self.worker = Some(Worker { worker, notify });
         Ok(())
     }
 
@@ -200,12 +88,6 @@ impl Block {
         let active = ActiveBlock::new(mem, queue, pending, self.cfg.clone(), interrupt)
             .map_err(ActivateError::Worker)?;
         self.start_worker(active)
-    }
-}
-
-impl Drop for Block {
-    fn drop(&mut self) {
-        self.stop_worker();
     }
 }
 
@@ -251,9 +133,7 @@ impl VirtioDevice for Block {
     }
 
     fn queue_notify(&mut self, _index: u32) {
-        if let Some(w) = &self.worker {
-            let _ = w.notify.write(1);
-        }
+        self.worker.notify();
     }
 
     fn reset(&mut self) {
@@ -262,7 +142,7 @@ impl VirtioDevice for Block {
     }
 
     fn save(&mut self) -> DeviceSnapshot {
-        let Some(parked) = self.take_worker() else {
+        let Some(parked) = self.worker.park() else {
             return DeviceSnapshot {
                 queues: Vec::new(),
                 state: encode_state(&BlockState {
@@ -271,20 +151,16 @@ impl VirtioDevice for Block {
                 }),
             };
         };
-        let snap = DeviceSnapshot {
+        DeviceSnapshot {
             queues: vec![QueueSnapshot::of(&parked.queue)],
             state: encode_state(&parked.save()),
-        };
-        self.parked = Some(parked);
-        snap
+        }
     }
 
     fn resume_after_save(&mut self) {
         // The same queue and held completions go back to a new worker. A
         // failed spawn leaves the device stopped, as a failed activate would.
-        if let Some(active) = self.parked.take() {
-            let _ = self.start_worker(active);
-        }
+        let _ = self.worker.resume();
     }
 
     fn restore(
@@ -309,63 +185,15 @@ impl VirtioDevice for Block {
     }
 }
 
-#[derive(Debug)]
-pub(super) struct Pending {
-    pub(super) due: Instant,
-    pub(super) head: u16,
-    pub(super) used_len: u32,
-}
-
-fn complete(queue: &mut Queue, mem: &GuestMemoryMmap, head: u16, len: u32) -> bool {
-    // add_used rejects an out-of-range head; the chain came from this queue so
-    // that cannot happen, and if memory went bad there is no one to tell.
-    queue.add_used(mem, head, len).is_ok()
-}
-
-/// Pops and executes every available request. Returns whether any completed now.
-fn process(
-    queue: &mut Queue,
-    mem: &GuestMemoryMmap,
-    cfg: &Media,
-    pending: &mut VecDeque<Pending>,
-) -> bool {
-    // One look at the slot per batch: a medium inserted or ejected meanwhile
-    // serves (or fails) the next batch.
-    let medium = cfg.current();
-    let slow = medium.as_ref().is_some_and(|m| m.faults.is_slow());
-    let mut completed = false;
-    while pending.len() < usize::from(queue.size()) {
-        let Some(chain) = queue.pop_descriptor_chain(mem) else {
-            break;
-        };
-        let head = chain.head_index();
-        let used_len = match Request::parse(chain, mem) {
-            Ok(req) => match &medium {
-                Some(m) => m.disk.execute(&req, mem, &m.faults).used_len,
-                None => super::io::fail_no_medium(&req, mem).used_len,
-            },
-            Err(_) => 0,
-        };
-        if slow {
-            pending.push_back(Pending {
-                due: Instant::now() + Duration::from_millis(SLOW_COMPLETION_MS),
-                head,
-                used_len,
-            });
-        } else {
-            completed |= complete(queue, mem, head, used_len);
-        }
-    }
-    completed
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devices::virtio::block::io::{BlockFaults, DiskImage};
+    use crate::devices::virtio::block::defs::SLOW_COMPLETION_MS;
+    use crate::devices::virtio::block::{BlockFaults, DiskImage};
     use crate::devices::virtio::test_utils::{guest_memory, CountingInterrupt};
     use std::io::Write;
     use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
     use virtio_bindings::virtio_blk::{VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT};
     use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
     use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
@@ -482,6 +310,87 @@ mod tests {
         r.dev.reset();
     }
 
+    #[test]
+    fn eio_read_reaches_the_guest() {
+        let mem = guest_memory();
+        let q = MockSplitQueue::create(&mem, GuestAddress(0), 16);
+        let mut r = rig(&mem, &q);
+        r.faults.set("eio_read", true);
+        header(&mem, 0x10_0000, VIRTIO_BLK_T_IN, 0);
+        q.add_desc_chains(&request(0, 0x10_0000, W), 0)
+            .expect("chain");
+        r.dev.queue_notify(0);
+        wait_used(&r.mem, &q, 1);
+        let s: u8 = mem.read_obj(GuestAddress(0x10_2000)).expect("mem");
+        assert_eq!(s, 1, "VIRTIO_BLK_S_IOERR");
+    }
+
+    #[test]
+    fn slow_delays_completion_without_blocking_notify() {
+        let mem = guest_memory();
+        let q = MockSplitQueue::create(&mem, GuestAddress(0), 16);
+        let mut r = rig(&mem, &q);
+        r.faults.set("slow", true);
+        header(&mem, 0x10_0000, VIRTIO_BLK_T_IN, 0);
+        q.add_desc_chains(&request(0, 0x10_0000, W), 0)
+            .expect("chain");
+        let t0 = Instant::now();
+        r.dev.queue_notify(0);
+        assert!(
+            t0.elapsed() < Duration::from_millis(SLOW_COMPLETION_MS),
+            "notify returned at once"
+        );
+        let took = wait_used(&mem, &q, 1);
+        assert!(
+            took >= Duration::from_millis(SLOW_COMPLETION_MS - 5),
+            "completed after {took:?}"
+        );
+    }
+
+    #[test]
+    fn hostile_chains_complete_without_harm() {
+        let mem = guest_memory();
+        let q = MockSplitQueue::create(&mem, GuestAddress(0), 16);
+        let mut r = rig(&mem, &q);
+        // A descriptor loop, and a data buffer outside guest memory. (Chains
+        // over 4 GiB in total are cut short by virtio-queue itself.)
+        let descs = vec![
+            d(0x10_0000, 16, NEXT, 1),
+            d(0x10_1000, 512, NEXT | W, 0), // loops back to 0
+        ];
+        q.add_desc_chains(&descs, 0).expect("loop chain");
+        header(&mem, 0x20_0000, VIRTIO_BLK_T_IN, 0);
+        let bad = vec![
+            d(0x20_0000, 16, NEXT, 3),
+            d(0xffff_ffff_0000, 4096, W | NEXT, 4),
+            d(0x20_2000, 1, W, 0),
+        ];
+        q.add_desc_chains(&bad, 2).expect("bad chain");
+        r.dev.queue_notify(0);
+        r.dev.queue_notify(u32::MAX);
+        wait_used(&mem, &q, 2);
+        let s: u8 = mem.read_obj(GuestAddress(0x20_2000)).expect("mem");
+        assert_eq!(s, 1, "out-of-memory buffer is an I/O error");
+    }
+
+    #[test]
+    fn features_and_config() {
+        let mem = guest_memory();
+        let q = MockSplitQueue::create(&mem, GuestAddress(0), 16);
+        let mut r = rig(&mem, &q);
+        assert_eq!(r.dev.device_type(), 2);
+        assert_ne!(r.dev.avail_features() & (1 << VIRTIO_F_VERSION_1), 0);
+        let mut cap = [0u8; 8];
+        r.dev.read_config(0, &mut cap);
+        assert_eq!(u64::from_le_bytes(cap), 64);
+        let mut past = [0xffu8; 4];
+        r.dev.read_config(u64::MAX - 1, &mut past);
+        assert_eq!(past, [0; 4]);
+        r.dev.set_acked_features(u64::MAX);
+        assert_eq!(r.dev.acked_features(), r.dev.avail_features());
+        r.dev.reset();
+    }
+
     fn capacity(dev: &Block) -> u64 {
         let mut b = [0u8; 8];
         dev.read_config(0, &mut b);
@@ -576,86 +485,5 @@ mod tests {
         assert!(e.contains("had 8 sectors"), "{e}");
         let mut same = Block::in_slot(BlockSlot::holding(slot.medium().expect("in")));
         same.restore(None, &snap.state).expect("same size restores");
-    }
-
-    #[test]
-    fn eio_read_reaches_the_guest() {
-        let mem = guest_memory();
-        let q = MockSplitQueue::create(&mem, GuestAddress(0), 16);
-        let mut r = rig(&mem, &q);
-        r.faults.set("eio_read", true);
-        header(&mem, 0x10_0000, VIRTIO_BLK_T_IN, 0);
-        q.add_desc_chains(&request(0, 0x10_0000, W), 0)
-            .expect("chain");
-        r.dev.queue_notify(0);
-        wait_used(&r.mem, &q, 1);
-        let s: u8 = mem.read_obj(GuestAddress(0x10_2000)).expect("mem");
-        assert_eq!(s, 1, "VIRTIO_BLK_S_IOERR");
-    }
-
-    #[test]
-    fn slow_delays_completion_without_blocking_notify() {
-        let mem = guest_memory();
-        let q = MockSplitQueue::create(&mem, GuestAddress(0), 16);
-        let mut r = rig(&mem, &q);
-        r.faults.set("slow", true);
-        header(&mem, 0x10_0000, VIRTIO_BLK_T_IN, 0);
-        q.add_desc_chains(&request(0, 0x10_0000, W), 0)
-            .expect("chain");
-        let t0 = Instant::now();
-        r.dev.queue_notify(0);
-        assert!(
-            t0.elapsed() < Duration::from_millis(SLOW_COMPLETION_MS),
-            "notify returned at once"
-        );
-        let took = wait_used(&mem, &q, 1);
-        assert!(
-            took >= Duration::from_millis(SLOW_COMPLETION_MS - 5),
-            "completed after {took:?}"
-        );
-    }
-
-    #[test]
-    fn hostile_chains_complete_without_harm() {
-        let mem = guest_memory();
-        let q = MockSplitQueue::create(&mem, GuestAddress(0), 16);
-        let mut r = rig(&mem, &q);
-        // A descriptor loop, and a data buffer outside guest memory. (Chains
-        // over 4 GiB in total are cut short by virtio-queue itself.)
-        let descs = vec![
-            d(0x10_0000, 16, NEXT, 1),
-            d(0x10_1000, 512, NEXT | W, 0), // loops back to 0
-        ];
-        q.add_desc_chains(&descs, 0).expect("loop chain");
-        header(&mem, 0x20_0000, VIRTIO_BLK_T_IN, 0);
-        let bad = vec![
-            d(0x20_0000, 16, NEXT, 3),
-            d(0xffff_ffff_0000, 4096, W | NEXT, 4),
-            d(0x20_2000, 1, W, 0),
-        ];
-        q.add_desc_chains(&bad, 2).expect("bad chain");
-        r.dev.queue_notify(0);
-        r.dev.queue_notify(u32::MAX);
-        wait_used(&mem, &q, 2);
-        let s: u8 = mem.read_obj(GuestAddress(0x20_2000)).expect("mem");
-        assert_eq!(s, 1, "out-of-memory buffer is an I/O error");
-    }
-
-    #[test]
-    fn features_and_config() {
-        let mem = guest_memory();
-        let q = MockSplitQueue::create(&mem, GuestAddress(0), 16);
-        let mut r = rig(&mem, &q);
-        assert_eq!(r.dev.device_type(), 2);
-        assert_ne!(r.dev.avail_features() & (1 << VIRTIO_F_VERSION_1), 0);
-        let mut cap = [0u8; 8];
-        r.dev.read_config(0, &mut cap);
-        assert_eq!(u64::from_le_bytes(cap), 64);
-        let mut past = [0xffu8; 4];
-        r.dev.read_config(u64::MAX - 1, &mut past);
-        assert_eq!(past, [0; 4]);
-        r.dev.set_acked_features(u64::MAX);
-        assert_eq!(r.dev.acked_features(), r.dev.avail_features());
-        r.dev.reset();
     }
 }

@@ -5,8 +5,9 @@
 
 use std::os::fd::AsRawFd;
 
-use super::device::ActiveBlock;
+use super::active::ActiveBlock;
 use crate::devices::virtio::worker::{ready_subscriber, ReadyHandler, ReadyHandlers};
+use crate::devices::virtio::worker_slot::SlotWorker;
 
 impl ReadyHandlers<2> for ActiveBlock {
     const DEVICE: &'static str = "virtio-blk";
@@ -21,9 +22,21 @@ impl ReadyHandlers<2> for ActiveBlock {
     fn unexpected_events(&mut self) -> &mut u64 {
         &mut self.unexpected_events
     }
+
+    fn after_watch(&mut self) {
+        // Completions held across a save or restore may be due already:
+        // the timer fires for them as soon as the worker runs.
+        self.arm_slow_timer();
+    }
 }
 
 ready_subscriber!(ActiveBlock, 2);
+
+impl SlotWorker for ActiveBlock {
+    fn notify_fd(&self) -> &vmm_sys_util::eventfd::EventFd {
+        &self.notify
+    }
+}
 
 #[cfg(test)]
 mod tests {

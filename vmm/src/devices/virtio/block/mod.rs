@@ -1,6 +1,12 @@
 //! virtio-blk (virtio 1.2, 5.2): one request queue over a host file, with the
 //! Disk page's fault modes applied to the guest's requests (`io::BlockFaults`).
+//!
+//! `device.rs` is the `VirtioDevice`; `active.rs` the worker's half (the
+//! queue, in-flight completions, the request loop), its events mapped in
+//! `event_handler.rs`; `persist.rs` its snapshot state; `request.rs` parses
+//! requests and `io/` runs them against the file.
 
+pub mod active;
 pub mod device;
 pub mod event_handler;
 pub mod io;

@@ -9,7 +9,7 @@
 //! (a disk slot's medium, `slot.rs`, is the restoring VM's to give back).
 //!
 //! `Persist` is implemented by the activated device's worker state
-//! (`ActiveBlock`): a device that was never activated has nothing of its own
+//! (`ActiveBlock`, `active.rs`): a device that was never activated has nothing of its own
 //! to save (`BlockState::default()`).
 
 use std::collections::VecDeque;
@@ -20,8 +20,8 @@ use provium_snapshot::Persist;
 use serde::{Deserialize, Serialize};
 use virtio_queue::{Queue, QueueT};
 
+use super::active::{ActiveBlock, Pending};
 use super::defs::SLOW_COMPLETION_MS;
-use super::device::{ActiveBlock, Pending};
 use super::slot::Media;
 use crate::devices::virtio::{VirtioInterrupt, VirtioPersistError};
 use crate::vstate::memory::GuestMemoryMmap;

@@ -1,7 +1,7 @@
 //! The virtio-console `VirtioDevice`: feature bits, the config space
-//! (`max_nr_ports` 1), four queues, and a device worker
-//! (`worker::DeviceWorker`) per activation that runs `ActiveConsole`. A
-//! notify from a vCPU only writes the worker's kick eventfd.
+//! (`max_nr_ports` 1), four queues, and a device worker per activation
+//! (`worker_slot::WorkerSlot`) that runs `ActiveConsole`. A notify from a
+//! vCPU only writes the worker's kick eventfd.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -9,7 +9,6 @@ use std::sync::Arc;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_CONSOLE;
 use virtio_queue::Queue;
-use vmm_sys_util::eventfd::EventFd;
 
 use super::active::{ActiveConsole, PortState};
 use super::defs::{F_MULTIPORT, MAX_NR_PORTS, QUEUE_COUNT, QUEUE_SIZE};
@@ -18,7 +17,7 @@ use super::persist::{ConsoleConstructorArgs, ConsoleState};
 use crate::devices::virtio::persist::{
     check_queue_count, decode_state, encode_state, QueueSnapshot,
 };
-use crate::devices::virtio::worker::DeviceWorker;
+use crate::devices::virtio::worker_slot::WorkerSlot;
 use crate::devices::virtio::{
     read_config_bytes, ActivateError, ActiveArgs, DeviceSnapshot, VirtioDevice, VirtioInterrupt,
     VirtioPersistError,
@@ -26,18 +25,12 @@ use crate::devices::virtio::{
 use crate::vstate::memory::GuestMemoryMmap;
 use provium_snapshot::Persist;
 
-struct Worker {
-    worker: DeviceWorker<ActiveConsole>,
-    kick: Arc<EventFd>,
-}
-
 /// A virtio-console device with one named port.
 pub struct VirtioConsole {
     host: ConsoleHost,
     acked_features: u64,
-    worker: Option<Worker>,
-    /// What `save` took from the worker, until `resume_after_save`.
-    parked: Option<ActiveConsole>,
+    /// The activated device, on its worker or parked by a save.
+    worker: WorkerSlot<ActiveConsole>,
 }
 
 /// cols (le16), rows (le16), max_nr_ports (le32), emerg_wr (le32).
@@ -53,29 +46,21 @@ impl VirtioConsole {
         VirtioConsole {
             host,
             acked_features: 0,
-            worker: None,
-            parked: None,
+            worker: WorkerSlot::new("virtio-console"),
         }
     }
 
     /// Stops the worker (if any) and ends the session: the host end reads
     /// EOF, connects waiting are told.
     fn stop_worker(&mut self) {
-        if let Some(mut active) = self.take_worker() {
+        if let Some(mut active) = self.worker.stop() {
             active.shut_down();
         }
-        self.parked = None;
         self.host.set_active(false);
     }
 
-    fn take_worker(&mut self) -> Option<ActiveConsole> {
-        self.worker.take()?.worker.stop()
-    }
-
     fn start_worker(&mut self, active: ActiveConsole) -> Result<(), ActivateError> {
-        let kick = active.kick().clone();
-        let worker = DeviceWorker::spawn("virtio-console", active)?;
-        self.worker = Some(Worker { worker, kick });
+        self.worker.start(active)?;
         self.host.set_active(true);
         Ok(())
     }
@@ -135,9 +120,7 @@ impl VirtioDevice for VirtioConsole {
     }
 
     fn queue_notify(&mut self, _index: u32) {
-        if let Some(w) = &self.worker {
-            let _ = w.kick.write(1);
-        }
+        self.worker.notify();
     }
 
     fn reset(&mut self) {
@@ -146,7 +129,7 @@ impl VirtioDevice for VirtioConsole {
     }
 
     fn save(&mut self) -> DeviceSnapshot {
-        let Some(active) = self.take_worker() else {
+        let Some(active) = self.worker.park() else {
             return DeviceSnapshot {
                 queues: Vec::new(),
                 state: encode_state(&ConsoleState::default()),
@@ -154,16 +137,13 @@ impl VirtioDevice for VirtioConsole {
         };
         let state = encode_state(&active.save());
         let queues = active.queues().iter().map(QueueSnapshot::of).collect();
-        self.parked = Some(active);
         DeviceSnapshot { queues, state }
     }
 
     fn resume_after_save(&mut self) {
         // The same session goes on in a new worker.
-        if let Some(active) = self.parked.take() {
-            if self.start_worker(active).is_err() {
-                self.stop_worker();
-            }
+        if self.worker.resume().is_err() {
+            self.stop_worker();
         }
     }
 

@@ -8,6 +8,7 @@ use std::os::fd::AsRawFd;
 
 use super::active::ActiveConsole;
 use crate::devices::virtio::worker::{ready_subscriber, ReadyHandler, ReadyHandlers};
+use crate::devices::virtio::worker_slot::SlotWorker;
 
 impl ReadyHandlers<3> for ActiveConsole {
     const DEVICE: &'static str = "virtio-console";
@@ -32,3 +33,9 @@ impl ReadyHandlers<3> for ActiveConsole {
 }
 
 ready_subscriber!(ActiveConsole, 3);
+
+impl SlotWorker for ActiveConsole {
+    fn notify_fd(&self) -> &vmm_sys_util::eventfd::EventFd {
+        self.kick()
+    }
+}

@@ -1,8 +1,8 @@
 //! The virtio-net `VirtioDevice`: features, config space (MAC and link
-//! status), and a device worker (`worker::DeviceWorker`) per activation that
-//! moves frames.
+//! status), and a device worker per activation (`worker_slot::WorkerSlot`)
+//! that moves frames.
 //!
-//! The worker owns the queues ([`ActiveNet`]). A notify from a vCPU and the
+//! The worker owns the queues ([`ActiveNet`], `active.rs`). A notify from a vCPU and the
 //! port's RX waker (run by the switch after it queued a frame for us) only
 //! write an eventfd each (an eventfd is a counter: wake-ups coalesce, so a
 //! flood of frames or notifies costs no memory); the worker then drains TX
@@ -26,6 +26,7 @@ use virtio_bindings::virtio_net::{
 use virtio_queue::Queue;
 use vmm_sys_util::eventfd::EventFd;
 
+use super::active::ActiveNet;
 use super::defs::{
     CONFIG_BYTES, CONFIG_STATUS_OFFSET, HDR_LEGACY_BYTES, HDR_V1_BYTES, QUEUE_SIZE, RXQ, TXQ,
 };
@@ -36,7 +37,7 @@ use crate::devices::virtio::persist::{
     check_queue_count, decode_state, encode_state, ActiveArgs, DeviceSnapshot, QueueSnapshot,
     VirtioPersistError,
 };
-use crate::devices::virtio::worker::DeviceWorker;
+use crate::devices::virtio::worker_slot::WorkerSlot;
 use crate::devices::virtio::{read_config_bytes, ActivateError, VirtioDevice, VirtioInterrupt};
 use crate::vstate::memory::GuestMemoryMmap;
 use provium_snapshot::Persist;
@@ -76,71 +77,6 @@ impl Shared {
     }
 }
 
-/// An activated device's queues: what the worker owns (its event handler
-/// is in `event_handler.rs`) and hands back when stopped.
-pub struct ActiveNet {
-    /// The MAC in config space (a snapshot records it).
-    pub(super) mac: [u8; 6],
-    pub(super) queues: NetQueues,
-    pub(super) interrupt: Arc<dyn VirtioInterrupt>,
-    /// Written by `queue_notify` (either queue).
-    pub(super) notify: EventFd,
-    /// Written by the port's RX waker.
-    pub(super) port_rx: EventFd,
-    /// Events for fds the handler does not know (a VMM bug; see `worker`).
-    pub(super) unexpected_events: u64,
-}
-
-impl ActiveNet {
-    pub(super) fn new(
-        mac: [u8; 6],
-        queues: NetQueues,
-        interrupt: Arc<dyn VirtioInterrupt>,
-    ) -> std::io::Result<ActiveNet> {
-        Ok(ActiveNet {
-            mac,
-            queues,
-            interrupt,
-            notify: EventFd::new(libc::EFD_NONBLOCK)?,
-            port_rx: EventFd::new(libc::EFD_NONBLOCK)?,
-            unexpected_events: 0,
-        })
-    }
-
-    #[cfg(test)]
-    pub(super) fn for_test(queues: NetQueues, interrupt: Arc<dyn VirtioInterrupt>) -> ActiveNet {
-        ActiveNet::new([2, 0, 0, 0, 0, 9], queues, interrupt).expect("eventfds")
-    }
-
-    /// The guest notified a queue (any index: both are drained).
-    pub(super) fn handle_queue_notify(&mut self) {
-        let _ = self.notify.read();
-        self.move_frames();
-    }
-
-    /// The switch queued frames on our port.
-    pub(super) fn handle_port_rx(&mut self) {
-        let _ = self.port_rx.read();
-        self.move_frames();
-    }
-
-    fn move_frames(&mut self) {
-        let (rx, tx) = self.queues.run_once_by_queue();
-        if rx {
-            self.interrupt.signal_used_queue(RXQ as u16);
-        }
-        if tx {
-            self.interrupt.signal_used_queue(TXQ as u16);
-        }
-    }
-}
-
-struct Worker {
-    worker: DeviceWorker<ActiveNet>,
-    /// A clone of the worker's notify eventfd.
-    notify: EventFd,
-}
-
 /// A virtio-net device on a switch port.
 pub struct Net {
     mac: MacAddr,
@@ -148,9 +84,8 @@ pub struct Net {
     shared: Arc<Shared>,
     metrics: Arc<NetMetrics>,
     acked_features: u64,
-    worker: Option<Worker>,
-    /// Between `save` and `resume_after_save`: what the stopped worker owned.
-    parked: Option<ActiveNet>,
+    /// The activated device, on its worker or parked by a save.
+    worker: WorkerSlot<ActiveNet>,
 }
 
 impl Net {
@@ -192,8 +127,7 @@ impl Net {
             shared,
             metrics: Arc::new(NetMetrics::default()),
             acked_features: 0,
-            worker: None,
-            parked: None,
+            worker: WorkerSlot::new("virtio-net"),
         }
     }
 
@@ -220,16 +154,15 @@ impl Net {
     }
 
     fn stop_worker(&mut self) {
-        self.parked = None;
-        self.take_worker();
+        self.unhook();
+        drop(self.worker.stop());
     }
 
-    /// Stops the worker and returns what it owned (`None` when not
-    /// activated, or if the worker panicked).
-    fn take_worker(&mut self) -> Option<ActiveNet> {
+    /// Parts the port's hooks from the worker: until one runs again, link
+    /// changes raise no interrupt and frames on the port wake nobody.
+    fn unhook(&self) {
         *locked(&self.shared.port_rx) = None;
         *locked(&self.shared.interrupt) = None;
-        self.worker.take()?.worker.stop()
     }
 
     fn acked(&self, bit: u32) -> bool {
@@ -292,13 +225,11 @@ impl Net {
     }
 
     fn start_active(&mut self, active: ActiveNet) -> Result<(), ActivateError> {
-        let notify = active.notify.try_clone().map_err(ActivateError::Worker)?;
         let port_rx = active.port_rx.try_clone().map_err(ActivateError::Worker)?;
         let interrupt = active.interrupt.clone();
-        let worker = DeviceWorker::spawn("virtio-net", active)?;
+        self.worker.start(active)?;
         *locked(&self.shared.interrupt) = Some(interrupt);
         *locked(&self.shared.port_rx) = Some(port_rx);
-        self.worker = Some(Worker { worker, notify });
         // Frames may have queued on the port while no worker ran.
         self.shared.wake_for_port_rx();
         Ok(())
@@ -365,9 +296,7 @@ impl VirtioDevice for Net {
 
     fn queue_notify(&mut self, _index: u32) {
         // Any index: the worker drains both queues.
-        if let Some(w) = &self.worker {
-            let _ = w.notify.write(1);
-        }
+        self.worker.notify();
     }
 
     fn reset(&mut self) {
@@ -377,7 +306,8 @@ impl VirtioDevice for Net {
     }
 
     fn save(&mut self) -> DeviceSnapshot {
-        let Some(active) = self.take_worker() else {
+        self.unhook();
+        let Some(active) = self.worker.park() else {
             return DeviceSnapshot {
                 queues: Vec::new(),
                 state: encode_state(&NetState {
@@ -388,18 +318,16 @@ impl VirtioDevice for Net {
             };
         };
         let q = &active.queues;
-        let snap = DeviceSnapshot {
+        DeviceSnapshot {
             queues: vec![QueueSnapshot::of(q.rxq()), QueueSnapshot::of(q.txq())],
             state: encode_state(&active.save()),
-        };
-        self.parked = Some(active);
-        snap
+        }
     }
 
     fn resume_after_save(&mut self) {
         // The same queues (and held frame) go to a new worker. A failed
         // spawn leaves the device stopped, as a failed activate would.
-        if let Some(active) = self.parked.take() {
+        if let Some(active) = self.worker.unpark() {
             let _ = self.start_active(active);
         }
     }
@@ -711,7 +639,7 @@ mod tests {
         let m = dev.metrics().snapshot();
         assert_eq!(m, [1, 0, 0, 1, 0, 0]);
         dev.reset();
-        assert!(dev.worker.is_none());
+        assert!(!dev.worker.is_running());
         assert_eq!(
             dev.plug.port().offloads(),
             Offloads::default(),

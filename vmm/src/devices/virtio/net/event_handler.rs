@@ -4,8 +4,9 @@
 
 use std::os::fd::AsRawFd;
 
-use super::device::ActiveNet;
+use super::active::ActiveNet;
 use crate::devices::virtio::worker::{ready_subscriber, ReadyHandler, ReadyHandlers};
+use crate::devices::virtio::worker_slot::SlotWorker;
 
 impl ReadyHandlers<2> for ActiveNet {
     const DEVICE: &'static str = "virtio-net";
@@ -23,6 +24,12 @@ impl ReadyHandlers<2> for ActiveNet {
 }
 
 ready_subscriber!(ActiveNet, 2);
+
+impl SlotWorker for ActiveNet {
+    fn notify_fd(&self) -> &vmm_sys_util::eventfd::EventFd {
+        &self.notify
+    }
+}
 
 #[cfg(test)]
 mod tests {

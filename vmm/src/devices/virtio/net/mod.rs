@@ -19,8 +19,8 @@
 //! configuration-change interrupt; the guest driver re-reads the status and
 //! drops carrier. `reconnect` does the reverse.
 //!
-//! `device.rs` is the `VirtioDevice` (a `worker::DeviceWorker` per
-//! activation, its events mapped in `event_handler.rs`);
+//! `device.rs` is the `VirtioDevice`; `active.rs` the worker's half (one
+//! worker per activation, its events mapped in `event_handler.rs`);
 //! `packet.rs` moves frames between the virtqueues and the port;
 //! `persist.rs` is its snapshot state.
 //!
@@ -31,6 +31,7 @@
 //! are cut by virtio-queue. At most one frame waits inside the device for RX
 //! buffers; the rest wait in the switch port's bounded queue.
 
+pub mod active;
 pub mod device;
 pub mod event_handler;
 pub mod packet;

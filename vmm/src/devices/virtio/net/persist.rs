@@ -9,7 +9,7 @@
 //! port that is down reports down) and the counters.
 //!
 //! `Persist` is implemented by the activated device's worker state
-//! (`ActiveNet`); a device that was never activated saves only its MAC.
+//! (`ActiveNet`, `active.rs`); a device that was never activated saves only its MAC.
 
 use std::sync::Arc;
 
@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 use provium_netsetup::offload::OffloadMeta;
 use provium_netsetup::VnetHdr;
 
+use super::active::ActiveNet;
 use super::defs::MAX_FRAME_BYTES;
-use super::device::ActiveNet;
 use super::packet::NetQueues;
 use crate::devices::virtio::persist::VirtioPersistError;
 use crate::devices::virtio::VirtioInterrupt;

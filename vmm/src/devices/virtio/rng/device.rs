@@ -1,22 +1,15 @@
-//! The virtio-rng `VirtioDevice`. Requests are served on the notifying vCPU's
-//! thread: the work per notify is bounded (at most the queue size of requests,
-//! each at most `MAX_REQUEST_BYTES`), and there is no I/O besides getrandom(2).
-//!
-//! Hostile queues: read-only descriptors in a chain are skipped, buffers
-//! outside guest memory end that request with what was written so far, loops
-//! and over-long chains are cut by virtio-queue. Nothing the guest writes can
-//! make the device allocate: bytes go through a fixed bounce buffer.
+//! The virtio-rng `VirtioDevice`: features, no config space, one queue.
+//! Requests are served on the notifying vCPU's thread by the device's
+//! [`RngServer`] (`active.rs`), which is also what a snapshot saves.
 
 use std::sync::Arc;
 
-use rand_chacha::rand_core::{Rng as _, SeedableRng};
-use rand_chacha::ChaCha20Rng;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_RNG;
-use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress};
+use virtio_queue::Queue;
 
-use super::defs::{CHUNK_BYTES, MAX_REQUEST_BYTES, QUEUE_SIZE};
+use super::active::{Active, Entropy, RngConfig, RngServer};
+use super::defs::QUEUE_SIZE;
 use super::persist::{RngConstructorArgs, RngState};
 use crate::devices::virtio::persist::{decode_state, encode_state, QueueSnapshot};
 use crate::devices::virtio::{
@@ -25,132 +18,24 @@ use crate::devices::virtio::{
 use crate::vstate::memory::GuestMemoryMmap;
 use provium_snapshot::Persist;
 
-/// How an rng device is built.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RngConfig {
-    /// `rng_seed`: a deterministic stream; `None`: host randomness.
-    pub seed: Option<u64>,
-}
-
-/// Where the bytes come from.
-#[derive(Clone)]
-pub enum Entropy {
-    /// ChaCha20 keyed by the seed (stream position advances with every byte).
-    Seeded(Box<ChaCha20Rng>),
-    /// The host kernel's getrandom(2).
-    Host,
-}
-
-impl Entropy {
-    /// The source `cfg` asks for.
-    pub fn new(cfg: RngConfig) -> Entropy {
-        match cfg.seed {
-            Some(s) => Entropy::Seeded(Box::new(ChaCha20Rng::seed_from_u64(s))),
-            None => Entropy::Host,
-        }
-    }
-
-    /// Fills `buf`. getrandom(2) on the urandom pool does not fail for
-    /// lengths this small once the host has booted; if it ever does, the
-    /// error is returned and the request ends short.
-    pub fn fill(&mut self, buf: &mut [u8]) -> std::io::Result<()> {
-        match self {
-            Entropy::Seeded(r) => {
-                r.fill_bytes(buf);
-                Ok(())
-            }
-            Entropy::Host => {
-                let mut done = 0;
-                while done < buf.len() {
-                    let rest = &mut buf[done..];
-                    // SAFETY: writes at most rest.len() bytes into rest, which
-                    // is valid writable memory for the call.
-                    let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
-                    if n < 0 {
-                        let e = std::io::Error::last_os_error();
-                        if e.kind() == std::io::ErrorKind::Interrupted {
-                            continue;
-                        }
-                        return Err(e);
-                    }
-                    done += usize::try_from(n).expect("getrandom returns a non-negative count");
-                }
-                Ok(())
-            }
-        }
-    }
-}
-
-pub(super) struct Active {
-    pub(super) mem: GuestMemoryMmap,
-    pub(super) queue: Queue,
-    pub(super) interrupt: Arc<dyn VirtioInterrupt>,
-}
-
 /// A virtio-rng device.
 pub struct Rng {
-    pub(super) entropy: Entropy,
-    pub(super) acked_features: u64,
-    pub(super) active: Option<Active>,
-    /// Bytes handed to the guest so far (for tests and metrics).
-    pub(super) bytes_served: u64,
+    server: RngServer,
+    acked_features: u64,
 }
 
 impl Rng {
     /// A device over `cfg`.
     pub fn new(cfg: RngConfig) -> Rng {
         Rng {
-            entropy: Entropy::new(cfg),
+            server: RngServer::new(Entropy::new(cfg)),
             acked_features: 0,
-            active: None,
-            bytes_served: 0,
         }
     }
 
     /// Random bytes written into guest buffers since creation.
     pub fn bytes_served(&self) -> u64 {
-        self.bytes_served
-    }
-
-    /// Serves every available request; returns whether any completed.
-    fn process(&mut self) -> bool {
-        let Some(a) = self.active.as_mut() else {
-            return false;
-        };
-        let mut completed = false;
-        let mut chunk = [0u8; CHUNK_BYTES];
-        while let Some(chain) = a.queue.pop_descriptor_chain(&a.mem) {
-            let head = chain.head_index();
-            let mut written: u32 = 0;
-            'chain: for desc in chain.writable() {
-                let mut addr = desc.addr();
-                let mut left = desc.len().min(MAX_REQUEST_BYTES - written);
-                while left > 0 {
-                    let n = left.min(CHUNK_BYTES as u32);
-                    let buf = &mut chunk[..n as usize];
-                    if self.entropy.fill(buf).is_err() {
-                        break 'chain;
-                    }
-                    if a.mem.write_slice(buf, addr).is_err() {
-                        break 'chain;
-                    }
-                    written += n;
-                    left -= n;
-                    let Some(next) = addr.0.checked_add(u64::from(n)) else {
-                        break 'chain;
-                    };
-                    addr = GuestAddress(next);
-                }
-                if written >= MAX_REQUEST_BYTES {
-                    break;
-                }
-            }
-            self.bytes_served += u64::from(written);
-            // add_used only fails for a head out of range, which a popped chain
-            // cannot have; there is no one to tell if it did.
-            completed |= a.queue.add_used(&a.mem, head, written).is_ok();
-        }
-        completed
+        self.server.bytes_served
     }
 }
 
@@ -185,7 +70,7 @@ impl VirtioDevice for Rng {
         interrupt: Arc<dyn VirtioInterrupt>,
     ) -> Result<(), ActivateError> {
         ActivateError::check_queue_count(&queues, 1)?;
-        self.active = Some(Active {
+        self.server.active = Some(Active {
             mem,
             queue: queues.remove(0),
             interrupt,
@@ -194,28 +79,23 @@ impl VirtioDevice for Rng {
     }
 
     fn queue_notify(&mut self, _index: u32) {
-        if self.process() {
-            if let Some(a) = &mut self.active {
-                if a.queue.needs_notification(&a.mem).unwrap_or(true) {
-                    a.interrupt.signal_used_queue(0);
-                }
-            }
-        }
+        self.server.serve();
     }
 
     fn reset(&mut self) {
-        self.active = None;
+        self.server.active = None;
         self.acked_features = 0;
     }
 
     fn save(&mut self) -> DeviceSnapshot {
         DeviceSnapshot {
             queues: self
+                .server
                 .active
                 .iter()
                 .map(|a| QueueSnapshot::of(&a.queue))
                 .collect(),
-            state: encode_state(&Persist::save(&*self)),
+            state: encode_state(&self.server.save()),
         }
     }
 
@@ -230,11 +110,10 @@ impl VirtioDevice for Rng {
     ) -> Result<(), VirtioPersistError> {
         let state: RngState = decode_state("virtio-rng", state)?;
         let args = RngConstructorArgs {
-            entropy: self.entropy.clone(),
-            acked_features: self.acked_features,
+            entropy: self.server.entropy.clone(),
             active,
         };
-        *self = <Rng as Persist>::restore(args, &state)?;
+        self.server = RngServer::restore(args, &state)?;
         Ok(())
     }
 }
@@ -242,12 +121,16 @@ impl VirtioDevice for Rng {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::devices::virtio::rng::defs::MAX_REQUEST_BYTES;
     use crate::devices::virtio::test_utils::{guest_memory, CountingInterrupt};
+    use rand_chacha::rand_core::{Rng as _, SeedableRng};
+    use rand_chacha::ChaCha20Rng;
     use std::sync::atomic::Ordering;
     use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
     use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
     use vm_memory::Address;
+    use vm_memory::{Bytes, GuestAddress};
 
     const W: u16 = VRING_DESC_F_WRITE as u16;
     const NEXT: u16 = VRING_DESC_F_NEXT as u16;

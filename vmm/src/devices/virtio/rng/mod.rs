@@ -4,11 +4,16 @@
 //! With `rng_seed` (boot opts) the bytes are a deterministic ChaCha20 stream
 //! from that seed, so a guest that reads the same way sees the same bytes on
 //! every run; without it they come from the host's getrandom(2).
+//!
+//! `device.rs` is the `VirtioDevice`; `active.rs` the serving half (the byte
+//! source and the queue it fills), which `persist.rs` saves and rebuilds.
 
+pub mod active;
 pub mod device;
 pub mod persist;
 
-pub use device::{Entropy, Rng, RngConfig};
+pub use active::{Entropy, RngConfig, RngServer};
+pub use device::Rng;
 
 /// Constants of the rng device.
 pub mod defs {

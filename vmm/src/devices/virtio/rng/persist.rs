@@ -9,7 +9,7 @@
 use provium_snapshot::Persist;
 use serde::{Deserialize, Serialize};
 
-use super::device::{Active, Entropy, Rng};
+use super::active::{Active, Entropy, RngServer};
 use crate::devices::virtio::persist::{check_queue_count, ActiveArgs, VirtioPersistError};
 
 /// The rng's own state.
@@ -40,18 +40,19 @@ impl RngState {
     }
 }
 
-/// What an rng device is rebuilt from besides its state.
+/// What an rng device's server is rebuilt from besides its state.
 pub struct RngConstructorArgs {
     /// The restoring VM's source (its `rng_seed`): seeded, the saved stream
     /// position is taken over; host entropy has none.
     pub entropy: Entropy,
-    /// Features the driver accepted (restored by the transport).
-    pub acked_features: u64,
     /// The activation, when the device was activated at snapshot time.
     pub active: Option<ActiveArgs>,
 }
 
-impl Persist for Rng {
+/// Implemented by the device's [`RngServer`] (`active.rs`): the byte source
+/// and counter, and the queue when activated. The features the driver
+/// accepted are the device's, restored by the transport.
+impl Persist for RngServer {
     type State = RngState;
     type ConstructorArgs = RngConstructorArgs;
     type Error = VirtioPersistError;
@@ -83,11 +84,10 @@ impl Persist for Rng {
             }
             None => None,
         };
-        Ok(Rng {
+        Ok(RngServer {
             entropy,
-            acked_features: args.acked_features,
-            active,
             bytes_served: state.bytes_served,
+            active,
         })
     }
 }
@@ -103,18 +103,17 @@ mod tests {
         let cfg = RngConfig { seed: Some(5) };
         let args = || RngConstructorArgs {
             entropy: Entropy::new(cfg),
-            acked_features: 1 << 32,
             active: None,
         };
-        let mut original = Rng::new(cfg);
+        let mut original = RngServer::new(Entropy::new(cfg));
         let mut first = [0u8; 64];
         original.entropy.fill(&mut first).expect("seeded");
         original.bytes_served = 64;
         let bytes = encode_state(&original.save());
         let decoded: RngState = decode_state("virtio-rng", &bytes).expect("decodes");
-        let mut restored = Rng::restore(args(), &decoded).expect("restores");
+        let mut restored = RngServer::restore(args(), &decoded).expect("restores");
         assert_eq!(restored.save(), original.save());
-        assert_eq!(restored.acked_features, 1 << 32);
+        assert!(restored.active.is_none());
         // The restored stream goes on where the original's would.
         let (mut a, mut b) = ([0u8; 32], [0u8; 32]);
         original.entropy.fill(&mut a).expect("seeded");

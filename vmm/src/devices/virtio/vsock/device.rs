@@ -1,7 +1,7 @@
 //! The virtio-vsock `VirtioDevice`: config space (the guest CID), three
-//! queues (rx, tx, event), and a device worker (`worker::DeviceWorker`) per
-//! activation that runs the muxer's events. A notify from a vCPU only writes
-//! the muxer's kick eventfd.
+//! queues (rx, tx, event), and a device worker per activation
+//! (`worker_slot::WorkerSlot`) that runs the muxer's events. A notify from a
+//! vCPU only writes the muxer's kick eventfd.
 
 use std::sync::Arc;
 
@@ -18,7 +18,7 @@ use super::{VsockBackend, VsockHost};
 use crate::devices::virtio::persist::{
     check_queue_count, decode_state, encode_state, QueueSnapshot,
 };
-use crate::devices::virtio::worker::DeviceWorker;
+use crate::devices::virtio::worker_slot::WorkerSlot;
 use crate::devices::virtio::{
     read_config_bytes, ActivateError, ActiveArgs, DeviceSnapshot, VirtioDevice, VirtioInterrupt,
     VirtioPersistError,
@@ -26,23 +26,16 @@ use crate::devices::virtio::{
 use crate::vstate::memory::GuestMemoryMmap;
 use provium_snapshot::Persist;
 
-struct Worker {
-    /// Hands the muxer (queues, connections) back when stopped.
-    worker: DeviceWorker<Muxer>,
-    kick: Arc<EventFd>,
-    /// The event queue (the muxer does not use it; a restore posts
-    /// TRANSPORT_RESET on it).
-    evq: Queue,
-}
-
 /// A virtio-vsock device.
 pub struct Vsock {
     host: Arc<dyn VsockBackend>,
     config_space: [u8; 8],
     acked_features: u64,
-    worker: Option<Worker>,
-    /// What `save` took from the worker, until `resume_after_save`.
-    parked: Option<(Muxer, Queue)>,
+    /// The muxer (queues, connections), on its worker or parked by a save.
+    worker: WorkerSlot<Muxer>,
+    /// The event queue while activated (the muxer does not use it; a
+    /// restore posts TRANSPORT_RESET on it).
+    evq: Option<Queue>,
 }
 
 impl Vsock {
@@ -58,31 +51,23 @@ impl Vsock {
             host,
             config_space,
             acked_features: 0,
-            worker: None,
-            parked: None,
+            worker: WorkerSlot::new("virtio-vsock"),
+            evq: None,
         }
     }
 
     fn stop_worker(&mut self) {
-        drop(self.take_worker());
+        drop(self.worker.stop());
+        self.evq = None;
         // Dropping the muxer closed every connection's host end (EOF for
         // the host); pending connects learn that the device went away.
         self.host.set_active(false);
     }
 
-    /// Stops the worker and returns its muxer and the event queue (`None`
-    /// when not activated, or if the worker panicked).
-    fn take_worker(&mut self) -> Option<(Muxer, Queue)> {
-        let w = self.worker.take()?;
-        let muxer = w.worker.stop()?;
-        Some((muxer, w.evq))
-    }
-
     fn start_worker(&mut self, muxer: Muxer, evq: Queue) -> Result<(), ActivateError> {
-        let kick = muxer.kick().clone();
-        let worker = DeviceWorker::spawn("virtio-vsock", muxer)?;
+        self.worker.start(muxer)?;
+        self.evq = Some(evq);
         self.host.set_active(true);
-        self.worker = Some(Worker { worker, kick, evq });
         Ok(())
     }
 }
@@ -163,9 +148,7 @@ impl VirtioDevice for Vsock {
     }
 
     fn queue_notify(&mut self, _index: u32) {
-        if let Some(w) = &self.worker {
-            let _ = w.kick.write(1);
-        }
+        self.worker.notify();
     }
 
     fn reset(&mut self) {
@@ -174,7 +157,7 @@ impl VirtioDevice for Vsock {
     }
 
     fn save(&mut self) -> DeviceSnapshot {
-        let Some((muxer, evq)) = self.take_worker() else {
+        let (Some(muxer), Some(evq)) = (self.worker.park(), &self.evq) else {
             return DeviceSnapshot {
                 queues: Vec::new(),
                 state: encode_state(&VsockState {
@@ -187,18 +170,15 @@ impl VirtioDevice for Vsock {
         let queues = vec![
             QueueSnapshot::of(rxq),
             QueueSnapshot::of(txq),
-            QueueSnapshot::of(&evq),
+            QueueSnapshot::of(evq),
         ];
-        self.parked = Some((muxer, evq));
         DeviceSnapshot { queues, state }
     }
 
     fn resume_after_save(&mut self) {
         // The same muxer, connections included, goes back to a new worker.
-        if let Some((muxer, evq)) = self.parked.take() {
-            if self.start_worker(muxer, evq).is_err() {
-                self.stop_worker();
-            }
+        if self.worker.resume().is_err() {
+            self.stop_worker();
         }
     }
 
@@ -261,9 +241,9 @@ mod tests {
         // The quiet second is the measurement, not a wait for something.
         std::thread::sleep(Duration::from_secs(1));
         let _ = dev.save();
-        let (muxer, _) = dev
-            .parked
-            .as_ref()
+        let muxer = dev
+            .worker
+            .parked()
             .expect("the worker handed its muxer back");
         // The stop request is the worker's own and not counted; the margin
         // is for a stray wake-up, not a periodic one.
@@ -274,9 +254,9 @@ mod tests {
         );
         // A resumed worker still stops at once when asked.
         dev.resume_after_save();
-        assert!(dev.worker.is_some());
+        assert!(dev.worker.is_running());
         dev.reset();
-        assert!(dev.worker.is_none());
+        assert!(!dev.worker.is_running());
         assert!(!backend.is_active());
     }
 

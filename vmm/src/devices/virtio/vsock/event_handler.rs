@@ -8,6 +8,7 @@ use std::os::fd::AsRawFd;
 
 use super::muxer::Muxer;
 use crate::devices::virtio::worker::{ready_subscriber, ReadyHandler, ReadyHandlers};
+use crate::devices::virtio::worker_slot::SlotWorker;
 
 impl ReadyHandlers<4> for Muxer {
     const DEVICE: &'static str = "virtio-vsock";
@@ -32,6 +33,12 @@ impl ReadyHandlers<4> for Muxer {
 }
 
 ready_subscriber!(Muxer, 4);
+
+impl SlotWorker for Muxer {
+    fn notify_fd(&self) -> &vmm_sys_util::eventfd::EventFd {
+        self.kick()
+    }
+}
 
 #[cfg(test)]
 mod tests {
