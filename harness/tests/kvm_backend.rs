@@ -336,7 +336,214 @@ fn tiny_profile(dir: &Path) -> provium::config::Profile {
         modules: None,
         build: None,
         build_out: dir.to_path_buf(),
+        disk_slots: provium::config::profile::DEFAULT_DISK_SLOTS,
+        nic_slots: provium::config::profile::DEFAULT_NIC_SLOTS,
     }
+}
+
+/// Devices after boot on kvm: a machine with no disk and no NIC gets one
+/// disk slot and one NIC slot (the profile's `disk_slots`/`nic_slots`).
+/// The tiny guest drives the first virtio-blk and virtio-net devices from
+/// console commands: the empty slot fails its requests; `add_disk` gives it
+/// the image (GET_ID, the bytes, eio_read apply); dropping the lease empties
+/// it again. The NIC slot's link is down until `add_nic` plugs it into a
+/// switch (config interrupt, link up, frames flow), and back down when the
+/// lease goes. A second add past the limit names it and the profile key.
+#[test]
+fn a_running_kvm_machine_gets_a_disk_and_a_nic_in_its_slots() {
+    use provium::backend::{self, BackendKind, DiskSpec, MachineSpec};
+    use provium::error_chain::flatten;
+    use provium_netsetup::{Port, Switch, SwitchConfig};
+    use std::os::unix::fs::FileExt;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    let test = "a_running_kvm_machine_gets_a_disk_and_a_nic_in_its_slots";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let profile = provium::config::Profile {
+        disk_slots: 1,
+        nic_slots: 1,
+        ..tiny_profile(d.path())
+    };
+    let spec = MachineSpec {
+        vm_name: "v".into(),
+        profile_name: "tiny".into(),
+        profile: Some(profile),
+        memory_bytes: 64 << 20,
+        cpus: 1,
+        settings: provium::settings::Settings::from_env(),
+        ..MachineSpec::default()
+    };
+    let kvm = backend::for_kind(BackendKind::Kvm);
+    let m = kvm.boot(&spec).unwrap();
+    assert!(m.capabilities().disks_after_boot.is_yes());
+    let c = m.console().expect("kvm has a console");
+    let wait = |s: &str, n: usize| {
+        assert!(
+            c.wait_for(s.as_bytes(), n, Duration::from_secs(60)),
+            "{s:?} x{n}; console:\n{}",
+            c.log_string()
+        )
+    };
+    wait(tiny_guest::READY, 1);
+    // rng, vsock, then the disk slot and the NIC slot.
+    let log = c.log_string();
+    assert!(log.contains("virtio_mmio.device=4K@0xd0002000:7"), "{log}");
+    assert!(log.contains("virtio_mmio.device=4K@0xd0003000:8"), "{log}");
+
+    // The empty slot: size 0, every request fails.
+    c.write_input(&[tiny_guest::CMD_BLK_RW, 0x10]).unwrap();
+    wait("BLK-RW w=01 r=01 data=00000000 bad\n", 1);
+
+    let img = d.path().join("late.img");
+    std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
+    let disk = DiskSpec {
+        id: "late-disk".into(),
+        image: img.clone(),
+        faults: Default::default(),
+    };
+    let added = m.add_disk(&disk).unwrap();
+    assert_eq!(added.guest_device, "/dev/vda");
+    c.write_input(&[tiny_guest::CMD_BLK_ID]).unwrap();
+    wait("BLK-ID s=00 late-disk\n", 1);
+    c.write_input(&[tiny_guest::CMD_BLK_RW, 0x20]).unwrap();
+    wait("BLK-RW w=00 r=00 data=20212223 ok\n", 1);
+    let mut sector1 = vec![0u8; 512];
+    std::fs::File::open(&img)
+        .unwrap()
+        .read_exact_at(&mut sector1, 512)
+        .unwrap();
+    assert_eq!(
+        &sector1[..4],
+        &[0x20, 0x21, 0x22, 0x23],
+        "the guest wrote the image"
+    );
+    disk.faults.set("eio_read", true);
+    c.write_input(&[tiny_guest::CMD_BLK_RW, 0x30]).unwrap();
+    wait("BLK-RW w=00 r=01 data=00000000 bad\n", 1);
+    disk.faults.set("eio_read", false);
+    let e = flatten(&m.add_disk(&disk).unwrap_err());
+    assert!(
+        e.contains("all 1 disk slot(s) of profile `tiny` in use")
+            && e.contains("raise `disk_slots`"),
+        "{e}"
+    );
+    // A snapshot holds the disk added after boot: a restore that puts it
+    // back into its slot serves the guest from it; one whose slot is empty
+    // is refused, naming both sizes.
+    m.pause().unwrap();
+    let snap = d.path().join("v.snap");
+    m.snapshot_to(&snap, &[]).unwrap();
+    m.resume().unwrap();
+    let e = kvm.restore(&spec, &snap).err().map(|e| flatten(&e));
+    assert!(
+        e.as_deref()
+            .is_some_and(|e| e.contains("had 2048 sectors") && e.contains("has 0")),
+        "{e:?}"
+    );
+    let with_disk = MachineSpec {
+        slot_disks: vec![provium::backend::SlotDisk {
+            slot: added.slot,
+            disk: disk.clone(),
+        }],
+        ..spec.clone()
+    };
+    let r = kvm.restore(&with_disk, &snap).unwrap();
+    let back = r.take_restored_disks();
+    assert_eq!(back.len(), 1);
+    assert_eq!(
+        (back[0].guest_device.as_str(), back[0].slot),
+        ("/dev/vda", 0)
+    );
+    let rc = r.console().expect("kvm has a console");
+    rc.write_input(&[tiny_guest::CMD_BLK_RW, 0x50]).unwrap();
+    assert!(
+        rc.wait_for(
+            b"BLK-RW w=00 r=00 data=50515253 ok\n",
+            1,
+            Duration::from_secs(60)
+        ),
+        "{}",
+        rc.log_string()
+    );
+    r.kill();
+    drop(back);
+    added.lease.release();
+    c.write_input(&[tiny_guest::CMD_BLK_RW, 0x40]).unwrap();
+    wait("BLK-RW w=01 r=01 data=00000000 bad\n", 2);
+
+    // The NIC slot: link down until plugged into the switch.
+    c.write_input(&[tiny_guest::CMD_NET_UP]).unwrap();
+    wait("NET-UP status=00\n", 1);
+    let lan = Switch::new("lan", SwitchConfig::default());
+    let peer = lan
+        .attach("peer", "02:00:00:00:00:99".parse().unwrap())
+        .unwrap();
+    let mut connect = |mac| {
+        Ok(Arc::new(lan.attach("v", mac)?))
+            as Result<Arc<Port>, Box<dyn std::error::Error + Send + Sync>>
+    };
+    let nic = m.add_nic("eth0", &mut connect).unwrap();
+    assert_eq!(nic.ifname, "eth0");
+    c.write_input(&[tiny_guest::CMD_NET_LINK]).unwrap();
+    wait("NET-LINK cfg-irq=02 status=01\n", 1);
+    // A snapshot taken while the slot is plugged (its RX buffer posted): a
+    // restore that plugs the slot into a port of another switch from the
+    // start (what vm:restore does with the recorded bridge and MAC)
+    // receives from it.
+    m.pause().unwrap();
+    let snap = d.path().join("v-nic.snap");
+    m.snapshot_to(&snap, &[]).unwrap();
+    m.resume().unwrap();
+    let lan2 = Switch::new("lan2", SwitchConfig::default());
+    let peer2 = lan2
+        .attach("peer", "02:00:00:00:00:99".parse().unwrap())
+        .unwrap();
+    let with_nic = MachineSpec {
+        slot_nics: vec![provium::backend::SlotNic {
+            slot: nic.slot,
+            bridge: "lan2".into(),
+            port: Arc::new(lan2.attach("v", nic.mac).unwrap()),
+        }],
+        ..spec.clone()
+    };
+    let r = kvm.restore(&with_nic, &snap).unwrap();
+    let back = r.take_restored_nics();
+    assert_eq!(back.len(), 1);
+    assert_eq!(
+        (back[0].0.as_str(), back[0].1.ifname.as_str(), back[0].1.mac),
+        ("lan2", "eth0", nic.mac)
+    );
+    let rc = r.console().expect("kvm has a console");
+    let mut again = nic.mac.0.to_vec();
+    again.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x99, 0x88, 0xb5]);
+    again.extend_from_slice(b"BACK-NIC");
+    again.resize(64, 0);
+    peer2.send(&again).unwrap();
+    rc.write_input(&[tiny_guest::CMD_NET_RX]).unwrap();
+    assert!(
+        rc.wait_for(b"NET-RX BACK-NIC\n", 1, Duration::from_secs(60)),
+        "{}",
+        rc.log_string()
+    );
+    r.kill();
+    drop(back);
+    let mut to_guest = nic.mac.0.to_vec();
+    to_guest.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x99, 0x88, 0xb5]);
+    to_guest.extend_from_slice(b"LATE-NIC");
+    to_guest.resize(64, 0);
+    peer.send(&to_guest).unwrap();
+    c.write_input(&[tiny_guest::CMD_NET_RX]).unwrap();
+    wait("NET-RX LATE-NIC\n", 1);
+    let e = flatten(&m.add_nic("eth1", &mut connect).unwrap_err());
+    assert!(e.contains("raise `nic_slots`"), "{e}");
+    nic.lease.release();
+    c.write_input(&[tiny_guest::CMD_NET_LINK]).unwrap();
+    wait("NET-LINK cfg-irq=02 status=00\n", 1);
+    m.kill();
 }
 
 /// The kvm backend's NIC path below Lua: `MachineSpec::nics` become
@@ -391,10 +598,10 @@ fn kvm_machine_nic_sends_to_the_switch_and_follows_the_link() {
     };
     wait(tiny_guest::READY, 1);
     // rng (0), vsock (1), then the NIC (2): announced after the backend's
-    // own devices.
+    // own devices, and before the profile's disk and NIC slots.
     assert!(
         c.log_string()
-            .contains("virtio_mmio.device=4K@0xd0002000:7\n"),
+            .contains("virtio_mmio.device=4K@0xd0002000:7 virtio_mmio.device=4K@0xd0003000:8"),
         "{}",
         c.log_string()
     );
@@ -413,7 +620,7 @@ fn kvm_machine_nic_sends_to_the_switch_and_follows_the_link() {
     assert!(m.capabilities().has_vmm_nics());
     let e = flatten(&m.open_nic("eth1", mac).unwrap_err());
     assert!(
-        e.contains("no hotplug") && e.contains("attach the bridge before vm:boot()"),
+        e.contains("NIC slots") && e.contains("attach the bridge before vm:boot()"),
         "{e}"
     );
 
@@ -479,8 +686,8 @@ test("boot", function(t)
     local ok, e = pcall(function() vm:boot() end)
     t:assert(not ok, "no agent: the boot must fail")
     local log = vm:console():read_log()
-    -- rng, vsock, then one NIC per bridge: lan (eth0), wan (eth1).
-    t:assert(log:find("virtio_mmio.device=4K@0xd0002000:7 virtio_mmio.device=4K@0xd0003000:8\n", 1, true), log)
+    -- rng, vsock, then one NIC per bridge: lan (eth0), wan (eth1), then the slots.
+    t:assert(log:find("virtio_mmio.device=4K@0xd0002000:7 virtio_mmio.device=4K@0xd0003000:8 ", 1, true), log)
     error(e)
 end)
 "#,
@@ -701,6 +908,8 @@ mod restored_devices {
             rng_seed: None,
         };
         let devices = VmDevices {
+            slot_disks: vec![],
+            slot_nics: vec![],
             disks: vec![DiskDecl {
                 id: "vda".into(),
                 image: image.to_path_buf(),

@@ -164,7 +164,8 @@ test("a disk attached from Lua is the guest's first virtio-mmio device", functio
     -- would hold the rng (device id 4).
     t:assert(log:find("mmio0=74726976/00000002", 1, true), log)
     local _, n = log:gsub("virtio_mmio.device=", "")
-    t:assert_eq(n, 3, "block, rng, vsock on the command line: " .. log)
+    -- block, rng, vsock, then the profile's default 2 disk and 2 NIC slots.
+    t:assert_eq(n, 7, "block, rng, vsock and 4 slots on the command line: " .. log)
     vm:attach_disk({id = "late"})
 end)
 "#;
@@ -189,10 +190,10 @@ fn a_disk_attached_in_lua_reaches_the_tiny_guest_as_virtio_blk() {
     );
     let out = text(&o);
     // The last line of the test attaches to a VM that has booted (and
-    // died): that must fail, saying to attach before boot.
+    // died): that must fail, saying which VMs take disks.
     assert_eq!(o.status.code(), Some(1), "{out}");
     assert!(
-        out.contains("vm:attach_disk: vm `v` is dead; the kvm backend's virtio-mmio disks are announced on the kernel command line at boot and cannot be hot-plugged (no ACPI), so attach disks before vm:boot()"),
+        out.contains("vm:attach_disk: vm `v` is dead; attach disks to a created vm (given at vm:boot()) or a booted one (into a disk slot)"),
         "{out}"
     );
     assert!(out.contains("0 passed, 1 failed"), "{out}");

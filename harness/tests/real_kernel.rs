@@ -7,8 +7,9 @@
 //! `tests/lua/linux/` is the suite, run with a fresh fixture cache: the
 //! first file that asks for the `base` fixture boots it once and snapshots
 //! it into the cache, and every other file restores it, so fixture restore
-//! is proven for real; `devices.test.lua` boots its own two VMs (disks and
-//! NICs exist only from boot). On this project's machines (kvm_pvm) guest
+//! is proven for real; `devices.test.lua` boots its own two VMs with a disk
+//! and NICs from boot (`hotplug.test.lua` gives restored guests theirs after
+//! boot, in the profile's disk and NIC slots). On this project's machines (kvm_pvm) guest
 //! kernel code is emulated: the suite takes minutes, and the dispatcher runs
 //! one VM per host core.
 //!
@@ -65,6 +66,7 @@ const CONSOLE_SUITE: &str = "tests/lua/linux-console";
 const LAB_FIXTURE_FILE: &str = "devices.test.lua";
 const FIXTURE_FILES: &[&str] = &[
     "files.test.lua",
+    "hotplug.test.lua",
     "machine.test.lua",
     "reset.test.lua",
     "run.test.lua",

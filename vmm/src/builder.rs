@@ -339,7 +339,8 @@ pub(crate) fn attach_boot_timer(
     Ok(())
 }
 
-/// The config's virtio devices in attach order (disks, rng, vsock, console, nets): the
+/// The config's virtio devices in attach order (disks, rng, vsock, console,
+/// nets, disk slots, NIC slots: devices of the VMs without slots keep their places): the
 /// order slots, IRQs and a snapshot's device list follow.
 pub(crate) fn virtio_devices(cfg: &VmConfig) -> Result<Vec<Box<dyn VirtioDevice>>, BuildError> {
     let mut devs: Vec<Box<dyn VirtioDevice>> = Vec::new();
@@ -362,6 +363,12 @@ pub(crate) fn virtio_devices(cfg: &VmConfig) -> Result<Vec<Box<dyn VirtioDevice>
     }
     for nic in &cfg.nets {
         devs.push(Box::new(Net::new(nic.mac, nic.port.clone())));
+    }
+    for slot in &cfg.disk_slots {
+        devs.push(Box::new(Block::in_slot(slot.clone())));
+    }
+    for slot in &cfg.nic_slots {
+        devs.push(Box::new(Net::on_plug(slot.mac, slot.plug.clone())));
     }
     Ok(devs)
 }

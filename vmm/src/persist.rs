@@ -65,7 +65,7 @@ use crate::vstate::vm::{KvmVm, KvmVmError, KvmVmState};
 pub const SNAPSHOT_BACKEND: &str = "kvm";
 /// Version of [`MicrovmState`]'s layout. Bump it with any change to a state
 /// struct; `tests::state_version_pin` makes a change visible.
-pub const VM_STATE_VERSION: u32 = 2;
+pub const VM_STATE_VERSION: u32 = 3;
 /// Section names.
 pub const VM_SECTION: &str = "vm";
 /// The guest memory section.
@@ -327,16 +327,12 @@ pub fn open_for(cfg: &VmConfig, path: &Path) -> Result<(Snapshot, MicrovmState),
             ),
         });
     }
-    let devices = cfg.drives.len()
-        + usize::from(cfg.rng.is_some())
-        + usize::from(cfg.vsock.is_some())
-        + usize::from(cfg.console.is_some())
-        + cfg.nets.len();
+    let devices = cfg.virtio_device_count();
     if state.virtio.len() != devices {
         return Err(PersistError::Shape {
             file,
             what: format!(
-                "{} virtio devices in the snapshot, {devices} in this VM (disks, rng, vsock, console, nics)",
+                "{} virtio devices in the snapshot, {devices} in this VM (disks, rng, vsock, console, nics, disk slots, NIC slots)",
                 state.virtio.len()
             ),
         });
@@ -506,7 +502,8 @@ mod tests {
         // Changing any state struct (vCPU, VM, serial, virtio transport or
         // a device's <Dev>State) must bump VM_STATE_VERSION; update this
         // pin with it.
-        assert_eq!(VM_STATE_VERSION, 2);
+        // 3: BlockState records the capacity the guest was told (disk slots).
+        assert_eq!(VM_STATE_VERSION, 3);
     }
 
     #[test]

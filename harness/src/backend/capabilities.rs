@@ -42,6 +42,12 @@ pub struct Capabilities {
     /// Block devices ([`super::MachineSpec::drives`]), given at boot only.
     pub disks: Support,
     pub nics: NicKind,
+    /// `vm:attach_disk` / `disk:detach()` on a running guest
+    /// ([`super::Guest::add_disk`]).
+    pub disks_after_boot: Support,
+    /// A VMM NIC for a running guest ([`super::Guest::add_nic`]); a
+    /// HostTaps guest opens TAPs instead.
+    pub nics_after_boot: Support,
     /// A warm reset that reboots the guest's kernel.
     pub reset: Support,
     /// A power button the guest's kernel answers.

@@ -24,7 +24,7 @@ use std::sync::Arc;
 pub use capabilities::{Capabilities, NicKind, Support};
 pub use cid::CidAllocator;
 pub use error::BackendError;
-pub use spec::{DiskSpec, MachineSpec, NicSpec};
+pub use spec::{guest_device_name, DiskSpec, MachineSpec, NicSpec, SlotDisk, SlotNic};
 pub use vmm_models::{BootSource, BootTimer, Console, ConsoleRead, ConsoleSubscriber, DiskFaults};
 // How a restore fits the snapshot's devices into a machine whose devices
 // are fixed when it is built (kvm's, `Capabilities::device_snapshots`):
@@ -139,6 +139,42 @@ pub trait Guest: Send + Sync {
         mac: provium_netsetup::MacAddr,
     ) -> Result<OwnedFd, BackendError>;
 
+    /// Gives the running guest `disk` (see [`Capabilities::disks_after_boot`]).
+    fn add_disk(&self, disk: &DiskSpec) -> Result<AddedDisk, BackendError> {
+        let _ = disk;
+        Err(BackendError::Unsupported(
+            "this backend gives a running guest no new disk",
+        ))
+    }
+
+    /// The disks a restore put back into their slots
+    /// ([`MachineSpec::slot_disks`]), once: their leases take them out.
+    fn take_restored_disks(&self) -> Vec<AddedDisk> {
+        Vec::new()
+    }
+
+    /// The NICs a restore plugged back into their slots
+    /// ([`MachineSpec::slot_nics`]), once, each with its bridge's name:
+    /// their leases park them again.
+    fn take_restored_nics(&self) -> Vec<(String, AddedNic)> {
+        Vec::new()
+    }
+
+    /// Gives the running guest a new NIC of a VMM device whose port
+    /// `connect` makes (it is told the device's own MAC; a port with
+    /// another MAC is fine: the backend gives the guest interface the
+    /// port's MAC) (only where
+    /// [`Capabilities::nics`] is [`NicKind::VmmDevices`] and
+    /// [`Capabilities::nics_after_boot`] says yes). `want` is the interface
+    /// name the naming rule gives; the guest may already have fixed
+    /// another (the result says which).
+    fn add_nic(&self, want: &str, connect: &mut ConnectPort<'_>) -> Result<AddedNic, BackendError> {
+        let _ = (want, connect);
+        Err(BackendError::Unsupported(
+            "this backend gives a running guest no new VMM NIC",
+        ))
+    }
+
     /// Puts back the interface configuration a restore captured, once the
     /// restored guest's NICs are on their bridges again (a guest whose
     /// memory holds its own has nothing to do).
@@ -159,6 +195,74 @@ pub trait Guest: Send + Sync {
         let log = self.console()?.log();
         Some(String::from_utf8_lossy(&log[log.len().saturating_sub(max)..]).into_owned())
     }
+}
+
+/// Makes the bridge port for a NIC given to a running guest, told the
+/// device's own MAC (`Guest::add_nic`).
+pub type ConnectPort<'a> = dyn FnMut(
+        provium_netsetup::MacAddr,
+    ) -> Result<Arc<provium_netsetup::Port>, Box<dyn std::error::Error + Send + Sync>>
+    + 'a;
+
+/// A device given to a running guest; dropping it (or [`DeviceLease::release`])
+/// takes it back from the guest.
+pub struct DeviceLease {
+    release: Option<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl DeviceLease {
+    pub fn new(release: impl FnOnce() + Send + Sync + 'static) -> DeviceLease {
+        DeviceLease {
+            release: Some(Box::new(release)),
+        }
+    }
+
+    /// Takes the device back now.
+    pub fn release(mut self) {
+        if let Some(f) = self.release.take() {
+            f();
+        }
+    }
+}
+
+impl Drop for DeviceLease {
+    fn drop(&mut self) {
+        if let Some(f) = self.release.take() {
+            f();
+        }
+    }
+}
+
+impl std::fmt::Debug for DeviceLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeviceLease")
+    }
+}
+
+/// A disk given to a running guest.
+#[derive(Debug)]
+pub struct AddedDisk {
+    /// What the guest calls it (`/dev/vdc`).
+    pub guest_device: String,
+    /// Its slot (what a snapshot records, for a restore to put it back).
+    pub slot: usize,
+    pub lease: DeviceLease,
+}
+
+/// A NIC given to a running guest.
+#[derive(Debug)]
+pub struct AddedNic {
+    /// Its NIC slot (what a snapshot records, for a restore to plug it
+    /// back).
+    pub slot: usize,
+    /// The guest interface (`eth2`).
+    pub ifname: String,
+    /// Its MAC: its port's on the bridge, which the guest interface has.
+    pub mac: provium_netsetup::MacAddr,
+    /// The MAC the device was made with (a kvm NIC slot's, fixed at boot);
+    /// when it differs from `mac`, the backend set the interface's address.
+    pub slot_mac: provium_netsetup::MacAddr,
+    pub lease: DeviceLease,
 }
 
 /// The backend the user chose, fresh (with its own CID allocator): call it

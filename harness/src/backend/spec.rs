@@ -48,6 +48,15 @@ pub struct MachineSpec {
     /// The VM's disks in attach order (the guest's vda, vdb, …); each
     /// carries its Disk userdata's fault set (`lua::disk::boot_drives`).
     pub disks: Vec<DiskSpec>,
+    /// Disks given to the guest after boot, by slot (a restore of a
+    /// snapshot taken while they were in: `Guest::take_restored_disks`
+    /// hands their leases back). Backends without slots refuse none: a
+    /// boot has none.
+    pub slot_disks: Vec<SlotDisk>,
+    /// NICs a running guest was given after boot, by NIC slot, each on the
+    /// port it goes back on (a restore of a snapshot taken while they were
+    /// plugged: `Guest::take_restored_nics` hands their leases back).
+    pub slot_nics: Vec<SlotNic>,
     /// The VMM boot timer to attach (`provium bench boot` keeps a clone and
     /// reads its marks); none for tests. A backend with no VMM ignores it.
     pub boot_timer: Option<BootTimer>,
@@ -94,6 +103,43 @@ pub struct DiskSpec {
     /// The disk's fault modes, shared with its `Disk` userdata: a change
     /// reaches the running guest's requests.
     pub faults: Arc<DiskFaults>,
+}
+
+/// Linux's virtio-blk name for the disk at `index` (vda … vdz, vdaa, …):
+/// virtio_blk names disks in probe order, which is the VMM's device order.
+pub fn guest_device_name(index: usize) -> String {
+    let mut letters = Vec::new();
+    let mut i = index;
+    loop {
+        letters.push(b'a' + u8::try_from(i % 26).expect("below 26"));
+        if i < 26 {
+            break;
+        }
+        i = i / 26 - 1;
+    }
+    letters.reverse();
+    format!(
+        "/dev/vd{}",
+        String::from_utf8(letters).expect("ascii letters")
+    )
+}
+
+/// A disk in slot `slot` of a machine's disk slots (see
+/// [`MachineSpec::slot_disks`]).
+#[derive(Debug, Clone)]
+pub struct SlotDisk {
+    pub slot: usize,
+    pub disk: DiskSpec,
+}
+
+/// A NIC slot `slot` plugged into `port` from the start (see
+/// [`MachineSpec::slot_nics`]); `bridge` names the bridge it is for, which
+/// the restored lease carries back.
+#[derive(Debug, Clone)]
+pub struct SlotNic {
+    pub slot: usize,
+    pub bridge: String,
+    pub port: Arc<provium_netsetup::Port>,
 }
 
 impl MachineSpec {

@@ -97,6 +97,10 @@ pub fn exec_profile(args: &ExecArgs, kernel: PathBuf) -> Profile {
         modules: args.modules.clone(),
         build: None,
         build_out: std::env::temp_dir(),
+        // One command, no Lua to attach anything later: no slots, no
+        // empty devices in the guest.
+        disk_slots: 0,
+        nic_slots: 0,
     }
 }
 

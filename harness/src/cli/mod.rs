@@ -468,6 +468,8 @@ mod tests {
             (BackendKind::Local, "no profile's kernel exists")
         );
         let mut p = crate::config::Profile {
+            disk_slots: crate::config::profile::DEFAULT_DISK_SLOTS,
+            nic_slots: crate::config::profile::DEFAULT_NIC_SLOTS,
             name: "p".into(),
             kernel: Some(kernel.clone()),
             initrd: Some(d.path().join("initrd.cpio")),

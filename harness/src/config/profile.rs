@@ -33,6 +33,12 @@ pub enum ProfileError {
          (virtio-pci, for kernels without virtio-mmio)"
     )]
     UnknownTransport { name: String, transport: String },
+    #[error("profile `{name}` has {key} = {got}; at most {MAX_SLOTS} (each is a virtio device made at boot; on virtio-mmio each takes one of the 18 interrupt lines the VM's devices share)")]
+    TooManySlots {
+        name: String,
+        key: &'static str,
+        got: u32,
+    },
 }
 
 /// The virtio transport a profile's VMs put their devices on.
@@ -52,6 +58,23 @@ pub enum Transport {
     Mmio,
     /// virtio-pci on a PCI root bus with MSI-X.
     Pci,
+}
+
+fn slot_count(
+    name: &str,
+    key: &'static str,
+    v: Option<u32>,
+    default: u32,
+) -> Result<u32, ProfileError> {
+    match v {
+        None => Ok(default),
+        Some(n) if n <= MAX_SLOTS => Ok(n),
+        Some(n) => Err(ProfileError::TooManySlots {
+            name: name.to_string(),
+            key,
+            got: n,
+        }),
+    }
 }
 
 /// "`peios` and `linux`".
@@ -168,6 +191,8 @@ pub(super) struct ProfileTable {
     modules: Option<String>,
     build: Option<String>,
     build_out: Option<String>,
+    disk_slots: Option<u32>,
+    nic_slots: Option<u32>,
 }
 
 /// A validated profile, `{out}` expanded and its paths resolved.
@@ -189,7 +214,21 @@ pub struct Profile {
     pub modules: Option<PathBuf>,
     pub build: Option<String>,
     pub build_out: PathBuf,
+    /// Disks a running guest can be given (`vm:attach_disk` after boot):
+    /// on kvm, empty virtio-blk slots made at boot ([`DEFAULT_DISK_SLOTS`]).
+    pub disk_slots: u32,
+    /// NICs a running guest can be given (`bridge:attach(vm)` after boot):
+    /// on kvm, link-down virtio-net slots made at boot ([`DEFAULT_NIC_SLOTS`]).
+    pub nic_slots: u32,
 }
+
+/// `disk_slots` when the profile does not say.
+pub const DEFAULT_DISK_SLOTS: u32 = 2;
+/// `nic_slots` when the profile does not say.
+pub const DEFAULT_NIC_SLOTS: u32 = 2;
+/// The most slots of one kind: virtio-mmio devices each take one of the
+/// VMM's 18 interrupt lines (IRQs 5..=22), shared with the VM's other devices.
+pub const MAX_SLOTS: u32 = 8;
 
 /// Where a dynamic profile builds when `build_out` is unset: `<base>/<name>`,
 /// the base being the first of `$PROVIUM_BUILD_DIR`, `<cache home>/builds`
@@ -253,6 +292,8 @@ impl ProfileTable {
             modules: path_field(&self.modules),
             build: self.build.as_deref().map(expand),
             build_out,
+            disk_slots: slot_count(&name, "disk_slots", self.disk_slots, DEFAULT_DISK_SLOTS)?,
+            nic_slots: slot_count(&name, "nic_slots", self.nic_slots, DEFAULT_NIC_SLOTS)?,
             name,
         })
     }

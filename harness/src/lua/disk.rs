@@ -35,10 +35,10 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use crate::backend::vmm_models::{DiskFaults, SECTOR_BYTES, SLOW_COMPLETION_MS};
-use crate::backend::DiskSpec;
+use crate::backend::{AddedDisk, BackendError, DeviceLease, DiskSpec, Guest};
 use mlua::{Lua, Table, UserData, UserDataMethods, Value};
 
-use super::snapshot::DiskDecl;
+use super::snapshot::{DiskDecl, SlotDiskDecl};
 use super::{err, rust_err};
 
 /// Why a VM's disks cannot become its machine's drives, each naming the
@@ -85,6 +85,9 @@ struct DiskInner {
     faults: Arc<DiskFaults>,
     /// `/dev/vdX` once a boot gave the disk to the guest.
     guest_device: Mutex<Option<String>>,
+    /// Set when a running guest took the disk (`give_to_running_guest`):
+    /// dropping it takes the disk back out of the guest's slot.
+    lease: Mutex<Option<(usize, DeviceLease)>>,
     siblings: Weak<Mutex<Vec<Disk>>>,
     env: Arc<FileEnv>,
 }
@@ -245,23 +248,7 @@ fn sector_arg(method: &str, what: &str, v: &Value) -> mlua::Result<u64> {
     })
 }
 
-/// Linux's virtio-blk name for the disk at `index` (vda … vdz, vdaa, …).
-pub fn guest_device_name(index: usize) -> String {
-    let mut letters = Vec::new();
-    let mut i = index;
-    loop {
-        letters.push(b'a' + u8::try_from(i % 26).expect("below 26"));
-        if i < 26 {
-            break;
-        }
-        i = i / 26 - 1;
-    }
-    letters.reverse();
-    format!(
-        "/dev/vd{}",
-        String::from_utf8(letters).expect("ascii letters")
-    )
-}
+pub use crate::backend::guest_device_name;
 
 /// The drives of a kvm boot (see [`boot_drives`]) and their disks.
 pub struct BootDrives {
@@ -344,6 +331,7 @@ impl Disk {
             image: Mutex::new(opts.image),
             faults: Arc::new(DiskFaults::default()),
             guest_device: Mutex::new(None),
+            lease: Mutex::new(None),
             siblings: Arc::downgrade(siblings),
             env,
         }))
@@ -398,6 +386,54 @@ impl Disk {
     /// requests fail (see the module doc). Idempotent.
     pub fn detach(&self) {
         self.0.faults.detach();
+        // A disk a running guest took after boot leaves its slot: the
+        // guest's /dev/vdX goes back to size 0.
+        if let Some((_, lease)) = self.0.lease.locked().take() {
+            lease.release();
+        }
+    }
+
+    /// Gives this disk (its image and fault set) to `machine`, which runs
+    /// (`Guest::add_disk`), and records its guest device.
+    pub fn give_to_running_guest(&self, machine: &dyn Guest) -> Result<(), BackendError> {
+        let spec = self.spec().expect("the caller checked the image");
+        self.adopt(machine.add_disk(&spec)?);
+        Ok(())
+    }
+
+    /// This disk as a machine's: its image and fault set (`None` without
+    /// an image).
+    pub fn spec(&self) -> Option<DiskSpec> {
+        Some(DiskSpec {
+            id: self.0.id.clone(),
+            image: self.image()?,
+            faults: self.0.faults.clone(),
+        })
+    }
+
+    /// Takes a running guest's slot for this disk (`Guest::add_disk`, or a
+    /// restore that put it back).
+    pub fn adopt(&self, added: AddedDisk) {
+        *self.0.guest_device.locked() = Some(added.guest_device);
+        *self.0.lease.locked() = Some((added.slot, added.lease));
+    }
+
+    /// What a snapshot records of a disk in a slot (`None` for a disk given
+    /// at boot, or detached).
+    pub fn slot_decl(&self) -> Option<SlotDiskDecl> {
+        let slot = self.0.lease.locked().as_ref().map(|(s, _)| *s)?;
+        if self.is_detached() {
+            return None;
+        }
+        Some(SlotDiskDecl {
+            slot,
+            disk: DiskDecl {
+                id: self.0.id.clone(),
+                image: self.image()?,
+                size_bytes: self.0.size_bytes,
+                detached: false,
+            },
+        })
     }
 
     /// `/dev/vdX` once booted into a guest, else None.
@@ -695,6 +731,35 @@ mod tests {
     }
 
     /// A disk over a fresh 8-sector image of `fill` bytes.
+    #[test]
+    fn a_disk_in_a_slot_is_recorded_by_slot_and_detach_gives_the_slot_back() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let (d, _f, _list) = disk(env(), 1);
+        assert!(d.slot_decl().is_none(), "a disk given at boot is no slot's");
+        let released = Arc::new(AtomicBool::new(false));
+        let r = released.clone();
+        d.adopt(AddedDisk {
+            guest_device: "/dev/vdc".into(),
+            slot: 1,
+            lease: DeviceLease::new(move || r.store(true, Ordering::SeqCst)),
+        });
+        assert_eq!(d.guest_device().as_deref(), Some("/dev/vdc"));
+        let decl = d.slot_decl().expect("recorded");
+        assert_eq!((decl.slot, decl.disk.id.as_str()), (1, "vda"));
+        assert!(!decl.disk.detached);
+        assert!(!released.load(Ordering::SeqCst));
+        d.detach();
+        assert!(
+            released.load(Ordering::SeqCst),
+            "detach ejects the slot's medium"
+        );
+        assert!(
+            d.slot_decl().is_none(),
+            "a detached disk is no longer in a slot"
+        );
+        d.detach(); // idempotent: nothing left to release
+    }
+
     fn disk(env: Arc<FileEnv>, fill: u8) -> (Disk, tempfile::NamedTempFile, DiskList) {
         let f = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(f.path(), vec![fill; 8 * 512]).unwrap();

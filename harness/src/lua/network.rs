@@ -40,7 +40,7 @@ use provium_netsetup::{
 
 use super::capture::CaptureSource;
 use super::phase::Phase;
-use super::snapshot::NicDecl;
+use super::snapshot::{NicDecl, SlotNicDecl};
 use super::stream::{creation_site, Stream};
 use super::vm_ctx::VmCtx;
 use super::{err, rust_err};
@@ -278,6 +278,15 @@ enum NicEnd {
     /// kvm: the port is held by the VM's virtio-net device (attached before
     /// boot by [`Bridge::vmm_port`]); the switch detaches it by name.
     Vmm,
+    /// kvm, joined after boot: a NIC slot of the machine plugged into this
+    /// switch (`Guest::add_nic`); dropping the lease parks the slot again
+    /// (link down in the guest) and its port leaves the switch.
+    Slot {
+        /// Which NIC slot (what a snapshot records).
+        slot: usize,
+        /// Held for its drop.
+        _lease: crate::backend::DeviceLease,
+    },
 }
 
 struct UplinkLink {
@@ -670,12 +679,28 @@ impl Bridge {
             return Ok(());
         }
         let mac = m.mac;
-        let end = if machine.capabilities().has_vmm_nics() && self.0.switch.port_mac(name).is_ok() {
+        let mut ifname = ifname.to_owned();
+        let caps = machine.capabilities();
+        let end = if caps.has_vmm_nics() && self.0.switch.port_mac(name).is_ok() {
             // The virtio-net device got its port before boot (`vmm_port`).
             NicEnd::Vmm
+        } else if caps.has_vmm_nics() && caps.nics_after_boot.is_yes() {
+            // A running kvm guest: one of its NIC slots (made at boot, with
+            // its own MAC) gets a port on this switch.
+            let switch = &self.0.switch;
+            // The member keeps its own MAC (vm, bridge): the backend gives
+            // the guest interface the port's.
+            let added = machine.add_nic(&ifname, &mut |_slot_mac| {
+                Ok(Arc::new(switch.attach(name, mac)?))
+            })?;
+            ifname = added.ifname.clone();
+            NicEnd::Slot {
+                slot: added.slot,
+                _lease: added.lease,
+            }
         } else {
             let poller = tap_poller(taps, &self.0.name)?;
-            let fd = machine.open_nic(ifname, mac)?;
+            let fd = machine.open_nic(&ifname, mac)?;
             let port = TapPort::attach_on(&poller, &self.0.switch, name, mac, fd)?;
             // The kernel forwards this NIC's plain directions to the other
             // sandboxes' (docs/networking.md, "The kernel path"). Without
@@ -695,8 +720,33 @@ impl Bridge {
         if m.link_down {
             let _ = self.0.switch.disconnect(name);
         }
-        m.nic = Some((ifname.to_owned(), end));
+        m.nic = Some((ifname, end));
         Ok(())
+    }
+
+    /// For a restore: `vm`'s member takes the NIC slot the machine plugged
+    /// back into this bridge's port ([`restore_slot_ports`]), as its
+    /// realised NIC; the lease parks the slot when the member goes.
+    pub fn adopt_slot_nic(&self, vm: &NetMember, added: crate::backend::AddedNic) {
+        let mut st = self.lock();
+        if let Some(m) = st.members.get_mut(vm.name()) {
+            m.nic = Some((
+                added.ifname,
+                NicEnd::Slot {
+                    slot: added.slot,
+                    _lease: added.lease,
+                },
+            ));
+        }
+    }
+
+    /// The NIC slot `vm`'s realised NIC on this bridge is in, if it joined
+    /// after boot.
+    fn slot_of(&self, vm: &NetMember) -> Option<usize> {
+        match self.lock().members.get(vm.name())?.nic {
+            Some((_, NicEnd::Slot { slot, .. })) => Some(slot),
+            _ => None,
+        }
     }
 
     /// Whether `close` ran (a closed bridge takes no member).
@@ -1124,11 +1174,18 @@ pub fn restore_ports(
     vm: &NetMember,
     want: &[NicDecl],
     left: &[Bridge],
+    slot_bridges: &[String],
 ) -> Result<VmmNics, NetworkError> {
-    let current = sorted_bridges(vm);
+    // The bridges the snapshot's NIC slots go back on are theirs
+    // ([`restore_slot_ports`]), not a boot NIC's.
+    let theirs = |b: &Bridge| slot_bridges.iter().any(|n| n == b.name());
+    let current: Vec<Bridge> = sorted_bridges(vm)
+        .into_iter()
+        .filter(|b| !theirs(b))
+        .collect();
     let left: Vec<Bridge> = left
         .iter()
-        .filter(|b| !b.is_closed() && !current.iter().any(|c| c.ptr_eq(b)))
+        .filter(|b| !b.is_closed() && !theirs(b) && !current.iter().any(|c| c.ptr_eq(b)))
         .cloned()
         .collect();
     let names = |bs: &[Bridge]| bs.iter().map(|b| b.name().to_string()).collect::<Vec<_>>();
@@ -1202,6 +1259,85 @@ pub fn nic_decls(
             }
         })
         .collect()
+}
+
+/// What a snapshot of `vm` records of the NICs it was given after boot
+/// (NIC slots plugged into the bridges it is on).
+pub fn slot_nic_decls(
+    vm: &NetMember,
+    bridge_lab: &dyn Fn(&Bridge) -> Option<Vec<String>>,
+) -> Vec<SlotNicDecl> {
+    let mut out = Vec::new();
+    for b in sorted_bridges(vm) {
+        let (Some(slot), Some(mac)) = (b.slot_of(vm), b.mac_of(vm.name())) else {
+            continue;
+        };
+        out.push(SlotNicDecl {
+            slot,
+            nic: NicDecl {
+                bridge: b.name().to_string(),
+                mac: mac.to_string(),
+                attached: true,
+                connected: b.is_connected(vm.name()),
+                bridge_lab: bridge_lab(&b),
+            },
+        });
+    }
+    out
+}
+
+/// For a kvm restore from a snapshot whose VM had NICs in NIC slots
+/// (`want`): each goes back on the bridge of its recorded name, one `vm` is
+/// on (keeping its link state) or one it left at shutdown (joining again
+/// with the recorded MAC and link state), on a port with the recorded MAC
+/// that the machine's slot is plugged into from the start. A recorded
+/// bridge `vm` has no way to (a fixture's copy in a file without it) leaves
+/// its slot parked: the guest's interface is there with its link down.
+/// Memberships added are returned with the ports; on an error they are
+/// undone here.
+pub fn restore_slot_ports(
+    vm: &NetMember,
+    want: &[SlotNicDecl],
+    left: &[Bridge],
+) -> Result<(Vec<crate::backend::SlotNic>, Vec<Bridge>), NetworkError> {
+    let current = sorted_bridges(vm);
+    let mut ports = Vec::new();
+    let mut added: Vec<Bridge> = Vec::new();
+    let r = (|| -> Result<(), NetworkError> {
+        for w in want {
+            let mac = w.nic.mac_addr()?;
+            let (bridge, connected) =
+                if let Some(b) = current.iter().find(|b| b.name() == w.nic.bridge) {
+                    (b.clone(), None)
+                } else if let Some(b) = left
+                    .iter()
+                    .find(|b| !b.is_closed() && b.name() == w.nic.bridge)
+                {
+                    (b.clone(), Some(w.nic.connected))
+                } else {
+                    continue;
+                };
+            if bridge.restore_member(vm, mac, connected)? {
+                added.push(bridge.clone());
+            }
+            let cfg = bridge.vmm_port(vm)?;
+            ports.push(crate::backend::SlotNic {
+                slot: w.slot,
+                bridge: bridge.name().to_string(),
+                port: cfg.port,
+            });
+        }
+        Ok(())
+    })();
+    match r {
+        Ok(()) => Ok((ports, added)),
+        Err(e) => {
+            for b in &added {
+                b.vm_gone(vm);
+            }
+            Err(e)
+        }
+    }
 }
 
 #[cfg(test)]

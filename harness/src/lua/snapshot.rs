@@ -237,6 +237,30 @@ pub struct VmDevices {
     /// sandbox that has one).
     #[serde(default)]
     pub nics: Vec<NicDecl>,
+    /// Disks a running kvm guest took after boot, by disk slot: a restore
+    /// puts each back into its slot.
+    #[serde(default)]
+    pub slot_disks: Vec<SlotDiskDecl>,
+    /// NICs a running kvm guest was given after boot (`bridge:attach` on a
+    /// booted VM), by NIC slot: a restore plugs each back onto its bridge.
+    #[serde(default)]
+    pub slot_nics: Vec<SlotNicDecl>,
+}
+
+/// A NIC in NIC slot `slot` of a snapshotted kvm VM, plugged into bridge
+/// `nic.bridge` with `nic.mac` (docs/networking.md). `nic.attached` is
+/// always true: a slot whose bridge was left is parked, and not recorded.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SlotNicDecl {
+    pub slot: usize,
+    pub nic: NicDecl,
+}
+
+/// A disk in disk slot `slot` of a snapshotted kvm VM (docs/disks.md).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SlotDiskDecl {
+    pub slot: usize,
+    pub disk: DiskDecl,
 }
 
 /// One disk of a snapshotted VM. Its contents are not in the snapshot: a
@@ -399,6 +423,25 @@ mod tests {
     #[test]
     fn a_device_record_round_trips_through_a_snapshot() {
         let d = VmDevices {
+            slot_nics: vec![SlotNicDecl {
+                slot: 0,
+                nic: NicDecl {
+                    bridge: "late".into(),
+                    mac: "02:00:00:00:00:07".into(),
+                    attached: true,
+                    connected: false,
+                    bridge_lab: None,
+                },
+            }],
+            slot_disks: vec![SlotDiskDecl {
+                slot: 1,
+                disk: DiskDecl {
+                    id: "late".into(),
+                    image: "/srv/late.img".into(),
+                    size_bytes: 4096,
+                    detached: false,
+                },
+            }],
             disks: vec![DiskDecl {
                 id: "vda".into(),
                 image: "/srv/a.img".into(),

@@ -127,7 +127,7 @@ test("a shut-down VM takes no disk, and its disks are detached", function(t)
   t:assert_eq(d:is_detached(), true)
   t:assert_eq(t:assert_raises(function() d:read_sectors(0, 1) end), "disk:read_sectors: disk is detached")
   t:assert_contains(t:assert_raises(function() vm:attach_disk({id = "vdb"}) end),
-    "vm:attach_disk: vm `d7` is shutdown; the kvm backend's virtio-mmio disks are announced on the kernel command line at boot and cannot be hot-plugged (no ACPI), so attach disks before vm:boot()")
+    "vm:attach_disk: vm `d7` is shutdown; attach disks to a created vm (given at vm:boot()) or a booted one (into a disk slot)")
   os.remove(img)
 end)
 

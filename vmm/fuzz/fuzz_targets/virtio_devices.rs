@@ -1,7 +1,8 @@
 //! Hostile-guest fuzzing of the virtio device models behind the real
 //! virtio-mmio transport.
 //!
-//! The input picks a device (blk over a small temp file, rng, vsock, net on
+//! The input picks a device (blk: a disk slot holding a small temp file, which
+//! the host ejects and inserts between the guest's actions; rng, vsock, net on
 //! a switch port, console), then is read as a list of guest actions against a 64 KiB
 //! guest memory: raw MMIO register/config reads and writes at any offset and
 //! width, bytes written anywhere in guest memory (descriptor tables, rings,
@@ -31,7 +32,7 @@ use provium_vmm::devices::bus::BusDevice;
 use provium_vmm::devices::legacy::EventFdTrigger;
 use provium_vmm::devices::virtio::console::active::{ActiveConsole, PortState};
 use provium_vmm::devices::virtio::console::{ConsoleHost, VirtioConsole};
-use provium_vmm::devices::virtio::block::{Block, BlockConfig, BlockFaults, DiskImage};
+use provium_vmm::devices::virtio::block::{Block, BlockConfig, BlockFaults, BlockSlot, DiskImage};
 use provium_vmm::devices::virtio::mmio::{MmioInterrupt, MmioTransport};
 use provium_vmm::devices::virtio::net::defs::{HDR_LEGACY_BYTES, HDR_V1_BYTES};
 use provium_vmm::devices::virtio::net::packet::{NetFeatures, NetQueues};
@@ -133,11 +134,15 @@ fn run(data: &[u8]) {
     let Some(which) = input.u8() else { return };
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_BYTES)]).expect("guest memory");
     FIX.with(|fix| {
+        // The block device is a disk slot: op 9 has the host eject or
+        // insert its medium while the guest drives it (docs/disks.md).
+        let medium = BlockConfig {
+            disk: fix.disk.clone(),
+            faults: Arc::new(BlockFaults::default()),
+        };
+        let slot = BlockSlot::holding(medium.clone());
         let device: Box<dyn VirtioDevice> = match which % 5 {
-            0 => Box::new(Block::new(BlockConfig {
-                disk: fix.disk.clone(),
-                faults: Arc::new(BlockFaults::default()),
-            })),
+            0 => Box::new(Block::in_slot(slot.clone())),
             1 => Box::new(Rng::new(RngConfig { seed: Some(1) })),
             2 => Box::new(Vsock::new(VsockHost::new(3).expect("vsock host"))),
             3 => Box::new(Net::new(GUEST_MAC, fix.port.clone())),
@@ -209,6 +214,11 @@ fn run(data: &[u8]) {
                             frame[6..12].copy_from_slice(&PEER_MAC.0);
                         }
                         let _ = fix.peer.send(&frame);
+                    }
+                    9 if which % 5 == 0 => {
+                        if slot.eject().is_none() {
+                            let _ = slot.insert(medium.clone());
+                        }
                     }
                     _ => sync_drive(&mut input, &mem, which % 5, fix),
                 }

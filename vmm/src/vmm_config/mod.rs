@@ -6,11 +6,16 @@ pub mod machine_config;
 pub mod net;
 pub mod transport;
 
+pub use crate::devices::virtio::net::PortPlug;
 pub use boot_source::{BootSource, KernelImage};
 pub use drive::DriveConfig;
 pub use machine_config::MachineConfig;
-pub use net::NetConfig;
+pub use net::{NetConfig, NicSlot};
 pub use transport::VirtioTransportKind;
+
+use std::sync::Arc;
+
+pub use crate::devices::virtio::block::BlockSlot;
 
 pub use crate::devices::virtio::console::ConsoleHost;
 pub use crate::devices::virtio::rng::RngConfig;
@@ -27,6 +32,11 @@ pub struct VmConfig {
     pub console_log_bytes: usize,
     /// Disks, in attach order (the guest sees vda, vdb, ...).
     pub drives: Vec<DriveConfig>,
+    /// Disk slots (after the nets; the guest's next vdX names, as no other
+    /// virtio-blk device comes between): empty
+    /// virtio-blk devices, or holding a medium (a restore), whose medium the
+    /// host changes while the guest runs (`devices::virtio::block::slot`).
+    pub disk_slots: Vec<Arc<BlockSlot>>,
     /// A virtio-rng device (after the disks), seeded or from host randomness.
     pub rng: Option<RngConfig>,
     /// A virtio-vsock device (after the rng). The handle carries the guest
@@ -41,6 +51,9 @@ pub struct VmConfig {
     pub nets: Vec<NetConfig>,
     /// The transport every virtio device goes on (virtio-mmio or virtio-pci).
     pub transport: VirtioTransportKind,
+    /// NIC slots (after the disk slots): virtio-net devices whose port the host
+    /// swaps while the guest runs (`devices::virtio::net::plug`).
+    pub nic_slots: Vec<NicSlot>,
     /// Boot timing (`boot_timer.rs`): the VMM stamps its marks into this
     /// handle and puts its port on the PIO bus. Keep a clone to read them.
     pub boot_timer: Option<crate::boot_timer::BootTimer>,
@@ -83,9 +96,24 @@ impl VmConfig {
             console: None,
             nets: Vec::new(),
             transport: VirtioTransportKind::default(),
+            nic_slots: Vec::new(),
+            disk_slots: Vec::new(),
             boot_timer: None,
             protocol_version: 0,
             device_discovery: DeviceDiscovery::default(),
         }
+    }
+
+    /// How many virtio devices the VM gets ([`crate::builder`]'s attach
+    /// order: disks, rng, vsock, console, nets, disk slots, NIC slots); at
+    /// most [`VirtioTransportKind::max_devices`] of its transport build.
+    pub fn virtio_device_count(&self) -> usize {
+        self.drives.len()
+            + usize::from(self.rng.is_some())
+            + usize::from(self.vsock.is_some())
+            + usize::from(self.console.is_some())
+            + self.nets.len()
+            + self.disk_slots.len()
+            + self.nic_slots.len()
     }
 }

@@ -27,3 +27,15 @@ impl NetConfig {
         }
     }
 }
+
+use crate::devices::virtio::net::PortPlug;
+
+/// One NIC slot: a virtio-net device with a fixed MAC (config space is read
+/// once, at probe) on whatever port its plug holds.
+#[derive(Clone, Debug)]
+pub struct NicSlot {
+    /// The guest NIC's MAC.
+    pub mac: MacAddr,
+    /// The port now; `PortPlug::replug` moves the device to another.
+    pub plug: Arc<PortPlug>,
+}

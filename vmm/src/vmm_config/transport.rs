@@ -22,6 +22,20 @@ impl VirtioTransportKind {
         }
     }
 
+    /// How many virtio devices fit on this transport: on virtio-mmio one
+    /// per IOAPIC pin from `FIRST_IRQ` to `LAST_IRQ` (pin 23 is the ACPI
+    /// GED's); on virtio-pci one per device number of bus 0 but the host
+    /// bridge's (MSI-X needs no pin). The builder refuses more
+    /// (`MmioDevicesError::TooManyDevices`, `PciRootError::BusFull`); the
+    /// harness checks first, naming the profile keys.
+    pub fn max_devices(self) -> usize {
+        use crate::device_manager::mmio::{FIRST_IRQ, LAST_IRQ};
+        match self {
+            VirtioTransportKind::Mmio => (LAST_IRQ - FIRST_IRQ + 1) as usize,
+            VirtioTransportKind::Pci => crate::devices::pci::root::SLOTS - 1,
+        }
+    }
+
     /// Parses a profile's name (`mmio` or `pci`).
     pub fn from_name(s: &str) -> Option<VirtioTransportKind> {
         match s {

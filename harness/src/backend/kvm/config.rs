@@ -596,6 +596,8 @@ mod tests {
         let kernel = dir.join("bzImage");
         std::fs::write(&kernel, provium_vmm::tiny_guest::BZIMAGE).unwrap();
         Profile {
+            disk_slots: crate::config::profile::DEFAULT_DISK_SLOTS,
+            nic_slots: crate::config::profile::DEFAULT_NIC_SLOTS,
             name: "p".into(),
             kernel: Some(kernel),
             initrd: None,

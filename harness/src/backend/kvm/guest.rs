@@ -12,8 +12,8 @@ use provium_vmm::vstate::memory::RestoreRamCache;
 use provium_vmm::{BootSource, VmState};
 
 use crate::backend::{
-    Backend, BackendError, Capabilities, CidAllocator, Guest, MachineSpec, NicKind, Stopped,
-    Support,
+    AddedDisk, AddedNic, Backend, BackendError, Capabilities, CidAllocator, ConnectPort, Guest,
+    MachineSpec, NicKind, Stopped, Support,
 };
 use crate::client::AgentClient;
 
@@ -23,6 +23,8 @@ pub const KVM_CAPABILITIES: Capabilities = Capabilities {
     backend: "kvm",
     disks: Support::Yes,
     nics: NicKind::VmmDevices,
+    disks_after_boot: Support::Yes,
+    nics_after_boot: Support::Yes,
     reset: Support::Yes,
     power_button: Support::Yes,
     console: Support::Yes,
@@ -172,6 +174,34 @@ impl Guest for KvmMachine {
         .into())
     }
 
+    fn add_disk(&self, disk: &crate::backend::DiskSpec) -> Result<AddedDisk, BackendError> {
+        Ok(self.slots().add_disk(disk).map_err(KvmError::from)?)
+    }
+
+    fn take_restored_disks(&self) -> Vec<AddedDisk> {
+        self.slots().take_restored()
+    }
+
+    fn take_restored_nics(&self) -> Vec<(String, AddedNic)> {
+        self.slots().take_restored_nics()
+    }
+
+    fn add_nic(&self, want: &str, connect: &mut ConnectPort<'_>) -> Result<AddedNic, BackendError> {
+        let added = self
+            .slots()
+            .add_nic(want, connect)
+            .map_err(KvmError::from)?;
+        if added.mac != added.slot_mac {
+            // The guest read the slot's MAC at probe (config space is read
+            // once): it takes the port's now, through its agent.
+            if let Err(e) = self.set_guest_mac(&added.ifname, added.mac) {
+                added.lease.release();
+                return Err(e.into());
+            }
+        }
+        Ok(added)
+    }
+
     /// The VMM records its own shape (memory, vCPUs), the same sizing the
     /// spec gave.
     fn snapshot_to(&self, path: &Path, extra: &[(&str, Vec<u8>)]) -> Result<u64, BackendError> {
@@ -192,13 +222,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_booted_vm_gets_no_new_nic_and_says_why() {
+    fn a_kvm_vm_opens_no_tap_and_says_what_instead() {
         let e = BackendError::from(KvmError::NicAfterBoot {
             ifname: "eth2".into(),
         });
         let m = e.to_string();
         assert!(
-            m.starts_with("NIC eth2: a booted kvm VM cannot get a new NIC"),
+            m.starts_with("NIC eth2: a kvm VM's NICs are virtio-net devices, not host TAPs"),
             "{m}"
         );
         assert!(m.ends_with("attach the bridge before vm:boot()"), "{m}");

@@ -30,6 +30,7 @@ pub mod devices;
 pub mod disk_plan;
 pub mod guest;
 pub mod nic_plan;
+pub mod slots;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -61,6 +62,18 @@ pub enum KvmError {
     NoProfileToRestore { profile: String },
     #[error(transparent)]
     Config(#[from] config::VmConfigError),
+    #[error(
+        "NIC {ifname}: cannot give the guest interface the bridge port's MAC through its agent \
+         ({detail}); the guest needs `ip` (iproute2, or busybox with AF_PACKET) or `ifconfig`"
+    )]
+    GuestMac { ifname: String, detail: String },
+    /// A device for a running guest (its slots: `slots.rs`).
+    #[error(transparent)]
+    Slot(#[from] slots::SlotError),
+    /// The boot devices plus the slots do not fit the transport (boxed:
+    /// it names a lot, and every KvmError result carries its size).
+    #[error(transparent)]
+    TooManyDevices(Box<DeviceCountError>),
     /// A setting from the environment is invalid (it names the variable).
     #[error(transparent)]
     Setting(#[from] AgentTimeoutError),
@@ -112,9 +125,8 @@ pub enum KvmError {
         console_tail: String,
     },
     #[error(
-        "NIC {ifname}: a booted kvm VM cannot get a new NIC: its virtio-net devices are \
-         virtio-mmio, which a guest without ACPI finds only on its kernel command line at \
-         boot (no hotplug); attach the bridge before vm:boot()"
+        "NIC {ifname}: a kvm VM's NICs are virtio-net devices, not host TAPs: a booted kvm VM \
+         gets a new NIC in one of its NIC slots (Guest::add_nic), or attach the bridge before vm:boot()"
     )]
     NicAfterBoot { ifname: String },
 }
@@ -194,17 +206,126 @@ pub struct KvmMachine {
     /// The profile's kernel and `modules`, for `kernel check`'s verdict in
     /// the "no Hello" error.
     kernel_check: Option<(std::path::PathBuf, Option<std::path::PathBuf>)>,
+    /// Its disk and NIC slots (devices given after boot, `slots.rs`).
+    slots: slots::Slots,
+}
+
+/// A VM's virtio devices (boot devices plus slots) past its transport's
+/// limit.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "vm `{vm}` needs {devices} virtio devices ({slots} of them the disk_slots and nic_slots \
+     of profile `{profile}`), and the {transport} transport fits at most {max}; lower \
+     `disk_slots`/`nic_slots` in [profiles.{profile}], give the VM fewer disks or NICs at \
+     boot{pci_hint}"
+)]
+pub struct DeviceCountError {
+    vm: String,
+    profile: String,
+    devices: usize,
+    slots: usize,
+    transport: &'static str,
+    max: usize,
+    /// `, or use transport = "pci"` on mmio.
+    pci_hint: &'static str,
+}
+
+/// Refuses, before anything is built, a VM whose boot devices plus slots
+/// exceed its transport's device limit (18 on virtio-mmio: one IOAPIC pin
+/// each; 31 on virtio-pci), naming the profile keys that fix it: the
+/// VMM's own refusal would name neither.
+fn check_device_count(
+    cfg: &provium_vmm::VmConfig,
+    vm: &str,
+    profile: &str,
+) -> Result<(), KvmError> {
+    let devices = cfg.virtio_device_count();
+    let max = cfg.transport.max_devices();
+    if devices <= max {
+        return Ok(());
+    }
+    let mmio = cfg.transport == provium_vmm::vmm_config::VirtioTransportKind::Mmio;
+    Err(KvmError::TooManyDevices(Box::new(DeviceCountError {
+        vm: vm.to_string(),
+        profile: profile.to_string(),
+        devices,
+        slots: cfg.disk_slots.len() + cfg.nic_slots.len(),
+        transport: cfg.transport.name(),
+        max,
+        pci_hint: if mmio {
+            ", or use transport = \"pci\" (31 devices) with a kernel that has virtio-pci"
+        } else {
+            ""
+        },
+    })))
 }
 
 impl KvmMachine {
+    /// Its disk and NIC slots.
+    pub fn slots(&self) -> &slots::Slots {
+        &self.slots
+    }
+
+    /// Sets guest interface `ifname`'s MAC through the agent (`ip link set
+    /// … address`: a NIC slot's MAC is fixed at probe, and copies of one
+    /// fixture share it, so a slot joining a bridge takes the member's).
+    pub fn set_guest_mac(
+        &self,
+        ifname: &str,
+        mac: provium_netsetup::MacAddr,
+    ) -> Result<(), KvmError> {
+        use crate::client::AgentOps;
+        // `ip` (iproute2, busybox) first; busybox's `ip` needs AF_PACKET
+        // for an address (the probe kernel has none: "ip: socket: Address
+        // family not supported by protocol"), and `ifconfig` sets it with
+        // SIOCSIFHWADDR on an AF_INET socket. virtio_net takes a live
+        // change (IFF_LIVE_ADDR_CHANGE).
+        let script = format!(
+            "ip link set dev {ifname} address {mac} 2>/dev/null || ifconfig {ifname} hw ether {mac}"
+        );
+        let client = self.connect()?;
+        let out = client
+            .exec(provium_protocol::op::ExecSpec {
+                run: provium_protocol::op::CommandSpec::shell(script.clone()),
+                timeout_ms: Some(120_000),
+            })
+            .map_err(|source| KvmError::GuestMac {
+                ifname: ifname.to_string(),
+                detail: crate::error_chain::flatten(&source),
+            })?;
+        if !out.success() {
+            return Err(KvmError::GuestMac {
+                ifname: ifname.to_string(),
+                detail: format!(
+                    "`{script}` failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// Prepares the VM of `spec` on `profile` with guest CID `cid`, without
     /// running it (subscribe to its console first, then `start`, or
     /// `restore_from` a snapshot).
     pub fn build(spec: &MachineSpec, profile: &Profile, cid: u32) -> Result<KvmMachine, KvmError> {
         let agent_timeout = agent_timeout(&spec.settings)?;
         let agent_timeout = spec.agent_timeout.unwrap_or(agent_timeout);
-        let (cfg, vsock) = config::vm_config(profile, spec, cid)?;
+        let (mut cfg, vsock) = config::vm_config(profile, spec, cid)?;
         let console = cfg.console.clone();
+        let (slots, disk_slots, nic_slots) = slots::Slots::new(
+            &spec.vm_name,
+            &profile.name,
+            spec.disks.len(),
+            spec.nics.len(),
+            profile.disk_slots,
+            profile.nic_slots,
+            &spec.slot_disks,
+            &spec.slot_nics,
+        )?;
+        cfg.disk_slots = disk_slots;
+        cfg.nic_slots = nic_slots;
+        check_device_count(&cfg, &spec.vm_name, &profile.name)?;
         let vm = Vm::new(cfg)?;
         Ok(KvmMachine {
             name: spec.vm_name.clone(),
@@ -223,6 +344,7 @@ impl KvmMachine {
             boot_log_mark: AtomicU64::new(0),
             settings: spec.settings.clone(),
             kernel_check: profile.kernel.clone().map(|k| (k, profile.modules.clone())),
+            slots,
         })
     }
 
@@ -908,6 +1030,8 @@ mod tests {
         let kernel = d.path().join("bzImage");
         std::fs::write(&kernel, provium_vmm::tiny_guest::BZIMAGE).unwrap();
         let profile = Profile {
+            disk_slots: crate::config::profile::DEFAULT_DISK_SLOTS,
+            nic_slots: crate::config::profile::DEFAULT_NIC_SLOTS,
             name: "tiny".into(),
             kernel: Some(kernel),
             initrd: None,
@@ -1000,5 +1124,44 @@ mod tests {
         let e = crate::error_chain::flatten(&e);
         assert!(e.contains("different VM shape"), "{e}");
         b.kill();
+    }
+
+    #[test]
+    fn boot_devices_plus_slots_past_the_transport_limit_name_the_keys() {
+        use provium_vmm::vmm_config::{BlockSlot, VirtioTransportKind};
+        let mut cfg = provium_vmm::VmConfig::new(provium_vmm::BootSource {
+            kernel: provium_vmm::KernelImage::Path("k".into()),
+            initrd: None,
+            cmdline: String::new(),
+        });
+        cfg.disk_slots = (0..18).map(|_| BlockSlot::empty()).collect();
+        assert!(
+            check_device_count(&cfg, "v", "linux").is_ok(),
+            "18 fit on mmio"
+        );
+        cfg.rng = Some(Default::default());
+        let e = check_device_count(&cfg, "v", "linux")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("vm `v` needs 19 virtio devices (18 of them the disk_slots")
+                && e.contains("the mmio transport fits at most 18")
+                && e.contains("lower `disk_slots`/`nic_slots` in [profiles.linux]")
+                && e.contains("transport = \"pci\""),
+            "{e}"
+        );
+        cfg.transport = VirtioTransportKind::Pci;
+        assert!(
+            check_device_count(&cfg, "v", "linux").is_ok(),
+            "pci fits 31"
+        );
+        cfg.disk_slots = (0..31).map(|_| BlockSlot::empty()).collect();
+        let e = check_device_count(&cfg, "v", "linux")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("the pci transport fits at most 31") && !e.contains("use transport"),
+            "{e}"
+        );
     }
 }

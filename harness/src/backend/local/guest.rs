@@ -38,6 +38,8 @@ pub const LOCAL_CAPABILITIES: Capabilities = Capabilities {
          is no virtio-blk disk to give it); run with --vmm kvm",
     ),
     nics: NicKind::HostTaps,
+    disks_after_boot: Support::No("the local backend's sandboxes have no block devices"),
+    nics_after_boot: Support::No("a sandbox's NICs are TAPs (Guest::open_nic)"),
     reset: Support::No("reset needs the kvm backend (the local sandbox has no kernel to reboot)"),
     power_button: Support::No(
         "power_button needs the kvm backend (the local sandbox has no i8042 to press)",

@@ -64,7 +64,12 @@ impl Lab {
             ))
         };
         let left = vm.left_bridges();
-        for n in devices.nics.iter().filter(|n| n.attached) {
+        // NICs from boot and NICs given after boot (NIC slots) alike.
+        let recorded = devices
+            .nics
+            .iter()
+            .chain(devices.slot_nics.iter().map(|s| &s.nic));
+        for n in recorded.filter(|n| n.attached) {
             // On one of that name, or left one at its shutdown (a running
             // VM that `lab:restore` shut down): `restore_checked` uses it.
             let on = vm
@@ -108,6 +113,8 @@ mod tests {
         VmDevices {
             disks: vec![],
             nics,
+            slot_disks: vec![],
+            slot_nics: vec![],
         }
     }
 
@@ -202,7 +209,8 @@ mod tests {
         site.join_recorded_bridges(&v, &devices).unwrap();
         assert!(site.bridge_names().is_empty(), "no second `lan`");
         let ports =
-            crate::lua::network::restore_ports(&v.net(), &devices.nics, &v.left_bridges()).unwrap();
+            crate::lua::network::restore_ports(&v.net(), &devices.nics, &v.left_bridges(), &[])
+                .unwrap();
         assert_eq!(ports.configs.len(), 1);
         assert!(lan.has_vm(&v.net()), "back on the bridge it left");
     }

@@ -112,8 +112,10 @@ impl Vm {
         } else {
             None
         };
-        let (want_disks, want_nics) =
-            devices.map_or((None, None), |d| (Some(d.disks), Some(d.nics)));
+        let (want_disks, want_nics, slot_disks, slot_nics) = devices
+            .map_or((None, None, Vec::new(), Vec::new()), |d| {
+                (Some(d.disks), Some(d.nics), d.slot_disks, d.slot_nics)
+            });
         if caps.seeded_rng {
             self.adopt_recorded_rng_seed(path)?;
         }
@@ -121,10 +123,25 @@ impl Vm {
         // at boot, before the state lock; dropped, so detached, if the
         // restore is refused).
         let vmm_nics = caps.has_vmm_nics();
+        // NICs the snapshot's guest was given after boot go back into their
+        // NIC slots, on their bridges (the boot NICs' plan leaves those out).
+        let (slot_ports, slot_added) = if vmm_nics && !slot_nics.is_empty() {
+            crate::lua::network::restore_slot_ports(&self.net(), &slot_nics, &self.left_bridges())
+                .map_err(|e| {
+                Mismatch(format!(
+                    "vm:restore: vm `{name}`: the snapshot's NICs added after boot do not fit \
+                         this VM (a configuration mismatch): {}",
+                    flatten(&e)
+                ))
+            })?
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        let slot_bridges: Vec<String> = slot_ports.iter().map(|p| p.bridge.clone()).collect();
         let nics = match (&want_nics, vmm_nics) {
             (_, false) => VmmNics::default(),
             (Some(want), true) => {
-                crate::lua::network::restore_ports(&self.net(), want, &self.left_bridges()).map_err(|e| {
+                crate::lua::network::restore_ports(&self.net(), want, &self.left_bridges(), &slot_bridges).map_err(|e| {
                     Mismatch(format!(
                         "vm:restore: vm `{name}`: the snapshot's NICs do not fit this VM (a configuration \
                          mismatch): {}",
@@ -138,8 +155,9 @@ impl Vm {
             configs,
             record,
             lone,
-            added,
+            mut added,
         } = nics;
+        added.extend(slot_added);
         // Host TAPs: the guest comes back on the bridges it left when it
         // was shut down (its NICs, and the interface configuration its
         // snapshot holds, are put back once it runs).
@@ -160,6 +178,7 @@ impl Vm {
         let r = self.restore_machine(
             path,
             want_disks.as_deref(),
+            (&slot_disks, slot_ports),
             (configs, record, lone),
             &mut built,
         );
@@ -196,6 +215,10 @@ impl Vm {
         &self,
         path: &std::path::Path,
         want_disks: Option<&[crate::lua::snapshot::DiskDecl]>,
+        (slot_disks, slot_nics): (
+            &[crate::lua::snapshot::SlotDiskDecl],
+            Vec<crate::backend::SlotNic>,
+        ),
         (nics, record, lone): (
             Vec<crate::backend::NicSpec>,
             Vec<MachineNic>,
@@ -279,6 +302,24 @@ impl Vm {
         };
         spec.disks = drives.specs.clone();
         spec.nics = nics;
+        spec.slot_nics = slot_nics;
+        // Disks the snapshot's guest took after boot go back into their
+        // slots (new Disk userdata like the snapshot's).
+        let mut slot_new = Vec::new();
+        for s in slot_disks {
+            let d = Disk::from_decl(env.clone(), name, &s.disk, &self.0.disks)
+                .map_err(|e| Mismatch(format!("vm:restore: vm `{name}`: {e}")))?;
+            spec.slot_disks.push(crate::backend::SlotDisk {
+                slot: s.slot,
+                disk: d.spec().ok_or_else(|| {
+                    Mismatch(format!(
+                        "vm:restore: vm `{name}`: disk `{}` has no image",
+                        d.id()
+                    ))
+                })?,
+            });
+            slot_new.push((s.slot, d));
+        }
         let machine: Arc<dyn Guest> =
             Arc::from(env.machines().restore(&spec, path).map_err(|e| {
                 Failed(rust_err(
@@ -294,6 +335,23 @@ impl Vm {
             let old = std::mem::take(&mut *disks);
             disks.extend(new_disks);
             disks.extend(old);
+        }
+        if !slot_new.is_empty() {
+            let mut back = machine.take_restored_disks();
+            let mut disks = self.0.disks.locked();
+            for (slot, d) in slot_new {
+                if let Some(i) = back.iter().position(|a| a.slot == slot) {
+                    d.adopt(back.swap_remove(i));
+                }
+                disks.retain(|o| o.id() != d.id());
+                disks.push(d);
+            }
+        }
+        // The NIC slots plugged back are their bridges' members' NICs.
+        for (bridge, added) in machine.take_restored_nics() {
+            if let Some(b) = self.bridges().into_iter().find(|b| b.name() == bridge) {
+                b.adopt_slot_nic(&self.net(), added);
+            }
         }
         *self.0.lone_switches.locked() = lone;
         let client = self
@@ -481,7 +539,12 @@ mod tests {
     }
 
     fn decl(disks: Vec<DiskDecl>, nics: Vec<NicDecl>) -> VmDevices {
-        VmDevices { disks, nics }
+        VmDevices {
+            disks,
+            nics,
+            slot_disks: vec![],
+            slot_nics: vec![],
+        }
     }
 
     /// `vm:shutdown(); vm:restore(s)` on a bridged VM: the shutdown leaves
@@ -498,9 +561,13 @@ mod tests {
         assert!(!lan.is_member("v"), "a shut-down VM is off its bridges");
         let left: Vec<Bridge> = v.left_bridges();
         assert_eq!(left.len(), 1);
-        let nics =
-            crate::lua::network::restore_ports(&v.net(), &[nic("lan", &mac.to_string())], &left)
-                .unwrap();
+        let nics = crate::lua::network::restore_ports(
+            &v.net(),
+            &[nic("lan", &mac.to_string())],
+            &left,
+            &[],
+        )
+        .unwrap();
         assert_eq!(nics.configs.len(), 1);
         assert_eq!(nics.configs[0].mac(), mac);
         assert!(lan.has_vm(&v.net()), "back on lan");
@@ -508,10 +575,14 @@ mod tests {
         nics.undo(&v.net());
         assert!(!lan.is_member("v"), "undone");
         // A snapshot naming a bridge it was never on is a mismatch.
-        let e =
-            crate::lua::network::restore_ports(&v.net(), &[nic("wan", &mac.to_string())], &left)
-                .err()
-                .unwrap();
+        let e = crate::lua::network::restore_ports(
+            &v.net(),
+            &[nic("wan", &mac.to_string())],
+            &left,
+            &[],
+        )
+        .err()
+        .unwrap();
         let e = e.to_string();
         assert!(e.contains("NIC on bridge `wan`"), "{e}");
         assert!(!lan.is_member("v"));
@@ -620,6 +691,8 @@ mod tests {
         config.profiles.insert(
             "p".into(),
             crate::config::Profile {
+                disk_slots: crate::config::profile::DEFAULT_DISK_SLOTS,
+                nic_slots: crate::config::profile::DEFAULT_NIC_SLOTS,
                 name: "p".into(),
                 kernel: Some(kernel),
                 initrd: None,

@@ -183,6 +183,7 @@ impl Vm {
         // this VM's phase).
         let machine_nics = self.0.machine_nics.locked().clone();
         let nics = super::network::nic_decls(&self.net(), &machine_nics, bridge_lab);
+        let slot_nics = super::network::slot_nic_decls(&self.net(), bridge_lab);
         let disks = super::disk::disk_decls(&self.0.machine_disks.locked());
         let st = self.lock_state();
         if !matches!(st.phase, Phase::Booted | Phase::Paused) {
@@ -204,7 +205,19 @@ impl Vm {
             cpus: self.0.sizing.cpus,
             rng_seed: self.0.pending.locked().rng_seed,
         };
-        let devices = VmDevices { disks, nics };
+        let slot_disks = self
+            .0
+            .disks
+            .locked()
+            .iter()
+            .filter_map(Disk::slot_decl)
+            .collect();
+        let devices = VmDevices {
+            disks,
+            nics,
+            slot_disks,
+            slot_nics,
+        };
         machine
             .snapshot_to(
                 path,
@@ -224,13 +237,26 @@ impl Vm {
         }
         let opts = AttachOpts::parse(self.name(), opts)?;
         let phase = self.phase();
-        if phase != Phase::Created {
+        if phase != Phase::Created && phase != Phase::Booted {
             return Err(err(format!(
-                "{M}: vm `{}` is {}; the kvm backend's virtio-mmio disks are announced on the kernel \
-                 command line at boot and cannot be hot-plugged (no ACPI), so attach disks before vm:boot()",
+                "{M}: vm `{}` is {}; attach disks to a created vm (given at vm:boot()) or a booted one \
+                 (into a disk slot)",
                 self.name(),
                 phase.as_str()
             )));
+        }
+        if phase == Phase::Booted {
+            if let Some(why) = self.capabilities().disks_after_boot.refusal() {
+                return Err(err(format!("{M}: vm `{}` is booted: {why}", self.name())));
+            }
+            if opts.image.is_none() {
+                return Err(err(format!(
+                    "{M}: vm `{}` is booted, and a running guest's disk needs its backing image now: \
+                     attach it with {{id = \"{}\", image = path}}",
+                    self.name(),
+                    opts.id
+                )));
+            }
         }
         let mut disks = self.0.disks.locked();
         if disks.iter().any(|d| d.id() == opts.id) {
@@ -244,6 +270,12 @@ impl Vm {
             super::disk::check_image_unused(M, self.name(), img, &disks)?;
         }
         let disk = Disk::new(self.env().clone(), self.name(), opts, &self.0.disks);
+        if phase == Phase::Booted {
+            // A running guest takes it into a disk slot now (`Guest::add_disk`).
+            let machine = self.ctx().machine()?;
+            disk.give_to_running_guest(machine.as_ref())
+                .map_err(|e| rust_err(&format!("{M}: vm `{}`", self.name()), &e))?;
+        }
         disks.push(disk.clone());
         Ok(disk)
     }

@@ -20,20 +20,11 @@ use virtio_queue::{Queue, QueueT};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::defs::SLOW_COMPLETION_MS;
-use super::io::{BlockFaults, DiskImage};
 use super::request::Request;
+use super::slot::Media;
 use crate::devices::virtio::worker::DeadlineTimer;
 use crate::devices::virtio::VirtioInterrupt;
 use crate::vstate::memory::GuestMemoryMmap;
-
-/// What a block device is built from.
-#[derive(Clone)]
-pub struct BlockConfig {
-    /// The backing file.
-    pub disk: Arc<DiskImage>,
-    /// Fault modes (the host keeps a clone to flip them).
-    pub faults: Arc<BlockFaults>,
-}
 
 /// An activated device's queue and in-flight work: what the worker owns
 /// (its event handler is in `event_handler.rs`) and hands back when stopped.
@@ -41,7 +32,7 @@ pub struct ActiveBlock {
     pub(super) queue: Queue,
     pub(super) pending: VecDeque<Pending>,
     pub(super) mem: GuestMemoryMmap,
-    pub(super) cfg: BlockConfig,
+    pub(super) cfg: Media,
     pub(super) interrupt: Arc<dyn VirtioInterrupt>,
     /// Written by `queue_notify`.
     pub(super) notify: EventFd,
@@ -56,7 +47,7 @@ impl ActiveBlock {
         mem: GuestMemoryMmap,
         queue: Queue,
         pending: VecDeque<Pending>,
-        cfg: BlockConfig,
+        cfg: Media,
         interrupt: Arc<dyn VirtioInterrupt>,
     ) -> std::io::Result<ActiveBlock> {
         Ok(ActiveBlock {
@@ -75,10 +66,11 @@ impl ActiveBlock {
     pub(super) fn for_test(
         mem: GuestMemoryMmap,
         queue: Queue,
-        cfg: BlockConfig,
+        cfg: super::io::BlockConfig,
         interrupt: Arc<dyn VirtioInterrupt>,
     ) -> ActiveBlock {
-        ActiveBlock::new(mem, queue, VecDeque::new(), cfg, interrupt).expect("eventfd and timerfd")
+        ActiveBlock::new(mem, queue, VecDeque::new(), cfg.into(), interrupt)
+            .expect("eventfd and timerfd")
     }
 
     /// The guest notified the queue: run what it made available.
@@ -141,9 +133,13 @@ fn complete(queue: &mut Queue, mem: &GuestMemoryMmap, head: u16, len: u32) -> bo
 fn process(
     queue: &mut Queue,
     mem: &GuestMemoryMmap,
-    cfg: &BlockConfig,
+    cfg: &Media,
     pending: &mut VecDeque<Pending>,
 ) -> bool {
+    // One look at the slot per batch: a medium inserted or ejected meanwhile
+    // serves (or fails) the next batch.
+    let medium = cfg.current();
+    let slow = medium.as_ref().is_some_and(|m| m.faults.is_slow());
     let mut completed = false;
     while pending.len() < usize::from(queue.size()) {
         let Some(chain) = queue.pop_descriptor_chain(mem) else {
@@ -151,10 +147,13 @@ fn process(
         };
         let head = chain.head_index();
         let used_len = match Request::parse(chain, mem) {
-            Ok(req) => cfg.disk.execute(&req, mem, &cfg.faults).used_len,
+            Ok(req) => match &medium {
+                Some(m) => m.disk.execute(&req, mem, &m.faults).used_len,
+                None => super::io::fail_no_medium(&req, mem).used_len,
+            },
             Err(_) => 0,
         };
-        if cfg.faults.is_slow() {
+        if slow {
             pending.push_back(Pending {
                 due: Instant::now() + Duration::from_millis(SLOW_COMPLETION_MS),
                 head,

@@ -11,9 +11,11 @@ use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_queue::Queue;
 
-use super::active::{ActiveBlock, BlockConfig, Pending};
+use super::active::{ActiveBlock, Pending};
 use super::defs::QUEUE_SIZE;
+use super::io::BlockConfig;
 use super::persist::{BlockConstructorArgs, BlockState};
+use super::slot::{BlockSlot, Media};
 use crate::devices::virtio::persist::{
     check_queue_count, decode_state, encode_state, QueueSnapshot,
 };
@@ -27,23 +29,34 @@ use provium_snapshot::Persist;
 
 /// A virtio-blk device.
 pub struct Block {
-    cfg: BlockConfig,
+    cfg: Media,
     acked_features: u64,
     /// The activated device, on its worker or parked by a save.
     worker: WorkerSlot<ActiveBlock>,
-    config_space: [u8; 8],
 }
 
 impl Block {
     /// A device over `cfg`.
     pub fn new(cfg: BlockConfig) -> Block {
-        let config_space = cfg.disk.sectors.to_le_bytes();
+        Block::with_media(Media::Fixed(cfg))
+    }
+
+    /// A device whose medium comes and goes with `slot` (see `slot.rs`).
+    pub fn in_slot(slot: Arc<BlockSlot>) -> Block {
+        Block::with_media(Media::Slot(slot))
+    }
+
+    fn with_media(cfg: Media) -> Block {
         Block {
             cfg,
             acked_features: 0,
             worker: WorkerSlot::new("virtio-blk"),
-            config_space,
         }
+    }
+
+    /// The capacity config space reports now, in sectors.
+    pub fn capacity_sectors(&self) -> u64 {
+        self.cfg.capacity_sectors()
     }
 
     /// Features the driver accepted.
@@ -52,11 +65,17 @@ impl Block {
     }
 
     fn stop_worker(&mut self) {
+        // A slot's medium change has no device to signal until the next
+        // activation.
+        self.cfg.set_interrupt(None);
         drop(self.worker.stop());
     }
 
     fn start_worker(&mut self, active: ActiveBlock) -> Result<(), ActivateError> {
-        self.worker.start(active)
+        let irq = active.interrupt.clone();
+        self.worker.start(active)?;
+        self.cfg.set_interrupt(Some(irq));
+        Ok(())
     }
 
     fn activate_with(
@@ -83,7 +102,7 @@ impl VirtioDevice for Block {
 
     fn avail_features(&self) -> u64 {
         let mut f = (1u64 << VIRTIO_F_VERSION_1) | (1u64 << VIRTIO_BLK_F_FLUSH);
-        if self.cfg.disk.read_only {
+        if self.cfg.fixed_read_only() {
             f |= 1u64 << VIRTIO_BLK_F_RO;
         }
         f
@@ -94,11 +113,12 @@ impl VirtioDevice for Block {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        read_config_bytes(&self.config_space, offset, data);
+        read_config_bytes(&self.capacity_sectors().to_le_bytes(), offset, data);
     }
 
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {
-        // Capacity is read-only; writeback mode is not offered.
+        // Capacity is read-only (a guest cannot resize or eject a slot's
+        // medium); writeback mode is not offered.
     }
 
     fn activate(
@@ -125,7 +145,10 @@ impl VirtioDevice for Block {
         let Some(parked) = self.worker.park() else {
             return DeviceSnapshot {
                 queues: Vec::new(),
-                state: encode_state(&BlockState::default()),
+                state: encode_state(&BlockState {
+                    capacity_sectors: self.capacity_sectors(),
+                    ..BlockState::default()
+                }),
             };
         };
         DeviceSnapshot {
@@ -146,6 +169,7 @@ impl VirtioDevice for Block {
         state: &[u8],
     ) -> Result<(), VirtioPersistError> {
         let state: BlockState = decode_state("virtio-blk", state)?;
+        state.check_capacity(self.capacity_sectors())?;
         let Some(mut a) = active else {
             return Ok(());
         };
@@ -365,5 +389,101 @@ mod tests {
         r.dev.set_acked_features(u64::MAX);
         assert_eq!(r.dev.acked_features(), r.dev.avail_features());
         r.dev.reset();
+    }
+
+    fn capacity(dev: &Block) -> u64 {
+        let mut b = [0u8; 8];
+        dev.read_config(0, &mut b);
+        u64::from_le_bytes(b)
+    }
+
+    /// One read of sector 0 through chain slots `base..base+3` at `buf`;
+    /// returns its status byte.
+    fn read_sector0(
+        dev: &mut Block,
+        mem: &GuestMemoryMmap,
+        q: &MockSplitQueue<'_, GuestMemoryMmap>,
+        base: u16,
+        buf: u64,
+        done: u16,
+    ) -> u8 {
+        header(mem, buf, VIRTIO_BLK_T_IN, 0);
+        mem.write_slice(&[0xee], GuestAddress(buf + 0x2000))
+            .expect("mem");
+        q.add_desc_chains(&request(base, buf, W), base)
+            .expect("chain");
+        dev.queue_notify(0);
+        wait_used(mem, q, done + 1);
+        mem.read_obj(GuestAddress(buf + 0x2000)).expect("mem")
+    }
+
+    #[test]
+    fn a_slot_takes_and_loses_its_medium_while_the_guest_runs() {
+        let mem = guest_memory();
+        let q = MockSplitQueue::create(&mem, GuestAddress(0), 16);
+        let slot = BlockSlot::empty();
+        let mut dev = Block::in_slot(slot.clone());
+        // Features are fixed at probe: a slot never offers RO.
+        assert_eq!(dev.avail_features() & (1 << VIRTIO_BLK_F_RO), 0);
+        assert_eq!(capacity(&dev), 0, "an empty slot reads as size 0");
+        let irq = Arc::new(CountingInterrupt::default());
+        dev.activate(
+            mem.clone(),
+            vec![q.create_queue().expect("queue")],
+            irq.clone(),
+        )
+        .expect("activate");
+        // Empty: a request fails (the guest's driver sees an I/O error).
+        assert_eq!(read_sector0(&mut dev, &mem, &q, 0, 0x10_0000, 0), 1);
+        assert_eq!(irq.config.load(Ordering::SeqCst), 0);
+
+        let mut f = tempfile::NamedTempFile::new().expect("tempfile");
+        f.write_all(&vec![0x7b; 8 * 512]).expect("write");
+        let faults = Arc::new(BlockFaults::default());
+        let cfg = BlockConfig {
+            disk: Arc::new(DiskImage::open(f.path(), true, "late").expect("open")),
+            faults: faults.clone(),
+        };
+        slot.insert(cfg.clone()).expect("insert");
+        assert_eq!(irq.config.load(Ordering::SeqCst), 1, "config interrupt");
+        assert_eq!(capacity(&dev), 8);
+        assert_eq!(read_sector0(&mut dev, &mem, &q, 3, 0x20_0000, 1), 0);
+        let mut got = [0u8; 512];
+        mem.read_slice(&mut got, GuestAddress(0x20_1000))
+            .expect("mem");
+        assert_eq!(got, [0x7b; 512], "the medium's bytes");
+        // Its faults apply, as on a disk present at boot.
+        faults.set("eio_read", true);
+        assert_eq!(read_sector0(&mut dev, &mem, &q, 6, 0x30_0000, 2), 1);
+        faults.set("eio_read", false);
+        // A second medium is refused while one is in.
+        let e = slot.insert(cfg).unwrap_err().to_string();
+        assert!(e.contains("already holds disk `late`"), "{e}");
+        // A hostile guest cannot resize or eject through config writes.
+        dev.write_config(0, &[0; 8]);
+        dev.write_config(u64::MAX, &[0xff; 4]);
+        assert_eq!(capacity(&dev), 8);
+
+        assert!(slot.eject().is_some());
+        assert_eq!(irq.config.load(Ordering::SeqCst), 2);
+        assert_eq!(capacity(&dev), 0);
+        assert_eq!(read_sector0(&mut dev, &mem, &q, 9, 0x34_0000, 3), 1);
+        assert!(slot.eject().is_none(), "nothing to eject: no signal");
+        assert_eq!(irq.config.load(Ordering::SeqCst), 2);
+        // A stopped device no longer signals.
+        dev.reset();
+        slot.insert(BlockConfig {
+            disk: Arc::new(DiskImage::open(f.path(), false, "again").expect("open")),
+            faults,
+        })
+        .expect("insert");
+        assert_eq!(irq.config.load(Ordering::SeqCst), 2);
+        // The state records the capacity; a restore onto an empty slot is refused.
+        let snap = dev.save();
+        let mut fresh = Block::in_slot(BlockSlot::empty());
+        let e = fresh.restore(None, &snap.state).unwrap_err().to_string();
+        assert!(e.contains("had 8 sectors"), "{e}");
+        let mut same = Block::in_slot(BlockSlot::holding(slot.medium().expect("in")));
+        same.restore(None, &snap.state).expect("same size restores");
     }
 }

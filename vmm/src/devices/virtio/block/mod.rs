@@ -12,10 +12,11 @@ pub mod event_handler;
 pub mod io;
 pub mod persist;
 pub mod request;
+pub mod slot;
 
-pub use active::BlockConfig;
 pub use device::Block;
-pub use io::{BlockFaults, DiskImage};
+pub use io::{BlockConfig, BlockFaults, DiskImage};
+pub use slot::{BlockSlot, SlotError};
 
 /// Constants of the block device.
 pub mod defs {

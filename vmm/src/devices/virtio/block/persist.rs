@@ -4,7 +4,9 @@
 //! only the used-ring entry is owed), so a restored guest gets them. The
 //! queue itself is saved by the transport. Not saved: the disk image (the
 //! restoring VM's drive config names it; its contents are the host file's)
-//! and the fault modes (the restoring host sets its own).
+//! and the fault modes (the restoring host sets its own). Saved for a check:
+//! the capacity the guest was told, which the restoring medium must match
+//! (a disk slot's medium, `slot.rs`, is the restoring VM's to give back).
 //!
 //! `Persist` is implemented by the activated device's worker state
 //! (`ActiveBlock`, `active.rs`): a device that was never activated has nothing of its own
@@ -18,8 +20,9 @@ use provium_snapshot::Persist;
 use serde::{Deserialize, Serialize};
 use virtio_queue::{Queue, QueueT};
 
-use super::active::{ActiveBlock, BlockConfig, Pending};
+use super::active::{ActiveBlock, Pending};
 use super::defs::SLOW_COMPLETION_MS;
+use super::slot::Media;
 use crate::devices::virtio::{VirtioInterrupt, VirtioPersistError};
 use crate::vstate::memory::GuestMemoryMmap;
 
@@ -37,11 +40,30 @@ pub struct PendingCompletion {
 pub struct BlockState {
     /// Completions held by `slow`, oldest first.
     pub pending: Vec<PendingCompletion>,
+    /// The capacity the guest was told (0: an empty slot). A restore needs
+    /// the same medium size, or the guest's idea of its disk is wrong.
+    pub capacity_sectors: u64,
 }
 
 impl BlockState {
-    pub(super) fn of(pending: &VecDeque<Pending>) -> BlockState {
+    /// Refuses a restoring device whose capacity is not the snapshot's.
+    pub fn check_capacity(&self, restoring: u64) -> Result<(), VirtioPersistError> {
+        if self.capacity_sectors == restoring {
+            return Ok(());
+        }
+        Err(VirtioPersistError::State {
+            what: "virtio-blk",
+            detail: format!(
+                "the snapshot's disk had {} sectors of 512 bytes but the restoring disk has {restoring} \
+                 (an empty disk slot has 0); give the restore an image of the snapshot's size",
+                self.capacity_sectors
+            ),
+        })
+    }
+
+    pub(super) fn of(pending: &VecDeque<Pending>, capacity_sectors: u64) -> BlockState {
         BlockState {
+            capacity_sectors,
             pending: pending
                 .iter()
                 .map(|p| PendingCompletion {
@@ -92,8 +114,8 @@ pub struct BlockConstructorArgs {
     pub mem: GuestMemoryMmap,
     /// The request queue, rebuilt and checked from the file.
     pub queue: Queue,
-    /// The restoring VM's disk and fault modes.
-    pub cfg: BlockConfig,
+    /// The restoring VM's disk and fault modes (or its slot).
+    pub cfg: Media,
     /// The device's interrupt.
     pub interrupt: Arc<dyn VirtioInterrupt>,
 }
@@ -104,7 +126,7 @@ impl Persist for ActiveBlock {
     type Error = VirtioPersistError;
 
     fn save(&self) -> BlockState {
-        BlockState::of(&self.pending)
+        BlockState::of(&self.pending, self.cfg.capacity_sectors())
     }
 
     fn restore(args: BlockConstructorArgs, state: &BlockState) -> Result<Self, Self::Error> {
@@ -122,7 +144,7 @@ impl Persist for ActiveBlock {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devices::virtio::block::DiskImage;
+    use crate::devices::virtio::block::{BlockConfig, DiskImage};
     use crate::devices::virtio::persist::{decode_state, encode_state};
     use crate::devices::virtio::test_utils::{guest_memory, CountingInterrupt};
 
@@ -137,7 +159,7 @@ mod tests {
         let args = |cfg: &BlockConfig| BlockConstructorArgs {
             mem: guest_memory(),
             queue: Queue::new(16).expect("queue"),
-            cfg: cfg.clone(),
+            cfg: cfg.clone().into(),
             interrupt: Arc::new(CountingInterrupt::default()),
         };
         let held = BlockState {
@@ -151,6 +173,7 @@ mod tests {
                     used_len: 1,
                 },
             ],
+            capacity_sectors: 8,
         };
         let original = ActiveBlock::restore(args(&cfg), &held).expect("restores");
         let bytes = encode_state(&original.save());
@@ -163,6 +186,7 @@ mod tests {
                 head: 16,
                 used_len: 0,
             }],
+            capacity_sectors: 8,
         };
         let e = ActiveBlock::restore(args(&cfg), &hostile)
             .err()
@@ -178,6 +202,7 @@ mod tests {
                 head: 3,
                 used_len: 513,
             }],
+            capacity_sectors: 8,
         };
         let back: BlockState = decode_state("virtio-blk", &encode_state(&s)).expect("decodes");
         assert_eq!(back, s);
@@ -193,7 +218,12 @@ mod tests {
                 };
                 17
             ],
+            capacity_sectors: 8,
         };
         assert!(many.pending(16).is_err());
+        // A restore onto another medium size (an empty slot: 0) is refused.
+        assert!(back.check_capacity(8).is_ok());
+        let e = back.check_capacity(0).unwrap_err().to_string();
+        assert!(e.contains("had 8 sectors") && e.contains("has 0"), "{e}");
     }
 }

@@ -32,6 +32,7 @@ use super::defs::{
 };
 use super::packet::{NetFeatures, NetMetrics, NetQueues};
 use super::persist::{NetConstructorArgs, NetState};
+use super::plug::PortPlug;
 use crate::devices::virtio::persist::{
     check_queue_count, decode_state, encode_state, ActiveArgs, DeviceSnapshot, QueueSnapshot,
     VirtioPersistError,
@@ -79,7 +80,7 @@ impl Shared {
 /// A virtio-net device on a switch port.
 pub struct Net {
     mac: MacAddr,
-    port: Arc<Port>,
+    plug: Arc<PortPlug>,
     shared: Arc<Shared>,
     metrics: Arc<NetMetrics>,
     acked_features: u64,
@@ -92,28 +93,37 @@ impl Net {
     /// port's RX waker and link watcher (replacing earlier ones: after a
     /// reset, the new device takes the port over).
     pub fn new(mac: MacAddr, port: Arc<Port>) -> Net {
+        Net::on_plug(mac, PortPlug::new(port))
+    }
+
+    /// A device with MAC `mac` on whatever port `plug` holds, now and after
+    /// a [`PortPlug::replug`] (a NIC slot, see `plug.rs`).
+    pub fn on_plug(mac: MacAddr, plug: Arc<PortPlug>) -> Net {
         let shared = Arc::new(Shared {
             link_up: AtomicBool::new(true),
             interrupt: Mutex::new(None),
             port_rx: Mutex::new(None),
         });
         let w = Arc::downgrade(&shared);
-        port.set_link_watcher(Some(Arc::new(move |up| {
+        let link: provium_netsetup::LinkWatcher = Arc::new(move |up| {
             if let Some(s) = w.upgrade() {
                 s.set_link(up);
             }
-        })));
+        });
         let w = Arc::downgrade(&shared);
-        port.set_rx_waker(Some(Arc::new(move || {
+        let rx: provium_netsetup::RxWaker = Arc::new(move || {
             if let Some(s) = w.upgrade() {
                 s.wake_for_port_rx();
             }
-        })));
+        });
+        plug.set_hooks(rx, link);
         // Read after the watcher is in place so no change is missed.
-        shared.link_up.store(port.is_link_up(), Ordering::SeqCst);
+        shared
+            .link_up
+            .store(plug.port().is_link_up(), Ordering::SeqCst);
         Net {
             mac,
-            port,
+            plug,
             shared,
             metrics: Arc::new(NetMetrics::default()),
             acked_features: 0,
@@ -183,12 +193,12 @@ impl Net {
     /// Queues for an activation with the negotiated features; tells the
     /// switch port what the guest takes.
     fn queues(&self, mem: GuestMemoryMmap, rxq: Queue, txq: Queue) -> NetQueues {
-        self.port.set_offloads(self.guest_offloads());
-        let mut q = NetQueues::new(
+        self.plug.set_offloads(self.guest_offloads());
+        let mut q = NetQueues::on_plug(
             mem,
             rxq,
             txq,
-            self.port.clone(),
+            self.plug.clone(),
             self.hdr_bytes(),
             self.metrics.clone(),
         );
@@ -292,7 +302,7 @@ impl VirtioDevice for Net {
     fn reset(&mut self) {
         self.stop_worker();
         self.acked_features = 0;
-        self.port.set_offloads(Offloads::default());
+        self.plug.set_offloads(Offloads::default());
     }
 
     fn save(&mut self) -> DeviceSnapshot {
@@ -470,6 +480,92 @@ mod tests {
     }
 
     #[test]
+    fn a_nic_slot_joins_a_switch_and_leaves_it_while_the_guest_runs() {
+        // Made at boot on a port of its own, link down.
+        let lone = Switch::new("slot", SwitchConfig::default());
+        let parked = Arc::new(lone.attach("vm", GUEST).expect("attach"));
+        lone.disconnect("vm").expect("down");
+        let plug = PortPlug::new(parked.clone());
+        let mut dev = Net::on_plug(GUEST, plug.clone());
+        assert_eq!(status(&dev), 0, "a down ethN until attached");
+        let mem = guest_memory();
+        let rx = MockSplitQueue::create(&mem, GuestAddress(0), 16);
+        let tx = MockSplitQueue::create(&mem, GuestAddress(0x1_0000), 16);
+        let irq = Arc::new(CountingInterrupt::default());
+        dev.set_acked_features(dev.avail_features());
+        dev.activate(
+            mem.clone(),
+            vec![
+                rx.create_queue().expect("rx"),
+                tx.create_queue().expect("tx"),
+            ],
+            irq.clone(),
+        )
+        .expect("activate");
+        // Attach: a port on the bridge's switch, with the slot's MAC.
+        let lan = Switch::new("lan", SwitchConfig::default());
+        let peer = lan.attach("peer", PEER).expect("peer");
+        let on_lan = Arc::new(lan.attach("vm", GUEST).expect("attach"));
+        let old = plug.replug(on_lan.clone());
+        assert!(Arc::ptr_eq(&old, &parked));
+        assert_eq!(status(&dev), 1, "link up");
+        assert_eq!(irq.config.load(Ordering::SeqCst), 1, "config interrupt");
+        assert!(
+            on_lan.offloads().tso4,
+            "the new port takes the guest's offloads"
+        );
+        assert_eq!(parked.offloads(), Offloads::default());
+        // Frames flow on the new port, both ways.
+        let w = VRING_DESC_F_WRITE as u16;
+        rx.add_desc_chains(
+            &[RawDescriptor::from(SplitDescriptor::new(
+                0x20_0000, 2048, w, 0,
+            ))],
+            0,
+        )
+        .expect("rx chain");
+        let mut frame = GUEST.0.to_vec();
+        frame.extend_from_slice(&PEER.0);
+        frame.extend_from_slice(&[0x88, 0xb5]);
+        frame.resize(60, 0xaa);
+        peer.send(&frame).expect("send");
+        let used_idx = |q: &MockSplitQueue<'_, GuestMemoryMmap>| -> u16 {
+            mem.read_obj(q.used_addr().unchecked_add(2)).expect("idx")
+        };
+        wait("the frame in the RX ring", || used_idx(&rx) == 1);
+        let mut out = vec![0u8; 12];
+        out.extend_from_slice(&PEER.0);
+        out.extend_from_slice(&GUEST.0);
+        out.extend_from_slice(&[0x88, 0xb5]);
+        out.resize(12 + 60, 0xbb);
+        mem.write_slice(&out, GuestAddress(0x10_0000))
+            .expect("write");
+        tx.add_desc_chains(
+            &[RawDescriptor::from(SplitDescriptor::new(
+                0x10_0000, 72, 0, 0,
+            ))],
+            0,
+        )
+        .expect("tx chain");
+        dev.queue_notify(TXQ as u32);
+        assert_eq!(
+            peer.recv_timeout(Duration::from_secs(10)).as_deref(),
+            Some(&out[12..])
+        );
+        // A hostile guest's config writes change neither MAC nor status.
+        dev.write_config(0, &[0xff; 8]);
+        dev.write_config(u64::MAX, &[1; 2]);
+        let mut mac = [0u8; 6];
+        dev.read_config(0, &mut mac);
+        assert_eq!((mac, status(&dev)), (GUEST.0, 1));
+        // Detach: back to the parked port, link down.
+        plug.replug(parked);
+        assert_eq!(status(&dev), 0);
+        assert_eq!(irq.config.load(Ordering::SeqCst), 2);
+        dev.reset();
+    }
+
+    #[test]
     fn worker_moves_frames_both_ways_and_interrupts() {
         let sw = Switch::new("lan", SwitchConfig::default());
         let port = Arc::new(sw.attach("vm", GUEST).expect("attach"));
@@ -496,7 +592,7 @@ mod tests {
         )
         .expect("activate");
         assert!(
-            dev.port.offloads().tso4 && dev.port.offloads().tso6,
+            dev.plug.port().offloads().tso4 && dev.plug.port().offloads().tso6,
             "the port takes what the guest negotiated"
         );
         let w = VRING_DESC_F_WRITE as u16;
@@ -545,7 +641,7 @@ mod tests {
         dev.reset();
         assert!(!dev.worker.is_running());
         assert_eq!(
-            dev.port.offloads(),
+            dev.plug.port().offloads(),
             Offloads::default(),
             "reset drops offloads"
         );

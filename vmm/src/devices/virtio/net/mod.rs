@@ -36,9 +36,11 @@ pub mod device;
 pub mod event_handler;
 pub mod packet;
 pub mod persist;
+pub mod plug;
 
 pub use device::Net;
 pub use packet::NetMetrics;
+pub use plug::PortPlug;
 
 /// Constants of the net device.
 pub mod defs {

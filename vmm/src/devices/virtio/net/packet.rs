@@ -29,6 +29,7 @@ use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 
 use super::defs::{HDR_V1_BYTES, MAX_TX_CHAIN_BYTES, QUEUE_SIZE};
+use super::plug::PortPlug;
 use crate::vstate::memory::GuestMemoryMmap;
 
 /// TX chains read per batch handed to the switch under one lock.
@@ -281,6 +282,9 @@ pub struct NetQueues {
     rxq: Queue,
     txq: Queue,
     port: Arc<Port>,
+    /// Where `port` comes from when the NIC is a slot, and the plug
+    /// generation `port` was taken at.
+    plug: Option<(Arc<PortPlug>, u64)>,
     /// The negotiated header length (12 with VERSION_1, else 10).
     hdr_bytes: usize,
     /// A frame taken from the port while no RX chain was available: at most
@@ -312,6 +316,7 @@ impl NetQueues {
             rxq,
             txq,
             port,
+            plug: None,
             hdr_bytes,
             pending_rx: None,
             tx_bufs: Vec::new(),
@@ -320,6 +325,37 @@ impl NetQueues {
             mrg_heads: Vec::new(),
             metrics,
         }
+    }
+
+    /// Queues exchanging frames with whatever port `plug` holds.
+    pub fn on_plug(
+        mem: GuestMemoryMmap,
+        rxq: Queue,
+        txq: Queue,
+        plug: Arc<PortPlug>,
+        hdr_bytes: usize,
+        metrics: Arc<NetMetrics>,
+    ) -> NetQueues {
+        let generation = plug.generation();
+        let mut q = NetQueues::new(mem, rxq, txq, plug.port(), hdr_bytes, metrics);
+        q.plug = Some((plug, generation));
+        q
+    }
+
+    /// Takes the plug's port when it changed since the last run. A frame
+    /// held from the old port (waiting for an RX chain) is dropped: it came
+    /// from the network the NIC left.
+    fn follow_plug(&mut self) {
+        let Some((plug, seen)) = &mut self.plug else {
+            return;
+        };
+        let now = plug.generation();
+        if now == *seen {
+            return;
+        }
+        *seen = now;
+        self.port = plug.port();
+        self.pending_rx = None;
     }
 
     /// Acts on the negotiated offloads from now on.
@@ -520,6 +556,7 @@ impl NetQueues {
     /// `run_once`, saying which queue needs the interrupt: (RX, TX). A
     /// transport with a vector per queue (virtio-pci's MSI-X) raises each.
     pub fn run_once_by_queue(&mut self) -> (bool, bool) {
+        self.follow_plug();
         let tx = self.process_tx();
         let rx = self.process_rx();
         (

@@ -128,6 +128,18 @@ fn status(s: u32) -> u8 {
     u8::try_from(s).expect("virtio-blk status codes fit a byte")
 }
 
+/// Completes `req` with VIRTIO_BLK_S_IOERR: an empty disk slot has no
+/// medium to serve it (see `slot.rs`).
+pub fn fail_no_medium<M: GuestMemory>(req: &Request, mem: &M) -> Completion {
+    let st = status(VIRTIO_BLK_S_IOERR);
+    // A bad status address is the guest's; nothing more can be reported.
+    let _ = mem.write_slice(&[st], req.status_gpa);
+    Completion {
+        status: st,
+        used_len: 1,
+    }
+}
+
 impl DiskImage {
     /// Opens `path` (read-write unless `read_only`). `id` is truncated to 20 bytes.
     pub fn open(
@@ -275,6 +287,17 @@ impl DiskImage {
         }
         Ok(())
     }
+}
+
+/// What a block device is built from: its medium (a disk slot's comes and
+/// goes, `slot.rs`). Here, beside the image and the fault engine it pairs,
+/// so the device and the slot both import it from below them.
+#[derive(Clone)]
+pub struct BlockConfig {
+    /// The backing file.
+    pub disk: std::sync::Arc<DiskImage>,
+    /// Fault modes (the host keeps a clone to flip them).
+    pub faults: std::sync::Arc<BlockFaults>,
 }
 
 #[cfg(test)]
