@@ -70,6 +70,26 @@ test("two restored guests without a NIC join a new bridge, ping, a partition cut
   local ping = function(from, ip) return from:run("ping -c 1 -W 5 " .. ip) end
   local r = ping(a, "10.0.9.2")
   t:assert(r:ok(), "a -> b over NICs added after boot: " .. r.stdout .. r.stderr)
+  -- A NIC added after boot is an ordinary switch port: its counters, a
+  -- capture on it and the bridge's latency act on it as on one from boot.
+  local nic_a = lan:nic(a)
+  local before = nic_a:counters()
+  local cap = nic_a:capture()
+  r = ping(a, "10.0.9.2")
+  t:assert(r:ok(), "a -> b with a capture: " .. r.stdout .. r.stderr)
+  local pcap = table.concat(cap:drain("1s"))
+  cap:close()
+  -- The pcap file header (24 bytes) and at least the request and reply,
+  -- each a 16-byte record header and an ICMP frame (42 bytes or more).
+  t:assert(#pcap >= 24 + 2 * (16 + 42), "capture of a ping: " .. #pcap .. " bytes")
+  local after = nic_a:counters()
+  t:assert(after.tx_packets > before.tx_packets, "a's request counted on its late NIC")
+  t:assert(after.rx_packets > before.rx_packets, "b's reply counted on a's late NIC")
+  lan:add_latency(100)
+  r = a:run("ping -c 1 -W 10 10.0.9.2")
+  local rtt = tonumber(r.stdout:match("time=([%d%.]+) ms"))
+  t:assert(rtt ~= nil and rtt >= 199, "100 ms each way on late NICs: " .. r.stdout .. r.stderr)
+  lan:reset()
   lan:partition(a, b)
   t:assert(not ping(a, "10.0.9.2"):ok(), "a -> b must fail while partitioned")
   lan:unpartition(a, b)
