@@ -379,6 +379,36 @@ mod tests {
         }
     }
 
+    /// The guest queues one 60-byte frame (GUEST to PEER, behind the
+    /// 12-byte virtio-net header) on the TX queue and notifies; the peer
+    /// receives exactly the frame, the header stripped.
+    fn guest_sends_a_frame_the_peer_gets(
+        mem: &GuestMemoryMmap,
+        tx: &MockSplitQueue<'_, GuestMemoryMmap>,
+        dev: &mut Net,
+        peer: &provium_netsetup::Port,
+    ) {
+        let mut out = vec![0u8; 12];
+        out.extend_from_slice(&PEER.0);
+        out.extend_from_slice(&GUEST.0);
+        out.extend_from_slice(&[0x88, 0xb5]);
+        out.resize(12 + 60, 0xbb);
+        mem.write_slice(&out, GuestAddress(0x10_0000))
+            .expect("write");
+        tx.add_desc_chains(
+            &[RawDescriptor::from(SplitDescriptor::new(
+                0x10_0000, 72, 0, 0,
+            ))],
+            0,
+        )
+        .expect("tx chain");
+        dev.queue_notify(TXQ as u32);
+        assert_eq!(
+            peer.recv_timeout(Duration::from_secs(10)).as_deref(),
+            Some(&out[12..])
+        );
+    }
+
     fn status(dev: &Net) -> u16 {
         let mut b = [0u8; 2];
         dev.read_config(CONFIG_STATUS_OFFSET as u64, &mut b);
@@ -533,25 +563,7 @@ mod tests {
             mem.read_obj(q.used_addr().unchecked_add(2)).expect("idx")
         };
         wait("the frame in the RX ring", || used_idx(&rx) == 1);
-        let mut out = vec![0u8; 12];
-        out.extend_from_slice(&PEER.0);
-        out.extend_from_slice(&GUEST.0);
-        out.extend_from_slice(&[0x88, 0xb5]);
-        out.resize(12 + 60, 0xbb);
-        mem.write_slice(&out, GuestAddress(0x10_0000))
-            .expect("write");
-        tx.add_desc_chains(
-            &[RawDescriptor::from(SplitDescriptor::new(
-                0x10_0000, 72, 0, 0,
-            ))],
-            0,
-        )
-        .expect("tx chain");
-        dev.queue_notify(TXQ as u32);
-        assert_eq!(
-            peer.recv_timeout(Duration::from_secs(10)).as_deref(),
-            Some(&out[12..])
-        );
+        guest_sends_a_frame_the_peer_gets(&mem, &tx, &mut dev, &peer);
         // A hostile guest's config writes change neither MAC nor status.
         dev.write_config(0, &[0xff; 8]);
         dev.write_config(u64::MAX, &[1; 2]);
@@ -616,25 +628,7 @@ mod tests {
             irq.used.load(Ordering::SeqCst) >= 1
         });
 
-        let mut out = vec![0u8; 12];
-        out.extend_from_slice(&PEER.0);
-        out.extend_from_slice(&GUEST.0);
-        out.extend_from_slice(&[0x88, 0xb5]);
-        out.resize(12 + 60, 0xbb);
-        mem.write_slice(&out, GuestAddress(0x10_0000))
-            .expect("write");
-        tx.add_desc_chains(
-            &[RawDescriptor::from(SplitDescriptor::new(
-                0x10_0000, 72, 0, 0,
-            ))],
-            0,
-        )
-        .expect("tx chain");
-        dev.queue_notify(TXQ as u32);
-        assert_eq!(
-            peer.recv_timeout(Duration::from_secs(10)).as_deref(),
-            Some(&out[12..])
-        );
+        guest_sends_a_frame_the_peer_gets(&mem, &tx, &mut dev, &peer);
         wait("the TX chain returned", || used_idx(&tx) == 1);
         let m = dev.metrics().snapshot();
         assert_eq!(m, [1, 0, 0, 1, 0, 0]);
