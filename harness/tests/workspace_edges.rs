@@ -696,6 +696,15 @@ fn mutable_statics(files: &[(String, String)]) -> Vec<(String, String)> {
 /// A rule's finder: `(file, line)` of each offence in `(file, source)`s.
 type Finder = fn(&[(String, String)]) -> Vec<(String, String)>;
 
+/// `offenders`' findings, one `file: line` a line, for a failure message.
+fn listed(found: &[(String, String)]) -> String {
+    found
+        .iter()
+        .map(|(f, l)| format!("{f}: {l}"))
+        .collect::<Vec<_>>()
+        .join("\n  ")
+}
+
 /// What `check` finds in every crate's source (`(crate/src/file, line)`),
 /// except in the files `allowed` lists (each with why).
 fn offenders(check: Finder, allowed: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -725,11 +734,7 @@ fn no_crate_keeps_a_process_wide_counter() {
         found.is_empty(),
         "process-wide mutable state (pass a per-run or per-VM context instead, as \
          netsetup's WireNumbers does):\n  {}",
-        found
-            .iter()
-            .map(|(f, l)| format!("{f}: {l}"))
-            .collect::<Vec<_>>()
-            .join("\n  ")
+        listed(&found)
     );
 }
 
@@ -799,11 +804,7 @@ fn only_the_settings_and_the_agents_entry_read_the_environment() {
         found.is_empty(),
         "environment read outside harness/src/settings.rs (add the variable to Settings and \
          pass the value down):\n  {}",
-        found
-            .iter()
-            .map(|(f, l)| format!("{f}: {l}"))
-            .collect::<Vec<_>>()
-            .join("\n  ")
+        listed(&found)
     );
 }
 
