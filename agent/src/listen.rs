@@ -155,12 +155,40 @@ pub fn bind(addr: &ListenAddr) -> io::Result<Listener> {
                     std::fs::remove_file(path)?;
                 }
             }
-            UnixListener::bind(path).map(Listener::Unix)
+            bind_unix(path).map(Listener::Unix)
         }
         ListenAddr::Vsock(port) => bind_vsock(*port).map(Listener::Vsock),
         ListenAddr::Console => Ok(Listener::Console(crate::port::wait_for_port())),
         ListenAddr::Auto => bind(&resolve(addr)),
     }
+}
+
+/// Bind a Unix socket that appears at `path` only once it accepts.
+///
+/// `bind(2)` creates the file before `listen(2)` runs, so a client that waits
+/// for the file and connects at once can be refused. Binding a sibling name
+/// and renaming it into place once listening closes that window: a bound
+/// socket keeps working under its new name. Where the sibling name would not
+/// fit a `sun_path`, the socket is bound in place.
+fn bind_unix(path: &std::path::Path) -> io::Result<UnixListener> {
+    let Some(name) = path.file_name() else {
+        return UnixListener::bind(path);
+    };
+    let mut staged_name = std::ffi::OsString::from(".");
+    staged_name.push(name);
+    staged_name.push(format!(".{}.binding", std::process::id()));
+    let staged = path.with_file_name(staged_name);
+    // sun_path holds 108 bytes with its NUL.
+    if staged.as_os_str().len() >= 108 {
+        return UnixListener::bind(path);
+    }
+    let _ = std::fs::remove_file(&staged);
+    let listener = UnixListener::bind(&staged)?;
+    if let Err(err) = std::fs::rename(&staged, path) {
+        let _ = std::fs::remove_file(&staged);
+        return Err(err);
+    }
+    Ok(listener)
 }
 
 fn bind_vsock(port: u32) -> io::Result<OwnedFd> {
@@ -345,5 +373,18 @@ mod tests {
         let first = bind(&addr).unwrap();
         drop(first);
         bind(&addr).unwrap();
+    }
+
+    #[test]
+    fn a_unix_socket_accepts_as_soon_as_its_file_exists() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.sock");
+        let _listener = bind(&ListenAddr::Unix(path.clone())).unwrap();
+        std::os::unix::net::UnixStream::connect(&path).expect("connect at the final name");
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("agent.sock")], "no staged name is left");
     }
 }
