@@ -385,6 +385,10 @@ mod tests {
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        assert_eq!(names, vec![std::ffi::OsString::from("agent.sock")], "no staged name is left");
+        assert_eq!(
+            names,
+            vec![std::ffi::OsString::from("agent.sock")],
+            "no staged name is left"
+        );
     }
 }
