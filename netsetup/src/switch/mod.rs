@@ -84,7 +84,7 @@ use crate::port::RxQueue;
 use counters::{add, PortCounterCells, SwitchStatCells};
 use delay::DelayShared;
 use forward::{After, Sender};
-use kernel::KernelPaths;
+use kernel::{KernelPaths, WireRequests};
 use port_delay::{PortDelay, Release};
 use topology::{Control, ControlSlot, PortShared, Topology};
 
@@ -224,6 +224,9 @@ pub(crate) struct Inner {
     delay: DelayShared,
     /// The kernel paths between this switch's kernel NICs.
     kernel: Mutex<KernelPaths>,
+    /// Pairs the forwarding path asked a wire for, and the thread that
+    /// builds them (see `kernel`).
+    requests: WireRequests,
 }
 
 /// One bridge's switch. Dropping it stops the timer thread and closes every
@@ -284,6 +287,7 @@ impl Switch {
             stats: SwitchStatCells::default(),
             delay: DelayShared::new(delay_queue_bytes),
             kernel: Mutex::new(KernelPaths::default()),
+            requests: WireRequests::default(),
         });
         let timer = match timer {
             Timer::Manual => None,
@@ -638,6 +642,7 @@ impl Switch {
 
     /// The directions the kernel forwards now, as sorted (from, to) names.
     pub fn kernel_directions(&self) -> Vec<(String, String)> {
+        self.inner.settle_kernel();
         let c = self.inner.lock();
         self.inner.kernel_directions(&c)
     }
@@ -700,6 +705,7 @@ impl Drop for Switch {
                 p.shared.rx.close();
             }
         });
+        self.inner.requests.close();
         // Sets a flag and unparks the timer, which checks the flag between
         // its unpark token and its park (see `delay::DelayShared`).
         self.inner.delay.close();
