@@ -139,6 +139,11 @@ impl KernelNic {
         })
     }
 
+    /// Whether `other` is this NIC (its namespace and name).
+    pub(crate) fn same(&self, other: &KernelNic) -> bool {
+        self.ns_id == other.ns_id && self.ifname == other.ifname
+    }
+
     /// The interface name inside its namespace.
     pub fn ifname(&self) -> &str {
         &self.ifname

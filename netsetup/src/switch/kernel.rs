@@ -211,22 +211,30 @@ impl Inner {
             return;
         }
         let mut built = Vec::new();
-        let mut failed = None;
+        let mut failed = Vec::new();
         for (key, [a, b]) in todo {
             match Wire::create(&a, &b, &self.config.wire_numbers) {
                 Ok(w) => built.push((key, w)),
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
+                Err(e) => failed.push((key, [a, b], e)),
             }
         }
         let c = self.lock();
         {
             let mut k = self.kernel_lock();
             k.wires.extend(built);
-            if let Some(e) = failed {
-                self.kernel_failed(&mut k.broken, "build a kernel path", e);
+            for (key, nics, e) in failed {
+                // A port that left (or got another NIC) while its wire was
+                // being built took its TAP along: that is no failure of
+                // the kernel path.
+                let still = [key.0, key.1].iter().zip(&nics).all(|(id, nic)| {
+                    c.ports
+                        .get(id)
+                        .and_then(|s| s.kernel_nic.as_ref())
+                        .is_some_and(|now| now.same(nic))
+                });
+                if still && !c.closed {
+                    self.kernel_failed(&mut k.broken, "build a kernel path", e);
+                }
             }
         }
         // Enables the new wires' plain directions; takes down those whose

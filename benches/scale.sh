@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# Scale: N local sandboxes on one bridge against N network namespaces with
+# veth pairs on one Linux bridge, in one run (needs root: sandboxes, TAPs,
+# veths, a bridge).
+#
+#   bash benches/scale.sh [N ...]        # default: 10 40 100
+#
+# Per N, provium runs one generated Lua file on the local backend: boot N
+# sandboxes, attach them all to one bridge, give each an address, ping the
+# first from every other, end (teardown). The phases are read from the host
+# clock (`date` run in the first sandbox, which shares it) and the teardown
+# from the file's last phase to provium's exit. A sampler reads provium's
+# peak RSS, threads and open descriptors from /proc every 0.1 s.
+#
+# The peer, in the same run: N network namespaces, one Linux bridge in one
+# more, a veth pair per namespace (one end in it, one on the bridge), all
+# set up by one `ip -batch` and torn down by another; every namespace then
+# pings the first (`ip netns exec`, one ping each, as provium's `vm:run`).
+#
+# SCALE_PROVIUM (default target/release/provium, built here unless set)
+# and SCALE_KERNEL_PATH (default true; false makes the bridge with
+# `{kernel_path = false}`) select what runs. Prints `scale: ...` lines and
+# the ratio provium / peer for setup (boot + attach) and teardown.
+# Results are recorded in docs/benchmarking.md ("Scale").
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+if [ "$(id -u)" -ne 0 ]; then
+    echo "scale: needs root (sandboxes, TAPs, veth pairs and a bridge)" >&2
+    exit 2
+fi
+for tool in ip tc ping; do
+    command -v "$tool" >/dev/null || { echo "scale: \`$tool\` is missing (apt-get install iproute2 iputils-ping)" >&2; exit 2; }
+done
+sizes=("$@")
+[ "${#sizes[@]}" -gt 0 ] || sizes=(10 40 100)
+kernel_path=${SCALE_KERNEL_PATH:-true}
+if [ -z "${SCALE_PROVIUM:-}" ]; then
+    cargo build --release -q -p provium -p provium-agent
+    SCALE_PROVIUM=$PWD/target/release/provium
+    export PROVIUM_AGENT=$PWD/target/release/provium-agent
+fi
+echo "scale: machine nproc=$(nproc) kernel=$(uname -r) provium=$SCALE_PROVIUM kernel_path=$kernel_path"
+
+work=$(mktemp -d /tmp/provium-scale.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+now() { date +%s.%N; }
+sub() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
+
+# Peak RSS (KiB), threads and descriptors of pid $1 until it exits, into $2.
+sample() {
+    local pid=$1 out=$2 rss=0 thr=0 fds=0 r t f
+    while [ -d "/proc/$pid" ]; do
+        r=$(awk '/^VmRSS/ { print $2 }' "/proc/$pid/status" 2>/dev/null || echo 0)
+        t=$(awk '/^Threads/ { print $2 }' "/proc/$pid/status" 2>/dev/null || echo 0)
+        f=$(ls "/proc/$pid/fd" 2>/dev/null | wc -l)
+        [ "${r:-0}" -gt "$rss" ] && rss=$r
+        [ "${t:-0}" -gt "$thr" ] && thr=$t
+        [ "${f:-0}" -gt "$fds" ] && fds=$f
+        sleep 0.1
+    done
+    echo "$rss $thr $fds" >"$out"
+}
+
+provium_run() {
+    local n=$1 dir=$work/p$n
+    mkdir -p "$dir"
+    cat >"$dir/provium.toml" <<TOML
+[provium]
+roots = ["."]
+[profiles.linux]
+kernel = "/nonexistent/bzImage"
+initrd = "/nonexistent/initrd"
+cmdline = "quiet"
+guest_os = "linux"
+TOML
+    cat >"$dir/scale.test.lua" <<LUA
+local n = $n
+local marks = io.open("$dir/marks", "w")
+local vms = {}
+for i = 1, n do
+  vms[i] = provium:vm("m" .. i, "linux")
+  vms[i]:boot()
+end
+local function mark(what)
+  marks:write(what .. " " .. vms[1]:run("date +%s.%N"):assert_ok().stdout)
+  marks:flush()
+end
+mark("booted")
+local lan = provium:bridge("lan", {kernel_path = $kernel_path})
+lan:attach(vms)
+mark("attached")
+local function ip(i)
+  return string.format("10.9.%d.%d", (i - 1) // 250, (i - 1) % 250 + 1)
+end
+for i = 1, n do
+  vms[i]:run("ip addr add " .. ip(i) .. "/16 dev eth0 && ip link set eth0 up"):assert_ok()
+end
+test("every member reaches the first", function(t)
+  for i = 2, n do
+    t:assert(vms[i]:run("ping -c 1 -W 2 " .. ip(1)):ok(), "m" .. i .. " -> m1")
+  end
+end)
+mark("reached")
+LUA
+    local t0 t_end
+    t0=$(now)
+    (cd "$dir" && exec "$SCALE_PROVIUM" --vmm local --no-build scale.test.lua) >"$dir/out" 2>&1 &
+    local pid=$!
+    sample "$pid" "$dir/peak" &
+    local sampler=$!
+    local rc=0
+    wait "$pid" || rc=$?
+    t_end=$(now)
+    wait "$sampler" || true
+    if [ "$rc" -ne 0 ] || ! grep -q '^reached' "$dir/marks" 2>/dev/null; then
+        echo "scale: provium N=$n FAILED (exit $rc):" >&2
+        tail -20 "$dir/out" >&2
+        return 1
+    fi
+    local booted attached reached rss thr fds
+    booted=$(awk '$1 == "booted" { print $2 }' "$dir/marks")
+    attached=$(awk '$1 == "attached" { print $2 }' "$dir/marks")
+    reached=$(awk '$1 == "reached" { print $2 }' "$dir/marks")
+    read -r rss thr fds <"$dir/peak"
+    P_SETUP=$(sub "$t0" "$attached")
+    P_DOWN=$(sub "$reached" "$t_end")
+    echo "scale: provium N=$n boot=$(sub "$t0" "$booted")s attach=$(sub "$booted" "$attached")s reach=$(sub "$attached" "$reached")s teardown=${P_DOWN}s whole=$(sub "$t0" "$t_end")s peak_rss=$((rss / 1024))MiB peak_threads=$thr peak_fds=$fds"
+}
+
+peer_run() {
+    local n=$1 p=pvscale$$ i
+    # Host side: the namespaces and each veth pair, its ends placed at
+    # creation. The bridge's side: one batch in its namespace.
+    {
+        echo "netns add ${p}br"
+        for i in $(seq 1 "$n"); do
+            echo "netns add ${p}$i"
+            echo "link add eth0 netns ${p}$i type veth peer name v$i netns ${p}br"
+        done
+    } >"$work/up$n"
+    {
+        echo "link add br0 type bridge"
+        echo "link set br0 up"
+        for i in $(seq 1 "$n"); do echo "link set v$i master br0 up"; done
+    } >"$work/br$n"
+    {
+        for i in $(seq 1 "$n"); do echo "netns del ${p}$i"; done
+        echo "netns del ${p}br"
+    } >"$work/down$n"
+    local t0 t1 t2 t3
+    t0=$(now)
+    ip -batch "$work/up$n"
+    ip -n "${p}br" -batch "$work/br$n"
+    t1=$(now)
+    # As provium's file: an address per member, then the pings.
+    for i in $(seq 1 "$n"); do
+        printf 'addr add 10.9.%d.%d/16 dev eth0\nlink set eth0 up\n' $(((i - 1) / 250)) $(((i - 1) % 250 + 1)) |
+            ip -n "${p}$i" -batch -
+    done
+    local failed=0
+    for i in $(seq 2 "$n"); do
+        ip netns exec "${p}$i" ping -c 1 -W 2 10.9.0.1 >/dev/null || failed=$((failed + 1))
+    done
+    t2=$(now)
+    ip -batch "$work/down$n"
+    t3=$(now)
+    Q_SETUP=$(sub "$t0" "$t1")
+    Q_DOWN=$(sub "$t2" "$t3")
+    echo "scale: peer N=$n setup=${Q_SETUP}s reach=$(sub "$t1" "$t2")s teardown=${Q_DOWN}s unreached=$failed"
+}
+
+for n in "${sizes[@]}"; do
+    provium_run "$n" || continue
+    peer_run "$n"
+    echo "scale: ratio N=$n setup=$(awk -v a="$P_SETUP" -v b="$Q_SETUP" 'BEGIN { printf "%.2f", a / b }') teardown=$(awk -v a="$P_DOWN" -v b="$Q_DOWN" 'BEGIN { printf "%.2f", a / b }') (provium boot+attach / peer setup; provium / peer teardown)"
+done
