@@ -37,7 +37,7 @@ use std::io;
 use std::io::Write;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
@@ -199,6 +199,20 @@ impl Invocation<'_> {
 
 fn run_in(netns: &OwnedFd, inv: Invocation<'_>) -> Result<String, KernelPathError> {
     let command = inv.describe();
+    let out = spawn_in(netns, inv)?;
+    if !out.status.success() {
+        return Err(KernelPathError::Command {
+            command,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs `inv` inside `netns` and returns what it did, whatever its exit
+/// status (an error only when it could not run).
+fn spawn_in(netns: &OwnedFd, inv: Invocation<'_>) -> Result<Output, KernelPathError> {
+    let command = inv.describe();
     let ns = netns.as_raw_fd();
     let mut cmd = Command::new(inv.prog);
     cmd.args(&inv.args)
@@ -229,14 +243,7 @@ fn run_in(netns: &OwnedFd, inv: Invocation<'_>) -> Result<String, KernelPathErro
         // and stderr below say why.
         let _ = input.write_all(lines.as_bytes());
     }
-    let out = child.wait_with_output().map_err(spawn_error)?;
-    if !out.status.success() {
-        return Err(KernelPathError::Command {
-            command,
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        });
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    child.wait_with_output().map_err(spawn_error)
 }
 
 /// Frames and bytes the kernel forwarded in one direction. A GSO frame
@@ -514,9 +521,9 @@ impl PerNamespace {
     }
 
     /// Runs each namespace's lines with `-force` (every line is tried,
-    /// whatever fails before it); returns each namespace's output, or
-    /// the error of a batch in which some line failed.
-    fn run(&self, stats: bool) -> Vec<Result<String, KernelPathError>> {
+    /// whatever fails before it); returns per namespace whether every
+    /// line succeeded, and stdout.
+    fn run(&self, stats: bool) -> Vec<(bool, String)> {
         self.groups
             .iter()
             .map(|(nic, lines)| {
@@ -529,7 +536,13 @@ impl PerNamespace {
                     args,
                     stdin: Some(lines.iter().map(|l| format!("{l}\n")).collect()),
                 };
-                run_in(&nic.netns, inv)
+                match spawn_in(&nic.netns, inv) {
+                    Ok(out) => (
+                        out.status.success(),
+                        String::from_utf8_lossy(&out.stdout).into_owned(),
+                    ),
+                    Err(_) => (false, String::new()),
+                }
             })
             .collect()
     }
@@ -564,22 +577,29 @@ impl Wire {
     pub fn counts(wires: &[&Wire]) -> Vec<[WireCount; 2]> {
         let mut batch = PerNamespace::new("tc");
         for w in wires {
-            for (nic, dir) in w.nics.iter().zip(&w.dirs) {
-                if dir.created {
-                    let index = dir.action_index;
-                    batch.push(nic, format!("actions get action mirred index {index}"));
-                }
+            w.push_gets(&mut batch);
+        }
+        Wire::read_counts(wires, &batch.run(true))
+    }
+
+    /// `actions get` lines for this wire's actions, each in its side's
+    /// namespace.
+    fn push_gets(&self, batch: &mut PerNamespace) {
+        for (nic, dir) in self.nics.iter().zip(&self.dirs) {
+            if dir.created {
+                let index = dir.action_index;
+                batch.push(nic, format!("actions get action mirred index {index}"));
             }
         }
+    }
+
+    /// The counts of `wires` in the outputs of batches with `-s`: a failed
+    /// line (an action gone) leaves the others' output, and a count not
+    /// read is zero.
+    fn read_counts(wires: &[&Wire], outputs: &[(bool, String)]) -> Vec<[WireCount; 2]> {
         let mut read = HashMap::new();
-        for out in batch.run(true) {
-            // A failed get (an action gone) leaves the others' output.
-            let text = match out {
-                Ok(t) => t,
-                Err(KernelPathError::Command { stderr, .. }) => stderr,
-                Err(_) => continue,
-            };
-            read.extend(parse_sent_by_index(&text));
+        for (_, out) in outputs {
+            read.extend(parse_sent_by_index(out));
         }
         wires
             .iter()
@@ -594,10 +614,13 @@ impl Wire {
     }
 
     /// Removes `wires` with a few processes per namespace touched instead
-    /// of several per wire: their egress filters (so each direction is
-    /// the switch's again when this returns), their veth pairs (the ends'
-    /// qdiscs and filters go with them) and their actions.
-    pub fn take_down(mut wires: Vec<Wire>) {
+    /// of several per wire, and returns what each forwarded over its life
+    /// (as [`Wire::counts`]). In each namespace one `tc` batch deletes the
+    /// egress filters (so each direction is the switch's again when this
+    /// returns) and reads the counts, one `ip` batch deletes the veth pairs
+    /// (the ends' qdiscs and filters go with them), and a last `tc` batch
+    /// deletes the actions.
+    pub fn take_down(mut wires: Vec<Wire>) -> Vec<[WireCount; 2]> {
         let mut filters = PerNamespace::new("tc");
         let mut links = PerNamespace::new("ip");
         let mut actions = PerNamespace::new("tc");
@@ -620,8 +643,15 @@ impl Wire {
             }
             links.push(&w.nics[0], format!("link del {}", w.ends[0]));
         }
-        if filters.run(false).iter().any(Result::is_err) {
-            // Some delete failed (a TAP already gone, or worse): a filter
+        // After the filter deletes, so the counts include every frame the
+        // filters redirected.
+        for w in &wires {
+            w.push_gets(&mut filters);
+        }
+        let outputs = filters.run(true);
+        let counts = Wire::read_counts(&wires.iter().collect::<Vec<_>>(), &outputs);
+        if outputs.iter().any(|(ok, _)| !ok) {
+            // Some line failed (a TAP already gone, or worse): a filter
             // still there goes the one-by-one way, which takes the TAP's
             // clsact away if it must.
             for w in &mut wires {
@@ -643,7 +673,7 @@ impl Wire {
                 .groups
                 .iter()
                 .zip(&results)
-                .filter(|(_, r)| r.is_err())
+                .filter(|(_, (ok, _))| !ok)
                 .map(|(g, _)| g)
                 .collect();
             if failed.is_empty() || pause_ms == 0 {
@@ -667,6 +697,7 @@ impl Wire {
         for w in &mut wires {
             w.down = true;
         }
+        counts
     }
 }
 

@@ -283,13 +283,13 @@ impl Inner {
             }
         }
         if !gone.is_empty() {
-            let counts = Wire::counts(&gone.iter().map(|(_, w)| w).collect::<Vec<_>>());
-            for ((key, _), n) in gone.iter().zip(counts) {
+            let (keys, gone): (Vec<_>, Vec<_>) = gone.into_iter().unzip();
+            let counts = Wire::take_down(gone);
+            for (key, n) in keys.into_iter().zip(counts) {
                 for (from, to) in [(key.0, key.1), (key.1, key.0)] {
-                    self.fold_kernel_count(c, from, to, n[side(*key, from)]);
+                    self.fold_kernel_count(c, from, to, n[side(key, from)]);
                 }
             }
-            Wire::take_down(gone.into_iter().map(|(_, w)| w).collect());
         }
         if *broken || !bridge {
             return;
