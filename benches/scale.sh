@@ -7,10 +7,11 @@
 #
 # Per N, provium runs one generated Lua file on the local backend: boot N
 # sandboxes, attach them all to one bridge, give each an address, ping the
-# first from every other, end (teardown). The phases are read from the host
-# clock (`date` run in the first sandbox, which shares it) and the teardown
-# from the file's last phase to provium's exit. A sampler reads provium's
-# peak RSS, threads and open descriptors from /proc every 0.1 s.
+# first from every other, close the bridge, end (the sandboxes' teardown).
+# The phases are read from the host clock (`date` run in the first sandbox,
+# which shares it), the sandboxes' teardown from the bridge's close to
+# provium's exit. A sampler reads provium's peak RSS, threads and open
+# descriptors from /proc every 0.1 s.
 #
 # The peer, in the same run: N network namespaces, one Linux bridge in one
 # more, a veth pair per namespace (one end in it, one on the bridge), all
@@ -20,7 +21,9 @@
 # SCALE_PROVIUM (default target/release/provium, built here unless set)
 # and SCALE_KERNEL_PATH (default true; false makes the bridge with
 # `{kernel_path = false}`) select what runs. Prints `scale: ...` lines and
-# the ratio provium / peer for setup (boot + attach) and teardown.
+# the ratios of the bridge to the peer: attach / setup and close / teardown
+# (the peer's `netns del` returns before the kernel has freed the
+# namespaces, so its teardown is what a caller waits for, not the work).
 # Results are recorded in docs/benchmarking.md ("Scale").
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -45,6 +48,7 @@ work=$(mktemp -d /tmp/provium-scale.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 now() { date +%s.%N; }
 sub() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 
 # Peak RSS (KiB), threads and descriptors of pid $1 until it exits, into $2.
 sample() {
@@ -95,12 +99,16 @@ end
 for i = 1, n do
   vms[i]:run("ip addr add " .. ip(i) .. "/16 dev eth0 && ip link set eth0 up"):assert_ok()
 end
+-- One test: the marks must come between the phases, and a file's tests
+-- run after its top level.
 test("every member reaches the first", function(t)
   for i = 2, n do
     t:assert(vms[i]:run("ping -c 1 -W 2 " .. ip(1)):ok(), "m" .. i .. " -> m1")
   end
+  mark("reached")
+  lan:close()
+  mark("closed")
 end)
-mark("reached")
 LUA
     local t0 t_end
     t0=$(now)
@@ -112,19 +120,20 @@ LUA
     wait "$pid" || rc=$?
     t_end=$(now)
     wait "$sampler" || true
-    if [ "$rc" -ne 0 ] || ! grep -q '^reached' "$dir/marks" 2>/dev/null; then
+    if [ "$rc" -ne 0 ] || ! grep -q '^closed' "$dir/marks" 2>/dev/null; then
         echo "scale: provium N=$n FAILED (exit $rc):" >&2
         tail -20 "$dir/out" >&2
         return 1
     fi
-    local booted attached reached rss thr fds
+    local booted attached reached closed rss thr fds
     booted=$(awk '$1 == "booted" { print $2 }' "$dir/marks")
     attached=$(awk '$1 == "attached" { print $2 }' "$dir/marks")
     reached=$(awk '$1 == "reached" { print $2 }' "$dir/marks")
+    closed=$(awk '$1 == "closed" { print $2 }' "$dir/marks")
     read -r rss thr fds <"$dir/peak"
-    P_SETUP=$(sub "$t0" "$attached")
-    P_DOWN=$(sub "$reached" "$t_end")
-    echo "scale: provium N=$n boot=$(sub "$t0" "$booted")s attach=$(sub "$booted" "$attached")s reach=$(sub "$attached" "$reached")s teardown=${P_DOWN}s whole=$(sub "$t0" "$t_end")s peak_rss=$((rss / 1024))MiB peak_threads=$thr peak_fds=$fds"
+    P_SETUP=$(sub "$booted" "$attached")
+    P_DOWN=$(sub "$reached" "$closed")
+    echo "scale: provium N=$n boot=$(sub "$t0" "$booted")s attach=$(sub "$booted" "$attached")s reach=$(sub "$attached" "$reached")s bridge_close=${P_DOWN}s sandbox_teardown=$(sub "$closed" "$t_end")s whole=$(sub "$t0" "$t_end")s peak_rss=$((rss / 1024))MiB peak_threads=$thr peak_fds=$fds"
 }
 
 peer_run() {
@@ -172,5 +181,5 @@ peer_run() {
 for n in "${sizes[@]}"; do
     provium_run "$n" || continue
     peer_run "$n"
-    echo "scale: ratio N=$n setup=$(awk -v a="$P_SETUP" -v b="$Q_SETUP" 'BEGIN { printf "%.2f", a / b }') teardown=$(awk -v a="$P_DOWN" -v b="$Q_DOWN" 'BEGIN { printf "%.2f", a / b }') (provium boot+attach / peer setup; provium / peer teardown)"
+    echo "scale: ratio N=$n setup=$(ratio "$P_SETUP" "$Q_SETUP") teardown=$(ratio "$P_DOWN" "$Q_DOWN") (bridge attach / peer setup; bridge close / peer teardown)"
 done
