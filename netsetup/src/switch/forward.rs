@@ -229,7 +229,7 @@ impl Inner {
                 // their wire; this frame and any before the wire is up
                 // take the switch.
                 let kernel = |id| topo.ports.get(&id).is_some_and(|p| p.kernel);
-                if kernel(from) && kernel(to) && s.asked.insert(to) {
+                if self.config.kernel_path && kernel(from) && kernel(to) && s.asked.insert(to) {
                     self.want_wire(from, to);
                 }
                 self.egress(topo, &mut s.pairs, from, to, &mut pkt, now, after)
