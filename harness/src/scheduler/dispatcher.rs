@@ -714,6 +714,108 @@ mod tests {
         }
     }
 
+    /// The lifecycle event a producer would send for `event`, where one
+    /// does (the inverse of [`wire_event`], for the pins below).
+    fn lifecycle_of(event: &Event) -> Option<Lifecycle> {
+        use crate::report::run_event::TestReport;
+        let ended = |path, name, status, message, duration_ns, meta, console_excerpt| {
+            let duration = Duration::from_nanos(duration_ns);
+            let test = TestReport {
+                name,
+                status,
+                message,
+                log: vec![],
+                duration,
+                meta,
+            };
+            Lifecycle::TestFinished {
+                path,
+                test,
+                console_excerpt,
+            }
+        };
+        let (passed, failed, skipped) =
+            (TestStatus::Passed, TestStatus::Failed, TestStatus::Skipped);
+        Some(match event.clone() {
+            Event::TestStarted(e) => Lifecycle::TestStarted(e),
+            Event::TestPassed(t) => ended(
+                t.path,
+                t.name,
+                passed,
+                None,
+                t.duration_ns,
+                t.meta,
+                String::new(),
+            ),
+            Event::TestFailed(t) => ended(
+                t.path,
+                t.name,
+                failed,
+                Some(t.reason),
+                t.duration_ns,
+                t.meta,
+                t.console_excerpt,
+            ),
+            Event::TestSkipped(t) => ended(
+                t.path,
+                t.name,
+                skipped,
+                Some(t.reason),
+                0,
+                t.meta,
+                String::new(),
+            ),
+            Event::FixtureBuildStarted(e) => Lifecycle::FixtureBuildStarted(e),
+            Event::FixtureBuildWaiting(e) => Lifecycle::FixtureBuildWaiting(e),
+            Event::FixtureBuildDone(e) => Lifecycle::FixtureBuildDone(e),
+            Event::FixtureCacheHit(e) => Lifecycle::FixtureCacheHit(e),
+            Event::VmSpawned(e) => Lifecycle::VmSpawned(e),
+            Event::VmShutdown(e) => Lifecycle::VmShutdown(e),
+            Event::ClaimAcquired(e) => Lifecycle::ClaimAcquired(e),
+            Event::ClaimReleased(e) => Lifecycle::ClaimReleased(e),
+            _ => return None,
+        })
+    }
+
+    fn unhex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    /// The protocol's pins lock each event's bytes; the dispatcher's route
+    /// (a producer's `Lifecycle`, stamped, turned back into a wire event)
+    /// writes exactly those bytes for every event a producer sends.
+    #[test]
+    fn the_dispatchers_route_writes_the_pinned_bytes() {
+        let pins = include_str!("../../../protocol/tests/pins.txt");
+        let mut routed = Vec::new();
+        for line in pins.lines().filter(|l| l.starts_with("event.")) {
+            let mut cols = line.split(" | ");
+            let (name, hex) = (cols.next().unwrap(), cols.next().unwrap());
+            let pinned = unhex(hex);
+            let frame: EventFrame = provium_protocol::decode(&pinned).unwrap();
+            let Some(lifecycle) = lifecycle_of(&frame.event) else {
+                continue;
+            };
+            let wire = wire_event(lifecycle).expect("a producer's event reaches the wire");
+            let written = provium_protocol::encode(&EventFrame {
+                ts: frame.ts,
+                event: wire,
+            })
+            .unwrap();
+            assert_eq!(written, pinned, "{name}");
+            routed.push(name);
+        }
+        // Every kind a producer sends (all but the dispatcher's own six).
+        assert_eq!(routed.len(), 12, "{routed:?}");
+        assert_eq!(
+            wire_event(Lifecycle::FileStarted { path: "f".into() }),
+            None
+        );
+    }
+
     #[test]
     fn parses_psi_lines() {
         let text = "some avg10=12.50 avg60=1.00 avg300=0.00 total=1\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n";
