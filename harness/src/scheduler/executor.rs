@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use provium_protocol::event::TestStarted;
 
 use super::messages::{ExecutorMessage, Reservation};
-use crate::events::{now_ns, Lifecycle, Stamped};
+use crate::events::Lifecycle;
 use crate::lock::Locked;
 use crate::runner::file::{FileRuntimeFactory, LoadFailure, TestFailure, TestRun, POISONED};
 use crate::runner::filter::TestFilter;
@@ -39,9 +39,10 @@ pub struct ExecutorContext {
     pub runtimes: Arc<dyn FileRuntimeFactory>,
 }
 
-/// Start `env`'s file on its own thread; `to_dispatcher` gets its
-/// `Lifecycle::FileStarted` first and its
-/// [`ExecutorMessage::FileFinished`] last, with `reservation` to give back.
+/// Start `env`'s file on its own thread: its `Lifecycle::FileStarted`
+/// first (through `env.events`, the dispatcher's inbox), its lifecycle
+/// events, then [`ExecutorMessage::FileFinished`] on `to_dispatcher`, with
+/// `reservation` to give back.
 pub fn spawn(
     env: Arc<FileEnv>,
     reservation: Reservation,
@@ -49,12 +50,9 @@ pub fn spawn(
     to_dispatcher: mpsc::Sender<ExecutorMessage>,
 ) {
     std::thread::spawn(move || {
-        let _ = to_dispatcher.send(ExecutorMessage::Lifecycle(Stamped {
-            ts: now_ns(),
-            event: Lifecycle::FileStarted {
-                path: env.rel_path.clone(),
-            },
-        }));
+        env.events.send(Lifecycle::FileStarted {
+            path: env.rel_path.clone(),
+        });
         let outcome = run_file(env, &ctx);
         let _ = to_dispatcher.send(ExecutorMessage::FileFinished {
             outcome,
