@@ -20,7 +20,9 @@
 //!
 //! Inside harness/src the test also holds the backend boundary (no code
 //! outside `backend/` names a concrete backend, none outside `backend/kvm/`
-//! a VMM type) and the module import graph (no circles).
+//! a VMM type), the module import graph (no circles) and
+//! the one event path (only the dispatcher writes the event stream and calls
+//! the reporters).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -838,6 +840,144 @@ fn the_env_check_sees_each_read_and_spares_comments_and_tests() {
         ),
     ];
     assert_eq!(env_reads(&with_test_file), []);
+}
+
+// ---- one event path: only the dispatcher feeds the stream and reporters ----
+//
+// STYLE.md §3 (after cargo-nextest's runner) and issue 27: everything below
+// the dispatcher (the executor, the Lua VM lifecycle, claims, the fixture
+// builder) sends typed lifecycle events through its file's `EventSender`
+// into the dispatcher's inbox; the dispatcher alone writes the msgpack
+// stream and calls the reporters.
+
+/// The only harness files that may write the event stream, call a
+/// reporter, or point an `EventSender` anywhere, each with why.
+const EVENT_PATH_ENDS: &[(&str, &str)] = &[
+    (
+        "harness/src/scheduler/dispatcher.rs",
+        "the dispatcher: the one consumer of lifecycle events, the only writer of the \
+         stream and caller of the reporters, and the maker of every file's EventSender",
+    ),
+    (
+        "harness/src/events.rs",
+        "defines the stream's writer handle (StreamSender) and the bus thread that drains it",
+    ),
+    (
+        "harness/src/report/event_stream.rs",
+        "the stream's encoder (EventStreamWriter), run by the bus thread",
+    ),
+    (
+        "harness/src/report/mod.rs",
+        "Reporters: fans the dispatcher's one call out to each reporter",
+    ),
+];
+
+/// What writes the stream, calls a reporter or routes lifecycle events:
+/// the stream's writer handles, a frame built by hand, `EventSender::to`,
+/// and a `.report(…)` call with an argument (a `FileOutcome`'s
+/// `.report()`, which only builds the report, is not one).
+fn event_path_uses(files: &[(String, String)]) -> Vec<(String, String)> {
+    const MARKS: [&str; 7] = [
+        "StreamSender",
+        "EventStreamWriter",
+        ".emit(",
+        ".emit_at(",
+        "EventFrame{",
+        "EventSender::to(",
+        ".report(",
+    ];
+    let mut out = Vec::new();
+    for (rel, src) in non_test_files(files) {
+        for line in code_without_tests(src).0.lines() {
+            let compact: String = line.chars().filter(|c| !c.is_whitespace()).collect();
+            let hit = MARKS.iter().any(|m| {
+                compact
+                    .match_indices(m)
+                    .any(|(i, _)| *m != ".report(" || !compact[i + m.len()..].starts_with(')'))
+            });
+            if hit {
+                out.push((rel.clone(), line.trim().to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// harness/src's files, as `(harness/src/file, source)`.
+fn harness_files() -> Vec<(String, String)> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    rust_files(&src)
+        .into_iter()
+        .map(|(rel, s)| (format!("harness/src/{rel}"), s))
+        .collect()
+}
+
+#[test]
+fn only_the_dispatcher_feeds_the_event_stream_and_the_reporters() {
+    let files = harness_files();
+    assert!(
+        files
+            .iter()
+            .any(|(f, _)| f == "harness/src/lua/vm/lifecycle.rs"),
+        "the walk found harness/src"
+    );
+    let found: Vec<(String, String)> = event_path_uses(&files)
+        .into_iter()
+        .filter(|(f, _)| !EVENT_PATH_ENDS.iter().any(|(p, _)| p == f))
+        .collect();
+    assert!(
+        found.is_empty(),
+        "the event stream or a reporter is fed from outside the dispatcher (send a \
+         crate::events::Lifecycle through the file's EventSender; the dispatcher \
+         writes the stream and calls the reporters):\n  {}",
+        listed(&found)
+    );
+    // Every exception is still needed.
+    let used = event_path_uses(&files);
+    for (place, why) in EVENT_PATH_ENDS {
+        assert!(
+            used.iter().any(|(f, _)| f == place),
+            "{place} no longer touches the stream or a reporter; drop its exception ({why})"
+        );
+    }
+    // The producers below the dispatcher do send lifecycle events (the
+    // check above is not passing for want of any).
+    for producer in [
+        "harness/src/scheduler/executor.rs",
+        "harness/src/lua/vm/lifecycle.rs",
+        "harness/src/fixture/mod.rs",
+    ] {
+        let (_, src) = files.iter().find(|(f, _)| f == producer).unwrap();
+        assert!(
+            code_without_tests(src).0.contains("Lifecycle::"),
+            "{producer} sends no lifecycle event"
+        );
+    }
+}
+
+#[test]
+fn the_event_path_check_sees_each_writer_and_spares_comments_and_tests() {
+    let files = |src: &str| vec![("harness/src/a.rs".to_string(), src.to_string())];
+    for src in [
+        "fn f(s: &StreamSender) {}",
+        "fn f(env: &FileEnv) { env.events.emit(Event::PoolState(p)); }",
+        "fn f(b: &EventBus) { b.sender().emit_at(0, e); }",
+        "fn f() { let w = EventStreamWriter::new(vec![], c); }",
+        "fn f() { let fr = EventFrame { ts: 0, event: e }; }",
+        "fn f(tx: Tx) { EventSender::to(move |s| tx.send(s)); }",
+        "fn f(r: &mut dyn Reporter) { r.report(&RunEvent::RunStarted { file_count: 0 }); }",
+    ] {
+        assert_eq!(event_path_uses(&files(src)).len(), 1, "{src}");
+    }
+    for src in [
+        "// the dispatcher calls .report(&e) and StreamSender::emit\nfn f() {}",
+        "fn f() { let s = \".emit(\"; }",
+        "fn f(o: &FileOutcome) { let r = o.report(); }",
+        "fn f(env: &FileEnv) { env.events.send(Lifecycle::FileStarted { path }); }",
+        "#[cfg(test)]\nmod tests { fn t(r: &mut R) { r.report(&e); } }",
+    ] {
+        assert_eq!(event_path_uses(&files(src)), [], "{src}");
+    }
 }
 
 // ---- module import graph: no circles ----

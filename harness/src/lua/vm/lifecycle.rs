@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use mlua::Table;
-use provium_protocol::event::{Event, VmShutdown, VmSpawned};
+use provium_protocol::event::{VmShutdown, VmSpawned};
 
 use super::opts::boot_spec;
 use super::{provium_ops, Phase, Vm};
@@ -15,6 +15,7 @@ use crate::backend::DiskPlan;
 use crate::backend::{Guest, MachineSpec};
 use crate::client::AgentClient;
 use crate::error_chain::flatten;
+use crate::events::Lifecycle;
 use crate::lock::Locked;
 use crate::lua::disk::{BootDrives, Disk};
 use crate::lua::network::{MachineNic, VmmNics};
@@ -455,7 +456,7 @@ impl Vm {
         st.phase = Phase::Booted;
         st.booted_at = Some(Instant::now());
         let env = self.env();
-        env.events.emit(Event::VmSpawned(VmSpawned {
+        env.events.send(Lifecycle::VmSpawned(VmSpawned {
             file: env.rel_path.clone(),
             vm_name: self.name().to_string(),
             profile: self.0.profile.clone(),
@@ -478,7 +479,7 @@ impl Vm {
         let was_up = st.booted_at.take();
         st.phase = Phase::Shutdown;
         if let Some(t0) = was_up {
-            self.env().events.emit(Event::VmShutdown(VmShutdown {
+            self.env().events.send(Lifecycle::VmShutdown(VmShutdown {
                 file: self.env().rel_path.clone(),
                 vm_name: self.name().to_string(),
                 duration_ns: t0.elapsed().as_nanos() as u64,
