@@ -13,12 +13,9 @@ use super::rust_err;
 use super::stream::Stream;
 use super::vm_ctx::VmCtx;
 use crate::backend::Guest;
-use crate::network::{LiveCapture, MemberVm};
-// Where the VM layer (`lua::vm`, `lua::lab`) has always found them.
-pub use crate::network::{
-    nic_decls, nic_mac, restore_ports, restore_slot_ports, slot_nic_decls, Bridge, BridgeOpts,
-    MachineNic, NetMember, NetworkError, VmLinks, VmmNics,
-};
+use crate::network::{LiveCapture, MemberVm, NetMember, NetworkError};
+// Where `lua::vm::lifecycle` has always found them.
+pub use crate::network::{nic_mac, restore_ports, restore_slot_ports, Bridge, MachineNic, VmmNics};
 
 /// A network error raised into Lua, its chain flattened.
 impl From<NetworkError> for mlua::Error {

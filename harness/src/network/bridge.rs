@@ -367,6 +367,37 @@ impl Bridge {
             None => false,
         }
     }
+
+    // ---- captures ----
+
+    /// A capture of `vm_name`'s NIC; errors when it is not realised.
+    pub fn capture_nic(&self, vm_name: &str, label: &str) -> Result<Capture, NetworkError> {
+        if !self.is_realised(vm_name) {
+            return Err(NetworkError::NoTap {
+                vm: vm_name.to_owned(),
+                bridge: self.name().to_owned(),
+            });
+        }
+        Ok(self.switch().capture_port(vm_name, label)?)
+    }
+
+    /// Labels (creation sites) of live captures on this bridge.
+    pub fn live_captures(&self) -> Vec<String> {
+        self.switch().live_captures()
+    }
+
+    /// Keeps an open `bridge:capture()` stream, so each VM on this bridge
+    /// counts it as its own ([`Bridge::live_capture_labels`]).
+    pub fn add_live_capture(&self, c: Arc<dyn LiveCapture>) {
+        self.0.captures.add(c);
+    }
+
+    /// This bridge's open `bridge:capture()` streams, as a VM's open
+    /// streams list them (they count as live streams of every VM on the
+    /// bridge).
+    pub fn live_capture_labels(&self) -> Vec<String> {
+        self.0.captures.labels()
+    }
 }
 
 /// The bridges one VM is attached to and those it was on when it last shut
@@ -389,11 +420,6 @@ pub struct NetMember {
 impl NetMember {
     pub fn new(vm: Arc<dyn MemberVm>, links: Arc<VmLinks>) -> NetMember {
         NetMember { vm, links }
-    }
-
-    /// The VM (for the layer above, which knows its concrete type).
-    pub fn vm(&self) -> &dyn MemberVm {
-        self.vm.as_ref()
     }
 
     pub fn name(&self) -> &str {
@@ -467,39 +493,6 @@ pub fn sorted_bridges(vm: &NetMember) -> Vec<Bridge> {
     let mut bs: Vec<Bridge> = vm.bridges().into_iter().filter(|b| b.has_vm(vm)).collect();
     bs.sort_by(|a, b| a.name().cmp(b.name()));
     bs
-}
-
-impl Bridge {
-    // ---- captures ----
-
-    /// A capture of `vm_name`'s NIC; errors when it is not realised.
-    pub fn capture_nic(&self, vm_name: &str, label: &str) -> Result<Capture, NetworkError> {
-        if !self.is_realised(vm_name) {
-            return Err(NetworkError::NoTap {
-                vm: vm_name.to_owned(),
-                bridge: self.name().to_owned(),
-            });
-        }
-        Ok(self.switch().capture_port(vm_name, label)?)
-    }
-
-    /// Labels (creation sites) of live captures on this bridge.
-    pub fn live_captures(&self) -> Vec<String> {
-        self.switch().live_captures()
-    }
-
-    /// Keeps an open `bridge:capture()` stream, so each VM on this bridge
-    /// counts it as its own ([`Bridge::live_capture_labels`]).
-    pub fn add_live_capture(&self, c: Arc<dyn LiveCapture>) {
-        self.0.captures.add(c);
-    }
-
-    /// This bridge's open `bridge:capture()` streams, as a VM's open
-    /// streams list them (they count as live streams of every VM on the
-    /// bridge).
-    pub fn live_capture_labels(&self) -> Vec<String> {
-        self.0.captures.labels()
-    }
 }
 
 #[cfg(test)]

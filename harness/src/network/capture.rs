@@ -36,3 +36,46 @@ impl LiveCaptures {
         caps.iter().map(|c| c.live_label()).collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// A capture the test opens and closes.
+    struct Fake {
+        label: &'static str,
+        open: AtomicBool,
+    }
+
+    impl LiveCapture for Fake {
+        fn is_open(&self) -> bool {
+            self.open.load(Ordering::SeqCst)
+        }
+        fn live_label(&self) -> String {
+            self.label.to_owned()
+        }
+    }
+
+    fn fake(label: &'static str) -> Arc<Fake> {
+        Arc::new(Fake {
+            label,
+            open: AtomicBool::new(true),
+        })
+    }
+
+    #[test]
+    fn only_open_captures_are_listed_in_the_order_made() {
+        let caps = LiveCaptures::default();
+        let (a, b, c) = (fake("a"), fake("b"), fake("c"));
+        caps.add(a.clone());
+        caps.add(b.clone());
+        caps.add(c.clone());
+        assert_eq!(caps.labels(), ["a", "b", "c"]);
+        b.open.store(false, Ordering::SeqCst);
+        assert_eq!(caps.labels(), ["a", "c"]);
+        // A closed one is forgotten: reopening it does not bring it back.
+        b.open.store(true, Ordering::SeqCst);
+        assert_eq!(caps.labels(), ["a", "c"]);
+    }
+}

@@ -246,4 +246,29 @@ mod tests {
             .to_string();
         assert!(e.contains("bridge `lan` is closed"), "{e}");
     }
+
+    #[test]
+    fn an_attach_refusal_names_the_method_then_why() {
+        let env = env(1);
+        let b = Bridge::create(&env, "lan");
+        let v = vm(&env, "v");
+        let msg = |e: NetworkError| crate::error_chain::flatten(&e);
+        let e = msg(b
+            .attach_all(vec![("x".into(), None), ("x".into(), None)])
+            .unwrap_err());
+        assert_eq!(e, "bridge:attach: `x` appears twice in the list");
+        assert!(!b.is_member("x"), "nothing was attached");
+        b.attach_all(vec![("v".into(), None)]).unwrap();
+        let e = msg(b.attach_vm(&v.net()).unwrap_err());
+        assert!(
+            e.starts_with("bridge:attach: a vm named `v` is already attached to bridge `lan`"),
+            "{e}"
+        );
+        b.close().unwrap();
+        let e = msg(b.attach_all(vec![("y".into(), None)]).unwrap_err());
+        assert!(
+            e.starts_with("bridge:attach: bridge `lan` is closed; create another"),
+            "{e}"
+        );
+    }
 }
