@@ -27,17 +27,13 @@ pub enum NetworkError {
     #[error("`{name}` appears twice in the list")]
     Twice { name: String },
     /// A booted VM's NIC could not be made, so the whole `bridge:attach`
-    /// was undone. The cause is flattened into the message, not a
-    /// `#[source]`: the reference's text puts "nothing was attached" after
-    /// it.
-    #[error(
-        "bridge `{bridge}`: vm `{vm}`: {}; nothing was attached",
-        crate::error_chain::flatten(.cause.as_ref())
-    )]
+    /// was undone.
+    #[error("bridge `{bridge}`: nothing was attached: vm `{vm}`'s NIC failed")]
     NothingAttached {
         bridge: String,
         vm: String,
-        cause: Box<NetworkError>,
+        #[source]
+        source: Box<NetworkError>,
     },
     #[error("vm `{vm}` is not attached to bridge `{bridge}`")]
     NotAttached { vm: String, bridge: String },

@@ -93,7 +93,7 @@ impl Bridge {
                 return Err(refused(NetworkError::NothingAttached {
                     bridge: self.0.name.clone(),
                     vm: name.clone(),
-                    cause: Box::new(e),
+                    source: Box::new(e),
                 }));
             }
         }
@@ -270,5 +270,48 @@ mod tests {
             e.starts_with("bridge:attach: bridge `lan` is closed; create another"),
             "{e}"
         );
+    }
+
+    /// A booted VM whose machine is gone: its NIC cannot be made.
+    struct NoMachine;
+
+    impl crate::network::MemberVm for NoMachine {
+        fn name(&self) -> &str {
+            "v"
+        }
+        fn is_booted(&self) -> bool {
+            true
+        }
+        fn is_gone(&self) -> bool {
+            false
+        }
+        fn running_machine(&self) -> Option<std::sync::Arc<dyn crate::backend::Guest>> {
+            None
+        }
+        fn same_vm(&self, other: &dyn crate::network::MemberVm) -> bool {
+            other.as_any().is::<NoMachine>()
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+    }
+
+    #[test]
+    fn a_booted_vm_whose_nic_fails_attaches_nothing_and_says_why() {
+        let b = Bridge::create(&env(1), "lan");
+        let v = NetMember::new(
+            std::sync::Arc::new(NoMachine),
+            std::sync::Arc::new(crate::network::VmLinks::default()),
+        );
+        let e = b
+            .attach_all(vec![("w".into(), None), ("v".into(), Some(v.clone()))])
+            .unwrap_err();
+        assert_eq!(
+            crate::error_chain::flatten(&e),
+            "bridge:attach: bridge `lan`: nothing was attached: vm `v`'s NIC failed: \
+             vm `v` has no running machine"
+        );
+        assert!(b.members_sorted().is_empty(), "the whole call was undone");
+        assert!(v.bridges().is_empty(), "the VM forgot the bridge");
     }
 }
