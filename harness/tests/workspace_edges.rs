@@ -653,6 +653,82 @@ fn the_vmm_type_check_catches_code_and_spares_comments_and_tests() {
     assert_eq!(vmm_namers(&spared), Vec::<String>::new());
 }
 
+// ---- the network model is Lua-free (issue 27) ----
+
+/// What Lua code is named by: mlua itself, the Lua layer, and the typed
+/// carrier of a Lua error.
+const LUA_NAMES: &[&str] = &["mlua", "crate::lua", "script_error"];
+
+/// Files (relative to harness/src) under network/ whose non-test code
+/// names Lua ([`LUA_NAMES`]).
+fn network_lua_users(files: &[(String, String)]) -> Vec<String> {
+    non_test_files(files)
+        .into_iter()
+        .filter(|(rel, _)| rel.starts_with("network/"))
+        .filter(|(_, src)| {
+            let code = code_without_tests(src).0;
+            LUA_NAMES.iter().any(|n| code.contains(n))
+        })
+        .map(|(rel, _)| rel.clone())
+        .collect()
+}
+
+#[test]
+fn the_network_model_names_no_lua() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let files = rust_files(&src);
+    assert!(
+        files.iter().any(|(rel, _)| rel == "network/bridge.rs"),
+        "the walk found harness/src/network"
+    );
+    let found = network_lua_users(&files);
+    assert!(
+        found.is_empty(),
+        "network/ is the Lua-free bridge model: parse Lua arguments and raise Lua \
+         errors in lua/ (lua/network.rs, lua/bridge.rs, lua/nic.rs), and let the model \
+         speak NetworkError:\n  {}",
+        found.join("\n  ")
+    );
+}
+
+#[test]
+fn the_network_lua_check_catches_code_and_spares_comments_and_tests() {
+    let files = |list: &[(&str, &str)]| {
+        list.iter()
+            .map(|(r, s)| (r.to_string(), s.to_string()))
+            .collect::<Vec<_>>()
+    };
+    for src in [
+        "use mlua::Lua;",
+        "fn f(e: NetworkError) -> mlua::Error { todo!() }",
+        "use crate::lua::vm_ctx::VmCtx;",
+        "Refused(crate::script_error::ScriptError),",
+    ] {
+        assert_eq!(
+            network_lua_users(&files(&[("network/bridge.rs", src)])),
+            ["network/bridge.rs"],
+            "{src}"
+        );
+    }
+    let spared = files(&[
+        (
+            "network/mod.rs",
+            "//! the `lua::network` glue, over mlua\n#[cfg(test)]\npub(crate) mod test_env;",
+        ),
+        ("network/test_env.rs", "use crate::lua::vm::Vm;"),
+        ("network/naming.rs", "const S: &str = \"mlua\";"),
+        (
+            "network/membership.rs",
+            "fn f() {}\n#[cfg(test)]\nmod tests { use crate::lua::phase::Phase; }",
+        ),
+        (
+            "lua/network.rs",
+            "impl From<NetworkError> for mlua::Error {}",
+        ),
+    ]);
+    assert_eq!(network_lua_users(&spared), Vec::<String>::new());
+}
+
 // ---- no process-wide mutable state (STYLE.md §5) ----
 
 /// The only mutable statics, each with why: both serve a signal handler,

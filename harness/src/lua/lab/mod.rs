@@ -27,7 +27,7 @@ pub use self::fixture::ChunkBuilder;
 use self::state::LabState;
 use crate::events::Lifecycle;
 use crate::lock::Locked;
-use crate::lua::network::NetworkError;
+use crate::network::NetworkError;
 use crate::runner::FileEnv;
 
 /// Why a lab could not put a recorded topology back, naming the bridge
@@ -152,8 +152,8 @@ mod test_utils {
     use std::sync::Arc;
 
     use super::Lab;
-    use crate::lua::network::Bridge;
     use crate::lua::vm::{Vm, VmSizing};
+    use crate::network::Bridge;
     use crate::runner::{BackendKind, FileEnv};
 
     pub use crate::lua::vm::test_utils::env;
