@@ -13,9 +13,7 @@ use super::rust_err;
 use super::stream::Stream;
 use super::vm_ctx::VmCtx;
 use crate::backend::Guest;
-use crate::network::{LiveCapture, MemberVm, NetMember, NetworkError};
-// Where `lua::vm::lifecycle` has always found them.
-pub use crate::network::{nic_mac, restore_ports, restore_slot_ports, Bridge, MachineNic, VmmNics};
+use crate::network::{LiveCapture, MemberVm, NetMember, NetworkError, VmmNics};
 
 /// A network error raised into Lua, its chain flattened.
 impl From<NetworkError> for mlua::Error {
@@ -86,6 +84,7 @@ pub fn vmm_ports(vm: &NetMember) -> mlua::Result<VmmNics> {
 mod tests {
     use super::*;
     use crate::network::test_env::{env, vm};
+    use crate::network::Bridge;
 
     #[test]
     fn a_network_error_reaches_lua_with_its_chain_once() {
