@@ -20,7 +20,9 @@
 //!
 //! Inside harness/src the test also holds the backend boundary (no code
 //! outside `backend/` names a concrete backend, none outside `backend/kvm/`
-//! a VMM type) and the module import graph (no circles).
+//! a VMM type), the module import graph (no circles) and
+//! the one event path (only the dispatcher writes the event stream and calls
+//! the reporters).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -651,6 +653,82 @@ fn the_vmm_type_check_catches_code_and_spares_comments_and_tests() {
     assert_eq!(vmm_namers(&spared), Vec::<String>::new());
 }
 
+// ---- the network model is Lua-free (issue 27) ----
+
+/// What Lua code is named by: mlua itself, the Lua layer, and the typed
+/// carrier of a Lua error.
+const LUA_NAMES: &[&str] = &["mlua", "crate::lua", "script_error"];
+
+/// Files (relative to harness/src) under network/ whose non-test code
+/// names Lua ([`LUA_NAMES`]).
+fn network_lua_users(files: &[(String, String)]) -> Vec<String> {
+    non_test_files(files)
+        .into_iter()
+        .filter(|(rel, _)| rel.starts_with("network/"))
+        .filter(|(_, src)| {
+            let code = code_without_tests(src).0;
+            LUA_NAMES.iter().any(|n| code.contains(n))
+        })
+        .map(|(rel, _)| rel.clone())
+        .collect()
+}
+
+#[test]
+fn the_network_model_names_no_lua() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let files = rust_files(&src);
+    assert!(
+        files.iter().any(|(rel, _)| rel == "network/bridge.rs"),
+        "the walk found harness/src/network"
+    );
+    let found = network_lua_users(&files);
+    assert!(
+        found.is_empty(),
+        "network/ is the Lua-free bridge model: parse Lua arguments and raise Lua \
+         errors in lua/ (lua/network.rs, lua/bridge.rs, lua/nic.rs), and let the model \
+         speak NetworkError:\n  {}",
+        found.join("\n  ")
+    );
+}
+
+#[test]
+fn the_network_lua_check_catches_code_and_spares_comments_and_tests() {
+    let files = |list: &[(&str, &str)]| {
+        list.iter()
+            .map(|(r, s)| (r.to_string(), s.to_string()))
+            .collect::<Vec<_>>()
+    };
+    for src in [
+        "use mlua::Lua;",
+        "fn f(e: NetworkError) -> mlua::Error { todo!() }",
+        "use crate::lua::vm_ctx::VmCtx;",
+        "Refused(crate::script_error::ScriptError),",
+    ] {
+        assert_eq!(
+            network_lua_users(&files(&[("network/bridge.rs", src)])),
+            ["network/bridge.rs"],
+            "{src}"
+        );
+    }
+    let spared = files(&[
+        (
+            "network/mod.rs",
+            "//! the `lua::network` glue, over mlua\n#[cfg(test)]\npub(crate) mod test_env;",
+        ),
+        ("network/test_env.rs", "use crate::lua::vm::Vm;"),
+        ("network/naming.rs", "const S: &str = \"mlua\";"),
+        (
+            "network/membership.rs",
+            "fn f() {}\n#[cfg(test)]\nmod tests { use crate::lua::phase::Phase; }",
+        ),
+        (
+            "lua/network.rs",
+            "impl From<NetworkError> for mlua::Error {}",
+        ),
+    ]);
+    assert_eq!(network_lua_users(&spared), Vec::<String>::new());
+}
+
 // ---- no process-wide mutable state (STYLE.md §5) ----
 
 /// The only mutable statics, each with why: both serve a signal handler,
@@ -838,6 +916,144 @@ fn the_env_check_sees_each_read_and_spares_comments_and_tests() {
         ),
     ];
     assert_eq!(env_reads(&with_test_file), []);
+}
+
+// ---- one event path: only the dispatcher feeds the stream and reporters ----
+//
+// STYLE.md §3 (after cargo-nextest's runner) and issue 27: everything below
+// the dispatcher (the executor, the Lua VM lifecycle, claims, the fixture
+// builder) sends typed lifecycle events through its file's `EventSender`
+// into the dispatcher's inbox; the dispatcher alone writes the msgpack
+// stream and calls the reporters.
+
+/// The only harness files that may write the event stream, call a
+/// reporter, or point an `EventSender` anywhere, each with why.
+const EVENT_PATH_ENDS: &[(&str, &str)] = &[
+    (
+        "harness/src/scheduler/dispatcher.rs",
+        "the dispatcher: the one consumer of lifecycle events, the only writer of the \
+         stream and caller of the reporters, and the maker of every file's EventSender",
+    ),
+    (
+        "harness/src/events.rs",
+        "defines the stream's writer handle (StreamSender) and the bus thread that drains it",
+    ),
+    (
+        "harness/src/report/event_stream.rs",
+        "the stream's encoder (EventStreamWriter), run by the bus thread",
+    ),
+    (
+        "harness/src/report/mod.rs",
+        "Reporters: fans the dispatcher's one call out to each reporter",
+    ),
+];
+
+/// What writes the stream, calls a reporter or routes lifecycle events:
+/// the stream's writer handles, a frame built by hand, `EventSender::to`,
+/// and a `.report(…)` call with an argument (a `FileOutcome`'s
+/// `.report()`, which only builds the report, is not one).
+fn event_path_uses(files: &[(String, String)]) -> Vec<(String, String)> {
+    const MARKS: [&str; 7] = [
+        "StreamSender",
+        "EventStreamWriter",
+        ".emit(",
+        ".emit_at(",
+        "EventFrame{",
+        "EventSender::to(",
+        ".report(",
+    ];
+    let mut out = Vec::new();
+    for (rel, src) in non_test_files(files) {
+        for line in code_without_tests(src).0.lines() {
+            let compact: String = line.chars().filter(|c| !c.is_whitespace()).collect();
+            let hit = MARKS.iter().any(|m| {
+                compact
+                    .match_indices(m)
+                    .any(|(i, _)| *m != ".report(" || !compact[i + m.len()..].starts_with(')'))
+            });
+            if hit {
+                out.push((rel.clone(), line.trim().to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// harness/src's files, as `(harness/src/file, source)`.
+fn harness_files() -> Vec<(String, String)> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    rust_files(&src)
+        .into_iter()
+        .map(|(rel, s)| (format!("harness/src/{rel}"), s))
+        .collect()
+}
+
+#[test]
+fn only_the_dispatcher_feeds_the_event_stream_and_the_reporters() {
+    let files = harness_files();
+    assert!(
+        files
+            .iter()
+            .any(|(f, _)| f == "harness/src/lua/vm/lifecycle.rs"),
+        "the walk found harness/src"
+    );
+    let found: Vec<(String, String)> = event_path_uses(&files)
+        .into_iter()
+        .filter(|(f, _)| !EVENT_PATH_ENDS.iter().any(|(p, _)| p == f))
+        .collect();
+    assert!(
+        found.is_empty(),
+        "the event stream or a reporter is fed from outside the dispatcher (send a \
+         crate::events::Lifecycle through the file's EventSender; the dispatcher \
+         writes the stream and calls the reporters):\n  {}",
+        listed(&found)
+    );
+    // Every exception is still needed.
+    let used = event_path_uses(&files);
+    for (place, why) in EVENT_PATH_ENDS {
+        assert!(
+            used.iter().any(|(f, _)| f == place),
+            "{place} no longer touches the stream or a reporter; drop its exception ({why})"
+        );
+    }
+    // The producers below the dispatcher do send lifecycle events (the
+    // check above is not passing for want of any).
+    for producer in [
+        "harness/src/scheduler/executor.rs",
+        "harness/src/lua/vm/lifecycle.rs",
+        "harness/src/fixture/mod.rs",
+    ] {
+        let (_, src) = files.iter().find(|(f, _)| f == producer).unwrap();
+        assert!(
+            code_without_tests(src).0.contains("Lifecycle::"),
+            "{producer} sends no lifecycle event"
+        );
+    }
+}
+
+#[test]
+fn the_event_path_check_sees_each_writer_and_spares_comments_and_tests() {
+    let files = |src: &str| vec![("harness/src/a.rs".to_string(), src.to_string())];
+    for src in [
+        "fn f(s: &StreamSender) {}",
+        "fn f(env: &FileEnv) { env.events.emit(Event::PoolState(p)); }",
+        "fn f(b: &EventBus) { b.sender().emit_at(0, e); }",
+        "fn f() { let w = EventStreamWriter::new(vec![], c); }",
+        "fn f() { let fr = EventFrame { ts: 0, event: e }; }",
+        "fn f(tx: Tx) { EventSender::to(move |s| tx.send(s)); }",
+        "fn f(r: &mut dyn Reporter) { r.report(&RunEvent::RunStarted { file_count: 0 }); }",
+    ] {
+        assert_eq!(event_path_uses(&files(src)).len(), 1, "{src}");
+    }
+    for src in [
+        "// the dispatcher calls .report(&e) and StreamSender::emit\nfn f() {}",
+        "fn f() { let s = \".emit(\"; }",
+        "fn f(o: &FileOutcome) { let r = o.report(); }",
+        "fn f(env: &FileEnv) { env.events.send(Lifecycle::FileStarted { path }); }",
+        "#[cfg(test)]\nmod tests { fn t(r: &mut R) { r.report(&e); } }",
+    ] {
+        assert_eq!(event_path_uses(&files(src)), [], "{src}");
+    }
 }
 
 // ---- module import graph: no circles ----
@@ -1255,15 +1471,14 @@ fn collapsed(edges: &BTreeSet<(String, String)>, depth: usize) -> BTreeSet<(Stri
 }
 
 #[test]
-fn harness_and_agent_top_level_modules_import_no_circle() {
+fn every_crates_top_level_modules_import_no_circle() {
     // A child may not hide a circle between two top-level modules: runner
     // importing fixture::x while fixture imports runner is a circle of
-    // fixture and runner, though no single file of either is in one.
+    // fixture and runner, though no single file of either is in one. In
+    // vmm, `vstate/` and `devices/` both stand on the ground floor (`bus`,
+    // `guest_memory`, `msi`) and import nothing of each other.
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    for (krate, src) in [
-        ("harness", root.join("src")),
-        ("agent", root.join("../agent/src")),
-    ] {
+    for (krate, src) in every_crate_src(root) {
         let edges = import_edges(&rust_files(&src));
         assert!(!edges.is_empty(), "the walk sees {krate}'s imports");
         let found = cycles(&collapsed(&edges, 1));
@@ -1272,6 +1487,24 @@ fn harness_and_agent_top_level_modules_import_no_circle() {
             "{krate}: top-level modules import each other (move what both need into a module both use): {found:?}"
         );
     }
+}
+
+#[test]
+fn vmm_state_and_device_models_import_nothing_of_each_other() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../vmm/src");
+    let edges = collapsed(&import_edges(&rust_files(&src)), 1);
+    assert!(
+        edges.contains(&("vstate".to_string(), "bus".to_string())),
+        "the walk sees vmm's imports: {edges:?}"
+    );
+    let between: Vec<_> = edges
+        .iter()
+        .filter(|(a, b)| (a == "vstate" && b == "devices") || (a == "devices" && b == "vstate"))
+        .collect();
+    assert!(
+        between.is_empty(),
+        "vmm's vstate/ and devices/ import each other: {between:?} (put what both name in a ground-floor module: bus, guest_memory, msi)"
+    );
 }
 
 #[test]

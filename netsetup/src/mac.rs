@@ -8,6 +8,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::fnv1a::fnv1a;
+
 /// Length of an Ethernet header (destination, source, EtherType), in bytes.
 pub const ETH_HEADER_BYTES: usize = 14;
 
@@ -60,6 +62,29 @@ impl fmt::Display for MacAddr {
     }
 }
 
+/// A deterministic, locally administered unicast MAC for the NIC of VM
+/// `vm` on bridge `bridge`, salted until it differs from every MAC in
+/// `taken`. The harness gives its NICs (and its kvm NIC slots) these, so a
+/// VM's MAC on a bridge is the same in every run.
+pub fn nic_mac(vm: &str, bridge: &str, taken: &[MacAddr]) -> MacAddr {
+    let mut salt: u32 = 0;
+    loop {
+        let h = fnv1a(&[
+            b"provium-nic",
+            vm.as_bytes(),
+            b"\0",
+            bridge.as_bytes(),
+            &salt.to_le_bytes(),
+        ])
+        .to_le_bytes();
+        let mac = MacAddr([0x02, h[0], h[1], h[2], h[3], h[4]]);
+        if !taken.contains(&mac) {
+            return mac;
+        }
+        salt += 1;
+    }
+}
+
 /// Why a string is not a MAC address.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("`{0}` is not a MAC address (expected six hex octets like 02:00:00:00:00:01)")]
@@ -108,6 +133,18 @@ pub fn src_mac(frame: &[u8]) -> Option<MacAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn macs_are_deterministic_local_unicast_and_distinct() {
+        let a = nic_mac("a", "lan", &[]);
+        assert_eq!(a, nic_mac("a", "lan", &[]));
+        assert_eq!(a.0[0], 0x02, "locally administered, unicast");
+        assert_ne!(a, nic_mac("b", "lan", &[]));
+        assert_ne!(a, nic_mac("a", "wan", &[]));
+        let salted = nic_mac("a", "lan", &[a]);
+        assert_ne!(salted, a);
+        assert_eq!(salted.0[0], 0x02);
+    }
 
     #[test]
     fn parse_and_display_round_trip() {

@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::devices::bus::BusDevice;
+use crate::bus::BusDevice;
 
 /// The boot-timer port (PIO).
 pub const BOOT_TIMER_PORT: u64 = 0x440;

@@ -24,13 +24,13 @@ use crate::arch::layout::{
 };
 use crate::arch::mptable::{setup_mptable, MptableError};
 use crate::arch::regs::write_boot_tables;
+use crate::bus::Bus;
 use crate::console::Console;
 use crate::device_manager::acpi::{attach_acpi_devices, AcpiDevices, AcpiDevicesError};
 use crate::device_manager::legacy::{attach_legacy_devices, LegacyDevices, LegacyDevicesError};
 use crate::device_manager::mmio::{attach_virtio_device, MmioDevicesError, MmioSlot, MmioSlots};
 use crate::device_manager::pci::{PciDevices, PciDevicesError};
 use crate::device_manager::VirtioSlot;
-use crate::devices::bus::Bus;
 use crate::devices::pci::PciRoot;
 use crate::devices::virtio::block::{Block, BlockConfig, DiskImage};
 use crate::devices::virtio::console::VirtioConsole;
@@ -460,7 +460,9 @@ pub fn build_and_start(
             // only through the host bridges they list (its legacy 0xCF8
             // probe runs only when ACPI is off), so a table without PCI0
             // would hide every device. A kernel without ACPI probes 0xCF8.
-            acpi_machine.pci = Some(devs.root.lock().expect("pci root lock").acpi_info());
+            acpi_machine.pci = Some(crate::acpi::PciHostAcpi::of_root(
+                &devs.root.lock().expect("pci root lock"),
+            ));
             pci = Some(devs.root);
         }
     }

@@ -9,18 +9,24 @@
 //! `console` is the serial console log/stream/input; `initrd` writes newc cpio
 //! archives and injects the agent; `tiny_guest` is the test guest built at
 //! compile time; `boot_timer` records boot phases for `provium bench`; `persist` is
-//! whole-VM snapshot and restore. See
+//! whole-VM snapshot and restore. `bus`, `guest_memory` and `msi` are the
+//! ground floor that `vstate/` and `devices/` both stand on (the I/O bus, the
+//! guest-memory type, MSI messages and their router), so neither folder
+//! imports the other. See
 //! docs/vmm.md and docs/benchmarking.md.
 
 pub mod acpi;
 pub mod arch;
 pub mod boot_timer;
 pub mod builder;
+pub mod bus;
 pub mod console;
 pub mod device_manager;
 pub mod devices;
+pub mod guest_memory;
 pub mod initrd;
 pub mod lifecycle;
+pub mod msi;
 pub mod persist;
 pub mod tiny_guest;
 pub mod vmm_config;

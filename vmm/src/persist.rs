@@ -43,12 +43,12 @@ use serde::{Deserialize, Serialize};
 use crate::builder::{
     attach_boot_timer, start_machine, virtio_devices, BootInfo, BuildError, Machine, MachineParts,
 };
+use crate::bus::Bus;
 use crate::console::Console;
 use crate::device_manager::legacy::attach_legacy_devices;
 use crate::device_manager::mmio::{attach_restored_virtio_device, MmioSlots};
 use crate::device_manager::pci::PciDevices;
 use crate::device_manager::{VirtioSlot, VirtioTransportState};
-use crate::devices::bus::Bus;
 use crate::devices::legacy::serial::SerialDeviceState;
 use crate::devices::GuestRequestSink;
 use crate::snapshot::{Expect, Shape, Snapshot, SnapshotBuilder, SnapshotError};

@@ -43,7 +43,7 @@ pub struct MachineSpec {
     pub inject_agent: bool,
     /// NICs fixed when the machine is built, one per attached bridge in
     /// bridge-name order (the guest's eth0, eth1, …;
-    /// `lua::network::vmm_ports`); their ports are already on the switches.
+    /// `network::vmm_ports`); their ports are already on the switches.
     pub nics: Vec<NicSpec>,
     /// The VM's disks in attach order (the guest's vda, vdb, …); each
     /// carries its Disk userdata's fault set (`lua::disk::boot_drives`).

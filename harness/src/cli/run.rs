@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use provium_protocol::event::{Event, FileDiscovered, ResourceAmount, RunStarted};
+use provium_protocol::event::ResourceAmount;
 
 use super::{choose_backend, load_config, preflight, RunArgs, EXIT_FAILED, EXIT_INTERNAL, EXIT_OK};
 use crate::config::{parse_size, Config, ConfigError};
@@ -391,20 +391,6 @@ fn run_once(
     let save_to = args.save_events.clone().or(coverage_tmp.clone());
     let bus = EventBus::start(save_to.as_deref(), args.events_stdout, socket, false)
         .map_err(RunError::EventOutput)?;
-    let events = bus.sender();
-    events.emit(Event::RunStarted(RunStarted {
-        run_id: run.run_id.clone(),
-        suite_id: run.suite_id.clone(),
-        suite_files: run.suite_files,
-        partition: run.partition.clone(),
-    }));
-    for f in &files {
-        events.emit(Event::FileDiscovered(FileDiscovered {
-            path: f.rel.clone(),
-            fixture_refs: f.fixture_refs.clone(),
-            declared_claim: f.declared_claim,
-        }));
-    }
     let verbosity = if args.quiet {
         Verbosity::Quiet
     } else if args.verbose {
@@ -426,6 +412,36 @@ fn run_once(
     let run_resources = RunResources::default();
     // One backend value for the whole run: its guests share one CID space.
     let machines = crate::backend::for_kind(backend);
+    // Only the dispatcher calls the reporters and writes the event stream;
+    // --json replaces the human lines (and their progress line and summary).
+    let mut reporters = Reporters::default();
+    if args.json {
+        reporters.push(JsonReporter::new(out, run.clone()));
+    } else {
+        let progress = Progress::new(files.len(), !args.events_stdout);
+        reporters.push(HumanReporter::new(out, verbosity, progress));
+    }
+    if let Some(path) = &args.junit {
+        reporters.push(JunitReporter::new(path.clone()));
+    }
+    let opts = DispatcherOptions {
+        identity: run,
+        pool,
+        fail_fast: args.fail_fast,
+        emulated_vm_slots: emulated_vm_slots(backend, &args.settings),
+        run_started: started,
+        run_resources: run_resources.clone(),
+    };
+    let executor = ExecutorContext {
+        filter: filter.clone(),
+        file_timeout: timeout,
+        runtimes: Arc::new(LuaRuntimeFactory),
+    };
+    let mut psi = PsiMonitor::new("/proc/pressure");
+    let dispatcher = Dispatcher::new(opts, executor, bus.sender(), &mut psi, &mut reporters);
+    // Each file's events (its tests, VMs, claims, fixtures) go to the
+    // dispatcher, which alone passes them on.
+    let events = dispatcher.event_sender();
     let jobs: Vec<Job> = files
         .iter()
         .map(|f| Job {
@@ -445,43 +461,13 @@ fn run_once(
                 .with_run_resources(run_resources.clone()),
             ),
             claim: f.declared_claim,
+            fixture_refs: f.fixture_refs.clone(),
             vms: f.vm_estimate,
         })
         .collect();
-    // Only the dispatcher calls the reporters; --json replaces the human
-    // lines (and their progress line and summary).
-    let mut reporters = Reporters::default();
-    if args.json {
-        reporters.push(JsonReporter::new(out, run.clone()));
-    } else {
-        let progress = Progress::new(jobs.len(), !args.events_stdout);
-        reporters.push(HumanReporter::new(out, verbosity, progress));
-    }
-    if let Some(path) = &args.junit {
-        reporters.push(JunitReporter::new(path.clone()));
-    }
-    let opts = DispatcherOptions {
-        pool,
-        fail_fast: args.fail_fast,
-        emulated_vm_slots: emulated_vm_slots(backend, &args.settings),
-        run_started: started,
-        run_resources,
-    };
-    let executor = ExecutorContext {
-        filter: filter.clone(),
-        file_timeout: timeout,
-        runtimes: Arc::new(LuaRuntimeFactory),
-    };
-    let summary = Dispatcher::new(
-        opts,
-        executor,
-        events.clone(),
-        &mut PsiMonitor::new("/proc/pressure"),
-        &mut reporters,
-    )
-    .run(jobs);
-    drop(reporters);
     drop(events);
+    let summary = dispatcher.run(jobs);
+    drop(reporters);
     bus.finish().map_err(RunError::WritingEvents)?;
     if let Some(e) = summary.report_error {
         return Err(e.into());

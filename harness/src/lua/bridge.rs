@@ -1,18 +1,21 @@
 //! The Bridge userdata: the Lua face of one bridge of the file's virtual
-//! network (`lua::network` holds its switch, membership and NICs):
-//! attach and detach, partitions, impairments, isolation, captures, routes
-//! and the uplink, each method checking its arguments.
+//! network (the Lua-free model in `network` holds its switch, membership
+//! and NICs): attach and detach, partitions, impairments, isolation,
+//! captures, routes and the uplink, each method checking its arguments
+//! and calling the model.
 
 use std::time::Duration;
 
 use mlua::{Table, UserData, UserDataMethods, Value};
 
-/// Where integration tests have always found it (the MAC a NIC gets).
-pub use super::network::nic_mac;
-use super::network::{Bridge, DEFAULT_UPLINK_ADDR};
+use super::capture::CaptureSource;
 use super::nic::{u64_value, Nic};
+use super::stream::{creation_site, Stream};
 use super::vm::Vm;
 use super::{err, rust_err};
+/// Where integration tests have always found it (the MAC a NIC gets).
+pub use crate::network::nic_mac;
+use crate::network::{Bridge, DEFAULT_UPLINK_ADDR};
 
 /// A VM argument: a VM userdata, or a bare name (graph-state only).
 pub fn vm_ref(v: &Value, what: &str) -> mlua::Result<(String, Option<Vm>)> {
@@ -116,16 +119,43 @@ fn attach_arg(v: &Value) -> mlua::Result<Vec<(String, Option<Vm>)>> {
     }
 }
 
+/// Both ends of `bridge:{method}`'s directional rule attached and booted.
+fn check_realised(b: &Bridge, method: &str, names: &[&str]) -> mlua::Result<()> {
+    b.check_realised(names)
+        .map_err(|e| rust_err(&format!("bridge:{method}"), &e))
+}
+
+/// `bridge:capture()`: a stream of every frame on the bridge, kept by the
+/// bridge so that it counts as a live stream of each VM on it.
+fn capture_stream(b: &Bridge, lua: &mlua::Lua) -> mlua::Result<Stream> {
+    b.check_open("capture")?;
+    let label = creation_site(lua).map_or_else(
+        || format!("bridge:capture() on `{}`", b.name()),
+        |s| format!("{}:{}", s.file, s.line),
+    );
+    let cap = b.switch().capture(&label);
+    let s = Stream::open(
+        lua,
+        b.env().clone(),
+        Box::new(CaptureSource::new(cap)),
+        "capture",
+        format!("bridge {}", b.name()),
+        None,
+    );
+    b.add_live_capture(std::sync::Arc::new(s.clone()));
+    Ok(s)
+}
+
 impl UserData for Bridge {
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
         m.add_method("name", |_, this, ()| Ok(this.name().to_string()));
         m.add_method("attach", |_, this, v: Value| {
-            this.attach_all(
+            Ok(this.attach_all(
                 attach_arg(&v)?
                     .into_iter()
                     .map(|(name, vm)| (name, vm.map(|v| v.net())))
                     .collect(),
-            )
+            )?)
         });
         m.add_method("detach", |_, this, v: Value| {
             let (name, _) = vm_ref(&v, "bridge:detach")?;
@@ -140,7 +170,7 @@ impl UserData for Bridge {
             match (&a, &b) {
                 (Value::Table(t), Value::Nil) => {
                     let (from, to, _) = directional(t, None, "bridge:partition")?;
-                    this.check_realised("partition", &[&from, &to])?;
+                    check_realised(this, "partition", &[&from, &to])?;
                     sw.partition_directional(&from, &to)
                         .map_err(|e| rust_err("bridge:partition", &e))
                 }
@@ -280,7 +310,7 @@ impl UserData for Bridge {
 
         // ---- L3 routing (preview) ----
         m.add_method("route", |_, this, v: Value| this.route(&v));
-        m.add_method("routes", |_, this, ()| Ok(this.lock().routes.clone()));
+        m.add_method("routes", |_, this, ()| Ok(this.routes()));
 
         // ---- uplink ----
         m.add_method("enable_uplink", |_, this, opts: Option<Table>| {
@@ -298,7 +328,7 @@ impl UserData for Bridge {
                     }
                 }
             }
-            this.enable_uplink(&addr)
+            Ok(this.enable_uplink(&addr)?)
         });
         m.add_method("disable_uplink", |_, this, ()| Ok(this.disable_uplink()?));
         m.add_method("uplink_enabled", |_, this, ()| Ok(this.has_uplink()));
@@ -314,7 +344,7 @@ impl UserData for Bridge {
             }
             Ok(Nic::new(this.clone(), name, vm.map(|v| v.ctx().clone())))
         });
-        m.add_method("capture", |lua, this, ()| this.capture_stream(lua));
+        m.add_method("capture", |lua, this, ()| capture_stream(this, lua));
         m.add_method("live_captures", |_, this, ()| Ok(this.live_captures()));
         m.add_method("close", |_, this, ()| Ok(this.close()?));
         m.add_meta_method(mlua::MetaMethod::ToString, |_, this, ()| {
@@ -358,19 +388,7 @@ impl Bridge {
                 "bridge:route: bridge `{t}` cannot route to itself; route to another bridge"
             )));
         }
-        let mut st = self.lock();
-        for t in targets {
-            if !st.routes.contains(&t) {
-                st.routes.push(t);
-            }
-        }
-        if !std::mem::replace(&mut st.route_warned, true) {
-            eprintln!(
-                "provium: warning: {}: bridge:route on `{}` records the route only; L3 routing is a \
-                 preview and no traffic flows between bridges yet (attach a router VM to both bridges)",
-                self.env().rel_path, self.name()
-            );
-        }
+        self.add_routes(targets);
         Ok(())
     }
 
@@ -380,7 +398,7 @@ impl Bridge {
             Value::Table(t) => {
                 let what = "bridge:add_latency";
                 let (from, to, ms) = directional(t, Some("ms"), what)?;
-                self.check_realised("add_latency", &[&from, &to])?;
+                check_realised(self, "add_latency", &[&from, &to])?;
                 sw.set_pair_latency(&from, &to, latency_from_ms(ms, what)?);
                 Ok(())
             }
@@ -400,7 +418,7 @@ impl Bridge {
         let r = match v {
             Value::Table(t) => {
                 let (from, to, p) = directional(t, Some("p"), "bridge:drop_rate")?;
-                self.check_realised("drop_rate", &[&from, &to])?;
+                check_realised(self, "drop_rate", &[&from, &to])?;
                 sw.set_pair_drop_rate(&from, &to, p)
             }
             _ if directional_only => {
@@ -419,7 +437,7 @@ impl Bridge {
         match v {
             Value::Table(t) => {
                 let (from, to, bps) = directional(t, Some("bps"), what)?;
-                self.check_realised("bandwidth_limit", &[&from, &to])?;
+                check_realised(self, "bandwidth_limit", &[&from, &to])?;
                 sw.set_pair_bandwidth(&from, &to, bps_from(bps, what)?);
             }
             other => sw.set_bandwidth(bps_from(number(other, what)?, what)?),

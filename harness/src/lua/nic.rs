@@ -1,16 +1,17 @@
 //! The Nic userdata: one (bridge, vm) attachment's counters, link state
 //! and per-NIC capture, and `vm:nic(name)`. The bridge and the VM's
-//! attachments live in `lua::network` (guest interface names are described
-//! there); a NIC reaches its VM only through the VM's context.
+//! attachments live in the Lua-free `network` model (guest interface names
+//! are described there); a NIC reaches its VM only through the VM's
+//! context.
 
 use mlua::{Lua, Table, UserData, UserDataMethods, Value};
 use provium_netsetup::PortCounters;
 
 use super::capture::CaptureSource;
-use super::err;
-use super::network::{sorted_bridges, Bridge, NetMember};
 use super::stream::{creation_site, Stream};
 use super::vm_ctx::VmCtx;
+use super::{err, rust_err};
+use crate::network::{sorted_bridges, Bridge, NetMember};
 
 /// A (bridge, vm) handle. `vm` is None for the bare-string form.
 #[derive(Clone)]
@@ -40,7 +41,10 @@ impl Nic {
             },
             |s| format!("{}:{}", s.file, s.line),
         );
-        let cap = self.bridge.capture_nic(&self.vm_name, &label)?;
+        let cap = self
+            .bridge
+            .capture_nic(&self.vm_name, &label)
+            .map_err(|e| rust_err("nic:capture", &e))?;
         let source = Box::new(CaptureSource::new(cap));
         let detail = format!("nic {}/{}", self.bridge.name(), self.vm_name);
         Ok(match &self.vm {
@@ -58,6 +62,15 @@ impl Nic {
     }
 }
 
+impl Nic {
+    /// `nic:{method}`: link up or down (recorded for a NIC not made yet).
+    fn set_link(&self, method: &str, up: bool) -> mlua::Result<()> {
+        self.bridge
+            .set_link(&self.vm_name, up)
+            .map_err(|e| rust_err(&format!("nic:{method}"), &e))
+    }
+}
+
 impl UserData for Nic {
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
         m.add_method("counters", |lua, this, ()| {
@@ -65,11 +78,9 @@ impl UserData for Nic {
         });
         m.add_method("capture", |lua, this, ()| this.capture(lua));
         m.add_method("disconnect", |_, this, ()| {
-            this.bridge.set_link("disconnect", &this.vm_name, false)
+            this.set_link("disconnect", false)
         });
-        m.add_method("reconnect", |_, this, ()| {
-            this.bridge.set_link("reconnect", &this.vm_name, true)
-        });
+        m.add_method("reconnect", |_, this, ()| this.set_link("reconnect", true));
         m.add_method("is_connected", |_, this, ()| {
             Ok(this.bridge.is_connected(&this.vm_name))
         });
@@ -117,8 +128,9 @@ pub fn counters_table(lua: &Lua, c: &PortCounters) -> mlua::Result<Table> {
 }
 
 /// `vm:nic(name)`: by bridge name, or by guest name (`eth<N>`: the Nth
-/// bridge sorted by name).
-pub fn vm_nic(vm: &NetMember, name: &str) -> mlua::Result<Nic> {
+/// bridge sorted by name). `ctx` is `vm`'s context (what the NIC's
+/// captures count against).
+pub fn vm_nic(vm: &NetMember, ctx: &VmCtx, name: &str) -> mlua::Result<Nic> {
     let bridges = sorted_bridges(vm);
     let found = bridges
         .iter()
@@ -128,7 +140,7 @@ pub fn vm_nic(vm: &NetMember, name: &str) -> mlua::Result<Nic> {
         Some(b) => Ok(Nic::new(
             b.clone(),
             vm.name().to_string(),
-            Some(vm.ctx().clone()),
+            Some(ctx.clone()),
         )),
         None => {
             let names: Vec<&str> = bridges.iter().map(|b| b.name()).collect();

@@ -14,6 +14,8 @@ use std::sync::Arc;
 use mlua::{UserData, UserDataMethods, Value};
 
 use super::err;
+/// A VM's NIC records are the network model's (`network::ports`).
+pub use crate::network::{NicDecl, SlotNicDecl};
 use crate::runner::Closeable;
 
 /// Why a snapshot's recorded declaration cannot be read or used.
@@ -29,13 +31,6 @@ pub enum DeclError {
         section: String,
         #[source]
         source: serde_json::Error,
-    },
-    /// A recorded NIC's MAC does not parse (a hand-edited or foreign file).
-    #[error("the snapshot's NIC on bridge `{bridge}`")]
-    Mac {
-        bridge: String,
-        #[source]
-        source: provium_netsetup::mac::MacParseError,
     },
 }
 
@@ -247,15 +242,6 @@ pub struct VmDevices {
     pub slot_nics: Vec<SlotNicDecl>,
 }
 
-/// A NIC in NIC slot `slot` of a snapshotted kvm VM, plugged into bridge
-/// `nic.bridge` with `nic.mac` (docs/networking.md). `nic.attached` is
-/// always true: a slot whose bridge was left is parked, and not recorded.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct SlotNicDecl {
-    pub slot: usize,
-    pub nic: NicDecl,
-}
-
 /// A disk in disk slot `slot` of a snapshotted kvm VM (docs/disks.md).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SlotDiskDecl {
@@ -278,43 +264,6 @@ pub struct DiskDecl {
     /// in the guest (no hot-unplug) and fails every request; restored so.
     #[serde(default)]
     pub detached: bool,
-}
-
-/// One NIC of a snapshotted VM: its port was on bridge `bridge`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct NicDecl {
-    /// The bridge's name.
-    pub bridge: String,
-    /// The guest NIC's MAC ("02:..."): a restored NIC must keep it (the
-    /// guest's stack has it cached; the VMM refuses another).
-    pub mac: String,
-    /// The VM was still a member of the bridge at the snapshot (false:
-    /// `bridge:detach` after boot left the device without a network; it is
-    /// restored on a port of its own, link down).
-    #[serde(default = "yes")]
-    pub attached: bool,
-    /// The link was up (`nic:disconnect()` not in effect).
-    #[serde(default = "yes")]
-    pub connected: bool,
-    /// For a lab snapshot: the sub-lab path, below the snapshotted lab, of
-    /// the lab holding the bridge. `None` for a VM snapshot, or a bridge
-    /// outside the snapshotted lab.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bridge_lab: Option<Vec<String>>,
-}
-
-fn yes() -> bool {
-    true
-}
-
-impl NicDecl {
-    /// The recorded MAC.
-    pub fn mac_addr(&self) -> Result<provium_netsetup::MacAddr, DeclError> {
-        self.mac.parse().map_err(|source| DeclError::Mac {
-            bridge: self.bridge.clone(),
-            source,
-        })
-    }
 }
 
 impl VmDecl {

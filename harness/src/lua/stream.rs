@@ -136,6 +136,15 @@ impl Stream {
         self.state.try_lock().map_or(true, |st| !st.closed)
     }
 
+    /// `kind(detail) at file:line`, as a VM's open streams are listed
+    /// (snapshot refusals).
+    pub fn described_at(&self) -> String {
+        match &self.site {
+            Some(site) => format!("{} at {}:{}", self.describe(), site.file, site.line),
+            None => format!("{} at (unknown site)", self.describe()),
+        }
+    }
+
     /// `kind("detail")`, or `kind(handle=N)` for handle-numbered streams, as
     /// snapshot refusals name a stream.
     pub fn describe(&self) -> String {

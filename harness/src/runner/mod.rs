@@ -157,6 +157,9 @@ pub struct FileEnv {
     /// What boots this file's VMs: the run's backend value, shared by all
     /// its files (one CID allocator for the run).
     machines: Arc<dyn Backend>,
+    /// Where this file's lifecycle events (tests, VMs, claims, fixtures)
+    /// go: the dispatcher's inbox in a run (`crate::events`), nowhere
+    /// outside one.
     pub events: EventSender,
     /// The run seed: every bridge's drop pattern derives from it (and the
     /// bridge name), so the same seed reproduces the same drops.

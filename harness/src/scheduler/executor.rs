@@ -2,17 +2,22 @@
 //! state, through `runner::file::FileRuntime`) and its VMs. Tests run in
 //! declaration order, each in its own scope; a watchdog enforces the file
 //! timeout and per-test timeouts by tearing the file's lab down. The
-//! executor decides how each test ends and emits the test events; when the
-//! file is done it sends one [`ExecutorMessage::FileFinished`] back to the
-//! dispatcher and touches nothing else of the run.
+//! executor decides how each test ends and sends the dispatcher the file's
+//! and its tests' lifecycle events (`Lifecycle::FileStarted`,
+//! `TestStarted`, `TestFinished`; what runs below it sends VM, claim and
+//! fixture events the same way, through the file's `EventSender`); when
+//! the file is done it sends one [`ExecutorMessage::FileFinished`] and
+//! touches nothing else of the run. It writes no event stream and calls no
+//! reporter.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use provium_protocol::event::{Event, TestFailed, TestPassed, TestSkipped, TestStarted};
+use provium_protocol::event::TestStarted;
 
 use super::messages::{ExecutorMessage, Reservation};
+use crate::events::Lifecycle;
 use crate::lock::Locked;
 use crate::runner::file::{FileRuntimeFactory, LoadFailure, TestFailure, TestRun, POISONED};
 use crate::runner::filter::TestFilter;
@@ -34,8 +39,10 @@ pub struct ExecutorContext {
     pub runtimes: Arc<dyn FileRuntimeFactory>,
 }
 
-/// Start `env`'s file on its own thread; `to_dispatcher` gets its
-/// [`ExecutorMessage::FileFinished`], with `reservation` to give back.
+/// Start `env`'s file on its own thread: its `Lifecycle::FileStarted`
+/// first (through `env.events`, the dispatcher's inbox), its lifecycle
+/// events, then [`ExecutorMessage::FileFinished`] on `to_dispatcher`, with
+/// `reservation` to give back.
 pub fn spawn(
     env: Arc<FileEnv>,
     reservation: Reservation,
@@ -43,6 +50,9 @@ pub fn spawn(
     to_dispatcher: mpsc::Sender<ExecutorMessage>,
 ) {
     std::thread::spawn(move || {
+        env.events.send(Lifecycle::FileStarted {
+            path: env.rel_path.clone(),
+        });
         let outcome = run_file(env, &ctx);
         let _ = to_dispatcher.send(ExecutorMessage::FileFinished {
             outcome,
@@ -215,22 +225,15 @@ fn run_file_inner(env: Arc<FileEnv>, ctx: &ExecutorContext) -> FileOutcome {
             let message = format!(
                 "{POISONED}: not run, an earlier test in this file crashed the runner ({why})"
             );
-            env.events.emit(Event::TestFailed(TestFailed {
-                path: env.rel_path.clone(),
-                name: name.clone(),
-                duration_ns: 0,
-                reason: message.clone(),
-                console_excerpt: String::new(),
-                meta: meta.clone(),
-            }));
-            outcome.tests.push(TestReport {
+            let report = TestReport {
                 name,
                 status: TestStatus::Failed,
                 message: Some(message),
                 log: Vec::new(),
                 duration: Duration::ZERO,
                 meta,
-            });
+            };
+            outcome.tests.push(finished(&env, report, String::new()));
             continue;
         }
         match env.cancel_reason() {
@@ -248,23 +251,18 @@ fn run_file_inner(env: Arc<FileEnv>, ctx: &ExecutorContext) -> FileOutcome {
             .clone()
             .or_else(|| ctx.filter.skip_reason(&meta));
         if let Some(reason) = skip {
-            env.events.emit(Event::TestSkipped(TestSkipped {
-                path: env.rel_path.clone(),
-                name: name.clone(),
-                reason: reason.clone(),
-                meta: meta.clone(),
-            }));
-            outcome.tests.push(TestReport {
+            let report = TestReport {
                 name,
                 status: TestStatus::Skipped,
                 message: Some(reason),
                 log: Vec::new(),
                 duration: Duration::ZERO,
                 meta,
-            });
+            };
+            outcome.tests.push(finished(&env, report, String::new()));
             continue;
         }
-        env.events.emit(Event::TestStarted(TestStarted {
+        env.events.send(Lifecycle::TestStarted(TestStarted {
             path: env.rel_path.clone(),
             name: name.clone(),
             meta: meta.clone(),
@@ -361,18 +359,21 @@ fn run_file_inner(env: Arc<FileEnv>, ctx: &ExecutorContext) -> FileOutcome {
                 ));
             }
         }
-        let duration = started.elapsed();
-        emit_test_end(&env, &name, status, &message, duration, &meta, || {
-            excerpt.take().unwrap_or_else(|| console_excerpt(&env))
-        });
-        outcome.tests.push(TestReport {
+        // Only a failure carries the console.
+        let excerpt = if status == TestStatus::Failed {
+            excerpt.unwrap_or_else(|| console_excerpt(&env))
+        } else {
+            String::new()
+        };
+        let report = TestReport {
             name,
             status,
             message,
             log,
-            duration,
+            duration: started.elapsed(),
             meta,
-        });
+        };
+        outcome.tests.push(finished(&env, report, excerpt));
     }
     if let Some(CancelReason::FileTimeout(_)) = env.cancel_reason() {
         outcome.timed_out = true;
@@ -395,41 +396,16 @@ fn failed_run(failure: TestFailure) -> TestRun {
     }
 }
 
-/// The `test_passed` / `test_failed` / `test_skipped` event of a test that
-/// ran; `excerpt` is taken only for a failure.
-fn emit_test_end(
-    env: &FileEnv,
-    name: &str,
-    status: TestStatus,
-    message: &Option<String>,
-    duration: Duration,
-    meta: &provium_protocol::meta::MetaMap,
-    excerpt: impl FnOnce() -> String,
-) {
-    let (path, name, meta) = (env.rel_path.clone(), name.to_string(), meta.clone());
-    let duration_ns = duration.as_nanos() as u64;
-    env.events.emit(match status {
-        TestStatus::Passed => Event::TestPassed(TestPassed {
-            path,
-            name,
-            duration_ns,
-            meta,
-        }),
-        TestStatus::Failed => Event::TestFailed(TestFailed {
-            path,
-            name,
-            duration_ns,
-            reason: message.clone().unwrap_or_default(),
-            console_excerpt: excerpt(),
-            meta,
-        }),
-        TestStatus::Skipped => Event::TestSkipped(TestSkipped {
-            path,
-            name,
-            reason: message.clone().unwrap_or_default(),
-            meta,
-        }),
+/// Tell the dispatcher how a test ended (it writes `test_passed` /
+/// `test_failed` / `test_skipped`); `console_excerpt` is a failure's, else
+/// empty. Returns the report, for the file's outcome.
+fn finished(env: &FileEnv, report: TestReport, console_excerpt: String) -> TestReport {
+    env.events.send(Lifecycle::TestFinished {
+        path: env.rel_path.clone(),
+        test: report.clone(),
+        console_excerpt,
     });
+    report
 }
 
 fn console_excerpt(env: &FileEnv) -> String {

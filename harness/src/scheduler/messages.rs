@@ -1,10 +1,12 @@
 //! The one message type between the dispatcher and its executors. An
 //! executor owns nothing of the run's state: it tells the dispatcher what
-//! happened to its file, and the dispatcher updates the pool, emits the
-//! events and calls the reporters.
+//! happened to its file (every lifecycle event, then the file's end), and
+//! the dispatcher updates the pool, emits the events and calls the
+//! reporters.
 
 use provium_protocol::event::ResourceAmount;
 
+use crate::events::Stamped;
 use crate::runner::outcome::FileOutcome;
 
 /// What a file holds while it runs: memory and vCPUs from the pool, and
@@ -20,6 +22,11 @@ pub struct Reservation {
 /// for itself, between messages.)
 #[derive(Debug)]
 pub enum ExecutorMessage {
+    /// A lifecycle event of a running file: sent by the executor itself
+    /// (file and test events) and by what runs below it (VM, claim and
+    /// fixture events), through the file's `crate::events::EventSender`.
+    /// Each file's events come before its [`ExecutorMessage::FileFinished`].
+    Lifecycle(Stamped),
     /// The file ran to its end (or crashed); its reservation goes back to
     /// the pool.
     FileFinished {

@@ -2,11 +2,15 @@
 //! [`messages::ExecutorMessage`]:
 //!
 //! - [`dispatcher`] owns the run: the queue, the pool and each file's
-//!   reservation, PSI, cancellation on a signal or `--fail-fast`. It emits
-//!   the pool events and is the only caller of the reporters.
+//!   reservation, PSI, cancellation on a signal or `--fail-fast`. It is the
+//!   only caller of the reporters and the only writer of the event stream.
 //! - [`executor`] runs one file on its own thread: its runtime (the Lua
 //!   state, behind `runner::file::FileRuntime`), its VMs, its watchdog; it
-//!   decides how each test ends and emits the test events.
+//!   decides how each test ends and sends the dispatcher the file's and
+//!   tests' lifecycle events. What runs below it (VMs, claims, fixture
+//!   builds) sends its events the same way, through the file's
+//!   `crate::events::EventSender`, so one file's events reach the
+//!   dispatcher in the order they happened.
 //!
 //! The scheduler names no Lua type: the CLI hands it the Lua layer's
 //! runtime factory (`lua::test_file::LuaRuntimeFactory`).

@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use provium_protocol::meta::MetaMap;
+use provium_protocol::meta::{MetaMap, MetaValue};
 
+use crate::events::Lifecycle;
 use crate::lock::Locked;
 use crate::runner::file::{
     FileRuntime, FileRuntimeFactory, LoadFailure, LoadedFile, RuntimeSetupError, TestFailure,
@@ -16,10 +17,23 @@ use crate::runner::file::{
 use crate::runner::outcome::TestStatus;
 use crate::runner::FileEnv;
 
+/// An event a test body sends, made from its file's path.
+pub type SendsEvent = fn(&str) -> Lifecycle;
+
+/// The skip reason of a test [`Scripted::skip`] lists (its `meta.skip`).
+pub const SKIP_REASON: &str = "skipped: scripted";
+
 /// A runtime whose tests return what the script says; an `Err` run panics
 /// with its text.
 #[derive(Clone)]
 pub struct Scripted {
+    /// Per test: an event its body sends through the file's `EventSender`
+    /// (given the file's path), as the Lua layer does when a VM boots.
+    pub sends: Vec<Option<SendsEvent>>,
+    /// Tests declared `meta.skip` ([`SKIP_REASON`]): the filter skips them.
+    pub skip: Vec<usize>,
+    /// The file it runs (set by the factory).
+    pub env: Option<Arc<FileEnv>>,
     pub load: Result<LoadedFile, LoadFailure>,
     pub runs: Vec<Result<TestRun, &'static str>>,
     /// How long each test body takes.
@@ -38,6 +52,9 @@ impl Scripted {
                 todo: None,
             }),
             runs,
+            sends: Vec::new(),
+            skip: Vec::new(),
+            env: None,
             run_time: Duration::ZERO,
             leave_fails: false,
             closed: Arc::default(),
@@ -58,8 +75,13 @@ impl FileRuntime for Scripted {
     fn load(&mut self) -> Result<LoadedFile, LoadFailure> {
         self.load.clone()
     }
-    fn test_meta(&self, _: usize) -> MetaMap {
-        MetaMap::default()
+    fn test_meta(&self, index: usize) -> MetaMap {
+        let mut meta = MetaMap::default();
+        if self.skip.contains(&index) {
+            let why = SKIP_REASON.trim_start_matches("skipped: ");
+            meta.insert("skip".into(), MetaValue::Str(why.into()));
+        }
+        meta
     }
     fn test_timeout(&self, _: usize) -> Result<Option<Duration>, TestFailure> {
         Ok(None)
@@ -67,6 +89,9 @@ impl FileRuntime for Scripted {
     fn enter_test_scope(&mut self) {}
     fn run_test(&self, index: usize) -> Result<TestRun, TestFailure> {
         std::thread::sleep(self.run_time);
+        if let (Some(Some(send)), Some(env)) = (self.sends.get(index), &self.env) {
+            env.events.send(send(&env.rel_path));
+        }
         match &self.runs[index] {
             Ok(r) => Ok(r.clone()),
             Err(panic) => panic!("{panic}"),
@@ -111,7 +136,7 @@ impl ScriptedFactory {
 }
 
 impl FileRuntimeFactory for ScriptedFactory {
-    fn open(&self, _: Arc<FileEnv>) -> Result<Box<dyn FileRuntime>, RuntimeSetupError> {
+    fn open(&self, env: Arc<FileEnv>) -> Result<Box<dyn FileRuntime>, RuntimeSetupError> {
         let mut slot = self.script.locked();
         let script = if self.reuse {
             slot.clone()
@@ -119,7 +144,10 @@ impl FileRuntimeFactory for ScriptedFactory {
             slot.take()
         };
         match script {
-            Some(s) => Ok(Box::new(s)),
+            Some(s) => Ok(Box::new(Scripted {
+                env: Some(env),
+                ..s
+            })),
             None => Err(RuntimeSetupError("no more runtimes".into())),
         }
     }

@@ -18,7 +18,7 @@ use provium_vmm::devices::acpi::sleep::{
     SleepRegisters, S5_SLP_TYP, SLEEP_CONTROL_SLP_EN, SLEEP_CONTROL_SLP_TYP_MASK,
     SLEEP_CONTROL_SLP_TYP_SHIFT,
 };
-use provium_vmm::devices::bus::BusDevice;
+use provium_vmm::bus::BusDevice;
 use provium_vmm::devices::legacy::EventFdTrigger;
 use provium_vmm::devices::{GuestRequest, GuestRequestSink};
 

@@ -14,13 +14,13 @@
 use std::sync::{Arc, Mutex};
 
 use libfuzzer_sys::fuzz_target;
-use provium_vmm::devices::bus::BusDevice;
+use provium_vmm::bus::BusDevice;
 use provium_vmm::devices::pci::{
     MsiMessage, MsiRouter, MsixVectors, PciBarWindow, PciConfigIo, PciDevice, PciEcam, PciRoot,
 };
 use provium_vmm::devices::virtio::pci::{vectors_needed, VirtioPciDevice, BAR_BYTES};
 use provium_vmm::devices::virtio::rng::{Rng, RngConfig};
-use provium_vmm::vstate::memory::GuestMemoryMmap;
+use provium_vmm::guest_memory::GuestMemoryMmap;
 use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::EventFd;
 

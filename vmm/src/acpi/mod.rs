@@ -57,6 +57,21 @@ pub struct PciHostAcpi {
     pub mmio32_bytes: u64,
 }
 
+impl PciHostAcpi {
+    /// The root complex as the tables describe it: bus 0 only.
+    pub fn of_root(root: &crate::devices::pci::PciRoot) -> PciHostAcpi {
+        let (ecam_base, ecam_bytes) = root.ecam_window();
+        let (mmio32_base, mmio32_bytes) = root.bar_window();
+        PciHostAcpi {
+            ecam_base,
+            ecam_bytes,
+            bus_end: 0,
+            mmio32_base,
+            mmio32_bytes,
+        }
+    }
+}
+
 /// What the tables describe.
 #[derive(Clone, Debug, Default)]
 pub struct AcpiMachine {

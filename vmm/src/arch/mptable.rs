@@ -198,7 +198,7 @@ pub fn setup_mptable<M: Bytes<GuestAddress, E = GuestMemoryError>>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vstate::memory::GuestMemoryMmap;
+    use crate::guest_memory::GuestMemoryMmap;
 
     /// What a reader (Linux's `smp_read_mpc`) finds in a table.
     #[derive(Debug, Default, PartialEq)]

@@ -8,9 +8,9 @@
 use std::sync::{Arc, Mutex};
 
 use crate::arch::layout::{ACPI_GED_MMIO_BASE, ACPI_GED_MMIO_BYTES};
+use crate::bus::{Bus, BusError};
 use crate::devices::acpi::ged::{Ged, GED_IRQ};
 use crate::devices::acpi::sleep::{SleepRegisters, SLEEP_CONTROL_PORT, SLEEP_PORTS_LEN};
-use crate::devices::bus::{Bus, BusError};
 use crate::devices::legacy::EventFdTrigger;
 use crate::devices::GuestRequestSink;
 use crate::vstate::vm::{KvmVm, KvmVmError};

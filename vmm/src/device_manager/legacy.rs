@@ -3,8 +3,8 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::bus::{Bus, BusError};
 use crate::console::{Console, ConsoleInputSink};
-use crate::devices::bus::{Bus, BusError};
 use crate::devices::legacy::i8042::{I8042, I8042_KBD_IRQ, I8042_PORT, I8042_PORT_COUNT};
 use crate::devices::legacy::pm_control::{PmControl, PM1A_CNT_LEN, PM1A_CNT_PORT};
 use crate::devices::legacy::serial::{

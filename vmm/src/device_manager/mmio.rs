@@ -5,13 +5,13 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::devices::bus::{Bus, BusError};
+use crate::bus::{Bus, BusError};
 use crate::devices::legacy::EventFdTrigger;
 use crate::devices::virtio::mmio::{
     MmioInterrupt, MmioTransport, MmioTransportState, MMIO_WINDOW_BYTES,
 };
 use crate::devices::virtio::{VirtioDevice, VirtioPersistError};
-use crate::vstate::memory::GuestMemoryMmap;
+use crate::guest_memory::GuestMemoryMmap;
 use crate::vstate::vm::{KvmVm, KvmVmError};
 
 /// First virtio-mmio window (inside the 32-bit MMIO gap).

@@ -9,14 +9,14 @@ use std::sync::{Arc, Mutex};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::arch::layout::{PCI_ECAM_BASE, PCI_ECAM_BYTES, PCI_MMIO32_BASE, PCI_MMIO32_BYTES};
-use crate::devices::bus::{Bus, BusError};
+use crate::bus::{Bus, BusError};
 use crate::devices::pci::root::{CONFIG_IO_BYTES, CONFIG_IO_PORT};
 use crate::devices::pci::{
     MsixVectors, PciBarWindow, PciConfigError, PciConfigIo, PciEcam, PciRoot, PciRootError,
 };
 use crate::devices::virtio::pci::{vectors_needed, PciTransportState, VirtioPciDevice, BAR_BYTES};
 use crate::devices::virtio::{VirtioDevice, VirtioPersistError};
-use crate::vstate::memory::GuestMemoryMmap;
+use crate::guest_memory::GuestMemoryMmap;
 use crate::vstate::vm::{KvmVm, KvmVmError, IOAPIC_PINS};
 
 /// The most GSIs MSI-X vectors take (KVM allows 4096 routes; a few devices

@@ -1,10 +1,9 @@
 //! Device models. They know nothing of KVM, the builder or the device manager:
-//! they see register accesses (`bus::BusDevice`) and call out through small
+//! they see register accesses (`crate::bus::BusDevice`) and call out through small
 //! traits (interrupt `Trigger`s, `GuestRequestSink`), so each is unit-tested
 //! directly.
 
 pub mod acpi;
-pub mod bus;
 pub mod legacy;
 pub mod pci;
 pub mod virtio;

@@ -17,7 +17,7 @@ use kvm_bindings::kvm_vcpu_events;
 use kvm_ioctls::VcpuFd;
 
 use super::internal_error::InternalErrorExit;
-use crate::vstate::memory::GuestMemoryMmap;
+use crate::guest_memory::GuestMemoryMmap;
 
 /// `int3`.
 pub const INT3: u8 = 0xcc;

@@ -25,10 +25,8 @@ use vm_memory::mmap::MmapRegionBuilder;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, GuestRegionMmap};
 
 use crate::arch::layout::ram_ranges;
+use crate::guest_memory::GuestMemoryMmap;
 use provium_snapshot::ImageDigest;
-
-/// Guest memory as the rest of the VMM sees it.
-pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<()>;
 
 /// An error creating guest memory.
 #[derive(Debug, thiserror::Error)]

@@ -30,7 +30,7 @@ use super::internal_error::InternalErrorExit;
 use super::kvm::KvmContext;
 use crate::arch::cpuid::{apply_template, set_vcpu_leaves, CpuTemplate};
 use crate::arch::{interrupts, msr, regs};
-use crate::devices::bus::Bus;
+use crate::bus::Bus;
 
 /// Offset from SIGRTMIN of the signal that kicks vCPUs out of `KVM_RUN`.
 pub const VCPU_KICK_SIGNAL_OFFSET: i32 = 0;
@@ -422,7 +422,7 @@ pub struct VcpuIo {
     pub boot_timer: Option<crate::boot_timer::BootTimer>,
     /// Guest RAM, where an emulation failure's instruction is read when
     /// KVM did not carry its bytes (`emulation_fixup`).
-    pub memory: crate::vstate::memory::GuestMemoryMmap,
+    pub memory: crate::guest_memory::GuestMemoryMmap,
 }
 
 /// Handles to a machine's running vCPU threads. Each thread hands its fd

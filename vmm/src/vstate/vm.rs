@@ -18,9 +18,9 @@ use vm_memory::{Address, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::kvm::KvmContext;
-use super::memory::GuestMemoryMmap;
 use crate::arch::layout::KVM_TSS_ADDR;
-use crate::devices::pci::{MsiMessage, MsiRouter};
+use crate::guest_memory::GuestMemoryMmap;
+use crate::msi::{MsiMessage, MsiRouter};
 
 /// Pins of the in-kernel IOAPIC: GSIs 0-23 route to them (and 0-15 also to
 /// the PICs); MSI routes take GSIs from here up.

@@ -988,7 +988,7 @@ mod tests {
         use crate::runner::{BackendKind, FileEnv};
         use provium_vmm::devices::virtio::block::request::{Request, RequestType};
         use provium_vmm::devices::virtio::block::DiskImage;
-        use provium_vmm::vstate::memory::GuestMemoryMmap;
+        use provium_vmm::guest_memory::GuestMemoryMmap;
         use std::sync::Arc;
         use vm_memory::{Bytes, GuestAddress};
 

@@ -208,7 +208,7 @@ impl Slots {
             // into a VM of another name (a fixture's copy) has the device
             // the snapshot's guest probed. A port with another MAC is
             // given to the guest interface on attach (`add_nic`'s caller).
-            let mac = crate::network::nic_mac("@slots", &format!("{i}"), &[]);
+            let mac = provium_netsetup::mac::nic_mac("@slots", &format!("{i}"), &[]);
             let switch = Switch::new(&format!("@slot{i}"), SwitchConfig::default());
             let parked = Arc::new(switch.attach(vm, mac).map_err(SlotError::Park)?);
             switch.disconnect(vm).map_err(SlotError::Park)?;

@@ -427,10 +427,49 @@ fn status_field(status: &str, key: &str) -> Option<String> {
         .find_map(|l| l.strip_prefix(key).map(|v| v.trim().to_string()))
 }
 
+/// How long a snapshot waits for processes that were already killed to be
+/// gone: a SIGKILLed group's members die as each is next scheduled, so on a
+/// loaded host one can outlive its leader (whose exit `proc:wait` reports)
+/// by a few milliseconds.
+const KILLED_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether a `/proc/<pid>/status` shows SIGKILL pending, for the thread or
+/// its whole process: it runs no more user code and is on its way out.
+fn killed(status: &str) -> bool {
+    const SIGKILL_BIT: u64 = 1 << (libc::SIGKILL - 1);
+    ["SigPnd:", "ShdPnd:"].iter().any(|key| {
+        status_field(status, key)
+            .and_then(|mask| u64::from_str_radix(&mask, 16).ok())
+            .is_some_and(|mask| mask & SIGKILL_BIT != 0)
+    })
+}
+
+/// A process found inside a sandbox that is neither its init nor its agent.
+pub struct UserProcess {
+    /// `pid N (inside) \`cmdline\``.
+    pub described: String,
+    /// SIGKILL is pending: it will be gone without running again.
+    pub killed: bool,
+}
+
 impl LocalSandbox {
-    /// Processes inside other than the init and the agent (zombies aside),
-    /// described as `pid N (inside) \`cmdline\``.
-    pub fn user_processes(&self) -> Vec<String> {
+    /// The user processes inside, waiting (up to [`KILLED_EXIT_WAIT`]) for
+    /// those already killed to finish exiting: what stays is what a
+    /// snapshot must refuse for.
+    fn live_user_processes(&self) -> Vec<String> {
+        let deadline = std::time::Instant::now() + KILLED_EXIT_WAIT;
+        loop {
+            let procs = self.user_processes();
+            let all_dying = procs.iter().all(|p| p.killed);
+            if procs.is_empty() || !all_dying || std::time::Instant::now() >= deadline {
+                return procs.into_iter().map(|p| p.described).collect();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    /// Processes inside other than the init and the agent (zombies aside).
+    pub fn user_processes(&self) -> Vec<UserProcess> {
         let mut out = Vec::new();
         for pid in self.host_pids() {
             if pid == self.init_pid {
@@ -463,7 +502,10 @@ impl LocalSandbox {
             } else {
                 cmd
             };
-            out.push(format!("pid {inner} `{cmd}`"));
+            out.push(UserProcess {
+                described: format!("pid {inner} `{cmd}`"),
+                killed: killed(&status),
+            });
         }
         out
     }
@@ -488,7 +530,7 @@ impl LocalSandbox {
                 name: self.name.clone(),
             });
         }
-        let procs = self.user_processes();
+        let procs = self.live_user_processes();
         if !procs.is_empty() {
             return Err(SandboxSnapshotError::Busy {
                 name: self.name.clone(),
@@ -883,6 +925,23 @@ pub fn read_snapshot(path: &Path, shape: Shape, protocol_version: u32) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_with_sigkill_pending_is_known_to_be_dying() {
+        let status = |sig: &str, shd: &str| {
+            format!("Name:\tsleep\nState:\tS (sleeping)\nSigPnd:\t{sig}\nShdPnd:\t{shd}\n")
+        };
+        assert!(!killed(&status("0000000000000000", "0000000000000000")));
+        // SIGKILL is signal 9: bit 8 of either mask.
+        assert!(killed(&status("0000000000000000", "0000000000000100")));
+        assert!(killed(&status("0000000000000100", "0000000000000000")));
+        // SIGTERM (15, bit 14) pending can still be caught: not dying.
+        assert!(!killed(&status("0000000000004000", "0000000000004000")));
+        assert!(
+            !killed("Name:\tx\n"),
+            "no mask lines: not known to be dying"
+        );
+    }
 
     fn entry(path: &str, node: Node) -> FsEntry {
         FsEntry {

@@ -7,10 +7,11 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use mlua::{Table, Value};
-use provium_protocol::event::{ClaimAcquired, Event, ResourceAmount};
+use provium_protocol::event::{ClaimAcquired, ResourceAmount};
 
 use super::Lab;
 use crate::config::parse_size;
+use crate::events::Lifecycle;
 use crate::lock::Locked;
 use crate::lua::{duration, err, rust_err};
 
@@ -83,10 +84,10 @@ impl Lab {
         }
         let amount = ResourceAmount { memory_bytes, cpus };
         *held = Some(amount);
-        self.0.env.events.emit(Event::ClaimAcquired(ClaimAcquired {
-            path: self.0.env.rel_path.clone(),
-            amount,
-        }));
+        let env = &self.0.env;
+        let path = env.rel_path.clone();
+        env.events
+            .send(Lifecycle::ClaimAcquired(ClaimAcquired { path, amount }));
         Ok(())
     }
 

@@ -6,9 +6,9 @@
 use mlua::{Lua, MetaMethod, MultiValue, Table, UserData, UserDataMethods, Value};
 
 use super::Lab;
-use crate::lua::network::{Bridge, BridgeOpts};
 use crate::lua::vm::{Vm, VmSizing};
 use crate::lua::{duration, err};
+use crate::network::{Bridge, BridgeOpts};
 
 impl UserData for Lab {
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {

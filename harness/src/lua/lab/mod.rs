@@ -20,13 +20,14 @@ mod topology;
 use std::sync::{Arc, Mutex};
 
 use mlua::{Lua, Value};
-use provium_protocol::event::{ClaimReleased, Event};
+use provium_protocol::event::ClaimReleased;
 
 use self::file_scope::FileScope;
 pub use self::fixture::ChunkBuilder;
 use self::state::LabState;
+use crate::events::Lifecycle;
 use crate::lock::Locked;
-use crate::lua::network::NetworkError;
+use crate::network::NetworkError;
 use crate::runner::FileEnv;
 
 /// Why a lab could not put a recorded topology back, naming the bridge
@@ -134,10 +135,10 @@ impl Lab {
             crate::lua::snapshot::remove_any(&dir);
         }
         if let Some(amount) = self.0.file.claim.locked().take() {
-            self.0.env.events.emit(Event::ClaimReleased(ClaimReleased {
-                path: self.0.env.rel_path.clone(),
-                amount,
-            }));
+            let env = &self.0.env;
+            let path = env.rel_path.clone();
+            env.events
+                .send(Lifecycle::ClaimReleased(ClaimReleased { path, amount }));
         }
         let _ = lua.globals().set("provium", Value::Nil);
     }
@@ -151,8 +152,8 @@ mod test_utils {
     use std::sync::Arc;
 
     use super::Lab;
-    use crate::lua::network::Bridge;
     use crate::lua::vm::{Vm, VmSizing};
+    use crate::network::Bridge;
     use crate::runner::{BackendKind, FileEnv};
 
     pub use crate::lua::vm::test_utils::env;

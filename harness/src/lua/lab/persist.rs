@@ -10,10 +10,10 @@ use mlua::{Lua, Value};
 
 use super::Lab;
 use crate::lock::Locked;
-use crate::lua::network::Bridge;
 use crate::lua::snapshot::{self, LabSnapshotUd};
 use crate::lua::vm::{Phase, RestoreError, Vm, VmSizing};
 use crate::lua::{err, error_message, rust_err};
+use crate::network::Bridge;
 
 impl Lab {
     /// `provium.reset_between_tests = true`: after the chunk, snapshot the

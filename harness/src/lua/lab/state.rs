@@ -10,8 +10,8 @@ use mlua::{Lua, Table, Value};
 use super::{Lab, RESERVED_NAMES};
 use crate::lock::Locked;
 use crate::lua::err;
-use crate::lua::network::Bridge;
 use crate::lua::vm::Vm;
+use crate::network::Bridge;
 
 /// One lab's own members; the scope chain is [`Lab::find_in_chain`]'s.
 #[derive(Default)]

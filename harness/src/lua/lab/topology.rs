@@ -4,9 +4,9 @@
 //! a bridge when snapshotted share one after.
 
 use super::{Lab, LabError};
-use crate::lua::network::Bridge;
 use crate::lua::snapshot::VmDevices;
 use crate::lua::vm::{RestoreError, Vm};
+use crate::network::Bridge;
 
 impl Lab {
     /// Bridges of this lab and its sub-labs (downward), with their sub-lab
@@ -202,15 +202,14 @@ mod tests {
         root.put_bridge("lan".into(), &lan);
         let site = root.sub_lab_at(&["site".into()]).unwrap();
         let v = vm(&site, "v");
-        let mac = crate::lua::network::nic_mac("v", "lan", &[]);
+        let mac = crate::network::nic_mac("v", "lan", &[]);
         lan.restore_member(&v.net(), mac, None).unwrap();
         v.shutdown().unwrap();
         let devices = decl(vec![nic("lan", &mac.to_string(), None)]);
         site.join_recorded_bridges(&v, &devices).unwrap();
         assert!(site.bridge_names().is_empty(), "no second `lan`");
         let ports =
-            crate::lua::network::restore_ports(&v.net(), &devices.nics, &v.left_bridges(), &[])
-                .unwrap();
+            crate::network::restore_ports(&v.net(), &devices.nics, &v.left_bridges(), &[]).unwrap();
         assert_eq!(ports.configs.len(), 1);
         assert!(lan.has_vm(&v.net()), "back on the bridge it left");
     }

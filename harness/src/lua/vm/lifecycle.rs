@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use mlua::Table;
-use provium_protocol::event::{Event, VmShutdown, VmSpawned};
+use provium_protocol::event::{VmShutdown, VmSpawned};
 
 use super::opts::boot_spec;
 use super::{provium_ops, Phase, Vm};
@@ -15,12 +15,13 @@ use crate::backend::DiskPlan;
 use crate::backend::{Guest, MachineSpec};
 use crate::client::AgentClient;
 use crate::error_chain::flatten;
+use crate::events::Lifecycle;
 use crate::lock::Locked;
 use crate::lua::disk::{BootDrives, Disk};
-use crate::lua::network::{MachineNic, VmmNics};
 use crate::lua::snapshot::{VmDecl, VmDevices};
 use crate::lua::vm_ctx::{client_err, VmState};
 use crate::lua::{err, rust_err};
+use crate::network::{MachineNic, VmmNics};
 
 /// Why `vm:restore` failed.
 #[derive(Debug)]
@@ -126,14 +127,14 @@ impl Vm {
         // NICs the snapshot's guest was given after boot go back into their
         // NIC slots, on their bridges (the boot NICs' plan leaves those out).
         let (slot_ports, slot_added) = if vmm_nics && !slot_nics.is_empty() {
-            crate::lua::network::restore_slot_ports(&self.net(), &slot_nics, &self.left_bridges())
+            crate::network::restore_slot_ports(&self.net(), &slot_nics, &self.left_bridges())
                 .map_err(|e| {
-                Mismatch(format!(
-                    "vm:restore: vm `{name}`: the snapshot's NICs added after boot do not fit \
+                    Mismatch(format!(
+                        "vm:restore: vm `{name}`: the snapshot's NICs added after boot do not fit \
                          this VM (a configuration mismatch): {}",
-                    flatten(&e)
-                ))
-            })?
+                        flatten(&e)
+                    ))
+                })?
         } else {
             (Vec::new(), Vec::new())
         };
@@ -141,7 +142,7 @@ impl Vm {
         let nics = match (&want_nics, vmm_nics) {
             (_, false) => VmmNics::default(),
             (Some(want), true) => {
-                crate::lua::network::restore_ports(&self.net(), want, &self.left_bridges(), &slot_bridges).map_err(|e| {
+                crate::network::restore_ports(&self.net(), want, &self.left_bridges(), &slot_bridges).map_err(|e| {
                     Mismatch(format!(
                         "vm:restore: vm `{name}`: the snapshot's NICs do not fit this VM (a configuration \
                          mismatch): {}",
@@ -455,7 +456,7 @@ impl Vm {
         st.phase = Phase::Booted;
         st.booted_at = Some(Instant::now());
         let env = self.env();
-        env.events.emit(Event::VmSpawned(VmSpawned {
+        env.events.send(Lifecycle::VmSpawned(VmSpawned {
             file: env.rel_path.clone(),
             vm_name: self.name().to_string(),
             profile: self.0.profile.clone(),
@@ -478,7 +479,7 @@ impl Vm {
         let was_up = st.booted_at.take();
         st.phase = Phase::Shutdown;
         if let Some(t0) = was_up {
-            self.env().events.emit(Event::VmShutdown(VmShutdown {
+            self.env().events.send(Lifecycle::VmShutdown(VmShutdown {
                 file: self.env().rel_path.clone(),
                 vm_name: self.name().to_string(),
                 duration_ns: t0.elapsed().as_nanos() as u64,
@@ -502,9 +503,9 @@ impl Vm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lua::network::Bridge;
     use crate::lua::snapshot::{DiskDecl, NicDecl, VM_DEVICES_SECTION};
     use crate::lua::vm::test_utils::{env, message, vm};
+    use crate::network::Bridge;
     use crate::runner::{BackendKind, FileEnv};
 
     fn kvm_env() -> Arc<FileEnv> {
@@ -555,19 +556,15 @@ mod tests {
         let env = kvm_env();
         let lan = Bridge::create(&env, "lan");
         let v = vm(&env);
-        let mac = crate::lua::network::nic_mac("v", "lan", &[]);
+        let mac = crate::network::nic_mac("v", "lan", &[]);
         lan.restore_member(&v.net(), mac, None).unwrap();
         v.shutdown().unwrap();
         assert!(!lan.is_member("v"), "a shut-down VM is off its bridges");
         let left: Vec<Bridge> = v.left_bridges();
         assert_eq!(left.len(), 1);
-        let nics = crate::lua::network::restore_ports(
-            &v.net(),
-            &[nic("lan", &mac.to_string())],
-            &left,
-            &[],
-        )
-        .unwrap();
+        let nics =
+            crate::network::restore_ports(&v.net(), &[nic("lan", &mac.to_string())], &left, &[])
+                .unwrap();
         assert_eq!(nics.configs.len(), 1);
         assert_eq!(nics.configs[0].mac(), mac);
         assert!(lan.has_vm(&v.net()), "back on lan");
@@ -575,14 +572,10 @@ mod tests {
         nics.undo(&v.net());
         assert!(!lan.is_member("v"), "undone");
         // A snapshot naming a bridge it was never on is a mismatch.
-        let e = crate::lua::network::restore_ports(
-            &v.net(),
-            &[nic("wan", &mac.to_string())],
-            &left,
-            &[],
-        )
-        .err()
-        .unwrap();
+        let e =
+            crate::network::restore_ports(&v.net(), &[nic("wan", &mac.to_string())], &left, &[])
+                .err()
+                .unwrap();
         let e = e.to_string();
         assert!(e.contains("NIC on bridge `wan`"), "{e}");
         assert!(!lan.is_member("v"));

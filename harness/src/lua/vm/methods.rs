@@ -89,7 +89,7 @@ impl UserData for Vm {
             Ok(WorkerUd::new(this.ctx().clone(), w))
         });
         m.add_method("nic", |_, this, name: String| {
-            crate::lua::nic::vm_nic(&this.net(), &name)
+            crate::lua::nic::vm_nic(&this.net(), this.ctx(), &name)
         });
         m.add_method("disk", |_, this, id: Value| {
             let Value::String(id) = &id else {

@@ -22,20 +22,21 @@ pub use opts::{BootOpts, VmSizing, DEFAULT_CPUS, DEFAULT_MEMORY_BYTES};
 
 use super::disk::{AttachOpts, Disk, DiskList};
 use super::guest::GuestTarget;
-use super::network::{Bridge, MachineNic, NetMember, VmLinks};
 pub use super::phase::Phase;
 use super::snapshot::{VmDecl, VmDevices};
+use super::stream::Stream;
 use super::vm_ctx::{Ops, VmCtx};
 use super::{err, rust_err};
 use crate::backend::{Guest, MachineSpec};
 use crate::client::AgentClient;
 use crate::lock::Locked;
+use crate::network::{Bridge, MachineNic, NetMember, VmLinks};
 use crate::runner::{CloseKind, Closeable, FileEnv};
 
 pub struct VmInner {
     /// What the VM's userdata share (see `lua::vm_ctx`).
     ctx: VmCtx,
-    /// The bridges it is on and those it left (see `lua::network`).
+    /// The bridges it is on and those it left (see `network::membership`).
     links: Arc<VmLinks>,
     profile: String,
     sizing: VmSizing,
@@ -112,7 +113,7 @@ impl Vm {
 
     /// The VM as its bridges see it.
     pub fn net(&self) -> NetMember {
-        NetMember::new(self.0.ctx.clone(), self.0.links.clone())
+        NetMember::new(Arc::new(self.0.ctx.clone()), self.0.links.clone())
     }
 
     /// The live bridges this VM is attached to.
@@ -130,17 +131,15 @@ impl Vm {
     /// A `bridge:capture()` on a bridge this VM is attached to counts too
     /// (the reference: it blocks this VM's snapshot, as `nic:capture` does).
     pub fn live_streams(&self) -> Vec<String> {
-        let mut streams = self.own_streams();
+        let mut streams: Vec<String> = self
+            .own_streams()
+            .iter()
+            .map(Stream::described_at)
+            .collect();
         for b in self.bridges() {
-            streams.extend(b.live_capture_streams());
+            streams.extend(b.live_capture_labels());
         }
         streams
-            .iter()
-            .map(|s| match &s.site {
-                Some(site) => format!("{} at {}:{}", s.describe(), site.file, site.line),
-                None => format!("{} at (unknown site)", s.describe()),
-            })
-            .collect()
     }
 
     pub fn profile_name(&self) -> &str {
@@ -182,8 +181,8 @@ impl Vm {
         // Read from the bridges before the state lock (a bridge may read
         // this VM's phase).
         let machine_nics = self.0.machine_nics.locked().clone();
-        let nics = super::network::nic_decls(&self.net(), &machine_nics, bridge_lab);
-        let slot_nics = super::network::slot_nic_decls(&self.net(), bridge_lab);
+        let nics = crate::network::nic_decls(&self.net(), &machine_nics, bridge_lab);
+        let slot_nics = crate::network::slot_nic_decls(&self.net(), bridge_lab);
         let disks = super::disk::disk_decls(&self.0.machine_disks.locked());
         let st = self.lock_state();
         if !matches!(st.phase, Phase::Booted | Phase::Paused) {

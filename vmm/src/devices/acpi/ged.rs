@@ -11,7 +11,7 @@
 
 use vm_superio::Trigger;
 
-use crate::devices::bus::BusDevice;
+use crate::bus::BusDevice;
 
 /// The GED's interrupt (GSI): the last IOAPIC pin, which the virtio-mmio
 /// slots leave free (`device_manager::mmio::LAST_IRQ`).

@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use crate::devices::bus::BusDevice;
+use crate::bus::BusDevice;
 use crate::devices::{GuestRequest, GuestRequestSink};
 
 /// SLEEP_CONTROL_REG's port (the first of two; SLEEP_STATUS_REG follows).

@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use vm_superio::Trigger;
 
-use crate::devices::bus::BusDevice;
+use crate::bus::BusDevice;
 use crate::devices::{GuestRequest, GuestRequestSink};
 
 /// The controller's base port (data 0x60, command/status 0x64).

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use crate::devices::bus::BusDevice;
+use crate::bus::BusDevice;
 use crate::devices::{GuestRequest, GuestRequestSink};
 
 /// PM1a_CNT port.

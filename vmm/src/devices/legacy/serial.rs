@@ -15,8 +15,8 @@ use vm_superio::serial::{NoEvents, SerialState};
 use vm_superio::Serial;
 
 use super::EventFdTrigger;
+use crate::bus::BusDevice;
 use crate::console::{Console, ConsoleInputSink};
-use crate::devices::bus::BusDevice;
 
 /// COM1's base port.
 pub const COM1_PORT: u64 = 0x3f8;

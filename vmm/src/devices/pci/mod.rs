@@ -22,9 +22,10 @@ pub mod config;
 pub mod msix;
 pub mod root;
 
+pub use crate::msi::{MsiMessage, MsiRouter};
 pub use config::{AccessRefused, PciConfig, PciConfigError, PciConfigState, PciHeader};
-pub use msix::{MsiMessage, MsiRouter, MsixVectors};
-pub use root::{PciBarWindow, PciConfigIo, PciEcam, PciHostAcpi, PciRoot, PciRootError};
+pub use msix::MsixVectors;
+pub use root::{PciBarWindow, PciConfigIo, PciEcam, PciRoot, PciRootError};
 
 /// A function on the root bus. It owns its configuration space; the root
 /// checks every access's width and alignment before calling it.

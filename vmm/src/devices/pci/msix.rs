@@ -17,6 +17,8 @@ use std::sync::{Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::msi::{MsiMessage, MsiRouter};
+
 /// MSI-X capability ID.
 pub const MSIX_CAP_ID: u8 = 0x11;
 /// Bytes per table entry.
@@ -29,21 +31,6 @@ pub const CONTROL_FUNCTION_MASK: u16 = 1 << 14;
 const VECTOR_MASKED: u32 = 1;
 /// The most vectors a function may have (table size field is 11 bits).
 pub const MAX_VECTORS: u16 = 2048;
-
-/// An MSI message: where the guest wants the write and what it writes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MsiMessage {
-    /// Message address (LAPIC range on x86).
-    pub address: u64,
-    /// Message data (vector, delivery mode).
-    pub data: u32,
-}
-
-/// Installs or removes the KVM route of one GSI.
-pub trait MsiRouter: Send + Sync {
-    /// Routes `gsi` to `msg`, or removes its route (`None`).
-    fn route(&self, gsi: u32, msg: Option<MsiMessage>) -> std::io::Result<()>;
-}
 
 /// One table entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::config::{check_access, PciConfig, PciHeader};
 use super::{AccessRefused, PciDevice};
-use crate::devices::bus::BusDevice;
+use crate::bus::BusDevice;
 
 /// Slots on the bus (device numbers 0-31); slot 0 is the host bridge.
 pub const SLOTS: usize = 32;
@@ -28,10 +28,6 @@ const HOST_BRIDGE: PciHeader = PciHeader {
     subsystem_vendor_id: 0,
     subsystem_id: 0,
 };
-
-/// What the ACPI tables need to describe the root complex (`_SB.PCI0` and
-/// its MCFG entry): one struct, the ACPI builder's.
-pub use crate::acpi::PciHostAcpi;
 
 /// An error building the bus (VMM setup, not guest input).
 #[derive(Debug, thiserror::Error)]
@@ -115,15 +111,15 @@ impl PciRoot {
         }
     }
 
-    /// What ACPI describes: bus 0 only.
-    pub fn acpi_info(&self) -> PciHostAcpi {
-        PciHostAcpi {
-            ecam_base: self.ecam.0,
-            ecam_bytes: self.ecam.1,
-            bus_end: 0,
-            mmio32_base: self.window.0,
-            mmio32_bytes: self.window.1,
-        }
+    /// The ECAM window, (base, bytes): bus 0 only. The ACPI tables
+    /// (`crate::acpi`) describe it in the MCFG and `_SB.PCI0`.
+    pub fn ecam_window(&self) -> (u64, u64) {
+        self.ecam
+    }
+
+    /// The 32-bit BAR window, (base, bytes).
+    pub fn bar_window(&self) -> (u64, u64) {
+        self.window
     }
 
     /// The next free slot.
@@ -505,6 +501,6 @@ mod tests {
             root.insert(s, dev).expect("free");
         }
         assert!(matches!(root.next_slot(), Err(PciRootError::BusFull)));
-        assert_eq!(root.acpi_info().ecam_base, 0xe000_0000);
+        assert_eq!(root.ecam_window().0, 0xe000_0000);
     }
 }

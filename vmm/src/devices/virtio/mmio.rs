@@ -22,9 +22,9 @@ use serde::{Deserialize, Serialize};
 use super::persist::{QueueSnapshot, VirtioPersistError};
 use super::transport::{CommonState, Ring, TransportInterrupt, VirtioCommon};
 use super::{VirtioDevice, VirtioInterrupt};
-use crate::devices::bus::BusDevice;
+use crate::bus::BusDevice;
 use crate::devices::legacy::EventFdTrigger;
-use crate::vstate::memory::GuestMemoryMmap;
+use crate::guest_memory::GuestMemoryMmap;
 
 /// Size of one device's MMIO window.
 pub const MMIO_WINDOW_BYTES: u64 = 0x1000;

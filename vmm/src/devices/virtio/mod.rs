@@ -36,7 +36,7 @@ use std::sync::Arc;
 
 use virtio_queue::Queue;
 
-use crate::vstate::memory::GuestMemoryMmap;
+use crate::guest_memory::GuestMemoryMmap;
 pub use persist::{ActiveArgs, DeviceSnapshot, VirtioPersistError};
 
 /// Raises the device's interrupt: the one boundary between a device model

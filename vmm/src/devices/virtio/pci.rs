@@ -43,7 +43,7 @@ use crate::devices::pci::msix::{
     MsixState, MsixVectors, CONTROL_ENABLE, CONTROL_FUNCTION_MASK, MSIX_CAP_ID,
 };
 use crate::devices::pci::{AccessRefused, PciConfig, PciConfigError, PciDevice};
-use crate::vstate::memory::GuestMemoryMmap;
+use crate::guest_memory::GuestMemoryMmap;
 
 /// Virtio's PCI vendor ID.
 pub const VIRTIO_PCI_VENDOR_ID: u16 = 0x1af4;

@@ -19,7 +19,7 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use virtio_queue::{Queue, QueueState, QueueT};
 
 use super::VirtioInterrupt;
-use crate::vstate::memory::GuestMemoryMmap;
+use crate::guest_memory::GuestMemoryMmap;
 
 /// virtio-queue's `QueueState`, as a snapshot stores it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

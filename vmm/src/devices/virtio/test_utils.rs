@@ -10,7 +10,7 @@ use virtio_queue::Queue;
 use vm_memory::GuestAddress;
 
 use super::{ActivateError, VirtioDevice, VirtioInterrupt};
-use crate::vstate::memory::GuestMemoryMmap;
+use crate::guest_memory::GuestMemoryMmap;
 
 /// 4 MiB of anonymous guest memory at GPA 0.
 pub fn guest_memory() -> GuestMemoryMmap {

@@ -29,7 +29,7 @@ use virtio_queue::{Queue, QueueT};
 
 use super::persist::{ActiveArgs, QueueSnapshot, VirtioPersistError};
 use super::{VirtioDevice, VirtioInterrupt};
-use crate::vstate::memory::GuestMemoryMmap;
+use crate::guest_memory::GuestMemoryMmap;
 
 /// A transport's interrupt: what a device signals through, plus what a
 /// device reset clears (mmio's InterruptStatus; pci's vectors and ISR).

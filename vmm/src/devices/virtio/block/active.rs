@@ -24,7 +24,7 @@ use super::request::Request;
 use super::slot::Media;
 use crate::devices::virtio::worker::DeadlineTimer;
 use crate::devices::virtio::VirtioInterrupt;
-use crate::vstate::memory::GuestMemoryMmap;
+use crate::guest_memory::GuestMemoryMmap;
 
 /// An activated device's queue and in-flight work: what the worker owns
 /// (its event handler is in `event_handler.rs`) and hands back when stopped.

@@ -24,7 +24,7 @@ use super::active::{ActiveBlock, Pending};
 use super::defs::SLOW_COMPLETION_MS;
 use super::slot::Media;
 use crate::devices::virtio::{VirtioInterrupt, VirtioPersistError};
-use crate::vstate::memory::GuestMemoryMmap;
+use crate::guest_memory::GuestMemoryMmap;
 
 /// One held completion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -136,7 +136,7 @@ mod tests {
         RawDescriptor::from(SplitDescriptor::new(addr, len, flags, 0))
     }
 
-    fn header(mem: &crate::vstate::memory::GuestMemoryMmap, at: u64, t: u32, sector: u64) {
+    fn header(mem: &crate::guest_memory::GuestMemoryMmap, at: u64, t: u32, sector: u64) {
         let mut h = [0u8; 16];
         h[..4].copy_from_slice(&t.to_le_bytes());
         h[8..].copy_from_slice(&sector.to_le_bytes());

@@ -25,7 +25,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::defs::*;
 use super::host::ConsoleHost;
 use crate::devices::virtio::VirtioInterrupt;
-use crate::vstate::memory::GuestMemoryMmap;
+use crate::guest_memory::GuestMemoryMmap;
 
 /// Counters, for tests and diagnostics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

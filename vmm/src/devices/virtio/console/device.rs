@@ -22,7 +22,7 @@ use crate::devices::virtio::{
     read_config_bytes, ActivateError, ActiveArgs, DeviceSnapshot, VirtioDevice, VirtioInterrupt,
     VirtioPersistError,
 };
-use crate::vstate::memory::GuestMemoryMmap;
+use crate::guest_memory::GuestMemoryMmap;
 use provium_snapshot::Persist;
 
 /// A virtio-console device with one named port.

@@ -23,7 +23,7 @@ use super::active::{ActiveConsole, ControlOut, PortState};
 use super::defs::{DEVICE_ADD, MAX_PENDING_CONTROL, PORT_NAME, PORT_OPEN};
 use super::host::ConsoleHost;
 use crate::devices::virtio::{VirtioInterrupt, VirtioPersistError};
-use crate::vstate::memory::GuestMemoryMmap;
+use crate::guest_memory::GuestMemoryMmap;
 
 /// The console device's own state.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -39,7 +39,7 @@ use crate::devices::virtio::persist::{
 };
 use crate::devices::virtio::worker_slot::WorkerSlot;
 use crate::devices::virtio::{read_config_bytes, ActivateError, VirtioDevice, VirtioInterrupt};
-use crate::vstate::memory::GuestMemoryMmap;
+use crate::guest_memory::GuestMemoryMmap;
 use provium_snapshot::Persist;
 
 /// What the hooks on the port and the device share.

@@ -30,7 +30,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::defs::{HDR_V1_BYTES, MAX_TX_CHAIN_BYTES, QUEUE_SIZE};
 use super::plug::PortPlug;
-use crate::vstate::memory::GuestMemoryMmap;
+use crate::guest_memory::GuestMemoryMmap;
 
 /// TX chains read per batch handed to the switch under one lock.
 pub const TX_BATCH: usize = 16;

@@ -20,7 +20,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::defs::{CHUNK_BYTES, MAX_REQUEST_BYTES};
 use crate::devices::virtio::VirtioInterrupt;
-use crate::vstate::memory::GuestMemoryMmap;
+use crate::guest_memory::GuestMemoryMmap;
 
 /// How an rng device is built.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

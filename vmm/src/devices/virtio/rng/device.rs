@@ -15,7 +15,7 @@ use crate::devices::virtio::persist::{decode_state, encode_state, QueueSnapshot}
 use crate::devices::virtio::{
     ActivateError, ActiveArgs, DeviceSnapshot, VirtioDevice, VirtioInterrupt, VirtioPersistError,
 };
-use crate::vstate::memory::GuestMemoryMmap;
+use crate::guest_memory::GuestMemoryMmap;
 use provium_snapshot::Persist;
 
 /// A virtio-rng device.

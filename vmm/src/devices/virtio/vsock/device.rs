@@ -23,7 +23,7 @@ use crate::devices::virtio::{
     read_config_bytes, ActivateError, ActiveArgs, DeviceSnapshot, VirtioDevice, VirtioInterrupt,
     VirtioPersistError,
 };
-use crate::vstate::memory::GuestMemoryMmap;
+use crate::guest_memory::GuestMemoryMmap;
 use provium_snapshot::Persist;
 
 /// A virtio-vsock device.

@@ -31,7 +31,7 @@ use super::defs::*;
 use super::{VsockBackend, VsockConnectError};
 use crate::devices::virtio::worker::DeadlineTimer;
 use crate::devices::virtio::VirtioInterrupt;
-use crate::vstate::memory::GuestMemoryMmap;
+use crate::guest_memory::GuestMemoryMmap;
 
 /// (host port, guest port).
 type Key = (u32, u32);

@@ -21,7 +21,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::muxer::Muxer;
 use super::VsockBackend;
 use crate::devices::virtio::{VirtioInterrupt, VirtioPersistError};
-use crate::vstate::memory::GuestMemoryMmap;
+use crate::guest_memory::GuestMemoryMmap;
 
 /// The vsock device's own state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
