@@ -139,6 +139,12 @@ impl KernelNic {
         })
     }
 
+    /// Adds the clsact qdisc that wires' egress filters hang on (idempotent).
+    pub(crate) fn prepare_for_wires(&self) -> Result<(), KernelPathError> {
+        self.run(&format!("tc qdisc replace dev {} clsact", self.ifname))
+            .map(drop)
+    }
+
     /// Whether `other` is this NIC (its namespace and name).
     pub(crate) fn same(&self, other: &KernelNic) -> bool {
         self.ns_id == other.ns_id && self.ifname == other.ifname
@@ -361,6 +367,9 @@ impl Wire {
         lines.extend(link(end_a));
         a.run_batch("ip", &lines)?;
         b.run_batch("ip", &link(end_b))?;
+        // The TAPs' clsact is there from the port's attach
+        // (`KernelNic::prepare_for_wires`): a live TAP's qdiscs are not
+        // touched here.
         for (nic, end) in wire.nics.iter().zip(&wire.ends) {
             let tap = &nic.ifname;
             nic.run_batch(
@@ -371,8 +380,6 @@ impl Wire {
                         "filter add dev {end} ingress pref 1 protocol all u32 match u32 0 0 \
                          action mirred ingress redirect dev {tap}"
                     ),
-                    // `replace`: another wire may have added the TAP's clsact.
-                    format!("qdisc replace dev {tap} clsact"),
                 ],
             )?;
         }

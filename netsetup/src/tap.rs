@@ -372,6 +372,12 @@ impl TapPort {
     /// the port then stays on the switch.
     pub fn offer_kernel_path(&self) -> Result<(), crate::KernelPathError> {
         let nic = crate::KernelNic::of_tap(self.fd.as_fd(), self.port.mac())?;
+        // The TAP's clsact qdisc, which every wire's redirect filter hangs
+        // on, is added now, before the guest sends: a wire is built later,
+        // lazily, while traffic flows, and changing a live interface's
+        // qdiscs then can lose a frame before it reaches the switch (a loss
+        // no seed accounts for).
+        nic.prepare_for_wires()?;
         self.port.set_kernel_nic(nic);
         Ok(())
     }
