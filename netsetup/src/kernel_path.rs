@@ -35,7 +35,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::io::Write;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -153,6 +153,11 @@ impl KernelNic {
     /// The interface name inside its namespace.
     pub fn ifname(&self) -> &str {
         &self.ifname
+    }
+
+    /// The network namespace the interface lives in.
+    pub(crate) fn netns(&self) -> BorrowedFd<'_> {
+        self.netns.as_fd()
     }
 
     /// Runs `line` (a program and its arguments, split at whitespace: our
