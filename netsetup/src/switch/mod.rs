@@ -377,6 +377,21 @@ impl Switch {
         Ok(())
     }
 
+    /// Detaches every port named in `names` (names not attached are
+    /// skipped) in one control change: a bridge closing takes all of its
+    /// kernel-path wires down in one batch, a few `ip`/`tc` processes per
+    /// namespace, instead of a batch per port.
+    pub fn detach_many<S: AsRef<str>>(&self, names: &[S]) {
+        let ids: Vec<PortId> = {
+            let c = self.inner.lock();
+            names
+                .iter()
+                .filter_map(|n| c.by_name.get(n.as_ref()).copied())
+                .collect()
+        };
+        self.inner.detach_ids(&ids);
+    }
+
     /// Attached port names, in attach order.
     pub fn members(&self) -> Vec<String> {
         self.inner
@@ -801,15 +816,30 @@ impl Inner {
     }
 
     pub(crate) fn detach_id(&self, id: PortId) {
+        self.detach_ids(&[id]);
+    }
+
+    /// Detaches `ids` in one control change, so their kernel-path wires go
+    /// in one take-down batch. Ports already gone change nothing.
+    fn detach_ids(&self, ids: &[PortId]) {
+        {
+            let c = self.lock();
+            if !ids.iter().any(|id| c.ports.contains_key(id)) {
+                return;
+            }
+        }
         self.update(|c| {
-            if let Some(slot) = c.ports.remove(&id) {
+            for id in ids {
+                let Some(slot) = c.ports.remove(id) else {
+                    continue;
+                };
                 slot.shared.rx.close();
                 // Its delayed frames go now (their bytes back to the bound),
                 // and a sender with a stale snapshot can queue no more.
                 self.drop_held(&slot.shared);
                 c.by_name.remove(&slot.shared.name);
                 for m in &slot.learned {
-                    c.forget_mac(m, id);
+                    c.forget_mac(m, *id);
                 }
             }
         });
