@@ -21,9 +21,11 @@
 # SCALE_PROVIUM (default target/release/provium, built here unless set)
 # and SCALE_KERNEL_PATH (default true; false makes the bridge with
 # `{kernel_path = false}`) select what runs. Prints `scale: ...` lines and
-# the ratios of the bridge to the peer: attach / setup and close / teardown
-# (the peer's `netns del` returns before the kernel has freed the
-# namespaces, so its teardown is what a caller waits for, not the work).
+# the ratios of the bridge to the peer: attach / setup and close / teardown.
+# The peer's `netns del` returns before the kernel has freed the
+# namespaces: its teardown is what a caller waits for, and its
+# teardown_done is when the kernel had removed the last veth pair (polled
+# from the bridge's namespace, kept until then), the work itself.
 # Results are recorded in docs/benchmarking.md ("Scale").
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -152,10 +154,9 @@ peer_run() {
         echo "link set br0 up"
         for i in $(seq 1 "$n"); do echo "link set v$i master br0 up"; done
     } >"$work/br$n"
-    {
-        for i in $(seq 1 "$n"); do echo "netns del ${p}$i"; done
-        echo "netns del ${p}br"
-    } >"$work/down$n"
+    # The members' namespaces go in one batch; the bridge's stays until the
+    # kernel has freed them (their veths' bridge ends vanish with them).
+    for i in $(seq 1 "$n"); do echo "netns del ${p}$i"; done >"$work/down$n"
     local t0 t1 t2 t3
     t0=$(now)
     ip -batch "$work/up$n"
@@ -173,13 +174,20 @@ peer_run() {
     t2=$(now)
     ip -batch "$work/down$n"
     t3=$(now)
+    # `netns del` returns at once; the kernel frees the namespaces, and
+    # with them the veth pairs, afterwards in a worker. Done is when the
+    # last pair's bridge end is gone.
+    while [ "$(ip -n "${p}br" -o link show type veth | wc -l)" -gt 0 ]; do sleep 0.005; done
+    t4=$(now)
+    ip netns del "${p}br"
     Q_SETUP=$(sub "$t0" "$t1")
     Q_DOWN=$(sub "$t2" "$t3")
-    echo "scale: peer N=$n setup=${Q_SETUP}s reach=$(sub "$t1" "$t2")s teardown=${Q_DOWN}s unreached=$failed"
+    Q_DONE=$(sub "$t2" "$t4")
+    echo "scale: peer N=$n setup=${Q_SETUP}s reach=$(sub "$t1" "$t2")s teardown=${Q_DOWN}s teardown_done=${Q_DONE}s unreached=$failed"
 }
 
 for n in "${sizes[@]}"; do
     provium_run "$n" || continue
     peer_run "$n"
-    echo "scale: ratio N=$n setup=$(ratio "$P_SETUP" "$Q_SETUP") teardown=$(ratio "$P_DOWN" "$Q_DOWN") (bridge attach / peer setup; bridge close / peer teardown)"
+    echo "scale: ratio N=$n setup=$(ratio "$P_SETUP" "$Q_SETUP") teardown=$(ratio "$P_DOWN" "$Q_DOWN") teardown_done=$(ratio "$P_DOWN" "$Q_DONE") (bridge attach / peer setup; bridge close / peer teardown returned; / peer teardown done)"
 done

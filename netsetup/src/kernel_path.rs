@@ -78,6 +78,15 @@ pub enum KernelPathError {
         /// What it printed on stderr (trimmed).
         stderr: String,
     },
+    /// An rtnetlink request of ours failed.
+    #[error("cannot {request} (rtnetlink)")]
+    Rtnetlink {
+        /// What it asked.
+        request: String,
+        /// The kernel's answer, or why it could not be asked.
+        #[source]
+        source: io::Error,
+    },
     /// `tc` printed counts this module cannot read.
     #[error("cannot read the counts of `{command}` in: {output}")]
     Counts {
@@ -139,10 +148,17 @@ impl KernelNic {
         })
     }
 
-    /// Adds the clsact qdisc that wires' egress filters hang on (idempotent).
+    /// Adds the clsact qdisc that wires' egress filters hang on
+    /// (idempotent), with one rtnetlink request from inside the namespace
+    /// rather than a `tc` process (`rtnl.rs` says why).
     pub(crate) fn prepare_for_wires(&self) -> Result<(), KernelPathError> {
-        self.run(&format!("tc qdisc replace dev {} clsact", self.ifname))
-            .map(drop)
+        let failed = |source| KernelPathError::Rtnetlink {
+            request: format!("add the clsact qdisc of {}", self.ifname),
+            source,
+        };
+        crate::netns::run_in(self.netns(), || crate::rtnl::replace_clsact(&self.ifname))
+            .and_then(|r| r)
+            .map_err(failed)
     }
 
     /// Whether `other` is this NIC (its namespace and name).

@@ -9,11 +9,9 @@
 //! then outlives our close by that long, and a guest that looks right after
 //! its NIC was detached still sees it. Detaching promises the NIC is gone
 //! when it returns, so the port's drop waits for it, bounded, looking from
-//! a short-lived thread inside the TAP's namespace (only a thread of its
-//! own may change namespace).
+//! inside the TAP's namespace.
 
 use std::ffi::CString;
-use std::os::fd::{AsFd, AsRawFd};
 use std::time::{Duration, Instant};
 
 use crate::kernel_path::KernelNic;
@@ -53,32 +51,23 @@ impl Drop for VanishingInterface {
 /// Waits up to `bound` until `nic`'s interface no longer exists in its
 /// namespace: `Some(true)` when gone, `Some(false)` when still there at
 /// the bound, `None` when we cannot look (not allowed into the namespace).
-pub(super) fn wait_gone(nic: &KernelNic, bound: Duration) -> Option<bool> {
+fn wait_gone(nic: &KernelNic, bound: Duration) -> Option<bool> {
     let name = CString::new(nic.ifname()).ok()?;
-    let netns = nic.netns().as_fd().try_clone_to_owned().ok()?;
-    std::thread::scope(|s| {
-        s.spawn(move || {
-            // SAFETY: setns on a namespace fd we own; it moves only this
-            // thread, which ends with the scope.
-            if unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                return None;
+    crate::netns::run_in(nic.netns(), || {
+        let deadline = Instant::now() + bound;
+        loop {
+            // SAFETY: `name` is a NUL-terminated string.
+            if unsafe { libc::if_nametoindex(name.as_ptr()) } == 0 {
+                // ENODEV: gone; any other error: we cannot tell.
+                let errno = std::io::Error::last_os_error().raw_os_error();
+                return (errno == Some(libc::ENODEV)).then_some(true);
             }
-            let deadline = Instant::now() + bound;
-            loop {
-                // SAFETY: `name` is a NUL-terminated string.
-                if unsafe { libc::if_nametoindex(name.as_ptr()) } == 0 {
-                    // ENODEV: gone; any other error: we cannot tell.
-                    let gone = std::io::Error::last_os_error().raw_os_error() == Some(libc::ENODEV);
-                    return gone.then_some(true);
-                }
-                if Instant::now() >= deadline {
-                    return Some(false);
-                }
-                std::thread::sleep(VANISH_POLL);
+            if Instant::now() >= deadline {
+                return Some(false);
             }
-        })
-        .join()
-        .ok()
-        .flatten()
+            std::thread::sleep(VANISH_POLL);
+        }
     })
+    .ok()
+    .flatten()
 }
