@@ -20,7 +20,14 @@
 #
 # SCALE_PROVIUM (default target/release/provium, built here unless set)
 # and SCALE_KERNEL_PATH (default true; false makes the bridge with
-# `{kernel_path = false}`) select what runs. Prints `scale: ...` lines and
+# `{kernel_path = false}`) select what runs. SCALE_VMM=kvm runs the same
+# file on the kvm backend instead: N Linux guests restored from one fixture
+# (booted once, kept in SCALE_CACHE, default target/scale-cache), each
+# joining the bridge through a NIC slot after boot. SCALE_KERNEL and
+# SCALE_INITRD name the guest (default: the probe kernel and the test
+# initrd the tiers build under target/). On a machine whose KVM emulates
+# guest kernel code (kvm_pvm) every figure of the guests' own work is an
+# emulated-kernel figure: label it so. Prints `scale: ...` lines and
 # the ratios of the bridge to the peer: attach / setup and close / teardown.
 # The peer's `netns del` returns before the kernel has freed the
 # namespaces: its teardown is what a caller waits for, and its
@@ -39,12 +46,29 @@ done
 sizes=("$@")
 [ "${#sizes[@]}" -gt 0 ] || sizes=(10 40 100)
 kernel_path=${SCALE_KERNEL_PATH:-true}
+vmm=${SCALE_VMM:-local}
+case "$vmm" in
+local | kvm) ;;
+*) echo "scale: SCALE_VMM must be local or kvm, not \`$vmm\`" >&2; exit 2 ;;
+esac
+if [ "$vmm" = kvm ]; then
+    kernel=${SCALE_KERNEL:-$(ls -t target/probe-kernel/*/bzImage 2>/dev/null | head -1)}
+    initrd=${SCALE_INITRD:-$(ls -t target/guest-initrd/*/initrd.cpio 2>/dev/null | head -1)}
+    if [ ! -f "$kernel" ] || [ ! -f "$initrd" ]; then
+        echo "scale: SCALE_VMM=kvm needs a guest: set SCALE_KERNEL and SCALE_INITRD (or build the tiers' probe kernel and initrd: cargo test -p provium --test real_kernel)" >&2
+        exit 2
+    fi
+    kernel=$(realpath "$kernel")
+    initrd=$(realpath "$initrd")
+    cache=${SCALE_CACHE:-$PWD/target/scale-cache}
+    mkdir -p "$cache"
+fi
 if [ -z "${SCALE_PROVIUM:-}" ]; then
     cargo build --release -q -p provium -p provium-agent
     SCALE_PROVIUM=$PWD/target/release/provium
     export PROVIUM_AGENT=$PWD/target/release/provium-agent
 fi
-echo "scale: machine nproc=$(nproc) kernel=$(uname -r) provium=$SCALE_PROVIUM kernel_path=$kernel_path"
+echo "scale: machine nproc=$(nproc) kernel=$(uname -r) load=$(cut -d' ' -f1-3 /proc/loadavg) provium=$SCALE_PROVIUM vmm=$vmm kernel_path=$kernel_path"
 
 work=$(mktemp -d /tmp/provium-scale.XXXXXX)
 trap 'rm -rf "$work"' EXIT
@@ -70,7 +94,24 @@ sample() {
 provium_run() {
     local n=$1 dir=$work/p$n
     mkdir -p "$dir"
-    cat >"$dir/provium.toml" <<TOML
+    local make_vm
+    if [ "$vmm" = kvm ]; then
+        cat >"$dir/provium.toml" <<TOML
+[provium]
+roots = ["."]
+cache_dir = "$cache"
+[profiles.linux]
+kernel = "$kernel"
+initrd = "$initrd"
+cmdline = "console=ttyS0 quiet"
+guest_os = "linux"
+TOML
+        cat >"$dir/base.fixture.lua" <<LUA
+return provium:vm("base", "linux"):boot():snapshot()
+LUA
+        make_vm='provium:vm_fixture("base")'
+    else
+        cat >"$dir/provium.toml" <<TOML
 [provium]
 roots = ["."]
 [profiles.linux]
@@ -79,17 +120,21 @@ initrd = "/nonexistent/initrd"
 cmdline = "quiet"
 guest_os = "linux"
 TOML
+        make_vm='provium:vm("m" .. i, "linux"):boot()'
+    fi
     cat >"$dir/scale.test.lua" <<LUA
 local n = $n
 local marks = io.open("$dir/marks", "w")
+-- Marks on the host's clock (a kvm guest's clock is its own).
+local function mark(what)
+  local date = assert(io.popen("date +%s.%N"))
+  marks:write(what .. " " .. date:read("l") .. "\n")
+  date:close()
+  marks:flush()
+end
 local vms = {}
 for i = 1, n do
-  vms[i] = provium:vm("m" .. i, "linux")
-  vms[i]:boot()
-end
-local function mark(what)
-  marks:write(what .. " " .. vms[1]:run("date +%s.%N"):assert_ok().stdout)
-  marks:flush()
+  vms[i] = $make_vm
 end
 mark("booted")
 local lan = provium:bridge("lan", {kernel_path = $kernel_path})
@@ -99,7 +144,8 @@ local function ip(i)
   return string.format("10.9.%d.%d", (i - 1) // 250, (i - 1) % 250 + 1)
 end
 for i = 1, n do
-  vms[i]:run("ip addr add " .. ip(i) .. "/16 dev eth0 && ip link set eth0 up"):assert_ok()
+  local eth = vms[i]:nic("lan"):ifname()
+  vms[i]:run("ip addr add " .. ip(i) .. "/16 dev " .. eth .. " && ip link set " .. eth .. " up"):assert_ok()
 end
 -- One test: the marks must come between the phases, and a file's tests
 -- run after its top level.
@@ -114,7 +160,7 @@ end)
 LUA
     local t0 t_end
     t0=$(now)
-    (cd "$dir" && exec "$SCALE_PROVIUM" --vmm local --no-build scale.test.lua) >"$dir/out" 2>&1 &
+    (cd "$dir" && exec "$SCALE_PROVIUM" --vmm "$vmm" --no-build --timeout 3600s scale.test.lua) >"$dir/out" 2>&1 &
     local pid=$!
     sample "$pid" "$dir/peak" &
     local sampler=$!
@@ -135,7 +181,7 @@ LUA
     read -r rss thr fds <"$dir/peak"
     P_SETUP=$(sub "$booted" "$attached")
     P_DOWN=$(sub "$reached" "$closed")
-    echo "scale: provium N=$n boot=$(sub "$t0" "$booted")s attach=$(sub "$booted" "$attached")s reach=$(sub "$attached" "$reached")s bridge_close=${P_DOWN}s sandbox_teardown=$(sub "$closed" "$t_end")s whole=$(sub "$t0" "$t_end")s peak_rss=$((rss / 1024))MiB peak_threads=$thr peak_fds=$fds"
+    echo "scale: provium vmm=$vmm N=$n boot=$(sub "$t0" "$booted")s attach=$(sub "$booted" "$attached")s reach=$(sub "$attached" "$reached")s bridge_close=${P_DOWN}s sandbox_teardown=$(sub "$closed" "$t_end")s whole=$(sub "$t0" "$t_end")s peak_rss=$((rss / 1024))MiB peak_threads=$thr peak_fds=$fds"
 }
 
 peer_run() {

@@ -550,31 +550,58 @@ impl PerNamespace {
 
     /// Runs each namespace's lines with `-force` (every line is tried,
     /// whatever fails before it); returns per namespace whether every
-    /// line succeeded, and stdout.
+    /// line succeeded, and stdout. The namespaces' processes run from up to
+    /// [`BATCHES_AT_ONCE`] threads: each is a fork, an exec and a few
+    /// netlink round trips, and a bridge closing touches every member's
+    /// namespace.
     fn run(&self, stats: bool) -> Vec<(bool, String)> {
-        self.groups
-            .iter()
-            .map(|(nic, lines)| {
-                let mut args = vec!["-force", "-batch", "-"];
-                if stats {
-                    args.insert(0, "-s");
-                }
-                let inv = Invocation {
-                    prog: self.prog,
-                    args,
-                    stdin: Some(lines.iter().map(|l| format!("{l}\n")).collect()),
-                };
-                match spawn_in(&nic.netns, inv) {
-                    Ok(out) => (
-                        out.status.success(),
-                        String::from_utf8_lossy(&out.stdout).into_owned(),
-                    ),
-                    Err(_) => (false, String::new()),
-                }
-            })
-            .collect()
+        let one = |(nic, lines): &(KernelNic, Vec<String>)| {
+            let mut args = vec!["-force", "-batch", "-"];
+            if stats {
+                args.insert(0, "-s");
+            }
+            let inv = Invocation {
+                prog: self.prog,
+                args,
+                stdin: Some(lines.iter().map(|l| format!("{l}\n")).collect()),
+            };
+            match spawn_in(&nic.netns, inv) {
+                Ok(out) => (
+                    out.status.success(),
+                    String::from_utf8_lossy(&out.stdout).into_owned(),
+                ),
+                Err(_) => (false, String::new()),
+            }
+        };
+        if self.groups.len() < 2 {
+            return self.groups.iter().map(one).collect();
+        }
+        let per_thread = self.groups.len().div_ceil(BATCHES_AT_ONCE);
+        std::thread::scope(|s| {
+            let workers: Vec<_> = self
+                .groups
+                .chunks(per_thread)
+                .map(|chunk| {
+                    let work = move || chunk.iter().map(one).collect::<Vec<_>>();
+                    (chunk, std::thread::Builder::new().spawn_scoped(s, work))
+                })
+                .collect();
+            // A chunk whose thread could not start (or that panicked) runs
+            // (again) here, so every namespace gets its batch: its lines are
+            // deletes and reads, which may run twice.
+            workers
+                .into_iter()
+                .flat_map(|(chunk, worker)| match worker.map(|w| w.join()) {
+                    Ok(Ok(results)) => results,
+                    _ => chunk.iter().map(one).collect(),
+                })
+                .collect()
+        })
     }
 }
+
+/// How many namespaces' `-batch` processes run at once.
+const BATCHES_AT_ONCE: usize = 8;
 
 /// Reads every `index I` and the `Sent N bytes M pkt` after it from `tc -s
 /// actions` output (several actions, one after another).
