@@ -16,7 +16,8 @@
 #     rdinit=/sbin/provium-agent, which forks the agent and execs this /init.
 #     It turns the kernel's Ctrl-Alt-Del reboot off, so the power button
 #     arrives as SIGINT, on which it powers off gracefully: SIGTERM to every
-#     process, up to 5 s, SIGKILL, sync, power off;
+#     process, up to 5 s, SIGKILL, sync, power off. That trap is its first
+#     command: a restored VM can be pressed while init is still mounting;
 #   /etc/passwd, /etc/group, /etc/hosts; empty /proc /sys /dev /tmp /root /mnt.
 #
 # Cache: target/guest-initrd/<key>/initrd.cpio, where <key> is the SHA-256 of
@@ -128,6 +129,50 @@ cat >"$r/init" <<'EOF'
 # while this script does, so it must reach its idle loop at once.
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 
+# The power button arrives as SIGINT. Its trap is set before anything else:
+# ash running a script catches SIGINT from its start and, with no trap yet,
+# exits 130, which panics the kernel ("Attempted to kill init"). A VM
+# restored from a snapshot taken while this script was still mounting
+# (seconds per fork on kvm_pvm) is pressed right there.
+
+# A pipe nobody writes: `read -t` on it is a sleep without a fork, once
+# it is open (fd 3, below); before that, `sleep`.
+idle_fd=
+pause() {
+    if [ -n "$idle_fd" ]; then
+        read -r -t "$1" _ <&3
+    else
+        sleep "$1"
+    fi
+}
+
+# Whether a user process other than this init is left (kernel threads have an
+# empty cmdline).
+others_alive() {
+    for d in /proc/[0-9]*; do
+        [ "${d#/proc/}" = 1 ] && continue
+        c=
+        read -r c <"$d/cmdline" 2>/dev/null
+        [ -n "$c" ] && return 0
+    done
+    return 1
+}
+
+# Stop everything gracefully (SIGTERM, up to 5 s, SIGKILL), then power off.
+power_off() {
+    echo "init: power button: stopping processes" >/dev/console
+    kill -TERM -1 2>/dev/null
+    i=0
+    while [ "$i" -lt 10 ] && others_alive; do
+        pause 0.5
+        i=$((i + 1))
+    done
+    kill -KILL -1 2>/dev/null
+    sync
+    poweroff -f
+}
+trap power_off INT TERM
+
 # Whether $1 is a mount point, from /proc/mounts (false before proc is).
 mounted() {
     while read -r _ point _; do
@@ -143,39 +188,7 @@ mounted /sys || mount -t sysfs sysfs /sys
 mounted /dev || mount -t devtmpfs devtmpfs /dev
 mounted /tmp || mount -t tmpfs tmpfs /tmp
 
-# A pipe nobody writes: `read -t` on it is a sleep without a fork.
-mkfifo /run/init.idle && exec 3<>/run/init.idle
-pause() {
-    read -r -t "$1" _ <&3
-}
-
-# Whether a user process other than this init is left (kernel threads have an
-# empty cmdline).
-others_alive() {
-    for d in /proc/[0-9]*; do
-        [ "${d#/proc/}" = 1 ] && continue
-        c=
-        read -r c <"$d/cmdline" 2>/dev/null
-        [ -n "$c" ] && return 0
-    done
-    return 1
-}
-
-# The power button arrives as SIGINT: stop everything gracefully (SIGTERM,
-# up to 5 s, SIGKILL), then power off.
-power_off() {
-    echo "init: power button: stopping processes" >/dev/console
-    kill -TERM -1 2>/dev/null
-    i=0
-    while [ "$i" -lt 10 ] && others_alive; do
-        pause 0.5
-        i=$((i + 1))
-    done
-    kill -KILL -1 2>/dev/null
-    sync
-    poweroff -f
-}
-trap power_off INT TERM
+mkfifo /run/init.idle && exec 3<>/run/init.idle && idle_fd=3
 
 # Idle: `read` returns when a trapped signal arrives, so the trap runs at once.
 while :; do

@@ -412,6 +412,14 @@ fn concrete_backend_uses_except(
     found
 }
 
+/// A self-test's source tree: (path relative to src/, source) pairs, as
+/// [`rust_files`] returns them.
+fn files(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter()
+        .map(|(r, s)| (r.to_string(), s.to_string()))
+        .collect()
+}
+
 /// Every `.rs` file under `dir`, as (path relative to `dir`, contents).
 fn rust_files(dir: &Path) -> Vec<(String, String)> {
     let mut out = Vec::new();
@@ -617,11 +625,6 @@ fn no_code_outside_the_kvm_backend_names_a_vmm_type() {
 
 #[test]
 fn the_vmm_type_check_catches_code_and_spares_comments_and_tests() {
-    let files = |list: &[(&str, &str)]| {
-        list.iter()
-            .map(|(r, s)| (r.to_string(), s.to_string()))
-            .collect::<Vec<_>>()
-    };
     for src in [
         "use provium_vmm::vmm_config::NetConfig;",
         "pub nics: Vec<provium_vmm::vmm_config::NetConfig>,",
@@ -693,11 +696,6 @@ fn the_network_model_names_no_lua() {
 
 #[test]
 fn the_network_lua_check_catches_code_and_spares_comments_and_tests() {
-    let files = |list: &[(&str, &str)]| {
-        list.iter()
-            .map(|(r, s)| (r.to_string(), s.to_string()))
-            .collect::<Vec<_>>()
-    };
     for src in [
         "use mlua::Lua;",
         "fn f(e: NetworkError) -> mlua::Error { todo!() }",
@@ -1530,11 +1528,6 @@ fn the_lua_layer_imports_no_circle_at_any_depth() {
 
 #[test]
 fn the_circle_check_sees_each_way_of_importing() {
-    let files = |list: &[(&str, &str)]| -> Vec<(String, String)> {
-        list.iter()
-            .map(|(r, s)| (r.to_string(), s.to_string()))
-            .collect()
-    };
     let groups = |f: &[(String, String)]| -> Vec<Vec<String>> {
         cycles(&import_edges(f))
             .into_iter()

@@ -409,6 +409,31 @@ mod tests {
         );
     }
 
+    /// Activates `dev` with an RX queue at 0 and a TX queue at 0x1_0000 of
+    /// `mem` (16 entries each) and `irq`; returns the two queues, for the
+    /// test to add buffers and read used entries.
+    fn activate<'a>(
+        dev: &mut Net,
+        mem: &'a GuestMemoryMmap,
+        irq: &Arc<CountingInterrupt>,
+    ) -> (
+        MockSplitQueue<'a, GuestMemoryMmap>,
+        MockSplitQueue<'a, GuestMemoryMmap>,
+    ) {
+        let rx = MockSplitQueue::create(mem, GuestAddress(0), 16);
+        let tx = MockSplitQueue::create(mem, GuestAddress(0x1_0000), 16);
+        dev.activate(
+            mem.clone(),
+            vec![
+                rx.create_queue().expect("rx"),
+                tx.create_queue().expect("tx"),
+            ],
+            irq.clone(),
+        )
+        .expect("activate");
+        (rx, tx)
+    }
+
     fn status(dev: &Net) -> u16 {
         let mut b = [0u8; 2];
         dev.read_config(CONFIG_STATUS_OFFSET as u64, &mut b);
@@ -475,18 +500,8 @@ mod tests {
             "not activated: status changes, no interrupt"
         );
         let mem = guest_memory();
-        let rx = MockSplitQueue::create(&mem, GuestAddress(0), 16);
-        let tx = MockSplitQueue::create(&mem, GuestAddress(0x1_0000), 16);
         let irq = Arc::new(CountingInterrupt::default());
-        dev.activate(
-            mem.clone(),
-            vec![
-                rx.create_queue().expect("rx"),
-                tx.create_queue().expect("tx"),
-            ],
-            irq.clone(),
-        )
-        .expect("activate");
+        let _queues = activate(&mut dev, &mem, &irq);
         sw.disconnect("vm").expect("disconnect");
         assert_eq!(status(&dev), 0);
         assert_eq!(irq.config.load(Ordering::SeqCst), 1);
@@ -519,19 +534,9 @@ mod tests {
         let mut dev = Net::on_plug(GUEST, plug.clone());
         assert_eq!(status(&dev), 0, "a down ethN until attached");
         let mem = guest_memory();
-        let rx = MockSplitQueue::create(&mem, GuestAddress(0), 16);
-        let tx = MockSplitQueue::create(&mem, GuestAddress(0x1_0000), 16);
         let irq = Arc::new(CountingInterrupt::default());
         dev.set_acked_features(dev.avail_features());
-        dev.activate(
-            mem.clone(),
-            vec![
-                rx.create_queue().expect("rx"),
-                tx.create_queue().expect("tx"),
-            ],
-            irq.clone(),
-        )
-        .expect("activate");
+        let (rx, tx) = activate(&mut dev, &mem, &irq);
         // Attach: a port on the bridge's switch, with the slot's MAC.
         let lan = Switch::new("lan", SwitchConfig::default());
         let peer = lan.attach("peer", PEER).expect("peer");
@@ -584,8 +589,6 @@ mod tests {
         let peer = sw.attach("peer", PEER).expect("peer");
         let mut dev = Net::new(GUEST, port);
         let mem = guest_memory();
-        let rx = MockSplitQueue::create(&mem, GuestAddress(0), 16);
-        let tx = MockSplitQueue::create(&mem, GuestAddress(0x1_0000), 16);
         // A frame queued before the driver is up is delivered once it is.
         let mut early = PEER.0.to_vec();
         early.splice(0..0, GUEST.0);
@@ -594,15 +597,7 @@ mod tests {
         peer.send(&early).expect("send");
         let irq = Arc::new(CountingInterrupt::default());
         dev.set_acked_features(dev.avail_features());
-        dev.activate(
-            mem.clone(),
-            vec![
-                rx.create_queue().expect("rx"),
-                tx.create_queue().expect("tx"),
-            ],
-            irq.clone(),
-        )
-        .expect("activate");
+        let (rx, tx) = activate(&mut dev, &mem, &irq);
         assert!(
             dev.plug.port().offloads().tso4 && dev.plug.port().offloads().tso6,
             "the port takes what the guest negotiated"
@@ -656,19 +651,9 @@ mod tests {
         let peer = sw.attach("peer", PEER).expect("peer");
         let mut dev = Net::new(GUEST, port.clone());
         let mem = guest_memory();
-        let rx = MockSplitQueue::create(&mem, GuestAddress(0), 16);
-        let tx = MockSplitQueue::create(&mem, GuestAddress(0x1_0000), 16);
         let irq = Arc::new(CountingInterrupt::default());
         dev.set_acked_features(dev.avail_features());
-        dev.activate(
-            mem.clone(),
-            vec![
-                rx.create_queue().expect("rx"),
-                tx.create_queue().expect("tx"),
-            ],
-            irq.clone(),
-        )
-        .expect("activate");
+        let (rx, _tx) = activate(&mut dev, &mem, &irq);
         // No RX buffer: the first frame ends up held inside the device.
         peer.send(&frame_to_guest(1)).expect("send");
         wait("the frame taken from the port", || port.pending() == 0);
