@@ -32,11 +32,12 @@
 //! switch decides which directions are enabled (see
 //! [`Switch`](crate::Switch)).
 
+use std::collections::HashMap;
 use std::io;
 use std::io::Write;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
@@ -77,6 +78,15 @@ pub enum KernelPathError {
         /// What it printed on stderr (trimmed).
         stderr: String,
     },
+    /// An rtnetlink request of ours failed.
+    #[error("cannot {request} (rtnetlink)")]
+    Rtnetlink {
+        /// What it asked.
+        request: String,
+        /// The kernel's answer, or why it could not be asked.
+        #[source]
+        source: io::Error,
+    },
     /// `tc` printed counts this module cannot read.
     #[error("cannot read the counts of `{command}` in: {output}")]
     Counts {
@@ -91,6 +101,9 @@ pub enum KernelPathError {
 #[derive(Clone, Debug)]
 pub struct KernelNic {
     netns: Arc<OwnedFd>,
+    /// The namespace's identity (device and inode of its nsfs file): NICs
+    /// with equal ids share one batch of commands.
+    ns_id: (u64, u64),
     ifname: String,
     mac: MacAddr,
 }
@@ -109,6 +122,15 @@ impl KernelNic {
         }
         // SAFETY: the kernel just gave us this fd; nothing else owns it.
         let netns = Arc::new(unsafe { OwnedFd::from_raw_fd(ns) });
+        // SAFETY: `struct stat` is plain data; all zeroes is a valid value.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat writes a `struct stat` into `st`.
+        if unsafe { libc::fstat(netns.as_raw_fd(), &mut st) } != 0 {
+            return Err(KernelPathError::Ioctl {
+                op: "fstat of the namespace",
+                source: io::Error::last_os_error(),
+            });
+        }
         let mut ifr = [0u8; 40];
         // SAFETY: TUNGETIFF writes a `struct ifreq` (40 bytes) into `ifr`.
         if unsafe { libc::ioctl(fd.as_raw_fd(), TUNGETIFF as _, ifr.as_mut_ptr()) } < 0 {
@@ -120,14 +142,38 @@ impl KernelNic {
         let len = ifr[..16].iter().position(|b| *b == 0).unwrap_or(16);
         Ok(KernelNic {
             netns,
+            ns_id: (st.st_dev, st.st_ino),
             ifname: String::from_utf8_lossy(&ifr[..len]).into_owned(),
             mac,
         })
     }
 
+    /// Adds the clsact qdisc that wires' egress filters hang on
+    /// (idempotent), with one rtnetlink request from inside the namespace
+    /// rather than a `tc` process (`rtnl.rs` says why).
+    pub(crate) fn prepare_for_wires(&self) -> Result<(), KernelPathError> {
+        let failed = |source| KernelPathError::Rtnetlink {
+            request: format!("add the clsact qdisc of {}", self.ifname),
+            source,
+        };
+        crate::netns::run_in(self.netns(), || crate::rtnl::replace_clsact(&self.ifname))
+            .and_then(|r| r)
+            .map_err(failed)
+    }
+
+    /// Whether `other` is this NIC (its namespace and name).
+    pub(crate) fn same(&self, other: &KernelNic) -> bool {
+        self.ns_id == other.ns_id && self.ifname == other.ifname
+    }
+
     /// The interface name inside its namespace.
     pub fn ifname(&self) -> &str {
         &self.ifname
+    }
+
+    /// The network namespace the interface lives in.
+    pub(crate) fn netns(&self) -> BorrowedFd<'_> {
+        self.netns.as_fd()
     }
 
     /// Runs `line` (a program and its arguments, split at whitespace: our
@@ -180,6 +226,20 @@ impl Invocation<'_> {
 
 fn run_in(netns: &OwnedFd, inv: Invocation<'_>) -> Result<String, KernelPathError> {
     let command = inv.describe();
+    let out = spawn_in(netns, inv)?;
+    if !out.status.success() {
+        return Err(KernelPathError::Command {
+            command,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs `inv` inside `netns` and returns what it did, whatever its exit
+/// status (an error only when it could not run).
+fn spawn_in(netns: &OwnedFd, inv: Invocation<'_>) -> Result<Output, KernelPathError> {
+    let command = inv.describe();
     let ns = netns.as_raw_fd();
     let mut cmd = Command::new(inv.prog);
     cmd.args(&inv.args)
@@ -210,14 +270,7 @@ fn run_in(netns: &OwnedFd, inv: Invocation<'_>) -> Result<String, KernelPathErro
         // and stderr below say why.
         let _ = input.write_all(lines.as_bytes());
     }
-    let out = child.wait_with_output().map_err(spawn_error)?;
-    if !out.status.success() {
-        return Err(KernelPathError::Command {
-            command,
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        });
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    child.wait_with_output().map_err(spawn_error)
 }
 
 /// Frames and bytes the kernel forwarded in one direction. A GSO frame
@@ -290,6 +343,8 @@ pub struct Wire {
     ends: [String; 2],
     pref: u32,
     dirs: [Direction; 2],
+    /// [`Wire::take_down`] removed it: dropping it runs nothing.
+    down: bool,
 }
 
 impl Wire {
@@ -312,25 +367,32 @@ impl Wire {
                 // Clear of the small indices `tc` picks for actions of its own.
                 action_index: 0x4000_0000 | (n.wrapping_mul(2) + d) & 0x3fff_ffff,
             }),
+            down: false,
         };
         // Dropped on an error below: deletes the veth (and its filters).
         let peer_ns = format!("/proc/{}/fd/{}", std::process::id(), b.netns.as_raw_fd());
         let [end_a, end_b] = &wire.ends;
-        a.run(&format!(
-            "ip link add {end_a} address {} type veth peer name {end_b} address {} netns {peer_ns}",
+        // Four processes per wire, one `ip` and one `tc` batch in each
+        // namespace. Address generation off before the link is up, so it
+        // never gets an IPv6 link-local address to speak from.
+        let link = |end: &str| {
+            [
+                format!("link set {end} addrgenmode none"),
+                format!("link set {end} arp off up"),
+            ]
+        };
+        let mut lines = vec![format!(
+            "link add {end_a} address {} type veth peer name {end_b} address {} netns {peer_ns}",
             a.mac, b.mac
-        ))?;
+        )];
+        lines.extend(link(end_a));
+        a.run_batch("ip", &lines)?;
+        b.run_batch("ip", &link(end_b))?;
+        // The TAPs' clsact is there from the port's attach
+        // (`KernelNic::prepare_for_wires`): a live TAP's qdiscs are not
+        // touched here.
         for (nic, end) in wire.nics.iter().zip(&wire.ends) {
             let tap = &nic.ifname;
-            // Address generation off before the link is up, so it never
-            // gets an IPv6 link-local address to speak from.
-            nic.run_batch(
-                "ip",
-                &[
-                    format!("link set {end} addrgenmode none"),
-                    format!("link set {end} arp off up"),
-                ],
-            )?;
             nic.run_batch(
                 "tc",
                 &[
@@ -339,8 +401,6 @@ impl Wire {
                         "filter add dev {end} ingress pref 1 protocol all u32 match u32 0 0 \
                          action mirred ingress redirect dev {tap}"
                     ),
-                    // `replace`: another wire may have added the TAP's clsact.
-                    format!("qdisc replace dev {tap} clsact"),
                 ],
             )?;
         }
@@ -384,6 +444,17 @@ impl Wire {
         self.dirs[from].created = true;
         self.dirs[from].enabled = true;
         Ok(())
+    }
+
+    /// Whether side `from`'s egress filter is on its TAP (false when the
+    /// TAP is gone: nothing is left to redirect).
+    fn filter_present(&self, from: usize) -> bool {
+        let nic = &self.nics[from];
+        let line = format!(
+            "tc filter show dev {} egress pref {}",
+            nic.ifname, self.pref
+        );
+        nic.run(&line).is_ok_and(|out| !out.trim().is_empty())
     }
 
     fn action_exists(&self, from: usize) -> bool {
@@ -437,6 +508,9 @@ impl Wire {
 
 impl Drop for Wire {
     fn drop(&mut self) {
+        if self.down {
+            return;
+        }
         for from in 0..2 {
             let _ = self.disable(from);
         }
@@ -448,6 +522,237 @@ impl Drop for Wire {
                 let _ = nic.run(&format!("tc actions del action mirred index {index}"));
             }
         }
+    }
+}
+
+/// Commands gathered per namespace, run as one `-batch` process per
+/// namespace: the cost of a change to many wires is a process per
+/// namespace touched, not several per wire.
+struct PerNamespace {
+    prog: &'static str,
+    groups: Vec<(KernelNic, Vec<String>)>,
+}
+
+impl PerNamespace {
+    fn new(prog: &'static str) -> PerNamespace {
+        PerNamespace {
+            prog,
+            groups: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, nic: &KernelNic, line: String) {
+        match self.groups.iter_mut().find(|(n, _)| n.ns_id == nic.ns_id) {
+            Some((_, lines)) => lines.push(line),
+            None => self.groups.push((nic.clone(), vec![line])),
+        }
+    }
+
+    /// Runs each namespace's lines with `-force` (every line is tried,
+    /// whatever fails before it); returns per namespace whether every
+    /// line succeeded, and stdout. The namespaces' processes run from up to
+    /// [`BATCHES_AT_ONCE`] threads: each is a fork, an exec and a few
+    /// netlink round trips, and a bridge closing touches every member's
+    /// namespace.
+    fn run(&self, stats: bool) -> Vec<(bool, String)> {
+        let one = |(nic, lines): &(KernelNic, Vec<String>)| {
+            let mut args = vec!["-force", "-batch", "-"];
+            if stats {
+                args.insert(0, "-s");
+            }
+            let inv = Invocation {
+                prog: self.prog,
+                args,
+                stdin: Some(lines.iter().map(|l| format!("{l}\n")).collect()),
+            };
+            match spawn_in(&nic.netns, inv) {
+                Ok(out) => (
+                    out.status.success(),
+                    String::from_utf8_lossy(&out.stdout).into_owned(),
+                ),
+                Err(_) => (false, String::new()),
+            }
+        };
+        if self.groups.len() < 2 {
+            return self.groups.iter().map(one).collect();
+        }
+        let per_thread = self.groups.len().div_ceil(BATCHES_AT_ONCE);
+        std::thread::scope(|s| {
+            let workers: Vec<_> = self
+                .groups
+                .chunks(per_thread)
+                .map(|chunk| {
+                    let work = move || chunk.iter().map(one).collect::<Vec<_>>();
+                    (chunk, std::thread::Builder::new().spawn_scoped(s, work))
+                })
+                .collect();
+            // A chunk whose thread could not start (or that panicked) runs
+            // (again) here, so every namespace gets its batch: its lines are
+            // deletes and reads, which may run twice.
+            workers
+                .into_iter()
+                .flat_map(|(chunk, worker)| match worker.map(|w| w.join()) {
+                    Ok(Ok(results)) => results,
+                    _ => chunk.iter().map(one).collect(),
+                })
+                .collect()
+        })
+    }
+}
+
+/// How many namespaces' `-batch` processes run at once.
+const BATCHES_AT_ONCE: usize = 8;
+
+/// Reads every `index I` and the `Sent N bytes M pkt` after it from `tc -s
+/// actions` output (several actions, one after another).
+fn parse_sent_by_index(out: &str) -> HashMap<u32, WireCount> {
+    let mut counts = HashMap::new();
+    let mut rest = out;
+    while let Some(at) = rest.find("index ") {
+        rest = &rest[at + 6..];
+        let Some(index) = rest
+            .split_whitespace()
+            .next()
+            .and_then(|w| w.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let next = rest.find("index ").unwrap_or(rest.len());
+        if let Some(n) = parse_sent(&rest[..next]) {
+            counts.insert(index, n);
+        }
+    }
+    counts
+}
+
+impl Wire {
+    /// What `wires` forwarded over their lives, per side as in
+    /// [`Wire::count`]: one `tc -s -batch` per namespace touched. A count
+    /// that cannot be read is zero.
+    pub fn counts(wires: &[&Wire]) -> Vec<[WireCount; 2]> {
+        let mut batch = PerNamespace::new("tc");
+        for w in wires {
+            w.push_gets(&mut batch);
+        }
+        Wire::read_counts(wires, &batch.run(true))
+    }
+
+    /// `actions get` lines for this wire's actions, each in its side's
+    /// namespace.
+    fn push_gets(&self, batch: &mut PerNamespace) {
+        for (nic, dir) in self.nics.iter().zip(&self.dirs) {
+            if dir.created {
+                let index = dir.action_index;
+                batch.push(nic, format!("actions get action mirred index {index}"));
+            }
+        }
+    }
+
+    /// The counts of `wires` in the outputs of batches with `-s`: a failed
+    /// line (an action gone) leaves the others' output, and a count not
+    /// read is zero.
+    fn read_counts(wires: &[&Wire], outputs: &[(bool, String)]) -> Vec<[WireCount; 2]> {
+        let mut read = HashMap::new();
+        for (_, out) in outputs {
+            read.extend(parse_sent_by_index(out));
+        }
+        wires
+            .iter()
+            .map(|w| {
+                [0, 1].map(|d| {
+                    read.get(&w.dirs[d].action_index)
+                        .copied()
+                        .unwrap_or_default()
+                })
+            })
+            .collect()
+    }
+
+    /// Removes `wires` with a few processes per namespace touched instead
+    /// of several per wire, and returns what each forwarded over its life
+    /// (as [`Wire::counts`]). In each namespace one `tc` batch deletes the
+    /// egress filters (so each direction is the switch's again when this
+    /// returns) and reads the counts, one `ip` batch deletes the veth pairs
+    /// (the ends' qdiscs and filters go with them), and a last `tc` batch
+    /// deletes the actions.
+    pub fn take_down(mut wires: Vec<Wire>) -> Vec<[WireCount; 2]> {
+        let mut filters = PerNamespace::new("tc");
+        let mut links = PerNamespace::new("ip");
+        let mut actions = PerNamespace::new("tc");
+        for w in &wires {
+            for (d, nic) in w.nics.iter().enumerate() {
+                let dir = &w.dirs[d];
+                if dir.enabled {
+                    filters.push(
+                        nic,
+                        format!(
+                            "filter del dev {} egress pref {} protocol all u32",
+                            nic.ifname, w.pref
+                        ),
+                    );
+                }
+                if dir.created {
+                    let index = dir.action_index;
+                    actions.push(nic, format!("actions del action mirred index {index}"));
+                }
+            }
+            links.push(&w.nics[0], format!("link del {}", w.ends[0]));
+        }
+        // After the filter deletes, so the counts include every frame the
+        // filters redirected.
+        for w in &wires {
+            w.push_gets(&mut filters);
+        }
+        let outputs = filters.run(true);
+        let counts = Wire::read_counts(&wires.iter().collect::<Vec<_>>(), &outputs);
+        if outputs.iter().any(|(ok, _)| !ok) {
+            // Some line failed (a TAP already gone, or worse): a filter
+            // still there goes the one-by-one way, which takes the TAP's
+            // clsact away if it must.
+            for w in &mut wires {
+                for from in 0..2 {
+                    if w.dirs[from].enabled && w.filter_present(from) {
+                        let _ = w.disable(from);
+                    }
+                }
+            }
+        }
+        let _ = links.run(false);
+        // A filter lets go of its action only after an RCU grace period:
+        // the actions still there after a delete that came too soon are
+        // deleted again a little later.
+        let mut round = actions;
+        for pause_ms in [5, 20, 100, 0] {
+            let results = round.run(false);
+            let failed: Vec<&(KernelNic, Vec<String>)> = round
+                .groups
+                .iter()
+                .zip(&results)
+                .filter(|(_, (ok, _))| !ok)
+                .map(|(g, _)| g)
+                .collect();
+            if failed.is_empty() || pause_ms == 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(pause_ms));
+            let mut retry = PerNamespace::new("tc");
+            for (nic, lines) in failed {
+                let Ok(left) = nic.run("tc actions ls action mirred") else {
+                    continue;
+                };
+                for l in lines {
+                    let index = l.rsplit(' ').next().unwrap_or_default();
+                    if left.contains(&format!("index {index} ")) {
+                        retry.push(nic, l.clone());
+                    }
+                }
+            }
+            round = retry;
+        }
+        for w in &mut wires {
+            w.down = true;
+        }
+        counts
     }
 }
 
@@ -469,6 +774,27 @@ mod tests {
         );
         assert_eq!(parse_sent("total acts 0"), None);
         assert_eq!(parse_sent("Sent x bytes 3 pkt"), None);
+    }
+
+    #[test]
+    fn sent_counts_of_several_actions_are_read_by_index() {
+        let out = "total acts 0\n\n\taction order 1: mirred (Egress Redirect to device pvk0a) stolen\n\
+                   \tindex 1073741824 ref 1 bind 0\n\tAction statistics:\n\
+                   \tSent 294 bytes 3 pkt (dropped 0, overlimits 0 requeues 0) \n\
+                   \tbacklog 0b 0p requeues 0\n\
+                   total acts 0\n\n\taction order 1: mirred (Egress Redirect to device pvk1b) stolen\n\
+                   \tindex 1073741827 ref 1 bind 1\n\tAction statistics:\n\
+                   \tSent 0 bytes 0 pkt (dropped 0, overlimits 0 requeues 0) \n";
+        let counts = parse_sent_by_index(out);
+        assert_eq!(counts.len(), 2);
+        assert_eq!(
+            counts[&0x4000_0000],
+            WireCount {
+                packets: 3,
+                bytes: 294
+            }
+        );
+        assert_eq!(counts[&0x4000_0003], WireCount::default());
     }
 
     #[test]

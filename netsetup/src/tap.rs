@@ -44,7 +44,9 @@ use crate::offload::{Offloads, VnetHdr, VNET_HDR_BYTES};
 use crate::switch::{Port, Switch, SwitchError};
 
 mod poller;
+mod vanish;
 pub use poller::TapPoller;
+use vanish::VanishingInterface;
 
 // From <linux/if_tun.h>: _IOW('T', 202, int), _IOR('T', 210, unsigned int),
 // _IOW('T', 226, int).
@@ -272,6 +274,11 @@ pub struct TapPort {
     token: u64,
     write_errors: Arc<AtomicU64>,
     writer: Option<JoinHandle<()>>,
+    /// The TAP's interface, waited for when the port goes (see
+    /// `tap/vanish.rs`); `None` where the kernel cannot name it (Linux <
+    /// 5.2). Declared after `fd`: fields drop in declaration order, so the
+    /// wait starts once our descriptor is closed.
+    _vanishing: Option<VanishingInterface>,
 }
 
 impl std::fmt::Debug for TapPort {
@@ -349,6 +356,9 @@ impl TapPort {
                 .map_err(TapError::Spawn)?
         };
         let token = poller.add(Arc::clone(&port), Arc::clone(&fd), vnet);
+        let vanishing = crate::KernelNic::of_tap(fd.as_fd(), mac)
+            .ok()
+            .map(VanishingInterface::new);
         Ok(TapPort {
             port,
             fd,
@@ -356,6 +366,7 @@ impl TapPort {
             token,
             write_errors,
             writer: Some(writer),
+            _vanishing: vanishing,
         })
     }
 
@@ -372,6 +383,12 @@ impl TapPort {
     /// the port then stays on the switch.
     pub fn offer_kernel_path(&self) -> Result<(), crate::KernelPathError> {
         let nic = crate::KernelNic::of_tap(self.fd.as_fd(), self.port.mac())?;
+        // The TAP's clsact qdisc, which every wire's redirect filter hangs
+        // on, is added now, before the guest sends: a wire is built later,
+        // lazily, while traffic flows, and changing a live interface's
+        // qdiscs then can lose a frame before it reaches the switch (a loss
+        // no seed accounts for).
+        nic.prepare_for_wires()?;
         self.port.set_kernel_nic(nic);
         Ok(())
     }
@@ -395,6 +412,8 @@ impl Drop for TapPort {
         if let Some(t) = self.writer.take() {
             let _ = t.join();
         }
+        // Then the fields drop: our descriptor closes, and `_vanishing`
+        // waits until the interface is gone.
     }
 }
 

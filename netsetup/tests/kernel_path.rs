@@ -69,6 +69,30 @@ impl Netns {
     }
 }
 
+/// Nothing of a wire is left in `ns`: no veth end, no tc action of ours
+/// (indices from 0x40000000) and no egress filter on its TAPs.
+fn assert_no_kernel_path_left(ns: &Netns) {
+    let links = ns.sh("ip -o link show");
+    assert!(!links.contains("pvk"), "a wire end is left: {links}");
+    let actions = ns.sh("tc actions ls action mirred");
+    let ours: Vec<&str> = actions
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("index "))
+        .filter(|rest| {
+            rest.split_whitespace()
+                .next()
+                .and_then(|i| i.parse::<u32>().ok())
+                .is_some_and(|i| i >= 0x4000_0000)
+        })
+        .collect();
+    assert!(ours.is_empty(), "tc actions are left: {actions}");
+    let filters = ns.sh("for d in $(ls /sys/class/net); do tc filter show dev $d egress; done");
+    assert!(
+        !filters.contains("mirred"),
+        "an egress redirect is left: {filters}"
+    );
+}
+
 fn directions(sw: &Switch) -> Vec<(String, String)> {
     sw.kernel_directions()
 }
@@ -139,6 +163,13 @@ fn plain_directions_go_through_the_kernel_and_every_rule_takes_them_back() {
         assert!(directions(&sw).is_empty(), "no kernel NIC offered yet");
         a.offer_kernel_path().unwrap();
         b.offer_kernel_path().unwrap();
+        assert!(
+            directions(&sw).is_empty(),
+            "no wire before the switch forwards unicast between them"
+        );
+        // The first echo (and the ARP reply before it) take the switch and
+        // ask for the wire; reading the directions settles it.
+        assert!(ns_a.pings("10.7.0.2"));
         assert_eq!(directions(&sw), [pair("a", "b"), pair("b", "a")]);
         let wires = ns_a.sh("ip -o link show type veth");
         assert!(
@@ -215,6 +246,7 @@ fn plain_directions_go_through_the_kernel_and_every_rule_takes_them_back() {
         assert!(directions(&sw).is_empty());
         let wires = ns_a.sh("ip -o link show type veth");
         assert!(!wires.contains("pvk"), "the wire is gone: {wires}");
+        assert_no_kernel_path_left(&ns_a);
         drop(a);
     });
 }
@@ -241,5 +273,64 @@ fn with_the_kernel_path_off_every_frame_passes_the_switch() {
         assert!(ns_a.pings("10.7.0.2"));
         assert_eq!(sw.stats().kernel_path, 0);
         assert!(!ns_a.sh("ip -o link show type veth").contains("pvk"));
+    });
+}
+
+/// `n` sandboxes-alike (a namespace and a TAP each, 10.8.0.1 and up) on
+/// one switch, every one offering the kernel path; each pings the first.
+/// Returns the wires built at attach and after the pings, and checks that
+/// dropping the ports leaves nothing in any namespace.
+fn star_of(n: usize) -> (usize, usize) {
+    let sw = Switch::new("lan", SwitchConfig::default());
+    let poller = TapPoller::new("kp").unwrap();
+    let mut members = Vec::new();
+    for i in 0..n {
+        let ns = Netns::new();
+        let mac = MacAddr::local(0x100 + i as u32);
+        let fd = ns.open_tap(&format!("tap{i}"), mac, &format!("10.8.0.{}", i + 1));
+        let port = TapPort::attach_on(&poller, &sw, &format!("m{i}"), mac, fd).unwrap();
+        port.offer_kernel_path().unwrap();
+        members.push((ns, port));
+    }
+    let at_attach = directions(&sw).len() / 2;
+    for (i, (ns, _)) in members.iter().enumerate().skip(1) {
+        assert!(ns.pings("10.8.0.1"), "m{i} reaches m0");
+    }
+    let wires = directions(&sw).len() / 2;
+    let ends = members[0].0.sh("ip -o link show type veth");
+    assert_eq!(
+        ends.matches("pvk").count(),
+        wires,
+        "one wire end in m0's namespace per wire: {ends}"
+    );
+    // Drop every port (m0 first: all its wires go in one batch), then the
+    // switch.
+    let namespaces: Vec<Netns> = members
+        .into_iter()
+        .map(|(ns, port)| {
+            drop(port);
+            ns
+        })
+        .collect();
+    drop(sw);
+    for ns in &namespaces {
+        assert_no_kernel_path_left(ns);
+    }
+    (at_attach, wires)
+}
+
+#[test]
+fn wires_grow_with_the_pairs_that_talk_not_with_every_pair() {
+    if tools_missing() {
+        return;
+    }
+    in_fresh_netns("kernel_path_star", || {
+        for n in [4, 12] {
+            let (at_attach, wires) = star_of(n);
+            assert_eq!(at_attach, 0, "attaching {n} builds no wire");
+            // Every member talked to m0 and to no one else: n - 1 pairs,
+            // where an eager build would make n(n-1)/2.
+            assert_eq!(wires, n - 1, "wires after {n} members pinged the first");
+        }
     });
 }

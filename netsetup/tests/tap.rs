@@ -384,3 +384,40 @@ fn tap_gso_frames_cross_whole_and_are_segmented_for_plain_ports() {
         assert_eq!(sbx.port().counters().offload_errors, 0);
     });
 }
+
+/// Whether an interface named `name` exists in the calling thread's
+/// network namespace.
+fn interface_exists(name: &str) -> bool {
+    let cname = std::ffi::CString::new(name).unwrap();
+    // SAFETY: NUL-terminated name.
+    unsafe { libc::if_nametoindex(cname.as_ptr()) != 0 }
+}
+
+#[test]
+fn a_dropped_port_returns_once_its_interface_is_gone_though_a_child_held_its_fd() {
+    in_fresh_netns("a_dropped_port_waits_for_its_interface", || {
+        let t = Tap::open("pgone0").expect("open tap");
+        let sw = Switch::new("lan", SwitchConfig::default());
+        let port = TapPort::attach(&sw, "sbx", MacAddr::local(2), t.into_fd()).unwrap();
+        // A child holding a copy of the TAP's descriptor, as a process
+        // another thread forks holds every descriptor until it execs: here
+        // for as long as it sleeps.
+        // SAFETY: dup of a descriptor the port owns; the copy (without
+        // close-on-exec) is closed below, once the child has inherited it.
+        let copy = unsafe { libc::dup(port.fd().as_raw_fd()) };
+        assert!(copy >= 0, "dup: {}", std::io::Error::last_os_error());
+        let mut holder = std::process::Command::new("sleep")
+            .arg("0.5")
+            .spawn()
+            .expect("spawn sleep");
+        // SAFETY: `copy` is ours and closed once.
+        unsafe { libc::close(copy) };
+        assert!(interface_exists("pgone0"));
+        drop(port);
+        assert!(
+            !interface_exists("pgone0"),
+            "the interface outlived its port's drop"
+        );
+        assert!(holder.wait().expect("wait for sleep").success());
+    });
+}

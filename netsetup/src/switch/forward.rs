@@ -2,7 +2,7 @@
 //! [`Topology`] snapshot and takes only its own sender lock and the
 //! destinations' queue locks.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -34,6 +34,9 @@ pub(super) struct Sender {
     topo: Arc<Topology>,
     pairs: HashMap<PortId, PairRuntime>,
     wire: Segments,
+    /// Destinations a kernel-path wire was asked for (ids are never
+    /// reused, so once is enough).
+    asked: HashSet<PortId>,
 }
 
 impl Sender {
@@ -43,6 +46,7 @@ impl Sender {
             topo,
             pairs: HashMap::new(),
             wire: Segments::new(),
+            asked: HashSet::new(),
         }
     }
 }
@@ -135,6 +139,7 @@ impl Inner {
         // Runtime of pairs whose destination left goes with it (ids are
         // never reused).
         s.pairs.retain(|to, _| topo.ports.contains_key(to));
+        s.asked.retain(|to| topo.ports.contains_key(to));
     }
 
     fn forward(
@@ -219,7 +224,16 @@ impl Inner {
         };
         match target {
             Some(to) if to == from => bump(&self.stats.dropped_hairpin),
-            Some(to) => self.egress(topo, &mut s.pairs, from, to, &mut pkt, now, after),
+            Some(to) => {
+                // The first unicast between two kernel NICs asks for
+                // their wire; this frame and any before the wire is up
+                // take the switch.
+                let kernel = |id| topo.ports.get(&id).is_some_and(|p| p.kernel);
+                if self.config.kernel_path && kernel(from) && kernel(to) && s.asked.insert(to) {
+                    self.want_wire(from, to);
+                }
+                self.egress(topo, &mut s.pairs, from, to, &mut pkt, now, after)
+            }
             None => {
                 bump(&self.stats.flooded);
                 for to in topo.ports.keys().copied().filter(|k| *k != from) {

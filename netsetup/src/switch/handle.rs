@@ -193,6 +193,9 @@ impl Port {
                 slot.kernel_nic = Some(nic);
             }
         });
+        if self.inner.config.kernel_path {
+            self.inner.requests.start(&self.inner);
+        }
     }
 
     /// Detaches now (idempotent; drop does the same).

@@ -84,7 +84,7 @@ use crate::port::RxQueue;
 use counters::{add, PortCounterCells, SwitchStatCells};
 use delay::DelayShared;
 use forward::{After, Sender};
-use kernel::KernelPaths;
+use kernel::{KernelPaths, WireRequests};
 use port_delay::{PortDelay, Release};
 use topology::{Control, ControlSlot, PortShared, Topology};
 
@@ -224,6 +224,9 @@ pub(crate) struct Inner {
     delay: DelayShared,
     /// The kernel paths between this switch's kernel NICs.
     kernel: Mutex<KernelPaths>,
+    /// Pairs the forwarding path asked a wire for, and the thread that
+    /// builds them (see `kernel`).
+    requests: WireRequests,
 }
 
 /// One bridge's switch. Dropping it stops the timer thread and closes every
@@ -284,6 +287,7 @@ impl Switch {
             stats: SwitchStatCells::default(),
             delay: DelayShared::new(delay_queue_bytes),
             kernel: Mutex::new(KernelPaths::default()),
+            requests: WireRequests::default(),
         });
         let timer = match timer {
             Timer::Manual => None,
@@ -371,6 +375,21 @@ impl Switch {
         let id = self.inner.port_id(name)?;
         self.inner.detach_id(id);
         Ok(())
+    }
+
+    /// Detaches every port named in `names` (names not attached are
+    /// skipped) in one control change: a bridge closing takes all of its
+    /// kernel-path wires down in one batch, a few `ip`/`tc` processes per
+    /// namespace, instead of a batch per port.
+    pub fn detach_many<S: AsRef<str>>(&self, names: &[S]) {
+        let ids: Vec<PortId> = {
+            let c = self.inner.lock();
+            names
+                .iter()
+                .filter_map(|n| c.by_name.get(n.as_ref()).copied())
+                .collect()
+        };
+        self.inner.detach_ids(&ids);
     }
 
     /// Attached port names, in attach order.
@@ -638,6 +657,7 @@ impl Switch {
 
     /// The directions the kernel forwards now, as sorted (from, to) names.
     pub fn kernel_directions(&self) -> Vec<(String, String)> {
+        self.inner.settle_kernel();
         let c = self.inner.lock();
         self.inner.kernel_directions(&c)
     }
@@ -700,6 +720,7 @@ impl Drop for Switch {
                 p.shared.rx.close();
             }
         });
+        self.inner.requests.close();
         // Sets a flag and unparks the timer, which checks the flag between
         // its unpark token and its park (see `delay::DelayShared`).
         self.inner.delay.close();
@@ -795,15 +816,30 @@ impl Inner {
     }
 
     pub(crate) fn detach_id(&self, id: PortId) {
+        self.detach_ids(&[id]);
+    }
+
+    /// Detaches `ids` in one control change, so their kernel-path wires go
+    /// in one take-down batch. Ports already gone change nothing.
+    fn detach_ids(&self, ids: &[PortId]) {
+        {
+            let c = self.lock();
+            if !ids.iter().any(|id| c.ports.contains_key(id)) {
+                return;
+            }
+        }
         self.update(|c| {
-            if let Some(slot) = c.ports.remove(&id) {
+            for id in ids {
+                let Some(slot) = c.ports.remove(id) else {
+                    continue;
+                };
                 slot.shared.rx.close();
                 // Its delayed frames go now (their bytes back to the bound),
                 // and a sender with a stale snapshot can queue no more.
                 self.drop_held(&slot.shared);
                 c.by_name.remove(&slot.shared.name);
                 for m in &slot.learned {
-                    c.forget_mac(m, id);
+                    c.forget_mac(m, *id);
                 }
             }
         });

@@ -160,3 +160,29 @@ fn a_lowered_latency_lets_new_frames_overtake_the_waiting_ones() {
     sw.release_due();
     assert_eq!(arrived(), [1, 2]);
 }
+
+#[test]
+fn detach_many_detaches_the_named_ports_in_one_change_and_skips_unknown_names() {
+    let (sw, _) = manual();
+    let a = sw.attach("a", MacAddr::local(1)).unwrap();
+    let b = sw.attach("b", MacAddr::local(2)).unwrap();
+    let _c = sw.attach("c", MacAddr::local(3)).unwrap();
+    let before = sw.inner.generation.load(Ordering::Acquire);
+    sw.detach_many(&["a", "b", "nobody"]);
+    assert_eq!(sw.members(), ["c"]);
+    assert_eq!(
+        sw.inner.generation.load(Ordering::Acquire),
+        before + 1,
+        "one control change for both ports"
+    );
+    assert!(matches!(
+        a.send(&frame(MacAddr::local(3), MacAddr::local(1), 1)),
+        Err(SendError::Detached)
+    ));
+    // The handles' own detach (their drop) changes nothing more.
+    b.detach();
+    drop((a, b));
+    assert_eq!(sw.inner.generation.load(Ordering::Acquire), before + 1);
+    sw.detach_many(&["a"]);
+    assert_eq!(sw.inner.generation.load(Ordering::Acquire), before + 1);
+}

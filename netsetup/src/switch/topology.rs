@@ -38,6 +38,8 @@ pub(super) struct PortView {
     /// A capture of this port (live or not yet pruned) exists, so offloaded
     /// frames reach it as wire packets.
     pub(super) captured: bool,
+    /// It has a kernel NIC: unicast to another such port asks for a wire.
+    pub(super) kernel: bool,
 }
 
 pub(super) struct MacEntry {
@@ -128,6 +130,7 @@ impl Control {
                     isolated: self.isolated.contains(&s.shared.name),
                     offloads: s.offloads,
                     captured: captured(&s.shared.name),
+                    kernel: s.kernel_nic.is_some(),
                 };
                 (*id, view)
             })

@@ -79,6 +79,17 @@ pub enum LocalError {
         #[source]
         source: io::Error,
     },
+    /// A limit, not a missing capability: each sandbox holds about seven
+    /// descriptors and three threads of this process (docs/benchmarking.md,
+    /// "Scale").
+    #[error(
+        "cannot start another sandbox: {limit} ran out (raise it, or run fewer sandboxes at once)"
+    )]
+    Exhausted {
+        limit: &'static str,
+        #[source]
+        source: io::Error,
+    },
     #[error("sandbox `{name}` setup failed: cannot {step}")]
     Setup {
         name: String,
@@ -125,6 +136,21 @@ pub enum LocalError {
         #[source]
         source: io::Error,
     },
+}
+
+/// The error of a failed sandbox start: a named limit when the errno says
+/// one ran out (descriptors, the system's file table, processes or
+/// threads), else [`LocalError::Namespaces`].
+fn namespaces_error(source: io::Error) -> LocalError {
+    let limit = match source.raw_os_error() {
+        Some(libc::EMFILE) => "this process's open file descriptors (RLIMIT_NOFILE, `ulimit -n`)",
+        Some(libc::ENFILE) => "the system's open files (fs.file-max)",
+        Some(libc::EAGAIN) => {
+            "processes or threads (RLIMIT_NPROC, kernel.threads-max or kernel.pid_max)"
+        }
+        _ => return LocalError::Namespaces { source },
+    };
+    LocalError::Exhausted { limit, source }
 }
 
 /// How to start a sandbox.
@@ -272,7 +298,7 @@ impl LocalSandbox {
         let keeper = thread::Builder::new()
             .name(format!("sandbox-{name}"))
             .spawn(move || keep(plan, tx, keeper_exit))
-            .map_err(|source| LocalError::Namespaces { source })?;
+            .map_err(namespaces_error)?;
         let started = rx
             .recv()
             .unwrap_or_else(|_| Err(io::Error::other("the sandbox keeper thread died")));
@@ -280,7 +306,7 @@ impl LocalSandbox {
             Ok(v) => v,
             Err(source) => {
                 let _ = keeper.join();
-                return Err(LocalError::Namespaces { source });
+                return Err(namespaces_error(source));
             }
         };
         // Our copies: the init holds its own; EOF on err_r now means the agent exec'd.
@@ -681,6 +707,15 @@ pub fn pids_in_pid_ns_of(pid: i32) -> Vec<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_limit_that_ran_out_is_named_not_blamed_on_namespaces() {
+        let named = |errno| namespaces_error(io::Error::from_raw_os_error(errno)).to_string();
+        assert!(named(libc::EMFILE).contains("RLIMIT_NOFILE"));
+        assert!(named(libc::ENFILE).contains("fs.file-max"));
+        assert!(named(libc::EAGAIN).contains("kernel.pid_max"));
+        assert!(named(libc::EPERM).contains("CAP_SYS_ADMIN"));
+    }
 
     #[test]
     fn names_must_be_hostnames() {
