@@ -395,9 +395,7 @@ pub fn restore_and_start(
         )
         .map_err(PersistError::Memory)?;
     let build = PersistError::Build;
-    let vm = KvmVm::new(kvm).map_err(|e| build(BuildError::Vm(e)))?;
-    vm.register_memory(&ram.memory)
-        .map_err(|e| build(BuildError::Vm(e)))?;
+    let vm = KvmVm::with_memory(kvm, &ram.memory).map_err(|e| build(BuildError::Vm(e)))?;
     vm.restore_state(&state.vm).map_err(PersistError::Vm)?;
 
     let mut pio = Bus::new();
