@@ -359,10 +359,17 @@ impl FixtureCache {
             let _ = fs::remove_file(&tmp);
         }
         r.map_err(|e| self.install_error(src, e))?;
-        // A replaced entry's image was the old snapshot's: the next restore
-        // builds the new one's (and a whole-entry check would call the old
-        // one corrupt). Running VMs hold their own copy of it.
-        let _ = fs::remove_file(crate::image::image_path(&dst));
+        // The snapshot's restore image, written with it, comes along (linked,
+        // or copied without filling its holes), so the entry's first restore
+        // does not build it. A replaced entry's image was the old snapshot's:
+        // it goes whether or not a new one comes (a whole-entry check would
+        // call it corrupt). Running VMs hold their own copy of it.
+        let dst_image = crate::image::image_path(&dst);
+        let _ = fs::remove_file(&dst_image);
+        if crate::image::has_matching_image(src) {
+            // Best effort: without it the first restore builds the image.
+            let _ = carry_image(&crate::image::image_path(src), &dst_image);
+        }
         Ok(dst)
     }
 
@@ -596,15 +603,28 @@ fn remove_entry(path: &Path) -> Result<(), CacheError> {
     }
 }
 
+/// The bytes of the files under `path`, restore images left out: they are
+/// derived data (as a VM entry's size is its `.snap` alone), and their
+/// length is the guest's size however few of their blocks hold data.
 fn dir_size(path: &Path) -> u64 {
     let Ok(rd) = fs::read_dir(path) else { return 0 };
     rd.flatten()
         .map(|e| match e.metadata() {
             Ok(m) if m.is_dir() => dir_size(&e.path()),
+            Ok(_) if crate::image::is_snapshot_image_name(&e.path()) => 0,
             Ok(m) => m.len(),
             Err(_) => 0,
         })
         .sum()
+}
+
+/// Places the restore image `src` at `dst` atomically, holes kept.
+fn carry_image(src: &Path, dst: &Path) -> io::Result<()> {
+    let tmp = crate::install::temp_sibling(dst);
+    crate::install::link_or_copy_sparse(src, &tmp)?;
+    fs::rename(&tmp, dst).inspect_err(|_| {
+        let _ = fs::remove_file(&tmp);
+    })
 }
 
 fn copy_flat_dir(src: &Path, dst: &Path) -> Result<(), CacheError> {
@@ -619,6 +639,16 @@ fn copy_flat_dir(src: &Path, dst: &Path) -> Result<(), CacheError> {
             });
         }
         let to = dst.join(ent.file_name());
+        if crate::image::is_snapshot_image_name(&ent.path()) {
+            // A VM's restore image, written with its snapshot: kept sparse
+            // (fs::copy would fill its holes), and derived data, so one that
+            // is stale or cannot be placed is left for the first restore to
+            // build.
+            if crate::image::has_matching_image(&ent.path().with_extension("")) {
+                let _ = crate::install::link_or_copy_sparse(&ent.path(), &to);
+            }
+            continue;
+        }
         fs::copy(ent.path(), &to).map_err(io_err("copy", &ent.path()))?;
         File::open(&to)
             .and_then(|f| f.sync_all())
@@ -1155,6 +1185,99 @@ mod tests {
         fs::copy(&entry, &src).unwrap();
         c.install_vm(&key(4), &src).unwrap();
         assert!(!image.exists(), "the old image went with the old entry");
+    }
+
+    /// A snapshot of a 64 MiB guest with two data pages at `dir/name`,
+    /// with its restore image beside it, as `Vm::snapshot` writes them.
+    fn snapshot_with_its_image(dir: &Path, name: &str) -> PathBuf {
+        use crate::format::{Shape, SnapshotBuilder};
+        use crate::memory::DataPages;
+        let mut guest = vec![0u8; 64 << 20];
+        guest[4096 * 3] = 1;
+        guest[(64 << 20) - 1] = 2;
+        let parts = [guest.as_slice()];
+        let pages = DataPages::scan(&parts, &[]).unwrap();
+        let shape = Shape {
+            backend: "kvm".into(),
+            memory_bytes: guest.len() as u64,
+            vcpus: 1,
+        };
+        let mut b = SnapshotBuilder::new(7, shape);
+        b.add_memory_pages("memory", &pages).unwrap();
+        let p = dir.join(name);
+        b.write_file(&p).unwrap();
+        let sha = b.section_sha256("memory").unwrap();
+        crate::image::write_image(&crate::image::image_path(&p), &sha, &pages).unwrap();
+        p
+    }
+
+    #[test]
+    fn installing_a_snapshot_carries_its_restore_image_sparse_and_ready() {
+        use crate::format::{Expect, Snapshot};
+        use std::os::unix::fs::MetadataExt;
+        let d = tempfile::tempdir().unwrap();
+        let c = FixtureCache::open(d.path().join("cache").as_path()).unwrap();
+        let src = snapshot_with_its_image(d.path(), "built.snap");
+        let entry = c.install_vm(&key(5), &src).unwrap();
+        // The builder's temporaries go away after the install.
+        fs::remove_file(crate::image::image_path(&src)).unwrap();
+        fs::remove_file(&src).unwrap();
+        let image = crate::image::image_path(&entry);
+        assert!(crate::image::has_matching_image(&entry));
+        let blocks_bytes = fs::metadata(&image).unwrap().blocks() * 512;
+        assert!(blocks_bytes < 1 << 20, "holes kept: {blocks_bytes} bytes");
+        c.verify_entry(&entry, EntryKind::Vm, 7).unwrap();
+        let s = Snapshot::open(&entry, &Expect::protocol(7)).unwrap();
+        assert!(!s.restore_image("memory", &image).unwrap().built);
+        // The entry's size is its snapshot's, not the image's.
+        let listed = c.list().unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].size_bytes, fs::metadata(&entry).unwrap().len());
+
+        // A lab's VM images come along too, and are not counted either.
+        let lab = d.path().join("lab");
+        fs::create_dir(&lab).unwrap();
+        let a = snapshot_with_its_image(&lab, "a.snap");
+        let mut index = crate::lab_index::LabIndex::new("root");
+        index.vms.push(crate::lab_index::LabVm {
+            lab_path: Vec::new(),
+            name: "a".into(),
+            profile: "p".into(),
+            memory_bytes: 64 << 20,
+            cpus: 1,
+            file: "a.snap".into(),
+        });
+        index.write(&lab).unwrap();
+        let lab_entry = c.install_lab(&key(6), &lab).unwrap();
+        assert!(crate::image::has_matching_image(&lab_entry.join("a.snap")));
+        c.verify_entry(&lab_entry, EntryKind::Lab, 7).unwrap();
+        let lab_listed = c.list().unwrap();
+        let l = lab_listed.iter().find(|e| e.path == lab_entry).unwrap();
+        assert!(l.size_bytes < 1 << 20, "{} bytes", l.size_bytes);
+        assert!(fs::metadata(crate::image::image_path(&a)).is_ok());
+    }
+
+    /// A stale image (another snapshot's) beside the source is not carried.
+    #[test]
+    fn installing_does_not_carry_another_snapshots_image() {
+        let d = tempfile::tempdir().unwrap();
+        let c = FixtureCache::open(d.path().join("cache").as_path()).unwrap();
+        let src = snapshot_with_its_image(d.path(), "s.snap");
+        let other = snapshot_with_its_image(d.path(), "o.snap");
+        let mut b = crate::format::SnapshotBuilder::new(
+            7,
+            crate::format::Shape {
+                backend: "kvm".into(),
+                memory_bytes: 64 << 20,
+                vcpus: 1,
+            },
+        );
+        b.add_memory("memory", &vec![0u8; 64 << 20]).unwrap();
+        b.write_file(&src).unwrap();
+        let _ = other;
+        let entry = c.install_vm(&key(7), &src).unwrap();
+        assert!(!crate::image::image_path(&entry).exists());
+        c.verify_entry(&entry, EntryKind::Vm, 7).unwrap();
     }
 
     #[test]

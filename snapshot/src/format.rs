@@ -317,6 +317,9 @@ struct PendingSection {
     encoding: Encoding,
     stored: Vec<u8>,
     raw_len: u64,
+    /// SHA-256 of `stored`, computed once (the table and a restore image
+    /// written beside the snapshot both need it).
+    sha256: [u8; 32],
 }
 
 /// Assembles a snapshot in memory, then writes it in one go.
@@ -381,6 +384,7 @@ impl SnapshotBuilder {
             name: name.into(),
             kind: SectionKind::Data,
             encoding: Encoding::Zstd,
+            sha256: Sha256::digest(&stored).into(),
             stored,
             raw_len: data.len() as u64,
         })
@@ -392,6 +396,7 @@ impl SnapshotBuilder {
             name: name.into(),
             kind: SectionKind::Data,
             encoding: Encoding::Raw,
+            sha256: Sha256::digest(data).into(),
             stored: data.to_vec(),
             raw_len: data.len() as u64,
         })
@@ -422,20 +427,40 @@ impl SnapshotBuilder {
         parts: &[&[u8]],
         masks: &[Option<Vec<bool>>],
     ) -> Result<&mut Self, SnapshotError> {
-        let fail = |e: io::Error| SnapshotError::InvalidSection {
-            name: name.into(),
-            reason: format!("cannot encode the memory image: {e}"),
-        };
+        let pages = memory::DataPages::scan(parts, masks).map_err(|e| memory_error(name, e))?;
+        self.add_memory_pages(name, &pages)
+    }
+
+    /// Add guest memory already scanned into its non-zero pages: the same
+    /// section [`SnapshotBuilder::add_memory_masked`] writes, for a caller
+    /// that also writes the restore image from `pages`
+    /// ([`crate::image::write_image`]).
+    pub fn add_memory_pages(
+        &mut self,
+        name: &str,
+        pages: &memory::DataPages<'_>,
+    ) -> Result<&mut Self, SnapshotError> {
+        let fail = |e: io::Error| memory_error(name, e);
         let mut enc = zstd::stream::Encoder::new(Vec::new(), self.level).map_err(fail)?;
-        let raw_len = memory::encode_masked_parts_into(parts, masks, &mut enc).map_err(fail)?;
+        let raw_len = pages.encode_into(&mut enc).map_err(fail)?;
         let stored = enc.finish().map_err(fail)?;
         self.push(PendingSection {
             name: name.into(),
             kind: SectionKind::Memory,
             encoding: Encoding::Zstd,
+            sha256: Sha256::digest(&stored).into(),
             stored,
             raw_len,
         })
+    }
+
+    /// The SHA-256 of section `name` as it will be stored (what a restore
+    /// image's header binds it to), or `None` when there is no such section.
+    pub fn section_sha256(&self, name: &str) -> Option<[u8; 32]> {
+        self.sections
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| s.sha256)
     }
 
     fn table(&self, payload_start: u64) -> Vec<u8> {
@@ -452,7 +477,7 @@ impl SnapshotBuilder {
             t.extend_from_slice(&offset.to_le_bytes());
             t.extend_from_slice(&(s.stored.len() as u64).to_le_bytes());
             t.extend_from_slice(&s.raw_len.to_le_bytes());
-            t.extend_from_slice(&Sha256::digest(&s.stored));
+            t.extend_from_slice(&s.sha256);
             offset += s.stored.len() as u64;
         }
         t
@@ -549,6 +574,14 @@ impl From<NoSpace> for SnapshotError {
             needed_bytes: n.needed_bytes,
             source: n.source,
         }
+    }
+}
+
+/// Why memory section `name` could not be encoded.
+fn memory_error(name: &str, e: io::Error) -> SnapshotError {
+    SnapshotError::InvalidSection {
+        name: name.into(),
+        reason: format!("cannot encode the memory image: {e}"),
     }
 }
 
@@ -733,6 +766,17 @@ fn check_magic(file: &str, head: &[u8], len: u64) -> Result<(), SnapshotError> {
 }
 
 /// Reads the header's fields and refuses another format or protocol version.
+/// The wire protocol version recorded in the header of the snapshot file
+/// at `path`, unchecked; `None` when the file cannot be read or is not a
+/// snapshot. For code that moves snapshots without restoring them (an
+/// installer checking that an image belongs to its snapshot).
+pub(crate) fn recorded_protocol_version(path: &Path) -> Option<u32> {
+    use std::os::unix::fs::FileExt;
+    let mut b = [0u8; 16];
+    File::open(path).ok()?.read_exact_at(&mut b, 0).ok()?;
+    (b[..8] == MAGIC).then(|| u32::from_le_bytes(b[12..16].try_into().expect("4 bytes")))
+}
+
 fn parse_header(
     file: &str,
     bytes: [u8; HEADER_LEN as usize],

@@ -88,6 +88,16 @@ pub fn image_path(snapshot: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
+/// Whether `path` names the restore image of a `.snap` file
+/// (`<name>.snap.img`): what directory walkers that size or copy snapshot
+/// directories leave out (derived data, sparse; its length is the guest's
+/// size however few blocks hold data). A disk image named `vda.img` is not one.
+pub fn is_snapshot_image_name(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.ends_with(".snap.img"))
+}
+
 /// An opened, verified restore image.
 #[derive(Debug)]
 pub struct RestoreImage {
@@ -140,6 +150,23 @@ pub enum ImageState {
     /// A file that is not this snapshot's image: cut, grown, another
     /// snapshot's, or a damaged header.
     Mismatch,
+}
+
+/// Whether the snapshot file at `snapshot` has its own restore image beside
+/// it (`<snapshot>.img`, its header bound to the snapshot's memory section):
+/// what an installer checks before carrying the image along with the
+/// snapshot. Any protocol version: this does not restore.
+pub fn has_matching_image(snapshot: &Path) -> bool {
+    let Some(protocol) = crate::format::recorded_protocol_version(snapshot) else {
+        return false;
+    };
+    let Ok(s) = Snapshot::open(snapshot, &crate::format::Expect::protocol(protocol)) else {
+        return false;
+    };
+    s.sections()
+        .iter()
+        .find(|x| x.kind == SectionKind::Memory)
+        .is_some_and(|m| s.image_state(&m.name, &image_path(snapshot)) == ImageState::Matches)
 }
 
 impl Snapshot {
@@ -201,66 +228,82 @@ impl Snapshot {
                 data_sha256,
             });
         }
-        let tmp = temp_sibling(path);
         // Decoded into anonymous memory first (untouched pages cost
-        // nothing), then only the non-zero pages are written with pwrite:
-        // a full file system is an ENOSPC error here, where stores through
-        // a shared file mapping would die of SIGBUS.
+        // nothing), then written as the snapshot writer writes it.
         let mut guest = vec![0u8; len];
         self.memory_into(name, &mut guest)?;
-        let runs = memory::nonzero_runs(&guest, memory::PAGE_SIZE_BYTES as usize);
-        let page = u64::from(memory::PAGE_SIZE_BYTES);
-        let data_bytes: u64 = runs.iter().map(|r| r.page_count * page).sum();
-        let mut digest = ImageDigest::default();
-        for r in &runs {
-            for p in r.first_page..r.first_page + r.page_count {
-                let start = usize::try_from(p * page).expect("within the guest");
-                let end = (start + page as usize).min(len);
-                digest.page(p, &guest[start..end]);
-            }
+        let parts = [guest.as_slice()];
+        let pages = memory::DataPages::scan(&parts, &[]).map_err(|e| SnapshotError::Malformed {
+            file: self.origin().into(),
+            detail: format!("cannot scan the decoded memory: {e}"),
+        })?;
+        write_image(path, &section.sha256, &pages)
+    }
+}
+
+/// Writes the restore image of guest memory `pages` (whose memory section
+/// is stored with SHA-256 `section_sha256`) to `path`: only the non-zero
+/// pages are written with `pwrite` (the rest stay holes), then the header,
+/// fsync, and an atomic rename. The snapshot writer calls it with the pages
+/// it just encoded (so the first restore of a new snapshot finds its image
+/// ready); a restore that finds no matching image calls it after decoding
+/// the section.
+///
+/// A full file system is an ENOSPC error here ([`SnapshotError::NoSpace`]),
+/// where stores through a shared file mapping would die of SIGBUS; the
+/// temporary file is removed on any error.
+pub fn write_image(
+    path: &Path,
+    section_sha256: &[u8; 32],
+    pages: &memory::DataPages<'_>,
+) -> Result<RestoreImage, SnapshotError> {
+    let guest_len = pages.guest_len_bytes();
+    let want = header(guest_len, section_sha256);
+    let page = u64::from(memory::PAGE_SIZE_BYTES);
+    let data_bytes: u64 = pages.runs().iter().map(|r| r.page_count * page).sum();
+    let mut digest = ImageDigest::default();
+    for (at, bytes) in pages.slices() {
+        for (i, p) in bytes.chunks(page as usize).enumerate() {
+            digest.page(at / page + i as u64, p);
         }
-        let data_sha256 = digest.finish();
-        let mut head = [0u8; HEADER_USED];
-        head[..HEADER_MATCHED].copy_from_slice(&want);
-        head[HEADER_MATCHED..].copy_from_slice(&data_sha256);
-        let werr = |source| write_error(path, IMAGE_DATA_OFFSET + data_bytes, source);
-        let built = (|| {
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(&tmp)
+    }
+    let data_sha256 = digest.finish();
+    let mut head = [0u8; HEADER_USED];
+    head[..HEADER_MATCHED].copy_from_slice(&want);
+    head[HEADER_MATCHED..].copy_from_slice(&data_sha256);
+    let tmp = temp_sibling(path);
+    let werr = |source| write_error(path, IMAGE_DATA_OFFSET + data_bytes, source);
+    let built = (|| {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(werr)?;
+        // Sized sparse: pages the image has no data for stay holes.
+        file.set_len(IMAGE_DATA_OFFSET + guest_len).map_err(werr)?;
+        for (at, bytes) in pages.slices() {
+            file.write_all_at(bytes, IMAGE_DATA_OFFSET + at)
                 .map_err(werr)?;
-            // Sized sparse: pages the image has no data for stay holes.
-            file.set_len(IMAGE_DATA_OFFSET + guest_len).map_err(werr)?;
-            for r in &runs {
-                // Within the guest (nonzero_runs walks it).
-                let start = usize::try_from(r.first_page * page).expect("within the guest");
-                let end = usize::try_from((r.first_page + r.page_count) * page)
-                    .expect("within the guest")
-                    .min(len);
-                file.write_all_at(&guest[start..end], IMAGE_DATA_OFFSET + start as u64)
-                    .map_err(werr)?;
-            }
-            file.write_all_at(&head, 0).map_err(werr)?;
-            // The image stands in for the checksummed section: make it
-            // durable before it becomes visible under its name.
-            file.sync_data().map_err(werr)?;
-            std::fs::rename(&tmp, path).map_err(werr)?;
-            Ok(file)
-        })();
-        match built {
-            Ok(file) => Ok(RestoreImage {
-                file,
-                data_offset: IMAGE_DATA_OFFSET,
-                guest_len_bytes: guest_len,
-                built: true,
-                data_sha256,
-            }),
-            Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
-                Err(e)
-            }
+        }
+        file.write_all_at(&head, 0).map_err(werr)?;
+        // The image stands in for the checksummed section: make it
+        // durable before it becomes visible under its name.
+        file.sync_data().map_err(werr)?;
+        std::fs::rename(&tmp, path).map_err(werr)?;
+        Ok(file)
+    })();
+    match built {
+        Ok(file) => Ok(RestoreImage {
+            file,
+            data_offset: IMAGE_DATA_OFFSET,
+            guest_len_bytes: guest_len,
+            built: true,
+            data_sha256,
+        }),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
         }
     }
 }
@@ -381,6 +424,51 @@ mod tests {
         assert_eq!(s.image_state("memory", &ip), ImageState::Mismatch);
         // No memory section of that name.
         assert_eq!(s.image_state("ram", &ip), ImageState::Mismatch);
+    }
+
+    #[test]
+    fn an_image_written_with_the_snapshot_is_the_one_a_restore_would_build() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut guest = vec![0u8; 64 * 4096];
+        guest[4096 * 3 + 5] = 1;
+        guest[4096 * 9] = 2;
+        guest[64 * 4096 - 1] = 3;
+        // Two host mappings, a run of data pages across their boundary.
+        guest[4096 * 31] = 4;
+        guest[4096 * 32] = 5;
+        let (a, b) = guest.split_at(32 * 4096);
+        let parts = [a, b];
+        let pages = memory::DataPages::scan(&parts, &[]).unwrap();
+        let shape = crate::format::Shape {
+            backend: "kvm".into(),
+            memory_bytes: guest.len() as u64,
+            vcpus: 1,
+        };
+        let mut sb = SnapshotBuilder::new(1, shape);
+        sb.add_memory_pages("memory", &pages).unwrap();
+        let p = dir.path().join("w.snap");
+        sb.write_file(&p).unwrap();
+        let ip = image_path(&p);
+        let written = write_image(&ip, &sb.section_sha256("memory").unwrap(), &pages).unwrap();
+        assert!(has_matching_image(&p));
+        let s = Snapshot::open(&p, &Expect::protocol(1)).unwrap();
+        assert_eq!(s.image_state("memory", &ip), ImageState::Matches);
+        let opened = s.restore_image("memory", &ip).unwrap();
+        assert!(!opened.built, "the restore found the written image");
+        assert_eq!(read_data(&opened), guest);
+        assert_eq!(opened.data_sha256, written.data_sha256);
+        assert_eq!(opened.data_sha256, digest_of(&guest));
+        // Built from the section instead, it is the same image.
+        std::fs::remove_file(&ip).unwrap();
+        let rebuilt = s.restore_image("memory", &ip).unwrap();
+        assert!(rebuilt.built);
+        assert_eq!(rebuilt.data_sha256, written.data_sha256);
+        // Another snapshot's image beside it does not match.
+        let mut other = SnapshotBuilder::new(1, s.shape().clone());
+        other.add_memory("memory", &vec![0u8; guest.len()]).unwrap();
+        other.write_file(&p).unwrap();
+        assert!(!has_matching_image(&p));
+        assert!(!has_matching_image(&dir.path().join("absent.snap")));
     }
 
     #[test]

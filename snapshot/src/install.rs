@@ -72,6 +72,72 @@ impl NoSpace {
     }
 }
 
+/// Puts the sparse file `src` at `dst` (a fresh name) without filling its
+/// holes: a hard link where both are on one file system (no bytes copied;
+/// the source may be deleted afterwards), else a copy of its data extents
+/// only (`SEEK_DATA`/`SEEK_HOLE`), synced. `fs::copy` would read the holes
+/// as zeros and write them out: a 2 GiB restore image holding 20 MiB of
+/// data would take 2 GiB of disk.
+pub fn link_or_copy_sparse(src: &Path, dst: &Path) -> io::Result<()> {
+    if std::fs::hard_link(src, dst).is_ok() {
+        return Ok(());
+    }
+    let r = copy_sparse(src, dst);
+    if r.is_err() {
+        let _ = std::fs::remove_file(dst);
+    }
+    r
+}
+
+/// `lseek(file, pos, whence)` for `SEEK_DATA` / `SEEK_HOLE`: the offset
+/// found, or `None` when there is no data at or after `pos` (ENXIO). For
+/// readers of sparse files that skip their holes (a restore image's copy,
+/// a sparse copy).
+pub fn seek_extent(file: &std::fs::File, pos: u64, whence: i32) -> io::Result<Option<u64>> {
+    use std::os::fd::AsRawFd;
+    let off = libc::off_t::try_from(pos).map_err(io::Error::other)?;
+    // SAFETY: lseek on a descriptor the caller holds; the result is checked.
+    let r = unsafe { libc::lseek(file.as_raw_fd(), off, whence) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::ENXIO) {
+            Ok(None)
+        } else {
+            Err(e)
+        };
+    }
+    Ok(u64::try_from(r).ok())
+}
+
+fn copy_sparse(src: &Path, dst: &Path) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let from = std::fs::File::open(src)?;
+    let len = from.metadata()?.len();
+    let to = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(dst)?;
+    to.set_len(len)?;
+    let seek = |pos: u64, whence: i32| seek_extent(&from, pos, whence);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut pos = 0;
+    while pos < len {
+        let Some(data) = seek(pos, libc::SEEK_DATA)? else {
+            break;
+        };
+        let hole = seek(data, libc::SEEK_HOLE)?.unwrap_or(len).min(len);
+        let mut at = data;
+        while at < hole {
+            let n = usize::try_from((hole - at).min(buf.len() as u64)).expect("at most 1 MiB");
+            from.read_exact_at(&mut buf[..n], at)?;
+            to.write_all_at(&buf[..n], at)?;
+            at += n as u64;
+        }
+        pos = hole;
+    }
+    to.sync_all()
+}
+
 /// `<dir>/.<name>.tmp-<pid>-<random>@<host>`, beside `path`: unique across
 /// the processes of every machine sharing the directory (a cache on NFS),
 /// and saying whose it is, so only its own host judges whether its writer
@@ -128,4 +194,35 @@ pub(crate) fn temp_owner(file_name: &str) -> Option<(u32, Option<&str>)> {
     };
     let pid = rest.split('-').next()?.parse().ok()?;
     Some((pid, host))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{FileExt, MetadataExt};
+
+    #[test]
+    fn a_sparse_copy_keeps_the_data_and_the_holes() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("s.img");
+        let f = std::fs::File::create(&src).unwrap();
+        f.set_len(64 << 20).unwrap();
+        f.write_all_at(&[7; 4096], 4096 * 3).unwrap();
+        f.write_all_at(&[9; 10], (64 << 20) - 10).unwrap();
+        f.sync_all().unwrap();
+        let dst = dir.path().join("d.img");
+        copy_sparse(&src, &dst).unwrap();
+        assert_eq!(std::fs::read(&dst).unwrap(), std::fs::read(&src).unwrap());
+        let blocks_bytes = std::fs::metadata(&dst).unwrap().blocks() * 512;
+        assert!(blocks_bytes < 1 << 20, "{blocks_bytes} bytes allocated");
+        // On one file system it is a link: nothing copied.
+        let linked = dir.path().join("l.img");
+        link_or_copy_sparse(&src, &linked).unwrap();
+        assert_eq!(
+            std::fs::metadata(&linked).unwrap().ino(),
+            std::fs::metadata(&src).unwrap().ino()
+        );
+        // An existing destination is not overwritten.
+        assert!(copy_sparse(&src, &dst).is_err());
+    }
 }

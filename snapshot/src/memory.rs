@@ -135,49 +135,110 @@ pub fn encode_masked_parts_into<W: Write>(
     masks: &[Option<Vec<bool>>],
     w: &mut W,
 ) -> io::Result<u64> {
-    let page = PAGE_SIZE_BYTES as usize;
-    let (last, whole) = parts.split_last().unwrap_or((&(&[] as &[u8]), &[]));
-    if let Some(p) = whole.iter().find(|p| p.len() % page != 0) {
-        return Err(io::Error::other(format!(
-            "a memory part of {} bytes is not a whole number of {page}-byte pages",
-            p.len()
-        )));
-    }
-    // Page index where each part starts, to map a run's pages back to parts.
-    let mut starts = Vec::with_capacity(parts.len());
-    let mut runs = Vec::new();
-    let mut first = 0u64;
-    for (i, p) in whole.iter().chain(std::iter::once(last)).enumerate() {
-        starts.push(first);
-        let mask = masks.get(i).and_then(|m| m.as_deref());
-        push_runs(&mut runs, p, mask, page, first);
-        first += (p.len() as u64).div_ceil(page as u64);
-    }
-    let guest_len: u64 = parts.iter().map(|p| p.len() as u64).sum();
-    let mut n = 0u64;
-    let mut put = |w: &mut W, b: &[u8]| -> io::Result<()> {
-        n += b.len() as u64;
-        w.write_all(b)
-    };
-    put(w, &PAGE_SIZE_BYTES.to_le_bytes())?;
-    put(w, &guest_len.to_le_bytes())?;
-    let count = u32::try_from(runs.len())
-        .map_err(|_| io::Error::other("more than 2^32 runs of non-zero pages"))?;
-    put(w, &count.to_le_bytes())?;
-    for r in &runs {
-        put(w, &r.first_page.to_le_bytes())?;
-        put(w, &r.page_count.to_le_bytes())?;
-    }
-    for r in &runs {
-        for pg in r.first_page..r.first_page + r.page_count {
-            // Runs come from the parts themselves, so these lookups hold.
-            let part = starts.partition_point(|s| *s <= pg) - 1;
-            let local = usize::try_from(pg - starts[part]).expect("page within its part") * page;
-            let bytes = parts[part];
-            put(w, &bytes[local..(local + page).min(bytes.len())])?;
+    DataPages::scan(parts, masks)?.encode_into(w)
+}
+
+/// The non-zero pages of guest memory held in several host mappings (in
+/// guest order), found by one scan and then written as many times as
+/// needed: into a snapshot's memory section ([`DataPages::encode_into`]) and
+/// into its restore image (`crate::image::write_image`), without scanning
+/// guest RAM twice.
+pub struct DataPages<'a> {
+    parts: &'a [&'a [u8]],
+    /// Page index where each part starts.
+    starts: Vec<u64>,
+    runs: Vec<Run>,
+    guest_len: u64,
+}
+
+impl<'a> DataPages<'a> {
+    /// Scans `parts` (every part but the last a whole number of pages) for
+    /// non-zero pages; `masks[i]`, when present, rules pages of part `i` out
+    /// unread (see [`encode_masked_parts_into`]).
+    pub fn scan(parts: &'a [&'a [u8]], masks: &[Option<Vec<bool>>]) -> io::Result<DataPages<'a>> {
+        let page = PAGE_SIZE_BYTES as usize;
+        let (last, whole) = parts.split_last().unwrap_or((&(&[] as &[u8]), &[]));
+        if let Some(p) = whole.iter().find(|p| p.len() % page != 0) {
+            return Err(io::Error::other(format!(
+                "a memory part of {} bytes is not a whole number of {page}-byte pages",
+                p.len()
+            )));
         }
+        let mut starts = Vec::with_capacity(parts.len());
+        let mut runs = Vec::new();
+        let mut first = 0u64;
+        for (i, p) in whole.iter().chain(std::iter::once(last)).enumerate() {
+            starts.push(first);
+            let mask = masks.get(i).and_then(|m| m.as_deref());
+            push_runs(&mut runs, p, mask, page, first);
+            first += (p.len() as u64).div_ceil(page as u64);
+        }
+        Ok(DataPages {
+            parts,
+            starts,
+            runs,
+            guest_len: parts.iter().map(|p| p.len() as u64).sum(),
+        })
     }
-    Ok(n)
+
+    /// The guest memory length in bytes (all parts).
+    pub fn guest_len_bytes(&self) -> u64 {
+        self.guest_len
+    }
+
+    /// The runs of non-zero pages, in increasing order.
+    pub fn runs(&self) -> &[Run] {
+        &self.runs
+    }
+
+    /// The data of the runs as contiguous host slices with the guest byte
+    /// offset each starts at: a run that spans two parts is two slices.
+    pub fn slices(&self) -> impl Iterator<Item = (u64, &'a [u8])> + '_ {
+        let page = u64::from(PAGE_SIZE_BYTES);
+        self.runs.iter().flat_map(move |r| {
+            let end_pg = r.first_page + r.page_count;
+            let mut pg = r.first_page;
+            std::iter::from_fn(move || {
+                if pg >= end_pg {
+                    return None;
+                }
+                let part = self.starts.partition_point(|s| *s <= pg) - 1;
+                let part_end = self.starts.get(part + 1).copied().unwrap_or(u64::MAX);
+                let stop = end_pg.min(part_end);
+                let bytes = self.parts[part];
+                let from = usize::try_from((pg - self.starts[part]) * page).expect("within part");
+                let to = usize::try_from((stop - self.starts[part]) * page)
+                    .expect("within part")
+                    .min(bytes.len());
+                let at = pg * page;
+                pg = stop;
+                Some((at, &bytes[from..to]))
+            })
+        })
+    }
+
+    /// Writes the sparse image (the section layout above) to `w`; returns
+    /// the bytes written.
+    pub fn encode_into<W: Write>(&self, w: &mut W) -> io::Result<u64> {
+        let mut n = 0u64;
+        let mut put = |w: &mut W, b: &[u8]| -> io::Result<()> {
+            n += b.len() as u64;
+            w.write_all(b)
+        };
+        put(w, &PAGE_SIZE_BYTES.to_le_bytes())?;
+        put(w, &self.guest_len.to_le_bytes())?;
+        let count = u32::try_from(self.runs.len())
+            .map_err(|_| io::Error::other("more than 2^32 runs of non-zero pages"))?;
+        put(w, &count.to_le_bytes())?;
+        for r in &self.runs {
+            put(w, &r.first_page.to_le_bytes())?;
+            put(w, &r.page_count.to_le_bytes())?;
+        }
+        for (_, bytes) in self.slices() {
+            put(w, bytes)?;
+        }
+        Ok(n)
+    }
 }
 
 /// [`encode_into`] a fresh vector.

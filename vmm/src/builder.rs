@@ -402,8 +402,7 @@ pub fn build_and_start(
     }
     let mem_bytes = m.mem_bytes().map_err(BuildError::Machine)?;
     let ram = create_guest_ram(mem_bytes).map_err(BuildError::Memory)?;
-    let vm = KvmVm::new(kvm).map_err(BuildError::Vm)?;
-    vm.register_memory(&ram.memory).map_err(BuildError::Vm)?;
+    let vm = KvmVm::with_memory(kvm, &ram.memory).map_err(BuildError::Vm)?;
 
     let kernel = load_kernel(&ram, &cfg.boot.kernel)?;
     let hdr = kernel.result.setup_header;

@@ -20,7 +20,8 @@
 //! Restoring builds a new machine from the file and the restoring VM's
 //! config: the shape (memory, vCPUs) and the device list (types, in order)
 //! must match, or the restore is refused by name. Guest RAM is the
-//! snapshot's restore image (`<snapshot>.img`, built on first use), copied
+//! snapshot's restore image (`<snapshot>.img`, written with the snapshot;
+//! built by the first restore where it is missing or stale), copied
 //! once per run into a sealed memfd that every VM restored from it maps
 //! copy-on-write ([`RestoreRamCache`]), so nothing is decompressed before
 //! the guest runs and parallel restores hold the image's pages once. Not restored: vsock connections (the guest gets TRANSPORT_RESET,
@@ -51,6 +52,7 @@ use crate::device_manager::pci::PciDevices;
 use crate::device_manager::{VirtioSlot, VirtioTransportState};
 use crate::devices::legacy::serial::SerialDeviceState;
 use crate::devices::GuestRequestSink;
+use crate::snapshot::memory::DataPages;
 use crate::snapshot::{Expect, Shape, Snapshot, SnapshotBuilder, SnapshotError};
 use crate::vmm_config::{VirtioTransportKind, VmConfig};
 use crate::vstate::kvm::KvmContext;
@@ -267,17 +269,37 @@ fn save_quiesced(
     for (name, data) in extra {
         b.add_section(name, data).map_err(file_err)?;
     }
-    b.add_memory_masked(
-        MEMORY_SECTION,
-        &host_parts(&m.ram.memory),
-        &data_masks(&m.ram.memory),
-    )
-    .map_err(file_err)?;
+    let parts = host_parts(&m.ram.memory);
+    let pages = DataPages::scan(&parts, &data_masks(&m.ram.memory)).map_err(|e| {
+        file_err(SnapshotError::InvalidSection {
+            name: MEMORY_SECTION.into(),
+            reason: format!("cannot encode the memory image: {e}"),
+        })
+    })?;
+    b.add_memory_pages(MEMORY_SECTION, &pages)
+        .map_err(file_err)?;
     let file_bytes = b.write_file(path).map_err(file_err)?;
+    write_restore_image(&b, path, &pages);
     Ok(SnapshotStats {
         file_bytes,
         memory_bytes,
     })
+}
+
+/// Writes the restore image of the snapshot just written at `path` from
+/// the pages it holds, so that its first restore finds the image ready
+/// instead of decoding the memory section (docs/snapshots.md measures the
+/// cost moved here). Best effort: the image is derived data, and without it
+/// the first restore builds it as before. A stale image left at that path
+/// (another snapshot's) is removed either way.
+fn write_restore_image(b: &SnapshotBuilder, path: &Path, pages: &DataPages<'_>) {
+    let image = crate::snapshot::image_path(path);
+    let written = b
+        .section_sha256(MEMORY_SECTION)
+        .map(|sha| provium_snapshot::image::write_image(&image, &sha, pages));
+    if !matches!(written, Some(Ok(_))) {
+        let _ = std::fs::remove_file(&image);
+    }
 }
 
 /// A section's decoded bytes, refusing one larger than `max`.
@@ -373,9 +395,7 @@ pub fn restore_and_start(
         )
         .map_err(PersistError::Memory)?;
     let build = PersistError::Build;
-    let vm = KvmVm::new(kvm).map_err(|e| build(BuildError::Vm(e)))?;
-    vm.register_memory(&ram.memory)
-        .map_err(|e| build(BuildError::Vm(e)))?;
+    let vm = KvmVm::with_memory(kvm, &ram.memory).map_err(|e| build(BuildError::Vm(e)))?;
     vm.restore_state(&state.vm).map_err(PersistError::Vm)?;
 
     let mut pio = Bus::new();

@@ -447,6 +447,31 @@ mod snapshots {
         Some((dir, path, at))
     }
 
+    #[test]
+    fn a_snapshot_write_leaves_the_restore_image_ready_for_the_first_restore() {
+        use std::os::unix::fs::MetadataExt;
+        let Some((_dir, path, at)) = snapshotted("image_at_write") else {
+            return;
+        };
+        let image = provium_vmm::snapshot::image_path(&path);
+        assert!(
+            provium_vmm::snapshot::image::has_matching_image(&path),
+            "the snapshot's own image is beside it before any restore"
+        );
+        let inode = std::fs::metadata(&image).expect("image").ino();
+        let b = new_vm("image_at_write", cfg(32, 1, vec![], None)).expect("kvm");
+        b.restore(&path).expect("restore");
+        // A restore that built the image would have renamed a new file in.
+        assert_eq!(
+            std::fs::metadata(&image).expect("image").ino(),
+            inode,
+            "the first restore used the image the snapshot wrote"
+        );
+        let n = counter(&b);
+        assert!(n >= at, "RAM restored from that image: {n} < {at}");
+        wait_until("the restored guest to count on", || counter(&b) > n);
+    }
+
     /// Truncates the restore image at `image` to nothing, in place.
     fn truncate_to_zero(image: &Path) {
         std::fs::OpenOptions::new()
@@ -570,7 +595,7 @@ mod snapshots {
         let image = provium_vmm::snapshot::image_path(&path);
         let b = new_vm("image_faults", cfg(32, 1, vec![], None)).expect("kvm");
         b.restore(&path).expect("restore b");
-        assert!(image.exists(), "the restore built the image");
+        assert!(image.exists(), "the snapshot wrote the image");
 
         // Truncated under the running VM (what `cp` over it does first).
         truncate_to_zero(&image);
@@ -619,7 +644,8 @@ mod snapshots {
         drop(a);
         let image = provium_vmm::snapshot::image_path(&path);
         let b = new_vm("image_flip", cfg(32, 1, vec![], None)).expect("kvm");
-        b.restore(&path).expect("restore builds the image");
+        b.restore(&path)
+            .expect("restore from the image the snapshot wrote");
         drop(b);
         // The counter's page holds data: flip a byte of it in place.
         let at = provium_vmm::snapshot::image::IMAGE_DATA_OFFSET + COUNTER_GPA + 7;

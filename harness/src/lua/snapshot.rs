@@ -108,7 +108,8 @@ impl Closeable for TempSnapshot {
     }
 }
 
-/// Best-effort delete of a file or directory; absent is fine.
+/// Best-effort delete of a file or directory; absent is fine. A snapshot
+/// file's restore image (`<file>.img`, written with it) goes with it.
 pub fn remove_any(path: &Path) {
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.is_dir() => {
@@ -116,17 +117,20 @@ pub fn remove_any(path: &Path) {
         }
         Ok(_) => {
             let _ = std::fs::remove_file(path);
+            let _ = std::fs::remove_file(provium_snapshot::image_path(path));
         }
         Err(_) => {}
     }
 }
 
-/// Sum of the sizes of the files directly under `dir` (one level).
+/// Sum of the sizes of the files directly under `dir` (one level), the
+/// VMs' restore images (`.img`, derived data, sparse) left out.
 pub fn dir_size_one_level(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
         .into_iter()
         .flatten()
         .flatten()
+        .filter(|e| !provium_snapshot::image::is_snapshot_image_name(&e.path()))
         .filter_map(|e| e.metadata().ok())
         .filter(|m| m.is_file())
         .map(|m| m.len())

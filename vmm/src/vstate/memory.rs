@@ -259,22 +259,7 @@ fn sealed_copy_of_image(
     let end = data_offset
         .checked_add(mem_bytes)
         .ok_or(MemoryError::TooLarge(mem_bytes))?;
-    let raw = image.as_raw_fd();
-    let seek = |pos: u64, whence: i32| -> io::Result<Option<u64>> {
-        let off = libc::off_t::try_from(pos).map_err(io::Error::other)?;
-        // SAFETY: lseek on a descriptor we hold; the result is checked.
-        let r = unsafe { libc::lseek(raw, off, whence) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            // ENXIO: no data at or after `pos`.
-            return if e.raw_os_error() == Some(libc::ENXIO) {
-                Ok(None)
-            } else {
-                Err(e)
-            };
-        }
-        Ok(u64::try_from(r).ok())
-    };
+    let seek = |pos: u64, whence: i32| provium_snapshot::install::seek_extent(image, pos, whence);
     const PAGE: usize = 4096;
     let page = PAGE as u64;
     // Extents are rounded out to whole pages of guest memory (a file system

@@ -191,30 +191,97 @@ impl MsiRouter for GsiRouter {
     }
 }
 
+fn create_vm(kvm: &KvmContext) -> Result<VmFd, KvmVmError> {
+    kvm.kvm
+        .create_vm()
+        .map_err(|e| KvmVmError::Create(io_err(e)))
+}
+
+/// The TSS address, the in-kernel irqchip and the PIT of a new VM.
+fn set_up_devices(fd: &VmFd) -> Result<(), KvmVmError> {
+    let tss = usize::try_from(KVM_TSS_ADDR).expect("64-bit host");
+    fd.set_tss_address(tss)
+        .map_err(|e| KvmVmError::TssAddress(io_err(e)))?;
+    fd.create_irq_chip()
+        .map_err(|e| KvmVmError::IrqChip(io_err(e)))?;
+    let pit = kvm_pit_config {
+        flags: KVM_PIT_SPEAKER_DUMMY,
+        ..Default::default()
+    };
+    fd.create_pit2(pit).map_err(|e| KvmVmError::Pit(io_err(e)))
+}
+
+/// Registers every region of `mem` as a memory slot of `fd`; `mem` must
+/// outlive the VM's use of it.
+fn register_regions(fd: &VmFd, mem: &GuestMemoryMmap) -> Result<(), KvmVmError> {
+    for (slot, region) in mem.iter().enumerate() {
+        let slot = u32::try_from(slot).expect("few regions");
+        let gpa = region.start_addr().raw_value();
+        let host = mem
+            .get_host_address(region.start_addr())
+            .expect("a region's start is inside guest memory");
+        let r = kvm_userspace_memory_region {
+            slot,
+            guest_phys_addr: gpa,
+            memory_size: region.len(),
+            userspace_addr: host as u64,
+            flags: 0,
+        };
+        // SAFETY: the region describes a live mapping of `region.len()` bytes
+        // owned by `mem`, which the caller keeps alive while the VM runs.
+        unsafe { fd.set_user_memory_region(r) }.map_err(|e| KvmVmError::MemoryRegion {
+            slot,
+            gpa,
+            source: io_err(e),
+        })?;
+    }
+    Ok(())
+}
+
 impl KvmVm {
     /// Creates the VM, its in-kernel irqchip and PIT.
     pub fn new(kvm: &KvmContext) -> Result<KvmVm, KvmVmError> {
-        let fd = kvm
-            .kvm
-            .create_vm()
-            .map_err(|e| KvmVmError::Create(io_err(e)))?;
-        let tss = usize::try_from(KVM_TSS_ADDR).expect("64-bit host");
-        fd.set_tss_address(tss)
-            .map_err(|e| KvmVmError::TssAddress(io_err(e)))?;
-        fd.create_irq_chip()
-            .map_err(|e| KvmVmError::IrqChip(io_err(e)))?;
-        let pit = kvm_pit_config {
-            flags: KVM_PIT_SPEAKER_DUMMY,
-            ..Default::default()
-        };
-        fd.create_pit2(pit)
-            .map_err(|e| KvmVmError::Pit(io_err(e)))?;
-        let fd = Arc::new(fd);
+        let fd = Arc::new(create_vm(kvm)?);
+        set_up_devices(&fd)?;
+        Ok(KvmVm::of(fd))
+    }
+
+    /// [`KvmVm::new`] with `mem` registered ([`KvmVm::register_memory`]),
+    /// the registration issued on a second thread while the irqchip and PIT
+    /// are created.
+    ///
+    /// Why: each of these ioctls ends in an expedited SRCU grace period of
+    /// the VM (`synchronize_srcu_expedited(&kvm->srcu)`: a memslot swap, an
+    /// I/O bus device added), which the calling thread sleeps through until
+    /// a kernel worker has run. One after the other they cost one grace
+    /// period each; issued together, the kernel's SRCU serves concurrent
+    /// requests with a shared grace period. On a loaded 2-CPU kvm_pvm host
+    /// the memslot's alone took 6-10 ms, most of a cold boot's setup
+    /// (docs/benchmarking.md, "Where vmm_setup goes").
+    ///
+    /// `mem` must outlive the VM's use of it, as for `register_memory`.
+    pub fn with_memory(kvm: &KvmContext, mem: &GuestMemoryMmap) -> Result<KvmVm, KvmVmError> {
+        let fd = Arc::new(create_vm(kvm)?);
+        let (registered, devices) = std::thread::scope(|s| {
+            let slots = s.spawn(|| register_regions(&fd, mem));
+            let devices = set_up_devices(&fd);
+            (slots.join(), devices)
+        });
+        devices?;
+        match registered {
+            Ok(r) => r?,
+            // It only issues ioctls; a panic there is a bug, resumed here.
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+        Ok(KvmVm::of(fd))
+    }
+
+    fn of(fd: Arc<VmFd>) -> KvmVm {
         let router = Arc::new(GsiRouter {
             fd: fd.clone(),
             msi: Mutex::new(BTreeMap::new()),
         });
-        Ok(KvmVm { fd, router })
+        KvmVm { fd, router }
     }
 
     /// The VM's GSI routing table, for MSI-X vectors.
@@ -227,28 +294,7 @@ impl KvmVm {
     /// `mem` must outlive the VM's use of it: the caller keeps the mapping alive
     /// for as long as this VM (and its vCPUs) exist.
     pub fn register_memory(&self, mem: &GuestMemoryMmap) -> Result<(), KvmVmError> {
-        for (slot, region) in mem.iter().enumerate() {
-            let slot = u32::try_from(slot).expect("few regions");
-            let gpa = region.start_addr().raw_value();
-            let host = mem
-                .get_host_address(region.start_addr())
-                .expect("a region's start is inside guest memory");
-            let r = kvm_userspace_memory_region {
-                slot,
-                guest_phys_addr: gpa,
-                memory_size: region.len(),
-                userspace_addr: host as u64,
-                flags: 0,
-            };
-            // SAFETY: the region describes a live mapping of `region.len()` bytes
-            // owned by `mem`, which the caller keeps alive while the VM runs.
-            unsafe { self.fd.set_user_memory_region(r) }.map_err(|e| KvmVmError::MemoryRegion {
-                slot,
-                gpa,
-                source: io_err(e),
-            })?;
-        }
-        Ok(())
+        register_regions(&self.fd, mem)
     }
 
     /// Routes `evt` to `gsi`: a write to the eventfd raises the interrupt.

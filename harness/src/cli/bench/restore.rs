@@ -115,8 +115,10 @@ fn tiny_guest_fixture(
     vm.snapshot(&tmp)
         .map_err(|e| RestoreBenchError::TinyBuild(Box::new(e)))?;
     drop(vm);
-    let p = cache.install_vm(&key, &tmp)?;
-    Ok((p, true))
+    let p = cache.install_vm(&key, &tmp);
+    // The install linked or copied the snapshot and its restore image.
+    crate::lua::snapshot::remove_any(&tmp);
+    Ok((p?, true))
 }
 
 fn tiny_restore_config(mem_mib: u64, timer: Option<BootTimer>) -> VmConfig {
