@@ -556,6 +556,51 @@ mod tests {
         assert_eq!(byte_at(&c, 50 * 4096), 0);
     }
 
+    /// What `vm:fork(n)` relies on (docs/snapshots.md, "Forking"): one
+    /// frozen image, n private mappings of one sealed memfd; each copy's
+    /// writes are its own, and none reaches the frozen pages the others
+    /// (and later copies) read.
+    #[test]
+    fn a_fork_maps_one_frozen_image_n_times_copy_on_write() {
+        const N: u8 = 8;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("fork.snap.img");
+        let (image, digest) = write_image(&path, &[(0, 0x5a), (7, 0x77)]);
+        let cache = RestoreRamCache::new();
+        let copies: Vec<GuestRam> = (0..N)
+            .map(|_| {
+                cache
+                    .guest_ram(&path, &image, IMAGE_MEM_BYTES, IMAGE_DATA_OFFSET, &digest)
+                    .expect("a copy maps the frozen image")
+            })
+            .collect();
+        assert_eq!(cache.copies_made(), 1, "one frozen copy for {N} mappings");
+        let first = inode(&copies[0].file);
+        assert!(copies.iter().all(|c| inode(&c.file) == first), "one memfd");
+        for (i, c) in (0u8..).zip(&copies) {
+            c.memory
+                .write_obj(i + 1, GuestAddress(0))
+                .expect("in range");
+        }
+        for (i, c) in (0u8..).zip(&copies) {
+            assert_eq!(byte_at(c, 0), i + 1, "copy {i} keeps its own write");
+            assert_eq!(byte_at(c, 1), 0x5a, "and the frozen rest of that page");
+            assert_eq!(
+                byte_at(c, 7 * 4096),
+                0x77,
+                "and the frozen pages it never wrote"
+            );
+        }
+        let later = cache
+            .guest_ram(&path, &image, IMAGE_MEM_BYTES, IMAGE_DATA_OFFSET, &digest)
+            .expect("a later copy");
+        assert_eq!(
+            byte_at(&later, 0),
+            0x5a,
+            "no copy's write reached the frozen image"
+        );
+    }
+
     #[test]
     fn the_shared_copy_is_sealed_against_writes_and_resizing() {
         use std::os::unix::fs::FileExt;
