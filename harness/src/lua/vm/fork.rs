@@ -176,6 +176,12 @@ impl Vm {
 
     /// `vm:fork(n)`: n running copies of this VM (see the module doc).
     pub fn fork(&self, n: &mlua::Value) -> mlua::Result<Vec<Vm>> {
+        self.fork_timed(n).map(|(copies, _)| copies)
+    }
+
+    /// [`Vm::fork`], also returning how long the source was paused, in
+    /// nanoseconds (`provium bench fork`).
+    pub fn fork_timed(&self, n: &mlua::Value) -> mlua::Result<(Vec<Vm>, u64)> {
         let n = fork::copy_count(n).map_err(|e| self.fork_err(&e))?;
         self.check_forkable("vm:fork()", n)?;
         let frozen = self.freeze()?;
@@ -200,7 +206,7 @@ impl Vm {
             copies: made.vms.iter().map(|v| v.name().to_string()).collect(),
             source_paused_ns: frozen.paused_ns,
         }));
-        Ok(made.vms)
+        Ok((made.vms, frozen.paused_ns))
     }
 
     /// Copy `name` of this VM from `frozen`, on bridges of its own.
