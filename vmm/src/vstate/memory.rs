@@ -152,6 +152,18 @@ impl RestoreRamCache {
         RestoreRamCache::default()
     }
 
+    /// Lets go of the cache's copy of `image_path`'s RAM: VMs restored from
+    /// it keep their mappings (and so the pages they share); a later
+    /// restore of that path reads the image again. For images restored a
+    /// known number of times and then deleted (a fork's frozen snapshot),
+    /// so their RAM lives as long as their VMs, not as long as the run.
+    pub fn forget(&self, image_path: &Path) {
+        self.images
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(image_path);
+    }
+
     /// How many image copies this cache made: one per image restored, not
     /// one per restore (tests and benches read it).
     pub fn copies_made(&self) -> u64 {
@@ -599,6 +611,14 @@ mod tests {
             0x5a,
             "no copy's write reached the frozen image"
         );
+        // Forgotten once the fork is done: the copies keep their pages, and
+        // the cache holds nothing of the image any more.
+        cache.forget(&path);
+        assert_eq!(byte_at(&copies[3], 7 * 4096), 0x77);
+        cache
+            .guest_ram(&path, &image, IMAGE_MEM_BYTES, IMAGE_DATA_OFFSET, &digest)
+            .expect("a restore after forget reads the image again");
+        assert_eq!(cache.copies_made(), 2);
     }
 
     #[test]

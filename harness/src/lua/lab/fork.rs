@@ -96,6 +96,14 @@ impl Lab {
             let _ = vm.resume();
         }
         let remove_frozen = || {
+            if let Ok(index) = provium_snapshot::LabIndex::read(&dir) {
+                for v in &index.vms {
+                    self.0
+                        .env
+                        .machines()
+                        .forget_restore_image(&dir.join(&v.file));
+                }
+            }
             snapshot::remove_any(&dir);
             for (_, imgs) in &frozen_images {
                 for (_, f) in imgs {

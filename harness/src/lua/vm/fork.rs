@@ -42,8 +42,10 @@ pub(crate) struct Frozen {
 impl Frozen {
     /// Deletes the snapshot and the frozen disk copies (the copies have
     /// their own by then, and on kvm their RAM is the memfd's, not the
-    /// file's).
-    pub fn remove(&self) {
+    /// file's), and lets the backend forget the snapshot's RAM, so the
+    /// frozen image lives as long as the copies that map it.
+    pub fn remove(&self, backend: &dyn crate::backend::Backend) {
+        backend.forget_restore_image(&self.path);
         snapshot::remove_any(&self.path);
         for (_, frozen) in &self.images {
             snapshot::remove_any(frozen);
@@ -191,7 +193,7 @@ impl Vm {
             let name = fork::copy_name(self.name(), i);
             self.make_copy(&name, &frozen, &mut made)
         });
-        frozen.remove();
+        frozen.remove(self.env().machines().as_ref());
         if let Err(e) = r {
             made.undo();
             return Err(e);
