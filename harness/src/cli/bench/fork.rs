@@ -282,3 +282,24 @@ fn bench_fork_lua(args: &RunArgs, f: &ForkArgs) -> Result<Report, ForkBenchError
         phases,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The phase names docs/benchmarking.md documents, per `--copies`
+    /// value, with their units.
+    #[test]
+    fn each_copy_count_has_a_latency_and_a_pss_phase() {
+        let (fork, pss) = fork_phases(10, "what".into(), "pss");
+        assert_eq!(
+            (fork.name, fork.what, fork.unit),
+            ("fork_n10", "what", Unit::Ns)
+        );
+        assert_eq!(
+            (pss.name, pss.what, pss.unit),
+            ("pss_per_copy_n10", "pss", Unit::Bytes)
+        );
+        assert!(fork.samples.is_empty() && pss.samples.is_empty());
+    }
+}

@@ -286,3 +286,66 @@ fn copy_images(
     }
     Ok(remap)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::super::test_utils::{message, vm};
+    use super::*;
+    use crate::config::Config;
+    use crate::events::EventSender;
+    use crate::runner::{BackendKind, FileEnv, RunResources};
+
+    fn fork_err(v: &Vm, n: mlua::Value) -> String {
+        message(v.fork(&n).err().expect("refused"))
+    }
+
+    /// Each refusal comes before anything is made: the VM stays as it
+    /// was, and the next copy would still be the first.
+    #[test]
+    fn a_fork_is_refused_before_it_makes_anything() {
+        let env = super::super::test_utils::env(BackendKind::Kvm);
+        let v = vm(&env);
+        assert_eq!(
+            fork_err(&v, mlua::Value::Integer(2)),
+            "vm:fork: vm `v`: vm `v` is created, and only a running VM forks (call vm:boot() or \
+             vm:restore() first)"
+        );
+        assert!(fork_err(&v, mlua::Value::Integer(0)).contains("got 0 (call fork(1) or more)"));
+        assert!(fork_err(&v, mlua::Value::Boolean(true)).contains("got boolean"));
+        assert_eq!(v.phase(), Phase::Created);
+        assert_eq!(v.0.forks.load(Ordering::SeqCst), 0, "no copy was numbered");
+    }
+
+    /// Under a pool budget, n copies of the VM's memory past it are
+    /// refused, naming the sizes and the fix, before the phase is looked at.
+    #[test]
+    fn copies_past_the_pool_are_refused() {
+        let pool = provium_protocol::ResourceAmount {
+            memory_bytes: 128 << 20,
+            cpus: 2,
+        };
+        let env = Arc::new(
+            FileEnv::new(
+                "t.test.lua".into(),
+                "/t.test.lua".into(),
+                Vec::new(),
+                Arc::new(Config::default()),
+                crate::backend::for_kind(BackendKind::Local),
+                EventSender::disabled(),
+            )
+            .with_run_resources(RunResources::with_pool(pool)),
+        );
+        let v = vm(&env);
+        let e = fork_err(&v, mlua::Value::Integer(3));
+        assert!(
+            e.starts_with(
+                "vm:fork: vm `v`: 3 copies of 67108864 bytes of guest memory each need 201326592 \
+                 bytes, over the pool's memory budget of 134217728 bytes"
+            ),
+            "{e}"
+        );
+        assert!(fork_err(&v, mlua::Value::Integer(2)).contains("is created"));
+    }
+}
