@@ -291,11 +291,9 @@ fn copy_images(
 mod tests {
     use std::sync::Arc;
 
-    use super::super::test_utils::{message, vm};
+    use super::super::test_utils::{file_env, message, vm};
     use super::*;
-    use crate::config::Config;
-    use crate::events::EventSender;
-    use crate::runner::{BackendKind, FileEnv, RunResources};
+    use crate::runner::{BackendKind, RunResources};
 
     fn fork_err(v: &Vm, n: mlua::Value) -> String {
         message(v.fork(&n).err().expect("refused"))
@@ -327,15 +325,7 @@ mod tests {
             cpus: 2,
         };
         let env = Arc::new(
-            FileEnv::new(
-                "t.test.lua".into(),
-                "/t.test.lua".into(),
-                Vec::new(),
-                Arc::new(Config::default()),
-                crate::backend::for_kind(BackendKind::Local),
-                EventSender::disabled(),
-            )
-            .with_run_resources(RunResources::with_pool(pool)),
+            file_env(BackendKind::Local).with_run_resources(RunResources::with_pool(pool)),
         );
         let v = vm(&env);
         let e = fork_err(&v, mlua::Value::Integer(3));
