@@ -27,7 +27,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use provium_protocol::event::{
     ClaimAcquired, ClaimReleased, FixtureBuildDone, FixtureBuildStarted, FixtureBuildWaiting,
-    FixtureCacheHit, TestStarted, VmShutdown, VmSpawned,
+    FixtureCacheHit, TestStarted, VmForked, VmShutdown, VmSpawned,
 };
 use provium_protocol::{Event, EventFrame};
 
@@ -63,6 +63,8 @@ pub enum Lifecycle {
     /// A VM booted or was restored, and its agent answered.
     VmSpawned(VmSpawned),
     VmShutdown(VmShutdown),
+    /// A running VM was forked (its copies each have a `VmSpawned` too).
+    VmForked(VmForked),
     ClaimAcquired(ClaimAcquired),
     ClaimReleased(ClaimReleased),
 }

@@ -595,6 +595,71 @@ fn ops_on_the_local_backend() {
     assert!(text(&o).contains("name a profile"), "{}", text(&o));
 }
 
+/// `bench fork` on both of its routes: the phases per `--copies` value, in
+/// order, each with a sample per run (the source's pause once per fork).
+fn check_fork(lines: &[Value], runs: usize, copies: &[usize], tiny: bool) {
+    check_shape(lines, "fork", runs);
+    let mut want = vec!["source_paused".to_string()];
+    for n in copies {
+        want.push(format!("fork_n{n}"));
+        want.push(format!("pss_per_copy_n{n}"));
+        if tiny {
+            want.push(format!("snapshot_fixture_restores_n{n}"));
+        }
+    }
+    let names: Vec<&str> = lines
+        .iter()
+        .map(|l| l["phase"].as_str().expect("phase"))
+        .collect();
+    assert_eq!(names, want);
+    assert_eq!(phase(lines, "source_paused")["n"], runs * copies.len());
+    for n in copies {
+        assert_eq!(phase(lines, &format!("fork_n{n}"))["n"], runs);
+        // Each copy holds something of its own (its touched pages, or a
+        // sandbox's processes), never nothing.
+        let pss = phase(lines, &format!("pss_per_copy_n{n}"));
+        assert!(pss["min"].as_u64().is_some_and(|b| b > 0), "{pss}");
+    }
+}
+
+#[test]
+fn fork_the_tiny_guest_on_the_vmm() {
+    if !kvm_or_skip("fork_the_tiny_guest_on_the_vmm") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("provium.toml"),
+        "[provium]\ncache_dir = \"cache\"\n",
+    )
+    .expect("config");
+    let args = [
+        "bench",
+        "fork",
+        "--tiny-guest",
+        "--copies",
+        "1,3",
+        "-n",
+        "2",
+        "--json",
+    ];
+    let o = provium(dir.path(), &args);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    check_fork(&json_lines(&o), 2, &[1, 3], true);
+}
+
+#[test]
+fn fork_a_local_sandbox() {
+    ensure_agent();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let args = [
+        "bench", "fork", "--vmm", "local", "--copies", "1,2", "-n", "2", "--json",
+    ];
+    let o = provium(dir.path(), &args);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    check_fork(&json_lines(&o), 2, &[1, 2], false);
+}
+
 /// A baseline whose medians are `median` for each of `phases`.
 fn synthetic(bench: &str, phases: &[&str], median: u64) -> String {
     phases

@@ -51,6 +51,22 @@ fn snapshot_suite_passes() {
     assert!(st.iter().all(|(_, s, _)| s == "passed"), "{st:#?}");
 }
 
+/// `vm:fork` and `lab:fork` on sandboxes: four tests pass; the disk and
+/// seeded-rng tests skip, saying they need the kvm backend.
+#[test]
+fn fork_suite_passes() {
+    let (code, v, err) = run_json("tests/lua/snapshots/fork.test.lua");
+    let st = statuses(&v);
+    assert_eq!(code, 0, "{st:#?}\n{err}");
+    assert_eq!(st.len(), 6, "{st:#?}");
+    let passed = st.iter().filter(|(_, s, _)| s == "passed").count();
+    assert_eq!(passed, 4, "{st:#?}");
+    for (name, s, msg) in st.iter().filter(|(_, s, _)| s != "passed") {
+        assert_eq!(s, "skipped", "{name}: {msg}");
+        assert!(msg.contains("--vmm kvm"), "{name}: {msg}");
+    }
+}
+
 /// Lives here rather than under tests/lua: one of its tests fails on purpose
 /// (the baseline must come back after a failed test too), which would fail
 /// any run over the whole tests/lua tree.

@@ -268,6 +268,20 @@ events! {
         /// `count:I/N` or `hash:I/N` for a sharded run, else none.
         partition: Option<String>,
     }
+    /// A running VM was forked (`vm:fork(n)`, or once per VM of a
+    /// `lab:fork(n)`): each copy also has its own `vm_spawned`.
+    VmForked => "vm_forked" {
+        /// The test file, relative to the test root.
+        file: String,
+        /// The source VM's name in the file (`<sub-lab>/<vm>` below the
+        /// forked lab for `lab:fork`).
+        source: String,
+        /// The copies' names, in copy order (`a.1`, `a.2`, ... for
+        /// `vm:fork`; `<lab>.<i>/<vm>` for `lab:fork`).
+        copies: Vec<String>,
+        /// How long the source was paused for the fork, in nanoseconds.
+        source_paused_ns: u64,
+    }
 }
 
 const FRAME_FIELDS: &[&str] = &["ts", "kind", "payload"];

@@ -49,7 +49,7 @@ pub use wire::{AgentFrame, HostFrame};
 
 /// The one wire-version constant. Bump it on any change that reaches the wire
 /// (see `../shared/spec/protocol-version.md`), and update the pins.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// vsock port the agent listens on inside a guest.
 pub const AGENT_VSOCK_PORT: u32 = 1024;

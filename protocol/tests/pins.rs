@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 use provium_protocol::op::OpKind;
 use provium_protocol::{encode, EventKind, WireMessage, PROTOCOL_VERSION};
 
-const PINNED_VERSION: u32 = 2;
+const PINNED_VERSION: u32 = 3;
 
 fn line<T: WireMessage>(name: &str, msg: &T) -> String {
     let body = encode(msg).unwrap();

@@ -328,7 +328,7 @@ fn closed_enums_all_and_as_str_match_serde() {
     assert_closed_enum!(Channel);
     assert_closed_enum!(StreamEndReason);
     assert_eq!(OpKind::ALL.len(), 34);
-    assert_eq!(EventKind::ALL.len(), 18);
+    assert_eq!(EventKind::ALL.len(), 19);
 }
 
 #[test]

@@ -74,6 +74,14 @@ pub trait Backend: Send + Sync {
     /// its devices, which must match the snapshot's.
     fn restore(&self, spec: &MachineSpec, path: &Path) -> Result<Box<dyn Guest>, BackendError>;
 
+    /// Lets go of what the backend keeps of the snapshot at `path` for
+    /// later restores of it (kvm: its sealed copy of guest RAM), once no
+    /// more restores of it will come: guests restored from it keep what
+    /// they use. `vm:fork` calls it after its copies' restores.
+    fn forget_restore_image(&self, path: &Path) {
+        let _ = path;
+    }
+
     /// What booting `spec` would run (the kernel, the initrd as built, the
     /// whole command line), for a report such as `provium bench boot`'s;
     /// `None` where the backend boots no kernel. It builds the config a

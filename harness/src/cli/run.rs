@@ -409,7 +409,7 @@ fn run_once(
     } else {
         config.roots.clone()
     };
-    let run_resources = RunResources::default();
+    let run_resources = RunResources::with_pool(pool);
     // One backend value for the whole run: its guests share one CID space.
     let machines = crate::backend::for_kind(backend);
     // Only the dispatcher calls the reporters and writes the event stream;

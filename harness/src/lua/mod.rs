@@ -9,6 +9,7 @@ pub mod console;
 pub mod disk;
 pub mod duration;
 pub mod file;
+pub mod fork;
 pub mod guest;
 pub mod json;
 pub mod lab;

@@ -45,6 +45,9 @@ pub struct RunResources {
     live: Arc<Mutex<Vec<Weak<dyn LiveResource>>>>,
     file_digests: FileDigests,
     verified_entries: crate::verified_entries::VerifiedEntries,
+    /// The pool's budget (`--mem`, `--cpus`), where a run set one: what
+    /// `vm:fork(n)` checks its n copies against.
+    pool: Option<provium_protocol::ResourceAmount>,
 }
 
 impl std::fmt::Debug for RunResources {
@@ -55,6 +58,19 @@ impl std::fmt::Debug for RunResources {
 }
 
 impl RunResources {
+    /// The run's resources under the pool budget `pool`.
+    pub fn with_pool(pool: provium_protocol::ResourceAmount) -> RunResources {
+        RunResources {
+            pool: Some(pool),
+            ..RunResources::default()
+        }
+    }
+
+    /// The pool's budget, where the run has one.
+    pub fn pool(&self) -> Option<provium_protocol::ResourceAmount> {
+        self.pool
+    }
+
     /// The run's memo of host-file digests, for fixture keys.
     pub fn file_digests(&self) -> &FileDigests {
         &self.file_digests

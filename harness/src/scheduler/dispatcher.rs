@@ -449,6 +449,7 @@ fn wire_event(event: Lifecycle) -> Option<Event> {
         Lifecycle::FixtureCacheHit(e) => Event::FixtureCacheHit(e),
         Lifecycle::VmSpawned(e) => Event::VmSpawned(e),
         Lifecycle::VmShutdown(e) => Event::VmShutdown(e),
+        Lifecycle::VmForked(e) => Event::VmForked(e),
         Lifecycle::ClaimAcquired(e) => Event::ClaimAcquired(e),
         Lifecycle::ClaimReleased(e) => Event::ClaimReleased(e),
     })
@@ -771,6 +772,7 @@ mod tests {
             Event::FixtureCacheHit(e) => Lifecycle::FixtureCacheHit(e),
             Event::VmSpawned(e) => Lifecycle::VmSpawned(e),
             Event::VmShutdown(e) => Lifecycle::VmShutdown(e),
+            Event::VmForked(e) => Lifecycle::VmForked(e),
             Event::ClaimAcquired(e) => Lifecycle::ClaimAcquired(e),
             Event::ClaimReleased(e) => Lifecycle::ClaimReleased(e),
             _ => return None,
@@ -809,7 +811,7 @@ mod tests {
             routed.push(name);
         }
         // Every kind a producer sends (all but the dispatcher's own six).
-        assert_eq!(routed.len(), 12, "{routed:?}");
+        assert_eq!(routed.len(), 13, "{routed:?}");
         assert_eq!(
             wire_event(Lifecycle::FileStarted { path: "f".into() }),
             None

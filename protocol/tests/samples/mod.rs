@@ -445,6 +445,12 @@ pub fn events() -> Vec<(String, EventFrame)> {
             suite_files: 3,
             partition: Some("count:1/3".into()),
         }),
+        Event::VmForked(VmForked {
+            file: "a.test.lua".into(),
+            source: "a".into(),
+            copies: vec!["a.1".into(), "a.2".into()],
+            source_paused_ns: 5,
+        }),
     ];
     events
         .into_iter()

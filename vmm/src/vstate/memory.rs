@@ -152,6 +152,18 @@ impl RestoreRamCache {
         RestoreRamCache::default()
     }
 
+    /// Lets go of the cache's copy of `image_path`'s RAM: VMs restored from
+    /// it keep their mappings (and so the pages they share); a later
+    /// restore of that path reads the image again. For images restored a
+    /// known number of times and then deleted (a fork's frozen snapshot),
+    /// so their RAM lives as long as their VMs, not as long as the run.
+    pub fn forget(&self, image_path: &Path) {
+        self.images
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(image_path);
+    }
+
     /// How many image copies this cache made: one per image restored, not
     /// one per restore (tests and benches read it).
     pub fn copies_made(&self) -> u64 {
@@ -539,6 +551,59 @@ mod tests {
             .expect("third restore");
         assert_eq!(byte_at(&c, 3 * 4096), 0x33, "nor the shared copy");
         assert_eq!(byte_at(&c, 50 * 4096), 0);
+    }
+
+    /// What `vm:fork(n)` relies on (docs/snapshots.md, "Forking"): one
+    /// frozen image, n private mappings of one sealed memfd; each copy's
+    /// writes are its own, and none reaches the frozen pages the others
+    /// (and later copies) read.
+    #[test]
+    fn a_fork_maps_one_frozen_image_n_times_copy_on_write() {
+        const N: u8 = 8;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("fork.snap.img");
+        let (image, digest) = write_image(&path, &[(0, 0x5a), (7, 0x77)]);
+        let cache = RestoreRamCache::new();
+        let copies: Vec<GuestRam> = (0..N)
+            .map(|_| {
+                cache
+                    .guest_ram(&path, &image, IMAGE_MEM_BYTES, IMAGE_DATA_OFFSET, &digest)
+                    .expect("a copy maps the frozen image")
+            })
+            .collect();
+        assert_eq!(cache.copies_made(), 1, "one frozen copy for {N} mappings");
+        let first = inode(&copies[0].file);
+        assert!(copies.iter().all(|c| inode(&c.file) == first), "one memfd");
+        for (i, c) in (0u8..).zip(&copies) {
+            c.memory
+                .write_obj(i + 1, GuestAddress(0))
+                .expect("in range");
+        }
+        for (i, c) in (0u8..).zip(&copies) {
+            assert_eq!(byte_at(c, 0), i + 1, "copy {i} keeps its own write");
+            assert_eq!(byte_at(c, 1), 0x5a, "and the frozen rest of that page");
+            assert_eq!(
+                byte_at(c, 7 * 4096),
+                0x77,
+                "and the frozen pages it never wrote"
+            );
+        }
+        let later = cache
+            .guest_ram(&path, &image, IMAGE_MEM_BYTES, IMAGE_DATA_OFFSET, &digest)
+            .expect("a later copy");
+        assert_eq!(
+            byte_at(&later, 0),
+            0x5a,
+            "no copy's write reached the frozen image"
+        );
+        // Forgotten once the fork is done: the copies keep their pages, and
+        // the cache holds nothing of the image any more.
+        cache.forget(&path);
+        assert_eq!(byte_at(&copies[3], 7 * 4096), 0x77);
+        cache
+            .guest_ram(&path, &image, IMAGE_MEM_BYTES, IMAGE_DATA_OFFSET, &digest)
+            .expect("a restore after forget reads the image again");
+        assert_eq!(cache.copies_made(), 2);
     }
 
     #[test]

@@ -86,6 +86,10 @@ impl Backend for KvmBackend {
         Ok(Box::new(machine))
     }
 
+    fn forget_restore_image(&self, path: &Path) {
+        self.ram_cache.forget(path);
+    }
+
     /// The config [`Backend::create`] would build, made with the run's
     /// first CID (no CID is spent: nothing boots from it).
     fn boot_source(&self, spec: &MachineSpec) -> Result<Option<BootSource>, BackendError> {

@@ -17,6 +17,10 @@ pub enum BenchOp {
     Restore(RestoreArgs),
     /// Agent round trips: no-op, run("true"), 4 KiB read, 1 MiB write+read.
     Ops(OpsArgs),
+    /// Fork a running VM n ways (`vm:fork`): latency per n, Pss per copy,
+    /// how long the source is paused; `--tiny-guest` also times a snapshot
+    /// plus n fixture restores in the same run.
+    Fork(ForkArgs),
     /// Compare two `--json` outputs: new/old median per phase.
     Compare {
         /// The baseline (`--json` output of an earlier run).
@@ -118,6 +122,28 @@ pub struct RestoreArgs {
 }
 
 #[derive(Debug, Clone, Args)]
+pub struct ForkArgs {
+    /// Profile whose VM is booted once and forked (through `vm:fork`);
+    /// optional with --vmm local.
+    #[arg(conflicts_with = "tiny_guest")]
+    pub profile: Option<String>,
+    /// Fork the built-in tiny guest on the VMM instead (no agent).
+    #[arg(long)]
+    pub tiny_guest: bool,
+    /// Copies per fork, one phase each.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 10, 100])]
+    pub copies: Vec<usize>,
+    /// Guest memory in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 32)]
+    pub mem: u64,
+    /// Backend for a profile's VM.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub vmm: VmmChoice,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Debug, Clone, Args)]
 pub struct OpsArgs {
     /// Profile to boot (optional with --vmm local, whose sandbox boots no kernel).
     pub profile: Option<String>,
@@ -170,6 +196,16 @@ mod tests {
             panic!("ops")
         };
         assert_eq!(o.common.pin, Some(1));
+        let BenchOp::Fork(f) = parse(&["fork", "--tiny-guest", "--copies", "1,10,100"]) else {
+            panic!("fork")
+        };
+        assert!(f.tiny_guest && f.profile.is_none());
+        assert_eq!(f.copies, [1, 10, 100]);
+        let BenchOp::Fork(f) = parse(&["fork", "linux", "--vmm", "local"]) else {
+            panic!("fork")
+        };
+        assert_eq!(f.profile.as_deref(), Some("linux"));
+        assert_eq!(f.copies, [1, 10, 100], "the default");
         assert!(matches!(
             parse(&["compare", "old.json", "new.json"]),
             BenchOp::Compare { .. }

@@ -17,11 +17,12 @@
 //! and nearest-rank statistics), [`render`] (the report as a table or JSON
 //! lines), [`host`] (what machine measured it), [`pin`] (`--pin`), [`gate`]
 //! (`--compare` and `bench compare`), and one per bench: [`boot`],
-//! [`restore`], [`ops`]. This module is the entry: it runs a bench, prints
+//! [`restore`], [`ops`], [`fork`]. This module is the entry: it runs a bench, prints
 //! its report and applies the gate.
 
 mod args;
 mod boot;
+mod fork;
 mod gate;
 mod host;
 mod ops;
@@ -34,7 +35,7 @@ use provium_vmm::Console;
 
 use super::{RunArgs, EXIT_FAILED, EXIT_OK};
 
-pub use args::{BenchOp, BootArgs, CommonArgs, OpsArgs, RestoreArgs, Until};
+pub use args::{BenchOp, BootArgs, CommonArgs, ForkArgs, OpsArgs, RestoreArgs, Until};
 pub use gate::{compare, parse_regression, read_json_lines, Comparison, GateError};
 pub use host::{host_info, kvm_kind};
 pub use pin::PinError;
@@ -60,6 +61,8 @@ pub enum BenchError {
     Restore(#[from] restore::RestoreBenchError),
     #[error(transparent)]
     Ops(#[from] ops::OpsBenchError),
+    #[error(transparent)]
+    Fork(#[from] fork::ForkBenchError),
 }
 
 /// Runs `op`; returns the exit code, or the error (`cli::main` prints its
@@ -89,6 +92,10 @@ pub fn run(args: &RunArgs, op: BenchOp) -> Result<i32, BenchError> {
         BenchOp::Ops(o) => {
             setup(&o.common)?;
             (ops::bench_ops(args, &o)?, o.common)
+        }
+        BenchOp::Fork(f) => {
+            setup(&f.common)?;
+            (fork::bench_fork(args, &f)?, f.common)
         }
     };
     finish(&report, &common)

@@ -121,7 +121,7 @@ fn tiny_guest_fixture(
     Ok((p?, true))
 }
 
-fn tiny_restore_config(mem_mib: u64, timer: Option<BootTimer>) -> VmConfig {
+pub(super) fn tiny_restore_config(mem_mib: u64, timer: Option<BootTimer>) -> VmConfig {
     let mut cfg = VmConfig::new(BootSource {
         kernel: KernelImage::Bytes(tiny_guest::BZIMAGE.into()),
         initrd: None,

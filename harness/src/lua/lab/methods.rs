@@ -51,6 +51,9 @@ impl UserData for Lab {
             this.snapshot_method(lua, path)
         });
         m.add_method("restore", |_, this, v: Value| this.restore_method(&v));
+        m.add_method("fork", |lua, this, n: Value| {
+            lua.create_sequence_from(this.fork(&n)?)
+        });
         // vm_fixture / lab_fixture are served by __index (below), so both
         // `provium:vm_fixture(p)` and `provium.vm_fixture(p)` work.
         m.add_method("depends_on_file", |_, _, path: String| {

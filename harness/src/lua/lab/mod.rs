@@ -12,6 +12,7 @@
 
 mod file_scope;
 mod fixture;
+mod fork;
 mod methods;
 mod persist;
 mod state;

@@ -149,19 +149,7 @@ impl Lab {
                 Some(vm) => vm,
                 None => {
                     lab.check_new_name("vm", &v.name).map_err(Failed)?;
-                    let sizing = VmSizing {
-                        memory_bytes: v.memory_bytes,
-                        cpus: v.cpus,
-                    };
-                    let vm = Vm::create(
-                        self.0.env.clone(),
-                        v.name.clone(),
-                        v.profile.clone(),
-                        sizing,
-                    )
-                    .map_err(Failed)?;
-                    lab.put_vm(v.name.clone(), &vm);
-                    vm
+                    lab.new_recorded_vm(v).map_err(Failed)?
                 }
             };
             if !matches!(vm.phase(), Phase::Created | Phase::Shutdown) {
@@ -195,6 +183,23 @@ impl Lab {
             vm.restore_checked(&file)?;
         }
         Ok(())
+    }
+
+    /// A new VM in this lab as a lab snapshot recorded it (name, profile,
+    /// sizing); the caller checked the name.
+    pub(super) fn new_recorded_vm(&self, v: &provium_snapshot::LabVm) -> mlua::Result<Vm> {
+        let sizing = VmSizing {
+            memory_bytes: v.memory_bytes,
+            cpus: v.cpus,
+        };
+        let vm = Vm::create(
+            self.0.env.clone(),
+            v.name.clone(),
+            v.profile.clone(),
+            sizing,
+        )?;
+        self.put_vm(v.name.clone(), &vm);
+        Ok(vm)
     }
 
     /// `lab:snapshot(dir)` writes there and returns the dir as a string;

@@ -113,6 +113,11 @@ impl Vm {
         } else {
             None
         };
+        // A fork's copy: the snapshot's disks are its own copies of them.
+        let devices = devices.map(|mut d| {
+            crate::lua::fork::remap_images(&mut d, &self.0.image_remap.locked());
+            d
+        });
         let (want_disks, want_nics, slot_disks, slot_nics) = devices
             .map_or((None, None, Vec::new(), Vec::new()), |d| {
                 (Some(d.disks), Some(d.nics), d.slot_disks, d.slot_nics)

@@ -45,6 +45,10 @@ impl UserData for Vm {
             }
             Ok(SnapshotUd { path })
         });
+        m.add_method("fork", |lua, this, n: Value| {
+            let copies = this.fork(&n)?;
+            lua.create_sequence_from(copies)
+        });
         m.add_method("restore", |_, this, v: Value| {
             let path = crate::lua::snapshot::snapshot_path_arg(&v, "vm:restore")?;
             this.restore_from(&path)?;

@@ -6,6 +6,7 @@
 //! `lifecycle` (boot, restore, shutdown). What the VM can do is what its
 //! backend's [`Capabilities`] say; no code here knows which backend runs.
 
+mod fork;
 mod lifecycle;
 mod methods;
 mod opts;
@@ -51,6 +52,13 @@ pub struct VmInner {
     machine_nics: Mutex<Vec<MachineNic>>,
     /// Switches of NICs restored without a network (their ports need them).
     lone_switches: Mutex<Vec<provium_netsetup::Switch>>,
+    /// A fork's copy restores onto its own disk copies: (the snapshot's
+    /// image, this VM's copy of it), applied to the snapshot's disk records
+    /// (see `lua::fork`). Empty for every other VM.
+    image_remap: Mutex<Vec<(std::path::PathBuf, std::path::PathBuf)>>,
+    /// How many copies `vm:fork` made of this VM so far: the next copy is
+    /// `<name>.<forks + 1>`, so two forks never reuse a name.
+    forks: std::sync::atomic::AtomicU64,
 }
 
 /// A VM handle; clones share the VM.
@@ -101,6 +109,8 @@ impl Vm {
             machine_disks: Mutex::new(Vec::new()),
             machine_nics: Mutex::new(Vec::new()),
             lone_switches: Mutex::new(Vec::new()),
+            image_remap: Mutex::new(Vec::new()),
+            forks: std::sync::atomic::AtomicU64::new(0),
         }));
         env.register_closeable(CloseKind::Vm, Arc::new(vm.clone()));
         Ok(vm)

@@ -11,14 +11,19 @@ use crate::runner::{BackendKind, FileEnv};
 
 /// A file environment for `t.test.lua` on `backend`.
 pub fn env(backend: BackendKind) -> Arc<FileEnv> {
-    Arc::new(FileEnv::new(
+    Arc::new(file_env(backend))
+}
+
+/// [`env`], not yet shared (to add run resources to it).
+pub fn file_env(backend: BackendKind) -> FileEnv {
+    FileEnv::new(
         "t.test.lua".into(),
         "/t.test.lua".into(),
         Vec::new(),
         Arc::new(Config::default()),
         crate::backend::for_kind(backend),
         EventSender::disabled(),
-    ))
+    )
 }
 
 /// VM `v` (profile `p`, 64 MiB, 1 vCPU) in `env`, created.
