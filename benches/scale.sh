@@ -66,7 +66,9 @@ fi
 if [ -z "${SCALE_PROVIUM:-}" ]; then
     cargo build --release -q -p provium -p provium-agent
     SCALE_PROVIUM=$PWD/target/release/provium
-    export PROVIUM_AGENT=$PWD/target/release/provium-agent
+    # Sandboxes run the host's agent; a kvm guest gets the static one the
+    # build put inside provium (a host build may not run in the guest).
+    [ "$vmm" = kvm ] || export PROVIUM_AGENT=$PWD/target/release/provium-agent
 fi
 echo "scale: machine nproc=$(nproc) kernel=$(uname -r) load=$(cut -d' ' -f1-3 /proc/loadavg) provium=$SCALE_PROVIUM vmm=$vmm kernel_path=$kernel_path"
 
