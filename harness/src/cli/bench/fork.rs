@@ -102,7 +102,8 @@ fn restore_copies(
     let t0 = Instant::now();
     let mut copies = Vec::with_capacity(n);
     for _ in 0..n {
-        let vm = Vm::new(super::restore::tiny_restore_config(f.mem, None)).map_err(tiny("copy"))?;
+        let vm = Vm::new(super::restore::tiny_restore_config(tiny_mem_mib(f), None))
+            .map_err(tiny("copy"))?;
         vm.restore_sharing(snap, ram_cache)
             .map_err(tiny("restore"))?;
         copies.push(vm);
@@ -131,12 +132,24 @@ fn restore_copies(
     Ok((took, pss / n.max(1) as u64))
 }
 
+/// The tiny guest's memory: `--mem`, else 32 MiB.
+fn tiny_mem_mib(f: &ForkArgs) -> u64 {
+    f.mem.unwrap_or(32)
+}
+
+/// A profile VM's memory: `--mem`, else what `provium:vm` gives a VM.
+fn profile_memory_bytes(f: &ForkArgs) -> u64 {
+    f.mem
+        .map_or(crate::lua::vm::DEFAULT_MEMORY_BYTES, |mib| mib << 20)
+}
+
 fn bench_fork_tiny(args: &RunArgs, f: &ForkArgs) -> Result<Report, ForkBenchError> {
     use provium_snapshot::{FixtureCache, KeyBuilder};
     let config = load_config(&args.config, &args.settings)?;
     let cache = FixtureCache::open(&config.cache_dir)?;
     let runs = f.common.runs.unwrap_or(3).max(1);
-    let source = Vm::new(super::restore::tiny_restore_config(f.mem, None)).map_err(tiny("boot"))?;
+    let source = Vm::new(super::restore::tiny_restore_config(tiny_mem_mib(f), None))
+        .map_err(tiny("boot"))?;
     source.boot().map_err(tiny("boot"))?;
     if !source
         .console()
@@ -202,7 +215,7 @@ fn bench_fork_tiny(args: &RunArgs, f: &ForkArgs) -> Result<Report, ForkBenchErro
         guest: json!({
             "backend": "kvm",
             "guest": "tiny-guest",
-            "memory_bytes": f.mem << 20,
+            "memory_bytes": tiny_mem_mib(f) << 20,
             "copies": f.copies,
         }),
         phases,
@@ -228,7 +241,7 @@ fn bench_fork_lua(args: &RunArgs, f: &ForkArgs) -> Result<Report, ForkBenchError
     ));
     let runs = f.common.runs.unwrap_or(3).max(1);
     let sizing = VmSizing {
-        memory_bytes: f.mem << 20,
+        memory_bytes: profile_memory_bytes(f),
         cpus: 1,
     };
     let source =
@@ -276,7 +289,7 @@ fn bench_fork_lua(args: &RunArgs, f: &ForkArgs) -> Result<Report, ForkBenchError
         guest: json!({
             "backend": kind.as_str(),
             "profile": profile,
-            "memory_bytes": f.mem << 20,
+            "memory_bytes": profile_memory_bytes(f),
             "copies": f.copies,
         }),
         phases,
@@ -286,6 +299,30 @@ fn bench_fork_lua(args: &RunArgs, f: &ForkArgs) -> Result<Report, ForkBenchError
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A profile's VM is sized as `provium:vm` sizes one (a Linux guest
+    /// panics at boot in the tiny guest's 32 MiB); `--mem` wins for both.
+    #[test]
+    fn without_mem_the_tiny_guest_gets_32_mib_and_a_profile_vm_the_lua_default() {
+        use clap::{Args, FromArgMatches};
+        let args = |mem: Option<u64>| {
+            let mut words = vec!["fork".to_string(), "p".into()];
+            if let Some(m) = mem {
+                words.extend(["--mem".into(), m.to_string()]);
+            }
+            let matches = ForkArgs::augment_args(clap::Command::new("fork"))
+                .try_get_matches_from(words)
+                .unwrap();
+            ForkArgs::from_arg_matches(&matches).unwrap()
+        };
+        assert_eq!(tiny_mem_mib(&args(None)), 32);
+        assert_eq!(
+            profile_memory_bytes(&args(None)),
+            crate::lua::vm::DEFAULT_MEMORY_BYTES
+        );
+        assert_eq!(tiny_mem_mib(&args(Some(64))), 64);
+        assert_eq!(profile_memory_bytes(&args(Some(64))), 64 << 20);
+    }
 
     /// The phase names docs/benchmarking.md documents, per `--copies`
     /// value, with their units.
