@@ -27,10 +27,11 @@
 //!   only after an RCU grace period.)
 //!
 //! Frames to other destinations (broadcast, other ports, a MAC the guest
-//! changed to) match no filter and reach our switch as before. Everything
-//! here runs `ip` and `tc` (iproute2) inside the TAPs' namespaces; the
-//! switch decides which directions are enabled (see
-//! [`Switch`](crate::Switch)).
+//! changed to) match no filter and reach our switch as before. Building a
+//! wire and enabling or disabling a direction run `ip` and `tc` (iproute2)
+//! inside the TAPs' namespaces; a port's clsact, counts and taking wires
+//! down are rtnetlink requests of our own ([`crate::rtnl`]). The switch
+//! decides which directions are enabled (see [`Switch`](crate::Switch)).
 
 use std::collections::HashMap;
 use std::io;
@@ -42,6 +43,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use crate::mac::MacAddr;
+use crate::rtnl::Rtnl;
 
 /// `TUNGETDEVNETNS` (`_IO('T', 227)`, Linux 5.2): an fd of the namespace
 /// a TAP's interface lives in.
@@ -86,14 +88,6 @@ pub enum KernelPathError {
         /// The kernel's answer, or why it could not be asked.
         #[source]
         source: io::Error,
-    },
-    /// `tc` printed counts this module cannot read.
-    #[error("cannot read the counts of `{command}` in: {output}")]
-    Counts {
-        /// The command line.
-        command: String,
-        /// What it printed.
-        output: String,
     },
 }
 
@@ -156,8 +150,9 @@ impl KernelNic {
             request: format!("add the clsact qdisc of {}", self.ifname),
             source,
         };
-        crate::netns::run_in(self.netns(), || crate::rtnl::replace_clsact(&self.ifname))
-            .and_then(|r| r)
+        let mut rtnl = Rtnl::open_in(self.netns()).map_err(failed)?;
+        rtnl.ifindex(&self.ifname)
+            .and_then(|tap| rtnl.replace_clsact(tap))
             .map_err(failed)
     }
 
@@ -281,17 +276,6 @@ pub struct WireCount {
     pub packets: u64,
     /// Their bytes, Ethernet headers included.
     pub bytes: u64,
-}
-
-/// Reads `Sent N bytes M pkt` from `tc -s` output.
-fn parse_sent(out: &str) -> Option<WireCount> {
-    let rest = &out[out.find("Sent ")? + 5..];
-    let mut words = rest.split_whitespace();
-    let bytes = words.next()?.parse().ok()?;
-    (words.next()? == "bytes").then_some(())?;
-    let packets = words.next()?.parse().ok()?;
-    (words.next()? == "pkt").then_some(())?;
-    Some(WireCount { packets, bytes })
 }
 
 /// Whether `ifname` is an end of a kernel path's wire (`pvk` and nine
@@ -446,17 +430,6 @@ impl Wire {
         Ok(())
     }
 
-    /// Whether side `from`'s egress filter is on its TAP (false when the
-    /// TAP is gone: nothing is left to redirect).
-    fn filter_present(&self, from: usize) -> bool {
-        let nic = &self.nics[from];
-        let line = format!(
-            "tc filter show dev {} egress pref {}",
-            nic.ifname, self.pref
-        );
-        nic.run(&line).is_ok_and(|out| !out.trim().is_empty())
-    }
-
     fn action_exists(&self, from: usize) -> bool {
         let line = format!(
             "tc actions get action mirred index {}",
@@ -468,18 +441,16 @@ impl Wire {
     /// What the kernel forwarded from side `from` over this wire's life,
     /// enabled or not now.
     pub fn count(&self, from: usize) -> Result<WireCount, KernelPathError> {
-        if !self.dirs[from].created {
+        let dir = &self.dirs[from];
+        if !dir.created {
             return Ok(WireCount::default());
         }
-        let line = format!(
-            "tc -s actions get action mirred index {}",
-            self.dirs[from].action_index
-        );
-        let out = self.nics[from].run(&line)?;
-        parse_sent(&out).ok_or_else(|| KernelPathError::Counts {
-            command: line,
-            output: out.trim().to_owned(),
-        })
+        Rtnl::open_in(self.nics[from].netns())
+            .and_then(|mut r| r.action_count(dir.action_index))
+            .map_err(|source| KernelPathError::Rtnetlink {
+                request: format!("read the count of mirred action {}", dir.action_index),
+                source,
+            })
     }
 
     /// Stops forwarding side `from`'s frames in the kernel: when this
@@ -508,294 +479,157 @@ impl Wire {
 
 impl Drop for Wire {
     fn drop(&mut self) {
-        if self.down {
-            return;
-        }
-        for from in 0..2 {
-            let _ = self.disable(from);
-        }
-        // Deleting one end deletes the pair, its qdiscs and filters.
-        let _ = self.nics[0].run(&format!("ip link del {}", self.ends[0]));
-        for (nic, dir) in self.nics.iter().zip(&self.dirs) {
-            if dir.created {
-                let index = dir.action_index;
-                let _ = nic.run(&format!("tc actions del action mirred index {index}"));
-            }
+        if !self.down {
+            Wire::take_down_all(std::slice::from_mut(self));
         }
     }
 }
 
-/// Commands gathered per namespace, run as one `-batch` process per
-/// namespace: the cost of a change to many wires is a process per
-/// namespace touched, not several per wire.
-struct PerNamespace {
-    prog: &'static str,
-    groups: Vec<(KernelNic, Vec<String>)>,
+/// One rtnetlink socket per network namespace a take-down or a count
+/// touches, opened on first use ([`Rtnl::open_in`]), and the TAP indices
+/// looked up through them. A namespace whose socket cannot be opened (it is
+/// gone with its sandbox, or the thread could not enter it) has nothing
+/// left to delete or count: its requests fail and are skipped.
+#[derive(Default)]
+struct Sockets {
+    open: HashMap<(u64, u64), Option<Rtnl>>,
+    ifindices: HashMap<((u64, u64), String), u32>,
 }
 
-impl PerNamespace {
-    fn new(prog: &'static str) -> PerNamespace {
-        PerNamespace {
-            prog,
-            groups: Vec::new(),
+impl Sockets {
+    /// Runs `f` with `nic`'s namespace's socket; an error when it has
+    /// none.
+    fn with<T>(
+        &mut self,
+        nic: &KernelNic,
+        f: impl FnOnce(&mut Rtnl) -> io::Result<T>,
+    ) -> io::Result<T> {
+        let socket = self
+            .open
+            .entry(nic.ns_id)
+            .or_insert_with(|| Rtnl::open_in(nic.netns()).ok());
+        match socket {
+            Some(rtnl) => f(rtnl),
+            None => Err(io::Error::other("no rtnetlink socket in the namespace")),
         }
     }
 
-    fn push(&mut self, nic: &KernelNic, line: String) {
-        match self.groups.iter_mut().find(|(n, _)| n.ns_id == nic.ns_id) {
-            Some((_, lines)) => lines.push(line),
-            None => self.groups.push((nic.clone(), vec![line])),
+    /// The index of `nic`'s TAP.
+    fn ifindex(&mut self, nic: &KernelNic) -> io::Result<u32> {
+        let key = (nic.ns_id, nic.ifname.clone());
+        if let Some(index) = self.ifindices.get(&key) {
+            return Ok(*index);
         }
+        let index = self.with(nic, |r| r.ifindex(&nic.ifname))?;
+        self.ifindices.insert(key, index);
+        Ok(index)
     }
-
-    /// Runs each namespace's lines with `-force` (every line is tried,
-    /// whatever fails before it); returns per namespace whether every
-    /// line succeeded, and stdout. The namespaces' processes run from up to
-    /// [`BATCHES_AT_ONCE`] threads: each is a fork, an exec and a few
-    /// netlink round trips, and a bridge closing touches every member's
-    /// namespace.
-    fn run(&self, stats: bool) -> Vec<(bool, String)> {
-        let one = |(nic, lines): &(KernelNic, Vec<String>)| {
-            let mut args = vec!["-force", "-batch", "-"];
-            if stats {
-                args.insert(0, "-s");
-            }
-            let inv = Invocation {
-                prog: self.prog,
-                args,
-                stdin: Some(lines.iter().map(|l| format!("{l}\n")).collect()),
-            };
-            match spawn_in(&nic.netns, inv) {
-                Ok(out) => (
-                    out.status.success(),
-                    String::from_utf8_lossy(&out.stdout).into_owned(),
-                ),
-                Err(_) => (false, String::new()),
-            }
-        };
-        if self.groups.len() < 2 {
-            return self.groups.iter().map(one).collect();
-        }
-        let per_thread = self.groups.len().div_ceil(BATCHES_AT_ONCE);
-        std::thread::scope(|s| {
-            let workers: Vec<_> = self
-                .groups
-                .chunks(per_thread)
-                .map(|chunk| {
-                    let work = move || chunk.iter().map(one).collect::<Vec<_>>();
-                    (chunk, std::thread::Builder::new().spawn_scoped(s, work))
-                })
-                .collect();
-            // A chunk whose thread could not start (or that panicked) runs
-            // (again) here, so every namespace gets its batch: its lines are
-            // deletes and reads, which may run twice.
-            workers
-                .into_iter()
-                .flat_map(|(chunk, worker)| match worker.map(|w| w.join()) {
-                    Ok(Ok(results)) => results,
-                    _ => chunk.iter().map(one).collect(),
-                })
-                .collect()
-        })
-    }
-}
-
-/// How many namespaces' `-batch` processes run at once.
-const BATCHES_AT_ONCE: usize = 8;
-
-/// Reads every `index I` and the `Sent N bytes M pkt` after it from `tc -s
-/// actions` output (several actions, one after another).
-fn parse_sent_by_index(out: &str) -> HashMap<u32, WireCount> {
-    let mut counts = HashMap::new();
-    let mut rest = out;
-    while let Some(at) = rest.find("index ") {
-        rest = &rest[at + 6..];
-        let Some(index) = rest
-            .split_whitespace()
-            .next()
-            .and_then(|w| w.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let next = rest.find("index ").unwrap_or(rest.len());
-        if let Some(n) = parse_sent(&rest[..next]) {
-            counts.insert(index, n);
-        }
-    }
-    counts
 }
 
 impl Wire {
     /// What `wires` forwarded over their lives, per side as in
-    /// [`Wire::count`]: one `tc -s -batch` per namespace touched. A count
-    /// that cannot be read is zero.
+    /// [`Wire::count`]: one rtnetlink request per action, a socket per
+    /// namespace touched. A count that cannot be read is zero.
     pub fn counts(wires: &[&Wire]) -> Vec<[WireCount; 2]> {
-        let mut batch = PerNamespace::new("tc");
-        for w in wires {
-            w.push_gets(&mut batch);
-        }
-        Wire::read_counts(wires, &batch.run(true))
+        let mut sockets = Sockets::default();
+        wires.iter().map(|w| w.read_counts(&mut sockets)).collect()
     }
 
-    /// `actions get` lines for this wire's actions, each in its side's
-    /// namespace.
-    fn push_gets(&self, batch: &mut PerNamespace) {
-        for (nic, dir) in self.nics.iter().zip(&self.dirs) {
-            if dir.created {
-                let index = dir.action_index;
-                batch.push(nic, format!("actions get action mirred index {index}"));
+    /// This wire's counts per side, through `sockets`; zero where a
+    /// direction's action was never created or cannot be read.
+    fn read_counts(&self, sockets: &mut Sockets) -> [WireCount; 2] {
+        [0, 1].map(|d| {
+            let dir = &self.dirs[d];
+            if !dir.created {
+                return WireCount::default();
             }
-        }
+            sockets
+                .with(&self.nics[d], |r| r.action_count(dir.action_index))
+                .unwrap_or_default()
+        })
     }
 
-    /// The counts of `wires` in the outputs of batches with `-s`: a failed
-    /// line (an action gone) leaves the others' output, and a count not
-    /// read is zero.
-    fn read_counts(wires: &[&Wire], outputs: &[(bool, String)]) -> Vec<[WireCount; 2]> {
-        let mut read = HashMap::new();
-        for (_, out) in outputs {
-            read.extend(parse_sent_by_index(out));
-        }
-        wires
-            .iter()
-            .map(|w| {
-                [0, 1].map(|d| {
-                    read.get(&w.dirs[d].action_index)
-                        .copied()
-                        .unwrap_or_default()
-                })
-            })
-            .collect()
-    }
-
-    /// Removes `wires` with a few processes per namespace touched instead
-    /// of several per wire, and returns what each forwarded over its life
-    /// (as [`Wire::counts`]). In each namespace one `tc` batch deletes the
-    /// egress filters (so each direction is the switch's again when this
-    /// returns) and reads the counts, one `ip` batch deletes the veth pairs
-    /// (the ends' qdiscs and filters go with them), and a last `tc` batch
-    /// deletes the actions.
+    /// Removes `wires` and returns what each forwarded over its life (as
+    /// [`Wire::counts`]), with rtnetlink requests from this thread rather
+    /// than `ip` and `tc` processes (`rtnl.rs` says why). First every
+    /// enabled direction's egress filter goes (so each direction is the
+    /// switch's again when this returns) and the counts are read after it,
+    /// so they include every frame the filters redirected; then the veth
+    /// pairs (their ends' qdiscs and filters go with them); then the
+    /// actions.
     pub fn take_down(mut wires: Vec<Wire>) -> Vec<[WireCount; 2]> {
-        let mut filters = PerNamespace::new("tc");
-        let mut links = PerNamespace::new("ip");
-        let mut actions = PerNamespace::new("tc");
-        for w in &wires {
-            for (d, nic) in w.nics.iter().enumerate() {
-                let dir = &w.dirs[d];
-                if dir.enabled {
-                    filters.push(
-                        nic,
-                        format!(
-                            "filter del dev {} egress pref {} protocol all u32",
-                            nic.ifname, w.pref
-                        ),
-                    );
-                }
-                if dir.created {
-                    let index = dir.action_index;
-                    actions.push(nic, format!("actions del action mirred index {index}"));
+        Wire::take_down_all(&mut wires)
+    }
+
+    fn take_down_all(wires: &mut [Wire]) -> Vec<[WireCount; 2]> {
+        let mut sockets = Sockets::default();
+        for w in wires.iter_mut() {
+            for from in 0..2 {
+                if w.dirs[from].enabled {
+                    w.remove_filter(from, &mut sockets);
                 }
             }
-            links.push(&w.nics[0], format!("link del {}", w.ends[0]));
         }
-        // After the filter deletes, so the counts include every frame the
-        // filters redirected.
-        for w in &wires {
-            w.push_gets(&mut filters);
+        let counts = wires.iter().map(|w| w.read_counts(&mut sockets)).collect();
+        for w in wires.iter() {
+            let _ = sockets.with(&w.nics[0], |r| r.del_link(&w.ends[0]));
         }
-        let outputs = filters.run(true);
-        let counts = Wire::read_counts(&wires.iter().collect::<Vec<_>>(), &outputs);
-        if outputs.iter().any(|(ok, _)| !ok) {
-            // Some line failed (a TAP already gone, or worse): a filter
-            // still there goes the one-by-one way, which takes the TAP's
-            // clsact away if it must.
-            for w in &mut wires {
-                for from in 0..2 {
-                    if w.dirs[from].enabled && w.filter_present(from) {
-                        let _ = w.disable(from);
+        // A filter lets go of its action only after an RCU grace period:
+        // an action still bound when its delete comes is deleted again a
+        // little later.
+        let mut left: Vec<(&KernelNic, u32)> = wires
+            .iter()
+            .flat_map(|w| w.nics.iter().zip(&w.dirs))
+            .filter(|(_, dir)| dir.created)
+            .map(|(nic, dir)| (nic, dir.action_index))
+            .collect();
+        for pause_ms in [5, 20, 100, 0] {
+            left.retain(|(nic, index)| {
+                match sockets.with(nic, |r| r.del_action(*index)) {
+                    Ok(()) => false,
+                    // Gone already, or its namespace with it.
+                    Err(e) => {
+                        e.raw_os_error() != Some(libc::ENOENT)
+                            && sockets.open.get(&nic.ns_id).is_some_and(Option::is_some)
                     }
                 }
-            }
-        }
-        let _ = links.run(false);
-        // A filter lets go of its action only after an RCU grace period:
-        // the actions still there after a delete that came too soon are
-        // deleted again a little later.
-        let mut round = actions;
-        for pause_ms in [5, 20, 100, 0] {
-            let results = round.run(false);
-            let failed: Vec<&(KernelNic, Vec<String>)> = round
-                .groups
-                .iter()
-                .zip(&results)
-                .filter(|(_, (ok, _))| !ok)
-                .map(|(g, _)| g)
-                .collect();
-            if failed.is_empty() || pause_ms == 0 {
+            });
+            if left.is_empty() || pause_ms == 0 {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(pause_ms));
-            let mut retry = PerNamespace::new("tc");
-            for (nic, lines) in failed {
-                let Ok(left) = nic.run("tc actions ls action mirred") else {
-                    continue;
-                };
-                for l in lines {
-                    let index = l.rsplit(' ').next().unwrap_or_default();
-                    if left.contains(&format!("index {index} ")) {
-                        retry.push(nic, l.clone());
-                    }
-                }
-            }
-            round = retry;
         }
-        for w in &mut wires {
+        for w in wires.iter_mut() {
             w.down = true;
         }
         counts
+    }
+
+    /// Deletes side `from`'s egress filter through `sockets`; when that
+    /// fails with the filter maybe still there, the one-by-one way, which
+    /// takes the TAP's clsact away if it must ([`Wire::disable`]).
+    fn remove_filter(&mut self, from: usize, sockets: &mut Sockets) {
+        let nic = &self.nics[from];
+        let pref = self.pref as u16;
+        let removed = sockets
+            .ifindex(nic)
+            .and_then(|tap| sockets.with(nic, |r| r.del_egress_filter(tap, pref)));
+        match removed {
+            // No TAP (ENODEV) or no filter (ENOENT): nothing redirects.
+            Ok(()) => self.dirs[from].enabled = false,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENODEV | libc::ENOENT)) => {
+                self.dirs[from].enabled = false
+            }
+            Err(_) => {
+                let _ = self.disable(from);
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sent_counts_are_read_from_tc_output() {
-        let out = "\taction order 1: mirred (Egress Redirect to device pvk0a) stolen\n\
-                   \tindex 1000 ref 1 bind 0\n\tAction statistics:\n\
-                   \tSent 294 bytes 3 pkt (dropped 0, overlimits 0 requeues 0) \n";
-        assert_eq!(
-            parse_sent(out),
-            Some(WireCount {
-                packets: 3,
-                bytes: 294
-            })
-        );
-        assert_eq!(parse_sent("total acts 0"), None);
-        assert_eq!(parse_sent("Sent x bytes 3 pkt"), None);
-    }
-
-    #[test]
-    fn sent_counts_of_several_actions_are_read_by_index() {
-        let out = "total acts 0\n\n\taction order 1: mirred (Egress Redirect to device pvk0a) stolen\n\
-                   \tindex 1073741824 ref 1 bind 0\n\tAction statistics:\n\
-                   \tSent 294 bytes 3 pkt (dropped 0, overlimits 0 requeues 0) \n\
-                   \tbacklog 0b 0p requeues 0\n\
-                   total acts 0\n\n\taction order 1: mirred (Egress Redirect to device pvk1b) stolen\n\
-                   \tindex 1073741827 ref 1 bind 1\n\tAction statistics:\n\
-                   \tSent 0 bytes 0 pkt (dropped 0, overlimits 0 requeues 0) \n";
-        let counts = parse_sent_by_index(out);
-        assert_eq!(counts.len(), 2);
-        assert_eq!(
-            counts[&0x4000_0000],
-            WireCount {
-                packets: 3,
-                bytes: 294
-            }
-        );
-        assert_eq!(counts[&0x4000_0003], WireCount::default());
-    }
 
     #[test]
     fn wire_ends_are_told_from_other_interfaces() {
