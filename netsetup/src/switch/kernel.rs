@@ -213,6 +213,12 @@ impl Inner {
         let mut built = Vec::new();
         let mut failed = Vec::new();
         for (key, [a, b]) in todo {
+            // A closing bridge or a detach may come while the batch is
+            // built (each wire is several processes): a pair whose port
+            // left is skipped rather than built, and deleted again alone.
+            if !both_here(&self.lock(), key) {
+                continue;
+            }
             match Wire::create(&a, &b, &self.config.wire_numbers) {
                 Ok(w) => built.push((key, w)),
                 Err(e) => failed.push((key, [a, b], e)),
