@@ -231,6 +231,11 @@ impl RxQueue {
         self.ready.notify_all();
     }
 
+    /// Whether [`RxQueue::close`] ran: its port left the switch.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
     pub(crate) fn set_waker(&self, w: Option<RxWaker>) {
         *self.waker.lock().unwrap_or_else(|e| e.into_inner()) = w;
     }

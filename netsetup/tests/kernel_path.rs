@@ -86,7 +86,13 @@ fn assert_no_kernel_path_left(ns: &Netns) {
         })
         .collect();
     assert!(ours.is_empty(), "tc actions are left: {actions}");
-    let filters = ns.sh("for d in $(ls /sys/class/net); do tc filter show dev $d egress; done");
+    // The namespace's own interfaces, from `ip`: /sys/class/net is the
+    // host's sysfs (mounted in the host's namespace), whose last device
+    // decided the loop's exit status.
+    let filters = ns.sh(
+        "for d in $(ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1); do \
+         tc filter show dev $d egress || exit 1; done",
+    );
     assert!(
         !filters.contains("mirred"),
         "an egress redirect is left: {filters}"
