@@ -720,7 +720,7 @@ mod machine_level {
             settings: provium::settings::Settings::from_env(),
             ..MachineSpec::default()
         };
-        let m = KvmMachine::build(&opts, &profile, CidAllocator::FIRST)
+        let m = KvmMachine::build(&opts, &profile, CidAllocator::FIRST, None)
             .unwrap()
             .with_agent_timeout(Duration::from_secs(2))
             .with_power_off_timeout(Duration::from_secs(2));
@@ -891,7 +891,7 @@ mod restored_devices {
             }],
             ..MachineSpec::default()
         };
-        let m = KvmMachine::build(&opts, &profile, CidAllocator::FIRST).unwrap();
+        let m = KvmMachine::build(&opts, &profile, CidAllocator::FIRST, None).unwrap();
         m.start().unwrap();
         let c = m.console();
         assert!(

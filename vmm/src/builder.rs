@@ -401,8 +401,16 @@ pub fn build_and_start(
         }));
     }
     let mem_bytes = m.mem_bytes().map_err(BuildError::Machine)?;
-    let ram = create_guest_ram(mem_bytes).map_err(BuildError::Memory)?;
-    let vm = KvmVm::with_memory(kvm, &ram.memory).map_err(BuildError::Vm)?;
+    // RAM bound first, as before: the VM (whose memory slots point into
+    // it) drops first on an error below.
+    let (ram, vm) = match cfg.prepared.as_ref().and_then(|p| p.take(mem_bytes)) {
+        Some(prepared) => (prepared.ram, prepared.vm),
+        None => {
+            let ram = create_guest_ram(mem_bytes).map_err(BuildError::Memory)?;
+            let vm = KvmVm::with_memory(kvm, &ram.memory).map_err(BuildError::Vm)?;
+            (ram, vm)
+        }
+    };
 
     let kernel = load_kernel(&ram, &cfg.boot.kernel)?;
     let hdr = kernel.result.setup_header;

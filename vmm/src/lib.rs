@@ -38,3 +38,4 @@ pub use lifecycle::{PowerButton, StopReason, Vm, VmError, VmState};
 pub use provium_netsetup as netsetup;
 pub use provium_snapshot as snapshot;
 pub use vmm_config::{BootSource, KernelImage, MachineConfig, VmConfig};
+pub use vstate::prepared::{PrepareError, PreparedVms};

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use provium_vmm::tiny_guest::{self, BANNER, CMD_POWER_OFF, CMD_RESET, COUNTER_GPA, READY};
 use provium_vmm::vmm_config::DriveConfig;
 use provium_vmm::{
-    BootSource, ConsoleRead, KernelImage, StopReason, Vm, VmConfig, VmError, VmState,
+    BootSource, ConsoleRead, KernelImage, PreparedVms, StopReason, Vm, VmConfig, VmError, VmState,
 };
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -1491,4 +1491,62 @@ fn power_button_sends_ctrl_alt_del_through_the_i8042() {
     vm.shutdown().expect("shutdown");
     let e = vm.power_button().expect_err("shut down");
     assert!(e.to_string().contains("VM is shutdown"), "{e}");
+}
+
+/// A boot takes a VM its pool prepared while the previous guest ran, and the
+/// guest runs on it as on one built for it: its banner, command line and
+/// memory map; a host reset rebuilds the machine from the pool again. A
+/// boot of another size finds none ready and builds its own.
+#[test]
+fn boots_take_prepared_vms_from_their_pool() {
+    const MIB_32: u64 = 32 << 20;
+    let pool = PreparedVms::new();
+    let with_pool = |mib: u64| {
+        let mut cfg = tiny_cfg();
+        cfg.machine.mem_size_mib = mib;
+        cfg.prepared = Some(pool.clone());
+        cfg
+    };
+    let Some(first) = vm_from("boots_take_prepared_vms_from_their_pool", with_pool(32)) else {
+        return;
+    };
+    boot_ready(&first);
+    assert_eq!(
+        pool.hits_and_misses(),
+        (0, 1),
+        "the first boot builds its own"
+    );
+    wait_until("the pool to prepare the next VM", || pool.is_ready(MIB_32));
+    first.shutdown().expect("shutdown");
+
+    let second = vm_from("boots_take_prepared_vms_from_their_pool", with_pool(32)).expect("kvm");
+    boot_ready(&second);
+    assert_eq!(
+        pool.hits_and_misses(),
+        (1, 1),
+        "the second boot took the prepared VM"
+    );
+    let log = second.console().log_string();
+    assert!(log.contains(BANNER), "{log}");
+    assert!(log.contains(&format!("cmdline={CMDLINE}\n")), "{log}");
+    assert!(
+        log.contains("e820=03"),
+        "the usual 32 MiB memory map: {log}"
+    );
+
+    wait_until("the pool to prepare the next VM", || pool.is_ready(MIB_32));
+    second.reset().expect("host reset");
+    wait_console(&second, READY, 2);
+    assert_eq!(
+        pool.hits_and_misses(),
+        (2, 1),
+        "the reset's rebuild took one too"
+    );
+    second.shutdown().expect("shutdown");
+
+    let bigger = vm_from("boots_take_prepared_vms_from_their_pool", with_pool(64)).expect("kvm");
+    boot_ready(&bigger);
+    assert_eq!(pool.hits_and_misses(), (2, 2), "no 64 MiB VM was prepared");
+    bigger.shutdown().expect("shutdown");
+    assert!(pool.failure().is_none(), "{:?}", pool.failure());
 }

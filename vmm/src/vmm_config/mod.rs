@@ -64,6 +64,10 @@ pub struct VmConfig {
     /// How the guest kernel finds the virtio-mmio devices (the ACPI tables
     /// are there either way).
     pub device_discovery: DeviceDiscovery,
+    /// Where a boot takes its RAM and KVM VM ready-made, if one is ready
+    /// (`vstate/prepared.rs`); `None` builds them on the boot's path.
+    /// Give every VM of a run the same pool.
+    pub prepared: Option<crate::vstate::prepared::PreparedVms>,
 }
 
 /// How a guest kernel finds the virtio-mmio devices (docs/vmm.md, "ACPI").
@@ -101,6 +105,7 @@ impl VmConfig {
             boot_timer: None,
             protocol_version: 0,
             device_discovery: DeviceDiscovery::default(),
+            prepared: None,
         }
     }
 

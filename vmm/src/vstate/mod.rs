@@ -6,5 +6,6 @@ pub mod emulation_fixup;
 pub mod internal_error;
 pub mod kvm;
 pub mod memory;
+pub mod prepared;
 pub mod vcpu;
 pub mod vm;

@@ -38,6 +38,9 @@ pub const KVM_CAPABILITIES: Capabilities = Capabilities {
 pub struct KvmBackend {
     cids: CidAllocator,
     ram_cache: RestoreRamCache,
+    /// The run's prepared KVM VMs: each boot takes one ready-made and the
+    /// next is prepared while its guest runs (`provium_vmm::PreparedVms`).
+    prepared: provium_vmm::PreparedVms,
 }
 
 impl KvmBackend {
@@ -45,6 +48,7 @@ impl KvmBackend {
         KvmBackend {
             cids,
             ram_cache: RestoreRamCache::new(),
+            prepared: provium_vmm::PreparedVms::new(),
         }
     }
 
@@ -66,6 +70,7 @@ impl Backend for KvmBackend {
             spec,
             profile,
             self.cids.allocate(),
+            Some(&self.prepared),
         )?))
     }
 
@@ -81,7 +86,9 @@ impl Backend for KvmBackend {
             initial_time: None,
             ..spec.clone()
         };
-        let machine = KvmMachine::build(&spec, profile, self.cids.allocate())?;
+        // No prepared VM: a restore maps its image as RAM (and a later
+        // reset of it boots without the pool too).
+        let machine = KvmMachine::build(&spec, profile, self.cids.allocate(), None)?;
         machine.restore_from(path, &self.ram_cache)?;
         Ok(Box::new(machine))
     }

@@ -308,10 +308,18 @@ impl KvmMachine {
     /// Prepares the VM of `spec` on `profile` with guest CID `cid`, without
     /// running it (subscribe to its console first, then `start`, or
     /// `restore_from` a snapshot).
-    pub fn build(spec: &MachineSpec, profile: &Profile, cid: u32) -> Result<KvmMachine, KvmError> {
+    /// A boot takes its RAM and KVM VM from `prepared` when one is ready
+    /// there (`provium_vmm::PreparedVms`).
+    pub fn build(
+        spec: &MachineSpec,
+        profile: &Profile,
+        cid: u32,
+        prepared: Option<&provium_vmm::PreparedVms>,
+    ) -> Result<KvmMachine, KvmError> {
         let agent_timeout = agent_timeout(&spec.settings)?;
         let agent_timeout = spec.agent_timeout.unwrap_or(agent_timeout);
         let (mut cfg, vsock) = config::vm_config(profile, spec, cid)?;
+        cfg.prepared = prepared.cloned();
         let console = cfg.console.clone();
         let (slots, disk_slots, nic_slots) = slots::Slots::new(
             &spec.vm_name,

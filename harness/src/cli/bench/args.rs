@@ -95,6 +95,11 @@ pub struct BootArgs {
     /// write after "Run /init" before reporting the phase unavailable.
     #[arg(long, default_value_t = 30)]
     pub ready_timeout: u64,
+    /// Tiny guest: build every boot's RAM and KVM VM on its own path, as
+    /// a run's first boot does, instead of taking one prepared while the
+    /// previous guest ran (the default, as in a test run).
+    #[arg(long)]
+    pub no_prepared: bool,
 }
 
 #[derive(Debug, Clone, Args)]

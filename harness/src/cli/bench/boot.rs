@@ -106,6 +106,10 @@ struct BootTarget {
     linux: bool,
     mem_mib: u64,
     shown_kernel: String,
+    /// The tiny guest's pool of prepared VMs (`provium_vmm::PreparedVms`),
+    /// one for the whole bench as for a test run; `None` with
+    /// `--no-prepared`. A profile's boots use its backend's own.
+    prepared: Option<provium_vmm::PreparedVms>,
 }
 
 fn boot_target(args: &RunArgs, b: &BootArgs) -> Result<BootTarget, BootBenchError> {
@@ -128,6 +132,7 @@ fn boot_target(args: &RunArgs, b: &BootArgs) -> Result<BootTarget, BootBenchErro
                 "tiny guest ({} bytes, built into provium-vmm)",
                 tiny_guest::BZIMAGE.len()
             ),
+            prepared: (!b.no_prepared).then(provium_vmm::PreparedVms::new),
         });
     }
     let name = b.profile.clone().expect("clap requires a profile");
@@ -204,6 +209,7 @@ fn boot_target(args: &RunArgs, b: &BootArgs) -> Result<BootTarget, BootBenchErro
         linux: true,
         mem_mib,
         shown_kernel: kernel.display().to_string(),
+        prepared: None,
     })
 }
 
@@ -245,6 +251,7 @@ fn one_boot(
             cfg.machine.mem_size_mib = t.mem_mib;
             cfg.machine.vcpu_count = b.cpus;
             cfg.boot_timer = Some(timer.clone());
+            cfg.prepared = t.prepared.clone();
             Booted::Vm(Vm::new(cfg).map_err(|e| BootBenchError::CreateTiny(Box::new(e)))?)
         }
     };
@@ -393,6 +400,7 @@ pub(super) fn bench_boot(args: &RunArgs, b: &BootArgs) -> Result<Report, BootBen
             source: Box::new(e),
         })?;
     }
+    let before_samples = t.prepared.as_ref().map(|p| p.hits_and_misses());
     let mut samples = Vec::with_capacity(runs);
     for i in 0..runs {
         samples.push(one_boot(&t, b, until, &mut kernel_version).map_err(|e| {
@@ -528,6 +536,7 @@ pub(super) fn bench_boot(args: &RunArgs, b: &BootArgs) -> Result<Report, BootBen
             "mem_mib": t.mem_mib,
             "vcpus": b.cpus,
             "until": format!("{until:?}").to_lowercase(),
+            "prepared_vms": prepared_vms(&t, before_samples),
         }),
         phases: vec![
             vm_create,
@@ -539,6 +548,24 @@ pub(super) fn bench_boot(args: &RunArgs, b: &BootArgs) -> Result<Report, BootBen
             start_to_console,
         ],
     })
+}
+
+/// What the sampled boots took from the tiny guest's pool of prepared VMs:
+/// how many found one ready (the rest built their own, as without a pool).
+fn prepared_vms(t: &BootTarget, before_samples: Option<(u64, u64)>) -> serde_json::Value {
+    match (&t.prepared, before_samples) {
+        (Some(pool), Some((hits_before, misses_before))) => {
+            let (hits, misses) = pool.hits_and_misses();
+            json!({
+                "used": true,
+                "sampled_boots_prepared": hits - hits_before,
+                "sampled_boots_built": misses - misses_before,
+                "stopped_because": pool.failure().map(|e| crate::error_chain::flatten(&*e)),
+            })
+        }
+        _ if t.kvm.is_some() => json!({ "used": true, "note": "the backend's own pool" }),
+        _ => json!({ "used": false }),
+    }
 }
 
 #[cfg(test)]
