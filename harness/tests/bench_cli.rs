@@ -177,6 +177,37 @@ fn boot_tiny_guest_json_has_every_phase() {
     let guest = &lines[0]["guest"];
     assert_eq!(guest["kernel_version"], "PROVIUM-TINY-GUEST v1", "{guest}");
     assert_eq!(guest["until"], "ready");
+    // Every sampled boot is accounted for: it took a VM the bench's pool
+    // prepared, or built its own (a pool never makes a boot wait).
+    let pool = &guest["prepared_vms"];
+    assert_eq!(pool["used"], true, "{guest}");
+    let counted = pool["sampled_boots_prepared"].as_u64().expect("prepared")
+        + pool["sampled_boots_built"].as_u64().expect("built");
+    assert_eq!(counted, 3, "{pool}");
+    assert!(pool["stopped_because"].is_null(), "{pool}");
+
+    // --no-prepared: every boot builds its own, and the report says so.
+    let o = provium(
+        dir.path(),
+        &[
+            "bench",
+            "boot",
+            "--tiny-guest",
+            "-n",
+            "2",
+            "--warmup",
+            "0",
+            "--no-prepared",
+            "--json",
+        ],
+    );
+    let lines = boot_lines(&o, 2);
+    assert_eq!(
+        lines[0]["guest"]["prepared_vms"]["used"], false,
+        "{}",
+        lines[0]
+    );
+    assert_eq!(phase(&lines, "vmm_setup")["n"], 2);
 }
 
 /// A profile boots through the kvm backend's config builder: with the agent
