@@ -344,6 +344,19 @@ impl OffloadMeta {
         Ok(meta)
     }
 
+    /// How many wire packets [`segment`] cuts this frame into: the GSO
+    /// segments of a super-frame, else one.
+    pub fn wire_packets(&self) -> usize {
+        match self.work {
+            Work::Tcp4 | Work::Tcp6 | Work::Udp => self
+                .end
+                .saturating_sub(self.payload)
+                .div_ceil(usize::from(self.hdr.gso_size).max(1))
+                .max(1),
+            Work::None | Work::Csum => 1,
+        }
+    }
+
     /// True when the frame is not yet as on the wire.
     pub fn needs_work(&self) -> bool {
         self.work != Work::None
