@@ -462,21 +462,38 @@ fn main() {
             if !selected(name) {
                 continue;
             }
-            let b = if wanted("tcp1") {
-                iperf(&ca, addr, seconds, 1)
-            } else {
-                f64::NAN
+            // Per measurement on our paths: frames our switch took in and
+            // how often our TAP threads slept meanwhile (each sleep is a
+            // wake-up later): where a profile says wake-ups cost.
+            let ours_sw = match *name {
+                "ours" => Some(&sw),
+                "ours_no_offload" => Some(&sw_plain),
+                "ours_switch" => Some(&sw_switch),
+                _ => None,
             };
-            let b4 = if wanted("tcp4") {
-                iperf(&ca, addr, seconds, 4)
-            } else {
-                f64::NAN
+            let measured = |m: &str, f: &dyn Fn() -> f64| -> f64 {
+                if !wanted(m) {
+                    return f64::NAN;
+                }
+                let (frames0, sleeps0) = (
+                    ours_sw.map(|s| s.stats().frames_in),
+                    sleeps_of_tap_threads(),
+                );
+                let v = f();
+                if let (Some(s), Some(f0)) = (ours_sw, frames0) {
+                    let frames = s.stats().frames_in - f0;
+                    let sleeps = sleeps_of_tap_threads() - sleeps0;
+                    println!(
+                        "switch: load run={} path={name} measure={m} switch_frames_in={frames} tap_thread_sleeps={sleeps} sleeps_per_frame={:.3}",
+                        rep + 1,
+                        sleeps as f64 / frames.max(1) as f64
+                    );
+                }
+                v
             };
-            let pps = if wanted("udp") {
-                udp_pps(&ca, addr, seconds)
-            } else {
-                f64::NAN
-            };
+            let b = measured("tcp1", &|| iperf(&ca, addr, seconds, 1));
+            let b4 = measured("tcp4", &|| iperf(&ca, addr, seconds, 4));
+            let pps = measured("udp", &|| udp_pps(&ca, addr, seconds));
             println!(
                 "switch: run={} path={name} seconds={seconds} tcp_gbit_per_s={:.3} tcp4_gbit_per_s={:.3} udp64_kpps={:.1}",
                 rep + 1,
