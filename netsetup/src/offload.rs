@@ -631,6 +631,23 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn wire_packets_counts_what_segment_cuts() {
+        // The switch draws one drop per wire packet without cutting, so
+        // the count must be segment()'s, payload edges included.
+        let mut out = Segments::new();
+        for v6 in [false, true] {
+            for payload in [0, 1, 1447, 1448, 1449, 2896, 10_000, 65_000] {
+                let (hdr, f) = tso_frame(v6, payload, 1448);
+                let meta = OffloadMeta::parse(hdr, &f).expect("valid tso frame");
+                segment(&meta, &f, &mut out);
+                assert_eq!(meta.wire_packets(), out.len(), "v6 {v6} payload {payload}");
+            }
+        }
+        let plain = OffloadMeta::parse(VnetHdr::default(), &[0u8; 60]).expect("plain frame");
+        assert_eq!(plain.wire_packets(), 1);
+    }
+
+    #[test]
     fn header_round_trips() {
         let h = VnetHdr {
             flags: 1,
