@@ -11,7 +11,9 @@
 # packets per second (iperf3); RTT p50/p99 per path (ping); and the ratios
 # ours / bridge (offloads on both sides: our TAPs carry TSO super-frames) and
 # ours_no_offload / bridge_no_offload (TSO/GSO/GRO off in the sandboxes, so
-# MTU-sized frames on both). SWITCH_BENCH_SECONDS (default 5),
+# MTU-sized frames on both); then impaired traffic, ours_switch against the
+# bridge with netem (or the closest qdisc this kernel has) carrying the same
+# latency, drop rate or cap (harness/benches/switch_impaired/). SWITCH_BENCH_SECONDS (default 5),
 # SWITCH_BENCH_REPS (default 3) and SWITCH_BENCH_PINGS (default 1000) set the
 # sizes. Results are recorded in docs/networking.md ("Numbers").
 set -euo pipefail

@@ -26,10 +26,14 @@
 //!   the sender goes): packets per second received.
 //! - Round-trip time: `ping` every 5 ms, SWITCH_BENCH_PINGS (default 1000)
 //!   echoes per path; p50 and p99 of the per-echo times.
+//! - Impaired traffic (`switch_impaired/`): `ours_switch` with a latency,
+//!   a drop rate or a bandwidth cap on a -> b against `bridge` with `tc
+//!   netem` carrying the same on its egress toward b; TCP throughput and
+//!   how exactly each side applies the impairment.
 //!
 //! SWITCH_BENCH_PATHS (a comma-separated subset of ours, bridge,
 //! ours_no_offload, bridge_no_offload, ours_switch) and
-//! SWITCH_BENCH_MEASURE (of tcp1, tcp4, udp, rtt) narrow a run to what a
+//! SWITCH_BENCH_MEASURE (of tcp1, tcp4, udp, rtt, impaired) narrow a run to what a
 //! profile should see; what is left out prints as NaN.
 //!
 //! Prints `switch: ...` lines per measurement, then the ratios (ours /
@@ -38,6 +42,7 @@
 //! release `provium`.
 
 mod common;
+mod switch_impaired;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -83,7 +88,7 @@ const PATH_NAMES: [&str; 5] = [
     "bridge_no_offload",
     "ours_switch",
 ];
-const MEASUREMENTS: [&str; 4] = ["tcp1", "tcp4", "udp", "rtt"];
+const MEASUREMENTS: [&str; 5] = ["tcp1", "tcp4", "udp", "rtt", "impaired"];
 
 /// A comma-separated subset of `known` from `name`, or all of `known`.
 fn env_list(name: &str, known: &[&'static str]) -> Vec<&'static str> {
@@ -457,21 +462,38 @@ fn main() {
             if !selected(name) {
                 continue;
             }
-            let b = if wanted("tcp1") {
-                iperf(&ca, addr, seconds, 1)
-            } else {
-                f64::NAN
+            // Per measurement on our paths: frames our switch took in and
+            // how often our TAP threads slept meanwhile (each sleep is a
+            // wake-up later): where a profile says wake-ups cost.
+            let ours_sw = match *name {
+                "ours" => Some(&sw),
+                "ours_no_offload" => Some(&sw_plain),
+                "ours_switch" => Some(&sw_switch),
+                _ => None,
             };
-            let b4 = if wanted("tcp4") {
-                iperf(&ca, addr, seconds, 4)
-            } else {
-                f64::NAN
+            let measured = |m: &str, f: &dyn Fn() -> f64| -> f64 {
+                if !wanted(m) {
+                    return f64::NAN;
+                }
+                let (frames0, sleeps0) = (
+                    ours_sw.map(|s| s.stats().frames_in),
+                    sleeps_of_tap_threads(),
+                );
+                let v = f();
+                if let (Some(s), Some(f0)) = (ours_sw, frames0) {
+                    let frames = s.stats().frames_in - f0;
+                    let sleeps = sleeps_of_tap_threads() - sleeps0;
+                    println!(
+                        "switch: load run={} path={name} measure={m} switch_frames_in={frames} tap_thread_sleeps={sleeps} sleeps_per_frame={:.3}",
+                        rep + 1,
+                        sleeps as f64 / frames.max(1) as f64
+                    );
+                }
+                v
             };
-            let pps = if wanted("udp") {
-                udp_pps(&ca, addr, seconds)
-            } else {
-                f64::NAN
-            };
+            let b = measured("tcp1", &|| iperf(&ca, addr, seconds, 1));
+            let b4 = measured("tcp4", &|| iperf(&ca, addr, seconds, 4));
+            let pps = measured("udp", &|| udp_pps(&ca, addr, seconds));
             println!(
                 "switch: run={} path={name} seconds={seconds} tcp_gbit_per_s={:.3} tcp4_gbit_per_s={:.3} udp64_kpps={:.1}",
                 rep + 1,
@@ -519,14 +541,22 @@ fn main() {
     }
     // Never report a path that was not taken: the kernel path must have
     // carried eth0's and eth3's traffic, and none of eth4's.
-    for (sw, wanted) in [(&sw, true), (&sw_plain, true), (&sw_switch, false)] {
+    // A switch whose path was left out (SWITCH_BENCH_PATHS) is not judged.
+    for (sw, path, wanted) in [
+        (&sw, "ours", true),
+        (&sw_plain, "ours_no_offload", true),
+        (&sw_switch, "ours_switch", false),
+    ] {
+        if !selected(path) {
+            continue;
+        }
         let carried = sw.stats().kernel_path;
         println!(
             "switch: {} kernel_path_packets={carried} kernel_directions={:?}",
             sw.name(),
             sw.kernel_directions()
         );
-        if (carried > 0) != wanted && (selected("ours") || selected("ours_switch")) {
+        if (carried > 0) != wanted {
             fail(&format!(
                 "{}: the kernel path carried {carried} packets",
                 sw.name()
@@ -549,6 +579,20 @@ fn main() {
             u[ours] / u[kernel],
             p50[ours] - p50[kernel]
         );
+    }
+    // Impaired traffic: ours_switch with an impairment on a -> b against the
+    // bridge with netem on its egress toward b (see switch_impaired.rs).
+    if wanted("impaired") && selected("ours_switch") && selected("bridge") {
+        switch_impaired::run(&switch_impaired::Peers {
+            client: &ca,
+            switch: &sw_switch,
+            ours_addr: paths[4].1,
+            bridge_addr: paths[1].1,
+            netem_dev: &kernels[0].veths[1],
+            seconds,
+            reps,
+            pings,
+        });
     }
     println!(
         "switch: loadavg at the end \"{}\"",

@@ -344,6 +344,19 @@ impl OffloadMeta {
         Ok(meta)
     }
 
+    /// How many wire packets [`segment`] cuts this frame into: the GSO
+    /// segments of a super-frame, else one.
+    pub fn wire_packets(&self) -> usize {
+        match self.work {
+            Work::Tcp4 | Work::Tcp6 | Work::Udp => self
+                .end
+                .saturating_sub(self.payload)
+                .div_ceil(usize::from(self.hdr.gso_size).max(1))
+                .max(1),
+            Work::None | Work::Csum => 1,
+        }
+    }
+
     /// True when the frame is not yet as on the wire.
     pub fn needs_work(&self) -> bool {
         self.work != Work::None
@@ -615,6 +628,23 @@ pub(crate) mod tests {
             }
             _ => panic!("not tcp/udp"),
         }
+    }
+
+    #[test]
+    fn wire_packets_counts_what_segment_cuts() {
+        // The switch draws one drop per wire packet without cutting, so
+        // the count must be segment()'s, payload edges included.
+        let mut out = Segments::new();
+        for v6 in [false, true] {
+            for payload in [0, 1, 1447, 1448, 1449, 2896, 10_000, 65_000] {
+                let (hdr, f) = tso_frame(v6, payload, 1448);
+                let meta = OffloadMeta::parse(hdr, &f).expect("valid tso frame");
+                segment(&meta, &f, &mut out);
+                assert_eq!(meta.wire_packets(), out.len(), "v6 {v6} payload {payload}");
+            }
+        }
+        let plain = OffloadMeta::parse(VnetHdr::default(), &[0u8; 60]).expect("plain frame");
+        assert_eq!(plain.wire_packets(), 1);
     }
 
     #[test]

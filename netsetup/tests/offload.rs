@@ -178,9 +178,20 @@ fn captures_record_wire_packets_and_a_captured_port_gets_them() {
     }
 }
 
-/// Sends 20 super-frames (140 wire packets) over a→b with a 30% drop rate;
-/// returns the sequence numbers b received and the switch's drop count.
-fn drops_with_seed(seed: u64) -> (Vec<u32>, u64) {
+/// What b received over an impaired a→b, in wire packets.
+struct Received {
+    /// Sequence numbers of the wire packets, in arrival order; a super-frame
+    /// that arrived whole counts as its seven.
+    seqs: Vec<u32>,
+    /// Super-frames that arrived whole (as sent, offload header and all).
+    whole: usize,
+    /// The switch's drop count.
+    dropped: u64,
+}
+
+/// Sends `frames` super-frames (7 wire packets each; frame i's sequence
+/// numbers start at i * 100 000) over a→b with a drop rate of `pct`.
+fn drops_with_seed(seed: u64, pct: f64, frames: u32) -> Received {
     let (sw, _) = manual(SwitchConfig {
         run_seed: seed,
         ..SwitchConfig::default()
@@ -189,30 +200,66 @@ fn drops_with_seed(seed: u64) -> (Vec<u32>, u64) {
     let b = sw.attach("b", MacAddr::local(2)).unwrap();
     a.set_offloads(Offloads::ALL);
     b.set_offloads(Offloads::ALL);
-    sw.set_pair_drop_rate("a", "b", 30.0).unwrap();
-    for i in 0..20u32 {
+    sw.set_pair_drop_rate("a", "b", pct).unwrap();
+    let mut sent = Vec::new();
+    for i in 0..frames {
         let (hdr, f) = gso_frame(MacAddr::local(1), false, i * 100_000);
         a.send_offload(hdr, &f).unwrap();
+        sent.push((hdr, f));
     }
-    let seqs = drain(&b)
-        .iter()
-        .map(|(h, s)| {
-            assert_eq!(
-                *h,
-                VnetHdr::default(),
-                "an impaired pair carries wire packets"
-            );
-            wire(s).0
-        })
-        .collect();
-    (seqs, sw.stats().dropped_impairment)
+    let mut got = Received {
+        seqs: Vec::new(),
+        whole: 0,
+        dropped: sw.stats().dropped_impairment,
+    };
+    for (h, s) in drain(&b) {
+        if h == VnetHdr::default() {
+            got.seqs.push(wire(&s).0);
+            continue;
+        }
+        // Whole: exactly one of the frames sent, untouched.
+        let p = SlicedPacket::from_ethernet(&s).expect("etherparse parses the frame");
+        let Some(TransportSlice::Tcp(t)) = p.transport else {
+            panic!("not tcp")
+        };
+        let seq0 = t.sequence_number();
+        assert!(
+            sent.contains(&(h, s.clone())),
+            "a whole frame arrives as sent"
+        );
+        got.whole += 1;
+        got.seqs
+            .extend((0..7u32).map(|k| seq0 + k * u32::from(MSS)));
+    }
+    got
+}
+
+/// The wire packets the pair's seeded drop stream keeps when each of the
+/// `frames` super-frames' 7 packets is drawn once, in wire order.
+fn kept_by_seed(sw_seed: u64, pct: f64, frames: u32) -> Vec<u32> {
+    use provium_netsetup::impair::{DropRng, Effective};
+    let imp = provium_netsetup::Impairment {
+        drop_pct: Some(pct),
+        ..Default::default()
+    };
+    let eff = Effective::combine(&Default::default(), Some(&imp));
+    let mut rng = DropRng::for_pair(sw_seed, "a", "b");
+    (0..frames)
+        .flat_map(|i| (0..7u32).map(move |k| i * 100_000 + k * u32::from(MSS)))
+        .filter(|_| !rng.drop_frame(&eff))
+        .collect()
+}
+
+fn bridge_seed(run_seed: u64) -> u64 {
+    provium_netsetup::impair::bridge_seed(run_seed, "lan")
 }
 
 #[test]
 fn drops_over_segmented_traffic_follow_the_seed() {
-    let (got, dropped) = drops_with_seed(42);
+    let got = drops_with_seed(42, 30.0, 20);
+    let dropped = got.dropped;
     assert_eq!(
-        got.len() as u64 + dropped,
+        got.seqs.len() as u64 + dropped,
         140,
         "each wire packet drawn once"
     );
@@ -220,19 +267,64 @@ fn drops_over_segmented_traffic_follow_the_seed() {
         (20..=70).contains(&dropped),
         "30% of 140 packets, got {dropped}"
     );
+    // Exactly the packets the seed keeps, whatever went whole or cut.
+    assert_eq!(got.seqs, kept_by_seed(bridge_seed(42), 30.0, 20));
     // Drops hit single segments, not whole super-frames: some frame lost
     // only part of its segments.
     let partial = (0..20u32).any(|i| {
-        let n = got.iter().filter(|s| **s / 100_000 == i).count();
+        let n = got.seqs.iter().filter(|s| **s / 100_000 == i).count();
         n > 0 && n < 7
     });
     assert!(partial, "drops are per segment");
+    let again = drops_with_seed(42, 30.0, 20);
     assert_eq!(
-        drops_with_seed(42),
-        (got.clone(), dropped),
+        (again.seqs, again.dropped),
+        (got.seqs.clone(), dropped),
         "same seed, same drops"
     );
-    assert_ne!(drops_with_seed(43).0, got, "another seed, other drops");
+    assert_ne!(
+        drops_with_seed(43, 30.0, 20).seqs,
+        got.seqs,
+        "another seed, other drops"
+    );
+}
+
+#[test]
+fn a_drop_rate_leaves_undropped_super_frames_whole() {
+    // At 2 %, most 7-packet frames draw no drop: they cross whole (one
+    // write for the receiving TAP), the others are cut at their first drop.
+    let got = drops_with_seed(7, 2.0, 60);
+    assert_eq!(got.seqs, kept_by_seed(bridge_seed(7), 2.0, 60));
+    assert_eq!(got.seqs.len() as u64 + got.dropped, 420);
+    assert!(got.dropped > 0, "2 % of 420 packets: some drop");
+    assert!(
+        got.whole > 0 && got.whole < 60,
+        "{} of 60 frames whole",
+        got.whole
+    );
+}
+
+#[test]
+fn a_latency_holds_a_super_frame_whole() {
+    let (sw, clock) = manual(SwitchConfig::default());
+    let a = sw.attach("a", MacAddr::local(1)).unwrap();
+    let b = sw.attach("b", MacAddr::local(2)).unwrap();
+    let c = sw.attach("c", MacAddr::local(3)).unwrap();
+    a.set_offloads(Offloads::ALL);
+    b.set_offloads(Offloads::ALL);
+    sw.set_pair_latency("a", "b", Duration::from_millis(1));
+    sw.set_pair_latency("a", "c", Duration::from_millis(1));
+    let (hdr, f) = gso_frame(MacAddr::local(1), false, 0);
+    a.send_offload(hdr, &f).unwrap();
+    // b takes TSO: one frame held; c takes nothing: its seven packets.
+    assert_eq!(sw.delayed_frames(), 8);
+    clock.set(Duration::from_micros(999));
+    sw.release_due();
+    assert!(drain(&b).is_empty(), "not before the latency");
+    clock.set(Duration::from_millis(1));
+    sw.release_due();
+    assert_eq!(drain(&b), [(hdr, f)]);
+    assert_eq!(drain(&c).len(), 7);
 }
 
 #[test]

@@ -148,8 +148,9 @@ impl DelayShared {
 }
 
 impl Inner {
-    /// Holds `frame` for port `to` until `release`, if the bound allows.
-    pub(super) fn hold(&self, to: &PortShared, release: Duration, frame: &[u8]) {
+    /// Holds `frame` (with `hdr`, the offload it still carries) for port
+    /// `to` until `release`, if the bound allows.
+    pub(super) fn hold(&self, to: &PortShared, release: Duration, hdr: VnetHdr, frame: &[u8]) {
         let shared = &self.delay;
         if !shared.reserve(frame.len()) {
             bump(&self.stats.dropped_delay_queue_full);
@@ -162,6 +163,7 @@ impl Inner {
         let held = Delayed {
             release,
             seq,
+            hdr,
             frame: frame.to_vec(),
         };
         if let Err(refused) = to.delay.push(held) {
@@ -211,8 +213,7 @@ impl Inner {
                 Release::Due(_) => d.release,
                 Release::All { now } => now,
             };
-            let hdr = VnetHdr::default();
-            self.deliver(&topo, to, hdr, &d.frame, stamp, Direct::Never, after);
+            self.deliver(&topo, to, d.hdr, &d.frame, stamp, Direct::Never, after);
         }
         n
     }
@@ -276,6 +277,7 @@ mod tests {
     use super::super::tests::{frame, manual, manual_with};
     use super::super::{Port, PortShared, Switch, SwitchConfig};
     use crate::mac::MacAddr;
+    use crate::offload::VnetHdr;
 
     const FRAME_BYTES: usize = 60;
 
@@ -390,8 +392,12 @@ mod tests {
         );
         // A sender whose snapshot still shows b queues nothing for it and
         // keeps no bytes.
-        sw.inner
-            .hold(&b_shared, Duration::from_millis(10), &to_b(9));
+        sw.inner.hold(
+            &b_shared,
+            Duration::from_millis(10),
+            VnetHdr::default(),
+            &to_b(9),
+        );
         assert_eq!(b_shared.delay.len(), 0);
         assert_eq!(sw.inner.delay.held_bytes(), 2 * FRAME_BYTES);
         assert_eq!(sw.stats().dropped_link_down - link_down_before, 3);

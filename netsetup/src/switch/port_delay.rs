@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use super::PortId;
 use crate::clock::duration_ns;
+use crate::offload::VnetHdr;
 
 /// A published release time meaning "nothing pending" (a queue's earliest
 /// release) or "scanning, wake me for anything" (the timer's deadline).
@@ -36,6 +37,9 @@ pub(super) enum Release {
 pub(super) struct Delayed {
     pub(super) release: Duration,
     pub(super) seq: u64,
+    /// The offload the frame still carries (a super-frame held whole for
+    /// a port that takes it); all zero for a wire packet.
+    pub(super) hdr: VnetHdr,
     pub(super) frame: Vec<u8>,
 }
 
