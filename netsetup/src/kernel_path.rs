@@ -43,7 +43,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use crate::mac::MacAddr;
-use crate::rtnl::Rtnl;
+use crate::rtnl::{ActionCount, Rtnl};
 
 /// `TUNGETDEVNETNS` (`_IO('T', 227)`, Linux 5.2): an fd of the namespace
 /// a TAP's interface lives in.
@@ -278,6 +278,16 @@ pub struct WireCount {
     pub bytes: u64,
 }
 
+impl From<ActionCount> for WireCount {
+    /// A direction's count is its redirect action's.
+    fn from(c: ActionCount) -> WireCount {
+        WireCount {
+            packets: c.packets,
+            bytes: c.bytes,
+        }
+    }
+}
+
 /// Whether `ifname` is an end of a kernel path's wire (`pvk` and nine
 /// more characters: eight hex digits and the side): the host's plumbing
 /// inside a sandbox, not one of its interfaces, so a snapshot of the
@@ -451,6 +461,7 @@ impl Wire {
         }
         Rtnl::open_in(self.nics[from].netns())
             .and_then(|mut r| r.action_count(dir.action_index))
+            .map(WireCount::from)
             .map_err(|source| KernelPathError::Rtnetlink {
                 request: format!("read the count of mirred action {}", dir.action_index),
                 source,
@@ -554,6 +565,7 @@ impl Wire {
             }
             sockets
                 .with(&self.nics[d], |r| r.action_count(dir.action_index))
+                .map(WireCount::from)
                 .unwrap_or_default()
         })
     }

@@ -35,8 +35,6 @@ use netlink_packet_route::tc::{
 };
 use netlink_packet_route::RouteNetlinkMessage;
 
-use crate::kernel_path::WireCount;
-
 /// The kind of every action the kernel path creates.
 const MIRRED: &str = "mirred";
 
@@ -46,6 +44,15 @@ const PROTOCOL_ALL: u16 = (libc::ETH_P_ALL as u16).to_be();
 /// The largest reply we read: a netlink message of ours is a few hundred
 /// bytes, and an error acknowledgement carries the request back.
 const REPLY_BYTES: usize = 16 * 1024;
+
+/// What a tc action counted: `tc -s` prints it as `Sent BYTES bytes
+/// PACKETS pkt`. (Its own type, not the kernel path's `WireCount`: this
+/// module is below `kernel_path`, which uses it.)
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ActionCount {
+    pub(crate) packets: u64,
+    pub(crate) bytes: u64,
+}
 
 /// A `NETLINK_ROUTE` socket bound to one network namespace.
 pub(crate) struct Rtnl {
@@ -222,7 +229,7 @@ impl Rtnl {
 
     /// What mirred action `index` counted, as `tc -s actions get action
     /// mirred index INDEX` prints it after `Sent`.
-    pub(crate) fn action_count(&mut self, index: u32) -> io::Result<WireCount> {
+    pub(crate) fn action_count(&mut self, index: u32) -> io::Result<ActionCount> {
         let answers = self.request(RouteNetlinkMessage::GetTrafficAction(mirred(index)), 0)?;
         answers
             .iter()
@@ -245,7 +252,7 @@ impl Rtnl {
             })
             .flatten()
             .find_map(|s| match s {
-                TcStats2::Basic(basic) => Some(WireCount {
+                TcStats2::Basic(basic) => Some(ActionCount {
                     packets: u64::from(basic.packets),
                     bytes: basic.bytes,
                 }),
@@ -448,7 +455,7 @@ mod tests {
                 "filter add dev lo egress pref 9 protocol all u32 match u32 0 0 action mirred index {index}"
             ))
             .0);
-            assert_eq!(rtnl.action_count(index)?, WireCount::default());
+            assert_eq!(rtnl.action_count(index)?, ActionCount::default());
             // Bound to the filter: the kernel refuses, and says so.
             assert!(rtnl.del_action(index).is_err());
             assert!(!tc("filter show dev lo egress").1.is_empty());
