@@ -421,3 +421,53 @@ fn a_dropped_port_returns_once_its_interface_is_gone_though_a_child_held_its_fd(
         assert!(holder.wait().expect("wait for sleep").success());
     });
 }
+
+/// The interface index of `name` in the calling thread's namespace (0 when
+/// there is none).
+fn ifindex(name: &str) -> u32 {
+    let cname = std::ffi::CString::new(name).unwrap();
+    // SAFETY: NUL-terminated name.
+    unsafe { libc::if_nametoindex(cname.as_ptr()) }
+}
+
+#[test]
+fn a_parked_port_leaves_its_interface_without_carrier_and_a_new_open_replaces_it() {
+    in_fresh_netns("a_parked_port_leaves_its_interface", || {
+        let t = Tap::open("ppark0").expect("open tap");
+        tap::set_link_up("ppark0").expect("link up");
+        sh("ip addr add 10.9.0.1/24 dev ppark0");
+        let sw = Switch::new("lan", SwitchConfig::default());
+        let port = TapPort::attach(&sw, "sbx", MacAddr::local(2), t.into_fd()).unwrap();
+        let parked_index = ifindex("ppark0");
+        assert!(!sh("ip -o link show ppark0").contains("NO-CARRIER"));
+
+        port.park();
+        assert!(sw.members().is_empty(), "the parked port left the switch");
+        assert_eq!(
+            ifindex("ppark0"),
+            parked_index,
+            "a parked port's interface stays"
+        );
+        let link = sh("ip -o link show ppark0");
+        assert!(
+            link.contains("NO-CARRIER"),
+            "parked without carrier: {link}"
+        );
+
+        // Taking the name again replaces the parked interface with a fresh
+        // one: a new index, none of the old one's addresses.
+        let again = Tap::open("ppark0").expect("open the parked name again");
+        let fresh_index = ifindex("ppark0");
+        assert!(
+            fresh_index != 0 && fresh_index != parked_index,
+            "a fresh interface, not the parked one ({parked_index} -> {fresh_index})"
+        );
+        assert!(!sh("ip -o addr show dev ppark0").contains("10.9.0.1"));
+        // And it is an ordinary TAP again: its last close removes it.
+        drop(again);
+        assert!(
+            !interface_exists("ppark0"),
+            "the fresh TAP is not persistent"
+        );
+    });
+}

@@ -84,10 +84,11 @@ pub(super) struct Member {
 /// The host end of a realised NIC.
 pub(super) enum NicEnd {
     /// Local sandbox: the switch port holding the TAP (dropping it detaches
-    /// the port and removes the interface from the guest).
+    /// the port and removes the interface from the guest; a closing bridge
+    /// parks it instead, see [`Bridge::close`]).
     Tap {
-        /// Held for its drop.
-        _port: TapPort,
+        /// Held for its drop or its park.
+        port: TapPort,
     },
     /// kvm: the port is held by the VM's virtio-net device (attached before
     /// boot by [`Bridge::vmm_port`]); the switch detaches it by name.

@@ -13,8 +13,17 @@ impl Closeable for Bridge {
 }
 
 impl Bridge {
-    /// Removes every NIC and the uplink; idempotent. Partitions and
+    /// Lets go of every NIC and the uplink; idempotent. Partitions and
     /// impairments stay declared (there is nothing left to apply them to).
+    ///
+    /// A kvm VM's NIC goes link down in the guest (its device stays). A
+    /// sandbox's TAP is parked ([`provium_netsetup::TapPort::park`]): the
+    /// interface stays in the sandbox without carrier, like a VM's NIC
+    /// whose host side is gone, and the kernel removes it with the
+    /// sandbox's network namespace, together with every namespace that
+    /// ends then. Removing each TAP here instead costs each an RCU wait
+    /// under the kernel's rtnl lock: 0.2 s for 100 from 24 threads, more
+    /// than the rest of a close (docs/benchmarking.md, "Scale").
     pub fn close(&self) -> Result<(), NetworkError> {
         let members = {
             let mut st = self.lock();
@@ -28,46 +37,17 @@ impl Bridge {
         // paths' wires go in one take-down batch, not one per member.
         let names: Vec<&String> = members.keys().collect();
         self.0.switch.detach_many(&names);
-        let mut taps = Vec::new();
         for (_, m) in members {
             match m.nic {
-                Some((_, end @ NicEnd::Tap { .. })) => taps.push(end),
+                Some((_, NicEnd::Tap { port })) => port.park(),
                 other => drop(other),
             }
             if let Some(vm) = m.vm {
                 vm.unlink_bridge(self);
             }
         }
-        drop_concurrently(taps);
         self.disable_uplink()
     }
-}
-
-/// How many TAP ends a closing bridge drops at once.
-const TAP_DROPS_AT_ONCE: usize = 24;
-
-/// Drops `taps` from up to [`TAP_DROPS_AT_ONCE`] threads. Why: closing a
-/// TAP's descriptor unregisters its interface, and the kernel's wait that
-/// ends an unregistration (an RCU barrier) runs outside the lock that
-/// serialises them, so drops from several threads overlap their waits.
-/// Deleting 100 TAPs took 1.9 s one by one on the 2-vCPU development
-/// machine and 0.28 s 25 at a time (docs/benchmarking.md, "Scale").
-fn drop_concurrently(taps: Vec<NicEnd>) {
-    if taps.len() < 2 {
-        return drop(taps);
-    }
-    let per_thread = taps.len().div_ceil(TAP_DROPS_AT_ONCE);
-    let mut taps = taps;
-    std::thread::scope(|s| {
-        while !taps.is_empty() {
-            let chunk: Vec<NicEnd> = taps.drain(..per_thread.min(taps.len())).collect();
-            // A spawn that fails drops its closure, and the chunk with it,
-            // on this thread: the chunk goes either way.
-            let _ = std::thread::Builder::new()
-                .name("bridge-close".into())
-                .spawn_scoped(s, move || drop(chunk));
-        }
-    });
 }
 
 #[cfg(test)]

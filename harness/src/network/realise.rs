@@ -77,7 +77,7 @@ impl Bridge {
                     );
                 }
             }
-            NicEnd::Tap { _port: port }
+            NicEnd::Tap { port }
         };
         if m.link_down {
             let _ = self.0.switch.disconnect(name);

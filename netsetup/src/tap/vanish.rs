@@ -27,17 +27,24 @@ const VANISH_POLL: Duration = Duration::from_millis(1);
 #[derive(Debug)]
 pub(super) struct VanishingInterface {
     nic: KernelNic,
+    /// False once the interface is meant to stay (a parked TAP).
+    armed: bool,
 }
 
 impl VanishingInterface {
     pub(super) fn new(nic: KernelNic) -> VanishingInterface {
-        VanishingInterface { nic }
+        VanishingInterface { nic, armed: true }
+    }
+
+    /// The interface stays by design: the drop waits for nothing.
+    pub(super) fn disarm(&mut self) {
+        self.armed = false;
     }
 }
 
 impl Drop for VanishingInterface {
     fn drop(&mut self) {
-        if wait_gone(&self.nic, VANISH_BOUND) == Some(false) {
+        if self.armed && wait_gone(&self.nic, VANISH_BOUND) == Some(false) {
             eprintln!(
                 "provium: warning: TAP interface `{}` still exists {} s after its port closed: \
                  another process holds its descriptor",

@@ -126,3 +126,29 @@ end)
 test("after the test, c is no longer a member", function(t)
   t:assert_eq(table.concat(lan:members(), ","), "a,b")
 end)
+
+test("closing a bridge leaves each NIC without carrier; a new bridge gives a fresh one", function(t)
+  local d = provium:vm("d", "linux"):boot()
+  local e = provium:vm("e", "linux"):boot()
+  local side = provium:bridge("side")
+  side:attach({d, e})
+  d:run("ip addr add 10.7.0.1/24 dev eth0 && ip link set eth0 up"):assert_ok()
+  e:run("ip addr add 10.7.0.2/24 dev eth0 && ip link set eth0 up"):assert_ok()
+  wait_until(function() return ping(d, "10.7.0.2") end, {timeout = "10s", desc = "d reaches e"})
+  side:close()
+  -- The interface stays, as a VM's NIC does once its host side is gone:
+  -- link down, nothing crosses.
+  local link = d:run("ip -o link show eth0"):assert_ok().stdout
+  t:assert(link:find("NO-CARRIER", 1, true) ~= nil, link)
+  t:assert(not ping(d, "10.7.0.2"), "no traffic once the bridge is closed")
+  -- Another bridge takes the name again: a fresh eth0, without the old
+  -- one's address, that carries traffic.
+  local other = provium:bridge("other")
+  other:attach({d, e})
+  t:assert_eq(d:nic("other"):ifname(), "eth0")
+  local addrs = d:run("ip -o addr show dev eth0"):assert_ok().stdout
+  t:assert(addrs:find("10.7.0.1", 1, true) == nil, "the fresh eth0 kept no address: " .. addrs)
+  d:run("ip addr add 10.7.0.1/24 dev eth0 && ip link set eth0 up"):assert_ok()
+  e:run("ip addr add 10.7.0.2/24 dev eth0 && ip link set eth0 up"):assert_ok()
+  wait_until(function() return ping(d, "10.7.0.2") end, {timeout = "10s", desc = "d reaches e on the new bridge"})
+end)
