@@ -208,6 +208,9 @@ impl Inner {
                 .collect()
         };
         if todo.is_empty() {
+            // Nothing to build; the directions an enable left for us when
+            // a control call came (see `reconcile_kernel`) are enabled now.
+            self.reconcile_kernel(&self.lock());
             return;
         }
         let mut built = Vec::new();
@@ -304,6 +307,14 @@ impl Inner {
             for (from, to) in [(key.0, key.1), (key.1, key.0)] {
                 if !plain(c, from, to) || wire.is_enabled(side(*key, from)) {
                     continue;
+                }
+                // Enabling is a speed-up, each one a `tc` process under the
+                // control lock: a caller waiting for the lock goes first,
+                // and the builder enables the rest after it. Until then
+                // those directions cross the switch, which is always right.
+                if self.control_wanted() {
+                    self.requests.kick();
+                    return;
                 }
                 if let Err(e) = wire.enable(side(*key, from)) {
                     return self.kernel_failed(broken, "enable a kernel path", e);

@@ -69,8 +69,8 @@ mod topology;
 mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -216,6 +216,11 @@ pub(crate) struct Inner {
     config: SwitchConfig,
     clock: Arc<dyn Clock>,
     control: Mutex<Control>,
+    /// Callers blocked on `control`: the kernel paths' enabling, a `tc`
+    /// process a direction under the lock, stops for them and leaves the
+    /// rest to the wire builder (`kernel.rs`), so a bridge's close or a
+    /// partition never waits behind a batch of enables.
+    control_waiters: AtomicUsize,
     /// The latest snapshot; read by a port only when `generation` moved.
     published: Mutex<Arc<Topology>>,
     generation: AtomicU64,
@@ -282,6 +287,7 @@ impl Switch {
             config,
             clock,
             control: Mutex::new(control),
+            control_waiters: AtomicUsize::new(0),
             published: Mutex::new(first),
             generation: AtomicU64::new(0),
             stats: SwitchStatCells::default(),
@@ -734,7 +740,21 @@ impl Inner {
     fn lock(&self) -> MutexGuard<'_, Control> {
         // Control state stays consistent between statements; recover from a
         // poisoned lock rather than take the whole run down.
-        self.control.lock().unwrap_or_else(|e| e.into_inner())
+        match self.control.try_lock() {
+            Ok(c) => return c,
+            Err(TryLockError::Poisoned(e)) => return e.into_inner(),
+            Err(TryLockError::WouldBlock) => {}
+        }
+        self.control_waiters.fetch_add(1, Ordering::AcqRel);
+        let c = self.control.lock().unwrap_or_else(|e| e.into_inner());
+        self.control_waiters.fetch_sub(1, Ordering::AcqRel);
+        c
+    }
+
+    /// Whether a caller is blocked on the control lock (see
+    /// `control_waiters`).
+    fn control_wanted(&self) -> bool {
+        self.control_waiters.load(Ordering::Acquire) > 0
     }
 
     /// The latest published snapshot.

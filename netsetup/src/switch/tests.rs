@@ -186,3 +186,26 @@ fn detach_many_detaches_the_named_ports_in_one_change_and_skips_unknown_names() 
     sw.detach_many(&["a"]);
     assert_eq!(sw.inner.generation.load(Ordering::Acquire), before + 1);
 }
+
+#[test]
+fn a_caller_blocked_on_the_control_lock_is_seen_waiting_until_it_has_it() {
+    // The kernel paths' enabling stops for such a caller (`kernel.rs`).
+    let (sw, _) = manual();
+    let _a = sw.attach("a", MacAddr::local(1)).unwrap();
+    assert!(!sw.inner.control_wanted());
+    let held = sw.inner.lock();
+    std::thread::scope(|s| {
+        let caller = s.spawn(|| sw.members());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !sw.inner.control_wanted() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the blocked caller was never seen"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        drop(held);
+        assert_eq!(caller.join().unwrap(), ["a"]);
+    });
+    assert!(!sw.inner.control_wanted(), "nobody waits once it has run");
+}
