@@ -95,14 +95,7 @@ impl Rtnl {
     ) -> io::Result<Vec<RouteNetlinkMessage>> {
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
-        let mut header = NetlinkHeader::default();
-        header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
-        header.sequence_number = seq;
-        let mut packet = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(message));
-        packet.finalize();
-        let mut bytes = vec![0u8; packet.buffer_len()];
-        packet.serialize(&mut bytes);
-        self.send(&bytes)?;
+        self.send(&encode(message, flags, seq))?;
         let mut answers = Vec::new();
         let mut reply = vec![0u8; REPLY_BYTES];
         loop {
@@ -200,31 +193,15 @@ impl Rtnl {
     /// Adds (or keeps) the clsact qdisc on interface `ifindex`, as `tc
     /// qdisc replace dev IFNAME clsact`.
     pub(crate) fn replace_clsact(&mut self, ifindex: u32) -> io::Result<()> {
-        let mut add = TcMessage::with_index(ifindex as i32);
-        add.header.parent = TcHandle::CLSACT;
-        add.header.handle = TcHandle {
-            major: u16::MAX,
-            minor: 0,
-        };
-        add.attributes.push(TcAttribute::Kind("clsact".into()));
         let flags = NLM_F_CREATE | NLM_F_REPLACE;
-        self.request(RouteNetlinkMessage::NewQueueDiscipline(add), flags)
-            .map(drop)
+        self.request(clsact_replace(ifindex), flags).map(drop)
     }
 
     /// Deletes the u32 egress filter of preference `pref` on interface
     /// `ifindex`, as `tc filter del dev IFNAME egress pref PREF protocol all
     /// u32`.
     pub(crate) fn del_egress_filter(&mut self, ifindex: u32, pref: u16) -> io::Result<()> {
-        let mut del = TcMessage::with_index(ifindex as i32);
-        del.header.parent = TcHandle {
-            major: u16::MAX,
-            minor: TcHandle::MIN_EGRESS,
-        };
-        del.header.info = u32::from(pref) << 16 | u32::from(PROTOCOL_ALL);
-        del.attributes.push(TcAttribute::Kind("u32".into()));
-        self.request(RouteNetlinkMessage::DelTrafficFilter(del), 0)
-            .map(drop)
+        self.request(egress_filter_del(ifindex, pref), 0).map(drop)
     }
 
     /// What mirred action `index` counted, as `tc -s actions get action
@@ -300,6 +277,45 @@ impl Rtnl {
     }
 }
 
+/// `message` as one request of sequence number `seq`, acknowledged, with
+/// `flags` added: the bytes sent.
+fn encode(message: RouteNetlinkMessage, flags: u16, seq: u32) -> Vec<u8> {
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
+    header.sequence_number = seq;
+    let mut packet = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(message));
+    packet.finalize();
+    let mut bytes = vec![0u8; packet.buffer_len()];
+    packet.serialize(&mut bytes);
+    bytes
+}
+
+/// The clsact qdisc on interface `ifindex` (`tc qdisc replace dev IFNAME
+/// clsact`), to send with create and replace.
+fn clsact_replace(ifindex: u32) -> RouteNetlinkMessage {
+    let mut add = TcMessage::with_index(ifindex as i32);
+    add.header.parent = TcHandle::CLSACT;
+    add.header.handle = TcHandle {
+        major: u16::MAX,
+        minor: 0,
+    };
+    add.attributes.push(TcAttribute::Kind("clsact".into()));
+    RouteNetlinkMessage::NewQueueDiscipline(add)
+}
+
+/// The delete of the u32 egress filter of preference `pref` on interface
+/// `ifindex` (`tc filter del dev IFNAME egress pref PREF protocol all u32`).
+fn egress_filter_del(ifindex: u32, pref: u16) -> RouteNetlinkMessage {
+    let mut del = TcMessage::with_index(ifindex as i32);
+    del.header.parent = TcHandle {
+        major: u16::MAX,
+        minor: TcHandle::MIN_EGRESS,
+    };
+    del.header.info = u32::from(pref) << 16 | u32::from(PROTOCOL_ALL);
+    del.attributes.push(TcAttribute::Kind("u32".into()));
+    RouteNetlinkMessage::DelTrafficFilter(del)
+}
+
 /// A message naming mirred action `index`, for a get or a delete.
 fn mirred(index: u32) -> TcActionMessage {
     let mut action = TcAction::default();
@@ -328,40 +344,20 @@ mod tests {
     use super::*;
     use netlink_packet_core::Emitable;
 
-    /// The bytes of `message` as a request with sequence number 9.
-    fn request_bytes(message: RouteNetlinkMessage, flags: u16) -> Vec<u8> {
-        let mut header = NetlinkHeader::default();
-        header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
-        header.sequence_number = 9;
-        let mut packet = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(message));
-        packet.finalize();
-        let mut bytes = vec![0u8; packet.buffer_len()];
-        packet.serialize(&mut bytes);
-        bytes
-    }
-
     #[test]
     fn the_clsact_request_is_what_tc_sends() {
-        let mut add = TcMessage::with_index(7);
-        add.header.parent = TcHandle::CLSACT;
-        add.header.handle = TcHandle {
-            major: u16::MAX,
-            minor: 0,
-        };
-        add.attributes.push(TcAttribute::Kind("clsact".into()));
-        let m = request_bytes(
-            RouteNetlinkMessage::NewQueueDiscipline(add),
-            NLM_F_CREATE | NLM_F_REPLACE,
-        );
+        let m = encode(clsact_replace(7), NLM_F_CREATE | NLM_F_REPLACE, 9);
         // `tc qdisc replace dev X clsact`, byte for byte as strace shows
         // it: 16-byte header, 20-byte tcmsg, TCA_KIND "clsact\0".
         assert_eq!(m.len(), 48);
+        assert_eq!(u32::from_ne_bytes(m[..4].try_into().unwrap()), 48);
         assert_eq!(u16::from_ne_bytes([m[4], m[5]]), 36, "RTM_NEWQDISC");
         assert_eq!(
             u16::from_ne_bytes([m[6], m[7]]),
             0x505,
             "request ack create replace"
         );
+        assert_eq!(u32::from_ne_bytes(m[8..12].try_into().unwrap()), 9, "seq");
         assert_eq!(i32::from_ne_bytes(m[20..24].try_into().unwrap()), 7);
         assert_eq!(
             u32::from_ne_bytes(m[24..28].try_into().unwrap()),
@@ -376,14 +372,10 @@ mod tests {
 
     #[test]
     fn the_filter_delete_names_egress_pref_and_protocol_all() {
-        let mut del = TcMessage::with_index(3);
-        del.header.parent = TcHandle {
-            major: u16::MAX,
-            minor: TcHandle::MIN_EGRESS,
-        };
-        del.header.info = u32::from(258u16) << 16 | u32::from(PROTOCOL_ALL);
-        let m = request_bytes(RouteNetlinkMessage::DelTrafficFilter(del), 0);
+        let m = encode(egress_filter_del(3, 258), 0, 9);
         assert_eq!(u16::from_ne_bytes([m[4], m[5]]), 45, "RTM_DELTFILTER");
+        assert_eq!(u16::from_ne_bytes([m[6], m[7]]), 0x5, "request ack");
+        assert_eq!(i32::from_ne_bytes(m[20..24].try_into().unwrap()), 3);
         assert_eq!(
             u32::from_ne_bytes(m[28..32].try_into().unwrap()),
             0xFFFF_FFF3
@@ -392,13 +384,15 @@ mod tests {
         let info = u32::from_ne_bytes(m[32..36].try_into().unwrap());
         assert_eq!(info >> 16, 258);
         assert_eq!((info & 0xffff) as u16, u16::from_be(3u16.to_be()).to_be());
+        assert!(m.windows(4).any(|w| w == b"u32\0"), "TCA_KIND u32");
     }
 
     #[test]
     fn action_messages_name_mirred_and_the_index() {
-        let m = request_bytes(
+        let m = encode(
             RouteNetlinkMessage::DelTrafficAction(mirred(0x4000_0005)),
             0,
+            9,
         );
         assert_eq!(u16::from_ne_bytes([m[4], m[5]]), 49, "RTM_DELACTION");
         // tcamsg (4 bytes), then TCA_ACT_TAB > order 1 > kind and index.
