@@ -418,38 +418,26 @@ impl Wire {
             return Ok(());
         }
         let (nic, to) = (&self.nics[from], &self.nics[1 - from]);
-        let (tap, end, pref) = (&nic.ifname, &self.ends[from], self.pref);
-        let index = self.dirs[from].action_index;
-        let mut lines = Vec::new();
+        let (end, index) = (&self.ends[from], self.dirs[from].action_index);
+        let failed = |source| KernelPathError::Rtnetlink {
+            request: format!("redirect {}'s frames to {} into {end}", nic.ifname, to.mac),
+            source,
+        };
+        let mut rtnl = Rtnl::open_in(nic.netns()).map_err(failed)?;
         if !self.dirs[from].created {
-            lines.push(format!(
-                "actions add action mirred egress redirect dev {end} index {index}"
-            ));
-        }
-        lines.push(format!(
-            "filter add dev {tap} egress pref {pref} protocol all u32 match ether dst {} \
-             action mirred index {index}",
-            to.mac
-        ));
-        if let Err(e) = nic.run_batch("tc", &lines) {
-            // The action may exist although its filter failed; a later
-            // enable must not add it twice.
-            if !self.dirs[from].created && self.action_exists(from) {
-                self.dirs[from].created = true;
+            let end_index = rtnl.ifindex(end).map_err(failed)?;
+            match rtnl.add_redirect_action(index, end_index) {
+                // EEXIST: an earlier enable made it and then failed on its
+                // filter.
+                Err(e) if e.raw_os_error() != Some(libc::EEXIST) => return Err(failed(e)),
+                _ => self.dirs[from].created = true,
             }
-            return Err(e);
         }
-        self.dirs[from].created = true;
+        let tap = rtnl.ifindex(&nic.ifname).map_err(failed)?;
+        rtnl.add_egress_filter(tap, self.pref as u16, to.mac.0, index)
+            .map_err(failed)?;
         self.dirs[from].enabled = true;
         Ok(())
-    }
-
-    fn action_exists(&self, from: usize) -> bool {
-        let line = format!(
-            "tc actions get action mirred index {}",
-            self.dirs[from].action_index
-        );
-        self.nics[from].run(&line).is_ok()
     }
 
     /// What the kernel forwarded from side `from` over this wire's life,
@@ -475,17 +463,26 @@ impl Wire {
             return Ok(());
         }
         let nic = &self.nics[from];
-        let (tap, pref) = (&nic.ifname, self.pref);
-        let del = nic.run(&format!(
-            "tc filter del dev {tap} egress pref {pref} protocol all u32"
-        ));
-        if let Err(e) = del {
-            // The filter must go, whatever else it takes: without the TAP's
-            // clsact no filter is left on it. Other wires' directions from
-            // this TAP then go through the switch (always correct) while
-            // their actions, and so their counts, stay.
-            nic.run(&format!("tc qdisc del dev {tap} clsact"))
-                .map_err(|_| e)?;
+        let pref = self.pref as u16;
+        let deleted = Rtnl::open_in(nic.netns()).and_then(|mut rtnl| {
+            let tap = rtnl.ifindex(&nic.ifname)?;
+            rtnl.del_egress_filter(tap, pref)
+        });
+        match deleted {
+            // No filter (ENOENT) or no TAP (ENODEV): nothing redirects.
+            Err(e) if !matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENODEV)) => {
+                // The filter must go, whatever else it takes: without the
+                // TAP's clsact no filter is left on it. Other wires'
+                // directions from this TAP then go through the switch
+                // (always correct) while their actions, and so their
+                // counts, stay.
+                nic.run(&format!("tc qdisc del dev {} clsact", nic.ifname))
+                    .map_err(|_| KernelPathError::Rtnetlink {
+                        request: format!("delete {}'s egress filter {pref}", nic.ifname),
+                        source: e,
+                    })?;
+            }
+            _ => {}
         }
         self.dirs[from].enabled = false;
         Ok(())

@@ -25,13 +25,15 @@ use std::num::NonZeroI32;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use netlink_packet_core::{
-    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE,
-    NLM_F_REQUEST,
+    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL,
+    NLM_F_REPLACE, NLM_F_REQUEST,
 };
 use netlink_packet_route::link::{LinkAttribute, LinkMessage};
 use netlink_packet_route::tc::{
-    TcAction, TcActionAttribute, TcActionMessage, TcActionMessageAttribute, TcAttribute, TcHandle,
-    TcMessage, TcStats2,
+    TcAction, TcActionAttribute, TcActionGeneric, TcActionMessage, TcActionMessageAttribute,
+    TcActionMirrorOption, TcActionOption, TcActionType, TcAttribute, TcFilterU32Option, TcHandle,
+    TcMessage, TcMirror, TcMirrorActionType, TcOption, TcStats2, TcU32Key, TcU32Selector,
+    TcU32SelectorFlags,
 };
 use netlink_packet_route::RouteNetlinkMessage;
 
@@ -197,6 +199,32 @@ impl Rtnl {
         self.request(clsact_replace(ifindex), flags).map(drop)
     }
 
+    /// Adds mirred action `index` redirecting to the egress of interface
+    /// `to_ifindex`, standalone (it lives until deleted, counting, whatever
+    /// filter uses it), as `tc actions add action mirred egress redirect
+    /// dev IFNAME index INDEX`.
+    pub(crate) fn add_redirect_action(&mut self, index: u32, to_ifindex: u32) -> io::Result<()> {
+        let flags = NLM_F_CREATE | NLM_F_EXCL;
+        self.request(redirect_action_add(index, to_ifindex), flags)
+            .map(drop)
+    }
+
+    /// Adds a u32 egress filter of preference `pref` on interface `ifindex`
+    /// that sends frames to `dst` through mirred action `index` (which must
+    /// exist), as `tc filter add dev IFNAME egress pref PREF protocol all
+    /// u32 match ether dst DST action mirred index INDEX`.
+    pub(crate) fn add_egress_filter(
+        &mut self,
+        ifindex: u32,
+        pref: u16,
+        dst: [u8; 6],
+        index: u32,
+    ) -> io::Result<()> {
+        let flags = NLM_F_CREATE | NLM_F_EXCL;
+        self.request(egress_filter_add(ifindex, pref, dst, index), flags)
+            .map(drop)
+    }
+
     /// Deletes the u32 egress filter of preference `pref` on interface
     /// `ifindex`, as `tc filter del dev IFNAME egress pref PREF protocol all
     /// u32`.
@@ -307,13 +335,98 @@ fn clsact_replace(ifindex: u32) -> RouteNetlinkMessage {
 /// `ifindex` (`tc filter del dev IFNAME egress pref PREF protocol all u32`).
 fn egress_filter_del(ifindex: u32, pref: u16) -> RouteNetlinkMessage {
     let mut del = TcMessage::with_index(ifindex as i32);
-    del.header.parent = TcHandle {
-        major: u16::MAX,
-        minor: TcHandle::MIN_EGRESS,
-    };
+    del.header.parent = EGRESS;
     del.header.info = u32::from(pref) << 16 | u32::from(PROTOCOL_ALL);
     del.attributes.push(TcAttribute::Kind("u32".into()));
     RouteNetlinkMessage::DelTrafficFilter(del)
+}
+
+/// The egress of a clsact qdisc, where a TAP's redirect filters hang.
+const EGRESS: TcHandle = TcHandle {
+    major: u16::MAX,
+    minor: TcHandle::MIN_EGRESS,
+};
+
+/// A standalone mirred action `index` redirecting to `to_ifindex`'s egress
+/// (`tc actions add action mirred egress redirect dev IFNAME index INDEX`),
+/// to send with create and exclusive.
+fn redirect_action_add(index: u32, to_ifindex: u32) -> RouteNetlinkMessage {
+    let mut parms = mirror_of(index);
+    // A redirect takes the frame: nothing after it sees it.
+    parms.generic.action = TcActionType::Stolen;
+    parms.eaction = TcMirrorActionType::EgressRedir;
+    parms.ifindex = to_ifindex;
+    let mut message = TcActionMessage::default();
+    message
+        .attributes
+        .push(TcActionMessageAttribute::Actions(vec![mirred_action(
+            parms,
+        )]));
+    RouteNetlinkMessage::NewTrafficAction(message)
+}
+
+/// A u32 egress filter of preference `pref` on `ifindex` matching frames
+/// to `dst` and using the existing mirred action `index` (`tc filter add
+/// dev IFNAME egress pref PREF protocol all u32 match ether dst DST action
+/// mirred index INDEX`), to send with create and exclusive.
+fn egress_filter_add(ifindex: u32, pref: u16, dst: [u8; 6], index: u32) -> RouteNetlinkMessage {
+    let mut add = TcMessage::with_index(ifindex as i32);
+    add.header.parent = EGRESS;
+    add.header.info = u32::from(pref) << 16 | u32::from(PROTOCOL_ALL);
+    add.attributes.push(TcAttribute::Kind("u32".into()));
+    // A reference to an action that exists: only its index counts (the
+    // kernel binds to it and reads nothing else, as with `tc`).
+    let reference = mirror_of(index);
+    add.attributes.push(TcAttribute::Options(vec![
+        TcOption::U32(TcFilterU32Option::Selector(ether_dst_selector(dst))),
+        TcOption::U32(TcFilterU32Option::Action(vec![mirred_action(reference)])),
+    ]));
+    RouteNetlinkMessage::NewTrafficFilter(add)
+}
+
+/// The u32 selector of `match ether dst DST`, keyed as `tc` keys it: u32
+/// keys are 32-bit words at 4-byte aligned offsets from the network
+/// header, so the destination MAC (14 bytes before it) is the low half of
+/// the word at -16 and the whole word at -12. Values and masks are in
+/// network order, as the kernel compares them against the frame's bytes.
+fn ether_dst_selector(dst: [u8; 6]) -> TcU32Selector {
+    let word = |b: [u8; 4]| u32::from_ne_bytes(b);
+    let key = |mask, val, off| {
+        let mut k = TcU32Key::default();
+        (k.mask, k.val, k.off) = (mask, val, off);
+        k
+    };
+    let mut selector = TcU32Selector::default();
+    selector.keys = vec![
+        key(word([0, 0, 0xff, 0xff]), word([0, 0, dst[0], dst[1]]), -16),
+        key(u32::MAX, word([dst[2], dst[3], dst[4], dst[5]]), -12),
+    ];
+    selector.nkeys = selector.keys.len() as u8;
+    // With an action: a match ends the classification.
+    selector.flags = TcU32SelectorFlags::Terminal;
+    selector
+}
+
+/// Mirred parameters naming action `index`, everything else zero.
+fn mirror_of(index: u32) -> TcMirror {
+    let mut generic = TcActionGeneric::default();
+    generic.index = index;
+    let mut parms = TcMirror::default();
+    parms.generic = generic;
+    parms
+}
+
+/// Mirred action with `parms`, first (and only) in its list.
+fn mirred_action(parms: TcMirror) -> TcAction {
+    let mut action = TcAction::default();
+    action.tab = 1;
+    action.attributes = vec![
+        TcActionAttribute::Kind(MIRRED.into()),
+        TcActionAttribute::Options(vec![TcActionOption::Mirror(TcActionMirrorOption::Parms(
+            parms,
+        ))]),
+    ];
+    action
 }
 
 /// A message naming mirred action `index`, for a get or a delete.
@@ -404,6 +517,105 @@ mod tests {
             .windows(4)
             .any(|w| w == 0x4000_0005u32.to_ne_bytes().as_slice()));
         assert_eq!(mirred(1).buffer_len() % 4, 0);
+    }
+
+    /// Needs root (it asks the kernel): a redirect action and an egress
+    /// filter made through us read back from the kernel exactly as the
+    /// same ones made by `tc`, in a namespace of its own.
+    #[test]
+    fn a_redirect_made_by_us_is_the_one_tc_makes() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root for a network namespace");
+            return;
+        }
+        let run = |prog: &str, line: &str| {
+            let out = std::process::Command::new(prog)
+                .args(line.split_whitespace())
+                .output()
+                .expect("iproute2 runs");
+            assert!(
+                out.status.success(),
+                "{prog} {line}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let compared =
+            std::thread::spawn(move || -> io::Result<(String, String, String, String)> {
+                // SAFETY: unshare moves only this thread (and what it runs)
+                // into a new namespace; the thread ends with the test.
+                if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // Two veth pairs: `ours0` gets its redirect through us, `tcs0`
+                // the same one through tc.
+                for (a, b) in [("ours0", "ours1"), ("tcs0", "tcs1")] {
+                    run("ip", &format!("link add {a} type veth peer name {b}"));
+                    run("ip", &format!("link set {a} up"));
+                    run("ip", &format!("link set {b} up"));
+                    run("tc", &format!("qdisc add dev {a} clsact"));
+                }
+                let dst = [0x02, 0x5a, 0x01, 0xc3, 0x7e, 0x09];
+                let mut rtnl = Rtnl::open()?;
+                let (ours0, ours1) = (rtnl.ifindex("ours0")?, rtnl.ifindex("ours1")?);
+                rtnl.add_redirect_action(0x4000_0011, ours1)?;
+                assert_eq!(
+                    rtnl.add_redirect_action(0x4000_0011, ours1)
+                        .unwrap_err()
+                        .raw_os_error(),
+                    Some(libc::EEXIST),
+                    "an action index is added once"
+                );
+                rtnl.add_egress_filter(ours0, 77, dst, 0x4000_0011)?;
+                run(
+                    "tc",
+                    "actions add action mirred egress redirect dev tcs1 index 1073741842",
+                );
+                run(
+                    "tc",
+                    "filter add dev tcs0 egress pref 77 protocol all u32 match ether dst \
+                 02:5a:01:c3:7e:09 action mirred index 1073741842",
+                );
+                Ok((
+                    run("tc", "filter show dev ours0 egress"),
+                    run("tc", "filter show dev tcs0 egress"),
+                    run("tc", "actions get action mirred index 1073741841"),
+                    run("tc", "actions get action mirred index 1073741842"),
+                ))
+            })
+            .join()
+            .expect("the namespace thread panicked")
+            .expect("rtnetlink in a fresh namespace");
+        let (ours_filter, tc_filter, ours_action, tc_action) = compared;
+        // The same text but for the names and indices that differ on
+        // purpose, and the counters' times.
+        let same = |t: &str| {
+            t.replace("ours1", "DEV")
+                .replace("tcs1", "DEV")
+                .replace("ours0", "TAP")
+                .replace("tcs0", "TAP")
+                .replace("1073741841", "INDEX")
+                .replace("1073741842", "INDEX")
+                .lines()
+                .filter(|l| {
+                    !l.contains("installed") && !l.contains("used") && !l.contains("firstused")
+                })
+                .map(|l| l.trim().to_owned())
+                .collect::<Vec<_>>()
+        };
+        assert!(ours_filter.contains("match 00000"), "{ours_filter}");
+        assert_eq!(
+            same(&ours_filter),
+            same(&tc_filter),
+            "{ours_filter}\n---\n{tc_filter}"
+        );
+        assert!(ours_action.contains("Egress Redirect"), "{ours_action}");
+        assert_eq!(
+            same(&ours_action),
+            same(&tc_action),
+            "{ours_action}\n---\n{tc_action}"
+        );
     }
 
     /// Needs root (it asks the kernel): lo's clsact, a filter and a

@@ -301,7 +301,10 @@ impl Switch {
                 let timer_inner = Arc::clone(&inner);
                 let handle = std::thread::Builder::new()
                     .name(format!("switch-{}", inner.name))
-                    .spawn(move || timer_inner.timer_loop())
+                    .spawn(move || {
+                        precise_timeouts();
+                        timer_inner.timer_loop()
+                    })
                     .expect("spawning the switch timer thread");
                 // Before any port exists, so no sender misses it.
                 inner.delay.set_timer(handle.thread().clone());
@@ -734,6 +737,16 @@ impl Drop for Switch {
             let _ = t.join();
         }
     }
+}
+
+/// Lets the calling thread's timed waits end when asked rather than up to
+/// Linux's default timer slack (50 µs) later: the timer thread releases
+/// delayed frames from a `park_timeout`, and the slack showed as part of
+/// the excess over a pair's latency (docs/networking.md, "Latency").
+fn precise_timeouts() {
+    // SAFETY: PR_SET_TIMERSLACK takes the slack in nanoseconds by value
+    // and changes only the calling thread.
+    let _ = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
 }
 
 impl Inner {
