@@ -27,18 +27,16 @@
 //!   only after an RCU grace period.)
 //!
 //! Frames to other destinations (broadcast, other ports, a MAC the guest
-//! changed to) match no filter and reach our switch as before. Building a
-//! wire and enabling or disabling a direction run `ip` and `tc` (iproute2)
-//! inside the TAPs' namespaces; a port's clsact, counts and taking wires
-//! down are rtnetlink requests of our own ([`crate::rtnl`]). The switch
-//! decides which directions are enabled (see [`Switch`](crate::Switch)).
+//! changed to) match no filter and reach our switch as before. Everything
+//! here (a port's clsact, building a wire, enabling and disabling a
+//! direction, counts, taking wires down) is an rtnetlink request of our
+//! own ([`crate::rtnl`]) sent from a socket opened inside the namespace it
+//! acts on; no `ip` or `tc` process runs. The switch decides which
+//! directions are enabled (see [`Switch`](crate::Switch)).
 
 use std::collections::HashMap;
 use std::io;
-use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
@@ -62,23 +60,6 @@ pub enum KernelPathError {
         /// The errno.
         #[source]
         source: io::Error,
-    },
-    /// `ip` or `tc` could not be started (iproute2 missing?).
-    #[error("cannot run `{command}` (is iproute2 installed? `apt-get install iproute2`)")]
-    Spawn {
-        /// The command line.
-        command: String,
-        /// Why it did not start.
-        #[source]
-        source: io::Error,
-    },
-    /// `ip` or `tc` failed.
-    #[error("`{command}` failed: {stderr}")]
-    Command {
-        /// The command line.
-        command: String,
-        /// What it printed on stderr (trimmed).
-        stderr: String,
     },
     /// An rtnetlink request of ours failed.
     #[error("cannot {request} (rtnetlink)")]
@@ -170,102 +151,6 @@ impl KernelNic {
     pub(crate) fn netns(&self) -> BorrowedFd<'_> {
         self.netns.as_fd()
     }
-
-    /// Runs `line` (a program and its arguments, split at whitespace: our
-    /// names, MACs and paths have none) inside this NIC's namespace;
-    /// returns stdout.
-    fn run(&self, line: &str) -> Result<String, KernelPathError> {
-        let mut words = line.split_whitespace();
-        let prog = words.next().unwrap_or_default();
-        let inv = Invocation {
-            prog,
-            args: words.collect(),
-            stdin: None,
-        };
-        run_in(&self.netns, inv)
-    }
-
-    /// Runs `prog -batch -` (`ip` or `tc`) on `lines` inside this NIC's
-    /// namespace: one process for several commands. The tool stops at the
-    /// first that fails and names its line.
-    fn run_batch(&self, prog: &str, lines: &[String]) -> Result<String, KernelPathError> {
-        let inv = Invocation {
-            prog,
-            args: vec!["-batch", "-"],
-            stdin: Some(lines.iter().map(|l| format!("{l}\n")).collect()),
-        };
-        run_in(&self.netns, inv)
-    }
-}
-
-/// What a command runs and reads: its arguments, and for `-batch -` the
-/// lines it reads from stdin.
-struct Invocation<'a> {
-    prog: &'a str,
-    args: Vec<&'a str>,
-    stdin: Option<String>,
-}
-
-impl Invocation<'_> {
-    fn describe(&self) -> String {
-        match &self.stdin {
-            None => format!("{} {}", self.prog, self.args.join(" ")),
-            Some(lines) => format!(
-                "{} -batch: {}",
-                self.prog,
-                lines.trim_end().replace('\n', "; ")
-            ),
-        }
-    }
-}
-
-fn run_in(netns: &OwnedFd, inv: Invocation<'_>) -> Result<String, KernelPathError> {
-    let command = inv.describe();
-    let out = spawn_in(netns, inv)?;
-    if !out.status.success() {
-        return Err(KernelPathError::Command {
-            command,
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        });
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// Runs `inv` inside `netns` and returns what it did, whatever its exit
-/// status (an error only when it could not run).
-fn spawn_in(netns: &OwnedFd, inv: Invocation<'_>) -> Result<Output, KernelPathError> {
-    let command = inv.describe();
-    let ns = netns.as_raw_fd();
-    let mut cmd = Command::new(inv.prog);
-    cmd.args(&inv.args)
-        .stdin(if inv.stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    // SAFETY: only setns, async-signal-safe, runs between fork and exec;
-    // it moves the child alone into the NIC's namespace.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setns(ns, libc::CLONE_NEWNET) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let spawn_error = |source| KernelPathError::Spawn {
-        command: command.clone(),
-        source,
-    };
-    let mut child = cmd.spawn().map_err(spawn_error)?;
-    if let (Some(mut input), Some(lines)) = (child.stdin.take(), inv.stdin) {
-        // A short write means the tool stopped reading: its exit status
-        // and stderr below say why.
-        let _ = input.write_all(lines.as_bytes());
-    }
-    child.wait_with_output().map_err(spawn_error)
 }
 
 /// Frames and bytes the kernel forwarded in one direction. A GSO frame
@@ -368,39 +253,33 @@ impl Wire {
             down: false,
         };
         // Dropped on an error below: deletes the veth (and its filters).
-        let peer_ns = format!("/proc/{}/fd/{}", std::process::id(), b.netns.as_raw_fd());
         let [end_a, end_b] = &wire.ends;
-        // Four processes per wire, one `ip` and one `tc` batch in each
-        // namespace. Address generation off before the link is up, so it
-        // never gets an IPv6 link-local address to speak from.
-        let link = |end: &str| {
-            [
-                format!("link set {end} addrgenmode none"),
-                format!("link set {end} arp off up"),
-            ]
+        let failed = |source| KernelPathError::Rtnetlink {
+            request: format!(
+                "build the kernel path between {} and {} ({end_a}, {end_b})",
+                a.ifname, b.ifname
+            ),
+            source,
         };
-        let mut lines = vec![format!(
-            "link add {end_a} address {} type veth peer name {end_b} address {} netns {peer_ns}",
-            a.mac, b.mac
-        )];
-        lines.extend(link(end_a));
-        a.run_batch("ip", &lines)?;
-        b.run_batch("ip", &link(end_b))?;
-        // The TAPs' clsact is there from the port's attach
+        let mut rtnl_a = Rtnl::open_in(a.netns()).map_err(failed)?;
+        let mut rtnl_b = Rtnl::open_in(b.netns()).map_err(failed)?;
+        rtnl_a
+            .add_veth((end_a, a.mac.0), (end_b, b.mac.0), b.netns())
+            .map_err(failed)?;
+        // Each end: up without ARP or an IPv6 address to speak from, and
+        // everything it receives handed to its TAP's ingress, so that it
+        // reaches the sandbox as if the TAP had received it. The TAPs'
+        // clsact is there from the port's attach
         // (`KernelNic::prepare_for_wires`): a live TAP's qdiscs are not
         // touched here.
-        for (nic, end) in wire.nics.iter().zip(&wire.ends) {
-            let tap = &nic.ifname;
-            nic.run_batch(
-                "tc",
-                &[
-                    format!("qdisc add dev {end} clsact"),
-                    format!(
-                        "filter add dev {end} ingress pref 1 protocol all u32 match u32 0 0 \
-                         action mirred ingress redirect dev {tap}"
-                    ),
-                ],
-            )?;
+        for (rtnl, nic, end) in [(&mut rtnl_a, a, end_a), (&mut rtnl_b, b, end_b)] {
+            let ready = (|| {
+                rtnl.set_up_silent(end)?;
+                let (end, tap) = (rtnl.ifindex(end)?, rtnl.ifindex(&nic.ifname)?);
+                rtnl.replace_clsact(end)?;
+                rtnl.add_ingress_redirect(end, tap)
+            })();
+            ready.map_err(failed)?;
         }
         Ok(wire)
     }
@@ -476,7 +355,11 @@ impl Wire {
                 // directions from this TAP then go through the switch
                 // (always correct) while their actions, and so their
                 // counts, stay.
-                nic.run(&format!("tc qdisc del dev {} clsact", nic.ifname))
+                Rtnl::open_in(nic.netns())
+                    .and_then(|mut rtnl| {
+                        let tap = rtnl.ifindex(&nic.ifname)?;
+                        rtnl.del_clsact(tap)
+                    })
                     .map_err(|_| KernelPathError::Rtnetlink {
                         request: format!("delete {}'s egress filter {pref}", nic.ifname),
                         source: e,

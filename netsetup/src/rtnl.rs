@@ -1,18 +1,23 @@
 //! The rtnetlink requests the kernel path sends itself rather than through
-//! `ip` and `tc` processes: a TAP's clsact qdisc at its port's attach, and
+//! `ip` and `tc` processes: a TAP's clsact qdisc at its port's attach, a
+//! wire's veth pair and its ends' redirects when it is built, a
+//! direction's redirect action and egress filter when it is enabled, and
 //! everything a bridge's close does to its wires (filter deletes, action
 //! counts, link and action deletes).
 //!
 //! Why not `tc` and `ip`: a process is a fork of the whole harness, an
-//! exec and iproute2's own start-up, about 1-3 ms here, against a few
-//! microseconds for a netlink round trip. One process per NIC at attach
-//! made attaching 100 sandboxes take 1.5 s where the Linux peer's whole
-//! setup takes 0.1-0.2 s, and three `-batch` processes per namespace at a
-//! bridge's close made closing 100 members 8-10x the peer's teardown
-//! (docs/benchmarking.md, "Scale"). Creating wires and enabling their
-//! directions stays with `ip` and `tc` batches: it happens per pair that
-//! talks, off the forwarding thread, where one process per namespace is
-//! not what a user waits for.
+//! exec and iproute2's own start-up, about 1-3 ms here (up to 20 ms under
+//! load), against a few microseconds for a netlink round trip. One process
+//! per NIC at attach made attaching 100 sandboxes take 1.5 s where the
+//! Linux peer's whole setup takes 0.1-0.2 s, three `-batch` processes per
+//! namespace at a bridge's close made closing 100 members 8-10x the
+//! peer's teardown (docs/benchmarking.md, "Scale"), and the wire builder
+//! ran four processes per wire and one per enabled direction, the latter
+//! under the switch's control lock.
+//!
+//! Each request's message is built by a function of its own, which the
+//! tests encode and check; root tests have the kernel read back what we
+//! made next to the same made by `ip` and `tc`.
 //!
 //! A socket is opened inside a namespace ([`Rtnl::open_in`]) and works
 //! there from any thread afterwards: a netlink socket keeps the namespace
@@ -28,7 +33,10 @@ use netlink_packet_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL,
     NLM_F_REPLACE, NLM_F_REQUEST,
 };
-use netlink_packet_route::link::{LinkAttribute, LinkMessage};
+use netlink_packet_route::link::{
+    AfSpecInet6, AfSpecUnspec, In6AddrGenMode, InfoData, InfoKind, InfoVeth, LinkAttribute,
+    LinkFlags, LinkInfo, LinkMessage,
+};
 use netlink_packet_route::tc::{
     TcAction, TcActionAttribute, TcActionGeneric, TcActionMessage, TcActionMessageAttribute,
     TcActionMirrorOption, TcActionOption, TcActionType, TcAttribute, TcFilterU32Option, TcHandle,
@@ -199,6 +207,38 @@ impl Rtnl {
         self.request(clsact_replace(ifindex), flags).map(drop)
     }
 
+    /// Adds the veth pair `a` (here, with MAC `a_mac`) and `b` (in the
+    /// namespace `b_netns`, with `b_mac`), both down, as `ip link add A
+    /// address A_MAC type veth peer name B address B_MAC netns B_NETNS`.
+    pub(crate) fn add_veth(
+        &mut self,
+        (a, a_mac): (&str, [u8; 6]),
+        (b, b_mac): (&str, [u8; 6]),
+        b_netns: BorrowedFd<'_>,
+    ) -> io::Result<()> {
+        let flags = NLM_F_CREATE | NLM_F_EXCL;
+        self.request(veth_add((a, a_mac), (b, b_mac), b_netns), flags)
+            .map(drop)
+    }
+
+    /// Sets interface `ifname` up without ARP and without IPv6 address
+    /// generation, as `ip link set IFNAME addrgenmode none` then `ip link
+    /// set IFNAME arp off up`: the mode first, so that the link never has a
+    /// link-local address to speak from.
+    pub(crate) fn set_up_silent(&mut self, ifname: &str) -> io::Result<()> {
+        self.request(no_addrgen(ifname), 0)?;
+        self.request(up_without_arp(ifname), 0).map(drop)
+    }
+
+    /// Adds a u32 ingress filter (preference 1) on interface `ifindex` that
+    /// redirects every frame to the ingress of `to_ifindex`, as `tc filter add dev IFNAME ingress pref 1 protocol
+    /// all u32 match u32 0 0 action mirred ingress redirect dev TO`.
+    pub(crate) fn add_ingress_redirect(&mut self, ifindex: u32, to_ifindex: u32) -> io::Result<()> {
+        let flags = NLM_F_CREATE | NLM_F_EXCL;
+        self.request(ingress_redirect_add(ifindex, to_ifindex), flags)
+            .map(drop)
+    }
+
     /// Adds mirred action `index` redirecting to the egress of interface
     /// `to_ifindex`, standalone (it lives until deleted, counting, whatever
     /// filter uses it), as `tc actions add action mirred egress redirect
@@ -223,6 +263,12 @@ impl Rtnl {
         let flags = NLM_F_CREATE | NLM_F_EXCL;
         self.request(egress_filter_add(ifindex, pref, dst, index), flags)
             .map(drop)
+    }
+
+    /// Deletes the clsact qdisc of interface `ifindex` and every filter on
+    /// it, as `tc qdisc del dev IFNAME clsact`.
+    pub(crate) fn del_clsact(&mut self, ifindex: u32) -> io::Result<()> {
+        self.request(clsact_del(ifindex), 0).map(drop)
     }
 
     /// Deletes the u32 egress filter of preference `pref` on interface
@@ -321,14 +367,25 @@ fn encode(message: RouteNetlinkMessage, flags: u16, seq: u32) -> Vec<u8> {
 /// The clsact qdisc on interface `ifindex` (`tc qdisc replace dev IFNAME
 /// clsact`), to send with create and replace.
 fn clsact_replace(ifindex: u32) -> RouteNetlinkMessage {
-    let mut add = TcMessage::with_index(ifindex as i32);
-    add.header.parent = TcHandle::CLSACT;
-    add.header.handle = TcHandle {
+    RouteNetlinkMessage::NewQueueDiscipline(clsact(ifindex))
+}
+
+/// The delete of interface `ifindex`'s clsact qdisc (`tc qdisc del dev
+/// IFNAME clsact`).
+fn clsact_del(ifindex: u32) -> RouteNetlinkMessage {
+    RouteNetlinkMessage::DelQueueDiscipline(clsact(ifindex))
+}
+
+/// Interface `ifindex`'s clsact qdisc, by its parent, handle and kind.
+fn clsact(ifindex: u32) -> TcMessage {
+    let mut qdisc = TcMessage::with_index(ifindex as i32);
+    qdisc.header.parent = TcHandle::CLSACT;
+    qdisc.header.handle = TcHandle {
         major: u16::MAX,
         minor: 0,
     };
-    add.attributes.push(TcAttribute::Kind("clsact".into()));
-    RouteNetlinkMessage::NewQueueDiscipline(add)
+    qdisc.attributes.push(TcAttribute::Kind("clsact".into()));
+    qdisc
 }
 
 /// The delete of the u32 egress filter of preference `pref` on interface
@@ -339,6 +396,83 @@ fn egress_filter_del(ifindex: u32, pref: u16) -> RouteNetlinkMessage {
     del.header.info = u32::from(pref) << 16 | u32::from(PROTOCOL_ALL);
     del.attributes.push(TcAttribute::Kind("u32".into()));
     RouteNetlinkMessage::DelTrafficFilter(del)
+}
+
+/// A veth pair (`ip link add A address A_MAC type veth peer name B
+/// address B_MAC netns B_NETNS`), to send with create and exclusive.
+fn veth_add(
+    (a, a_mac): (&str, [u8; 6]),
+    (b, b_mac): (&str, [u8; 6]),
+    b_netns: BorrowedFd<'_>,
+) -> RouteNetlinkMessage {
+    let mut peer = LinkMessage::default();
+    peer.attributes = vec![
+        LinkAttribute::IfName(b.to_owned()),
+        LinkAttribute::Address(b_mac.to_vec()),
+        LinkAttribute::NetNsFd(b_netns.as_raw_fd()),
+    ];
+    let mut add = LinkMessage::default();
+    add.attributes = vec![
+        LinkAttribute::IfName(a.to_owned()),
+        LinkAttribute::Address(a_mac.to_vec()),
+        LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::Veth),
+            LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer))),
+        ]),
+    ];
+    RouteNetlinkMessage::NewLink(add)
+}
+
+/// `ip link set IFNAME addrgenmode none`.
+fn no_addrgen(ifname: &str) -> RouteNetlinkMessage {
+    let mut set = LinkMessage::default();
+    set.attributes = vec![
+        LinkAttribute::IfName(ifname.to_owned()),
+        LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet6(vec![AfSpecInet6::AddrGenMode(
+            In6AddrGenMode::None,
+        )])]),
+    ];
+    RouteNetlinkMessage::SetLink(set)
+}
+
+/// `ip link set IFNAME arp off up`.
+fn up_without_arp(ifname: &str) -> RouteNetlinkMessage {
+    let mut set = LinkMessage::default();
+    set.header.flags = LinkFlags::Up | LinkFlags::Noarp;
+    set.header.change_mask = LinkFlags::Up | LinkFlags::Noarp;
+    set.attributes
+        .push(LinkAttribute::IfName(ifname.to_owned()));
+    RouteNetlinkMessage::SetLink(set)
+}
+
+/// A u32 ingress filter, preference 1, on `ifindex`, redirecting every
+/// frame to `to_ifindex`'s ingress through a mirred action of its own
+/// (`tc filter add dev IFNAME ingress pref 1 protocol all u32 match u32 0
+/// 0 action mirred ingress redirect dev TO`), to send with create and
+/// exclusive.
+fn ingress_redirect_add(ifindex: u32, to_ifindex: u32) -> RouteNetlinkMessage {
+    let mut add = TcMessage::with_index(ifindex as i32);
+    add.header.parent = TcHandle {
+        major: u16::MAX,
+        minor: TcHandle::MIN_INGRESS,
+    };
+    add.header.info = 1 << 16 | u32::from(PROTOCOL_ALL);
+    add.attributes.push(TcAttribute::Kind("u32".into()));
+    // `match u32 0 0`: one key that every frame matches.
+    let mut selector = TcU32Selector::default();
+    selector.keys = vec![TcU32Key::default()];
+    selector.nkeys = 1;
+    selector.flags = TcU32SelectorFlags::Terminal;
+    // Index 0: the kernel numbers this filter's own action.
+    let mut parms = mirror_of(0);
+    parms.generic.action = TcActionType::Stolen;
+    parms.eaction = TcMirrorActionType::IngressRedir;
+    parms.ifindex = to_ifindex;
+    add.attributes.push(TcAttribute::Options(vec![
+        TcOption::U32(TcFilterU32Option::Selector(selector)),
+        TcOption::U32(TcFilterU32Option::Action(vec![mirred_action(parms)])),
+    ]));
+    RouteNetlinkMessage::NewTrafficFilter(add)
 }
 
 /// The egress of a clsact qdisc, where a TAP's redirect filters hang.
@@ -618,6 +752,95 @@ mod tests {
         );
     }
 
+    /// Needs root (it asks the kernel): a wire's veth pair, its ends' link
+    /// settings and their ingress redirect, made through us, read back as
+    /// the same made by `ip` and `tc`, in a namespace of its own.
+    #[test]
+    fn a_wire_made_by_us_is_the_one_ip_and_tc_make() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root for a network namespace");
+            return;
+        }
+        let run = |prog: &str, line: &str| {
+            let out = std::process::Command::new(prog)
+                .args(line.split_whitespace())
+                .output()
+                .expect("iproute2 runs");
+            assert!(
+                out.status.success(),
+                "{prog} {line}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let shown = std::thread::spawn(move || -> io::Result<Vec<(String, String)>> {
+            // SAFETY: unshare moves only this thread (and what it runs)
+            // into a new namespace; the thread ends with the test.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let here = std::fs::File::open("/proc/thread-self/ns/net")?;
+            use std::os::fd::AsFd;
+            // A TAP stand-in for each wire to redirect into.
+            run("ip", "link add tap0 type veth peer name tap0p");
+            run("ip", "link set tap0 up");
+            let mut rtnl = Rtnl::open()?;
+            let (a_mac, b_mac) = ([0x02, 0, 0, 0, 0, 0x0a], [0x02, 0, 0, 0, 0, 0x0b]);
+            rtnl.add_veth(("ours0a", a_mac), ("ours0b", b_mac), here.as_fd())?;
+            rtnl.set_up_silent("ours0a")?;
+            let (end, tap) = (rtnl.ifindex("ours0a")?, rtnl.ifindex("tap0")?);
+            rtnl.replace_clsact(end)?;
+            rtnl.add_ingress_redirect(end, tap)?;
+            run(
+                "ip",
+                "link add tcs0a address 02:00:00:00:00:0a type veth peer name tcs0b address 02:00:00:00:00:0b",
+            );
+            run("ip", "link set tcs0a addrgenmode none");
+            run("ip", "link set tcs0a arp off up");
+            run("tc", "qdisc add dev tcs0a clsact");
+            run(
+                "tc",
+                "filter add dev tcs0a ingress pref 1 protocol all u32 match u32 0 0 action mirred ingress redirect dev tap0",
+            );
+            let both = |what: &dyn Fn(&str) -> String| (what("ours0a"), what("tcs0a"));
+            Ok(vec![
+                both(&|dev| run("ip", &format!("-d -o link show dev {dev}"))),
+                both(&|dev| run("ip", &format!("-d -o link show dev {}b", &dev[..dev.len() - 1]))),
+                both(&|dev| run("ip", &format!("-o addr show dev {dev}"))),
+                both(&|dev| run("tc", &format!("filter show dev {dev} ingress"))),
+            ])
+        })
+        .join()
+        .expect("the namespace thread panicked")
+        .expect("rtnetlink in a fresh namespace");
+        // The same text but for the names and numbers that differ on
+        // purpose (interface indices, the filters' own action indices).
+        let same = |t: &str| {
+            let t = t.replace("ours0", "END").replace("tcs0", "END");
+            t.split_whitespace()
+                .filter(|w| !w.ends_with(':') || w.starts_with("END"))
+                .filter(|w| !w.chars().all(|c| c.is_ascii_digit()) && !w.starts_with("@if"))
+                .map(|w| w.split('@').next().unwrap_or(w).to_owned())
+                .collect::<Vec<_>>()
+        };
+        for (ours, tcs) in &shown {
+            assert_eq!(same(ours), same(tcs), "{ours}\n---\n{tcs}");
+        }
+        let (link, _) = &shown[0];
+        assert!(link.contains("NOARP") && link.contains(",UP"), "{link}");
+        assert!(
+            link.contains("addrgenmode none") && link.contains("veth"),
+            "{link}"
+        );
+        assert!(shown[2].0.trim().is_empty(), "no address: {}", shown[2].0);
+        assert!(
+            shown[3].0.contains("Ingress Redirect to device tap0"),
+            "{}",
+            shown[3].0
+        );
+    }
+
     /// Needs root (it asks the kernel): lo's clsact, a filter and a
     /// mirred action made by `tc`, counted and deleted through us, in a
     /// namespace of its own.
@@ -654,6 +877,10 @@ mod tests {
             rtnl.replace_clsact(lo)?;
             rtnl.replace_clsact(lo)?;
             assert!(tc("qdisc show dev lo").1.contains("clsact"));
+            rtnl.del_clsact(lo)?;
+            assert!(!tc("qdisc show dev lo").1.contains("clsact"));
+            assert!(rtnl.del_clsact(lo).is_err(), "no clsact left to delete");
+            rtnl.replace_clsact(lo)?;
             let index = 0x4000_0007u32;
             assert!(rtnl.action_count(index).is_err(), "no such action yet");
             assert!(tc(&format!("actions add action mirred egress redirect dev lo index {index}")).0);

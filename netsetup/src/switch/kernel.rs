@@ -217,7 +217,7 @@ impl Inner {
         let mut failed = Vec::new();
         for (key, [a, b]) in todo {
             // A closing bridge or a detach may come while the batch is
-            // built (each wire is several processes): a pair whose port
+            // built (each wire is several requests): a pair whose port
             // left is skipped rather than built, and deleted again alone.
             if !both_here(&self.lock(), key) {
                 continue;
@@ -308,7 +308,8 @@ impl Inner {
                 if !plain(c, from, to) || wire.is_enabled(side(*key, from)) {
                     continue;
                 }
-                // Enabling is a speed-up, each one a `tc` process under the
+                // Enabling is a speed-up, each one a thread entering the
+                // TAP's namespace and four rtnetlink round trips under the
                 // control lock: a caller waiting for the lock goes first,
                 // and the builder enables the rest after it. Until then
                 // those directions cross the switch, which is always right.

@@ -216,8 +216,8 @@ pub(crate) struct Inner {
     config: SwitchConfig,
     clock: Arc<dyn Clock>,
     control: Mutex<Control>,
-    /// Callers blocked on `control`: the kernel paths' enabling, a `tc`
-    /// process a direction under the lock, stops for them and leaves the
+    /// Callers blocked on `control`: the kernel paths' enabling, a few
+    /// rtnetlink requests a direction under the lock, stops for them and leaves the
     /// rest to the wire builder (`kernel.rs`), so a bridge's close or a
     /// partition never waits behind a batch of enables.
     control_waiters: AtomicUsize,
@@ -388,7 +388,7 @@ impl Switch {
 
     /// Detaches every port named in `names` (names not attached are
     /// skipped) in one control change: a bridge closing takes all of its
-    /// kernel-path wires down in one batch, a few `ip`/`tc` processes per
+    /// kernel-path wires down in one batch, a few rtnetlink requests per
     /// namespace, instead of a batch per port.
     pub fn detach_many<S: AsRef<str>>(&self, names: &[S]) {
         let ids: Vec<PortId> = {
