@@ -591,6 +591,59 @@ mod tests {
     use super::*;
     use netlink_packet_core::Emitable;
 
+    /// Runs `prog` (`ip` or `tc`) with the words of `line`: whether it
+    /// succeeded, and its stdout.
+    fn iproute2_status(prog: &str, line: &str) -> (bool, String) {
+        let out = std::process::Command::new(prog)
+            .args(line.split_whitespace())
+            .output()
+            .unwrap_or_else(|e| panic!("{prog} (iproute2) does not run: {e}"));
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    }
+
+    /// Runs `prog` (`ip` or `tc`) with the words of `line`, which must
+    /// succeed; its stdout.
+    fn iproute2(prog: &str, line: &str) -> String {
+        let out = std::process::Command::new(prog)
+            .args(line.split_whitespace())
+            .output()
+            .unwrap_or_else(|e| panic!("{prog} (iproute2) does not run: {e}"));
+        assert!(
+            out.status.success(),
+            "{prog} {line}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Runs `body` on a thread of its own moved into a fresh network
+    /// namespace (with the `ip` and `tc` it starts), so the test's
+    /// interfaces go with the thread. `None`, saying why, where this is
+    /// not root.
+    fn in_fresh_netns<T: Send + 'static>(
+        body: impl FnOnce() -> io::Result<T> + Send + 'static,
+    ) -> Option<T> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root for a network namespace");
+            return None;
+        }
+        let ran = std::thread::spawn(move || {
+            // SAFETY: unshare moves only this thread (and what it runs)
+            // into a new namespace; the thread ends with the test.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            body()
+        })
+        .join()
+        .expect("the namespace thread panicked");
+        Some(ran.expect("rtnetlink in a fresh namespace"))
+    }
+
     #[test]
     fn the_clsact_request_is_what_tc_sends() {
         let m = encode(clsact_replace(7), NLM_F_CREATE | NLM_F_REPLACE, 9);
@@ -658,69 +711,46 @@ mod tests {
     /// same ones made by `tc`, in a namespace of its own.
     #[test]
     fn a_redirect_made_by_us_is_the_one_tc_makes() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: needs root for a network namespace");
-            return;
-        }
-        let run = |prog: &str, line: &str| {
-            let out = std::process::Command::new(prog)
-                .args(line.split_whitespace())
-                .output()
-                .expect("iproute2 runs");
-            assert!(
-                out.status.success(),
-                "{prog} {line}: {}",
-                String::from_utf8_lossy(&out.stderr)
+        let run = iproute2;
+        let Some(compared) = in_fresh_netns(move || {
+            // Two veth pairs: `ours0` gets its redirect through us, `tcs0`
+            // the same one through tc.
+            for (a, b) in [("ours0", "ours1"), ("tcs0", "tcs1")] {
+                run("ip", &format!("link add {a} type veth peer name {b}"));
+                run("ip", &format!("link set {a} up"));
+                run("ip", &format!("link set {b} up"));
+                run("tc", &format!("qdisc add dev {a} clsact"));
+            }
+            let dst = [0x02, 0x5a, 0x01, 0xc3, 0x7e, 0x09];
+            let mut rtnl = Rtnl::open()?;
+            let (ours0, ours1) = (rtnl.ifindex("ours0")?, rtnl.ifindex("ours1")?);
+            rtnl.add_redirect_action(0x4000_0011, ours1)?;
+            assert_eq!(
+                rtnl.add_redirect_action(0x4000_0011, ours1)
+                    .unwrap_err()
+                    .raw_os_error(),
+                Some(libc::EEXIST),
+                "an action index is added once"
             );
-            String::from_utf8_lossy(&out.stdout).into_owned()
-        };
-        let compared =
-            std::thread::spawn(move || -> io::Result<(String, String, String, String)> {
-                // SAFETY: unshare moves only this thread (and what it runs)
-                // into a new namespace; the thread ends with the test.
-                if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                // Two veth pairs: `ours0` gets its redirect through us, `tcs0`
-                // the same one through tc.
-                for (a, b) in [("ours0", "ours1"), ("tcs0", "tcs1")] {
-                    run("ip", &format!("link add {a} type veth peer name {b}"));
-                    run("ip", &format!("link set {a} up"));
-                    run("ip", &format!("link set {b} up"));
-                    run("tc", &format!("qdisc add dev {a} clsact"));
-                }
-                let dst = [0x02, 0x5a, 0x01, 0xc3, 0x7e, 0x09];
-                let mut rtnl = Rtnl::open()?;
-                let (ours0, ours1) = (rtnl.ifindex("ours0")?, rtnl.ifindex("ours1")?);
-                rtnl.add_redirect_action(0x4000_0011, ours1)?;
-                assert_eq!(
-                    rtnl.add_redirect_action(0x4000_0011, ours1)
-                        .unwrap_err()
-                        .raw_os_error(),
-                    Some(libc::EEXIST),
-                    "an action index is added once"
-                );
-                rtnl.add_egress_filter(ours0, 77, dst, 0x4000_0011)?;
-                run(
-                    "tc",
-                    "actions add action mirred egress redirect dev tcs1 index 1073741842",
-                );
-                run(
-                    "tc",
-                    "filter add dev tcs0 egress pref 77 protocol all u32 match ether dst \
+            rtnl.add_egress_filter(ours0, 77, dst, 0x4000_0011)?;
+            run(
+                "tc",
+                "actions add action mirred egress redirect dev tcs1 index 1073741842",
+            );
+            run(
+                "tc",
+                "filter add dev tcs0 egress pref 77 protocol all u32 match ether dst \
                  02:5a:01:c3:7e:09 action mirred index 1073741842",
-                );
-                Ok((
-                    run("tc", "filter show dev ours0 egress"),
-                    run("tc", "filter show dev tcs0 egress"),
-                    run("tc", "actions get action mirred index 1073741841"),
-                    run("tc", "actions get action mirred index 1073741842"),
-                ))
-            })
-            .join()
-            .expect("the namespace thread panicked")
-            .expect("rtnetlink in a fresh namespace");
+            );
+            Ok((
+                run("tc", "filter show dev ours0 egress"),
+                run("tc", "filter show dev tcs0 egress"),
+                run("tc", "actions get action mirred index 1073741841"),
+                run("tc", "actions get action mirred index 1073741842"),
+            ))
+        }) else {
+            return;
+        };
         let (ours_filter, tc_filter, ours_action, tc_action) = compared;
         // The same text but for the names and indices that differ on
         // purpose, and the counters' times.
@@ -757,29 +787,8 @@ mod tests {
     /// the same made by `ip` and `tc`, in a namespace of its own.
     #[test]
     fn a_wire_made_by_us_is_the_one_ip_and_tc_make() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: needs root for a network namespace");
-            return;
-        }
-        let run = |prog: &str, line: &str| {
-            let out = std::process::Command::new(prog)
-                .args(line.split_whitespace())
-                .output()
-                .expect("iproute2 runs");
-            assert!(
-                out.status.success(),
-                "{prog} {line}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            String::from_utf8_lossy(&out.stdout).into_owned()
-        };
-        let shown = std::thread::spawn(move || -> io::Result<Vec<(String, String)>> {
-            // SAFETY: unshare moves only this thread (and what it runs)
-            // into a new namespace; the thread ends with the test.
-            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-                return Err(io::Error::last_os_error());
-            }
+        let run = iproute2;
+        let Some(shown) = in_fresh_netns(move || {
             let here = std::fs::File::open("/proc/thread-self/ns/net")?;
             use std::os::fd::AsFd;
             // A TAP stand-in for each wire to redirect into.
@@ -806,14 +815,18 @@ mod tests {
             let both = |what: &dyn Fn(&str) -> String| (what("ours0a"), what("tcs0a"));
             Ok(vec![
                 both(&|dev| run("ip", &format!("-d -o link show dev {dev}"))),
-                both(&|dev| run("ip", &format!("-d -o link show dev {}b", &dev[..dev.len() - 1]))),
+                both(&|dev| {
+                    run(
+                        "ip",
+                        &format!("-d -o link show dev {}b", &dev[..dev.len() - 1]),
+                    )
+                }),
                 both(&|dev| run("ip", &format!("-o addr show dev {dev}"))),
                 both(&|dev| run("tc", &format!("filter show dev {dev} ingress"))),
             ])
-        })
-        .join()
-        .expect("the namespace thread panicked")
-        .expect("rtnetlink in a fresh namespace");
+        }) else {
+            return;
+        };
         // The same text but for the names and numbers that differ on
         // purpose (interface indices, the filters' own action indices).
         let same = |t: &str| {
@@ -846,27 +859,8 @@ mod tests {
     /// namespace of its own.
     #[test]
     fn the_kernel_answers_what_tc_would() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: needs root for a network namespace");
-            return;
-        }
-        let tc = |line: &str| {
-            let out = std::process::Command::new("tc")
-                .args(line.split_whitespace())
-                .output()
-                .expect("tc (iproute2) runs");
-            (
-                out.status.success(),
-                String::from_utf8_lossy(&out.stdout).into_owned(),
-            )
-        };
-        let answered = std::thread::spawn(move || -> io::Result<()> {
-            // SAFETY: unshare moves only this thread (and the `tc` it
-            // starts) into a new namespace; the thread ends with the test.
-            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-                return Err(io::Error::last_os_error());
-            }
+        let tc = |line: &str| iproute2_status("tc", line);
+        in_fresh_netns(move || {
             let mut rtnl = Rtnl::open()?;
             let lo = rtnl.ifindex("lo")?;
             assert_eq!(lo, 1, "lo is the first interface of a namespace");
@@ -883,7 +877,12 @@ mod tests {
             rtnl.replace_clsact(lo)?;
             let index = 0x4000_0007u32;
             assert!(rtnl.action_count(index).is_err(), "no such action yet");
-            assert!(tc(&format!("actions add action mirred egress redirect dev lo index {index}")).0);
+            assert!(
+                tc(&format!(
+                    "actions add action mirred egress redirect dev lo index {index}"
+                ))
+                .0
+            );
             assert!(tc(&format!(
                 "filter add dev lo egress pref 9 protocol all u32 match u32 0 0 action mirred index {index}"
             ))
@@ -914,15 +913,11 @@ mod tests {
                 Some(libc::ENODEV)
             );
             // Two veth pairs deleted as one group; a third, outside it, stays.
-            let ip = |line: &str| {
-                let ok = std::process::Command::new("ip")
-                    .args(line.split_whitespace())
-                    .status()
-                    .is_ok_and(|s| s.success());
-                assert!(ok, "ip {line}");
-            };
             for pair in ["g1", "g2", "g3"] {
-                ip(&format!("link add {pair}a type veth peer name {pair}b"));
+                iproute2(
+                    "ip",
+                    &format!("link add {pair}a type veth peer name {pair}b"),
+                );
             }
             rtnl.set_group("g1a", 0x4000_0009)?;
             rtnl.set_group("g2a", 0x4000_0009)?;
@@ -934,9 +929,6 @@ mod tests {
             rtnl.del_link("g3a")?;
             assert!(rtnl.ifindex("g3b").is_err(), "a veth end takes its peer");
             Ok(())
-        })
-        .join()
-        .expect("the namespace thread panicked");
-        answered.expect("rtnetlink in a fresh namespace");
+        });
     }
 }
