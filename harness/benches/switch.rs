@@ -475,18 +475,17 @@ fn main() {
                 if !wanted(m) {
                     return f64::NAN;
                 }
-                let (frames0, sleeps0) = (
-                    ours_sw.map(|s| s.stats().frames_in),
-                    sleeps_of_tap_threads(),
-                );
+                let (stats0, sleeps0) = (ours_sw.map(|s| s.stats()), sleeps_of_tap_threads());
                 let v = f();
-                if let (Some(s), Some(f0)) = (ours_sw, frames0) {
-                    let frames = s.stats().frames_in - f0;
+                if let (Some(s), Some(s0)) = (ours_sw, stats0) {
+                    let s1 = s.stats();
+                    let frames = s1.frames_in - s0.frames_in;
                     let sleeps = sleeps_of_tap_threads() - sleeps0;
                     println!(
-                        "switch: load run={} path={name} measure={m} switch_frames_in={frames} tap_thread_sleeps={sleeps} sleeps_per_frame={:.3}",
+                        "switch: load run={} path={name} measure={m} switch_frames_in={frames} tap_thread_sleeps={sleeps} sleeps_per_frame={:.3} dropped_rx_queue_full={}",
                         rep + 1,
-                        sleeps as f64 / frames.max(1) as f64
+                        sleeps as f64 / frames.max(1) as f64,
+                        s1.dropped_rx_queue_full - s0.dropped_rx_queue_full
                     );
                 }
                 v
@@ -585,10 +584,18 @@ fn main() {
     if wanted("impaired") && selected("ours_switch") && selected("bridge") {
         switch_impaired::run(&switch_impaired::Peers {
             client: &ca,
-            switch: &sw_switch,
-            ours_addr: paths[4].1,
-            bridge_addr: paths[1].1,
-            netem_dev: &kernels[0].veths[1],
+            offloaded: switch_impaired::PathPair {
+                switch: &sw_switch,
+                ours_addr: paths[4].1,
+                bridge_addr: paths[1].1,
+                netem_dev: &kernels[0].veths[1],
+            },
+            mtu_frames: switch_impaired::PathPair {
+                switch: &sw_plain,
+                ours_addr: paths[2].1,
+                bridge_addr: paths[3].1,
+                netem_dev: &kernels[1].veths[1],
+            },
             seconds,
             reps,
             pings,
