@@ -83,9 +83,9 @@ pub(super) struct Member {
 
 /// The host end of a realised NIC.
 pub(super) enum NicEnd {
-    /// Local sandbox: the switch port holding the TAP (dropping it detaches
-    /// the port and removes the interface from the guest; a closing bridge
-    /// parks it instead, see [`Bridge::close`]).
+    /// Local sandbox: the switch port holding the TAP (a detach or a
+    /// closing bridge parks it: the interface stays, link down, see
+    /// [`Bridge::detach_name`]).
     Tap {
         /// Held for its drop or its park.
         port: TapPort,
@@ -235,17 +235,23 @@ impl Bridge {
 
     // ---- membership ----
 
-    /// Removes a member (its NIC disappears from the guest); false if absent.
+    /// Removes a member; false if absent. Its NIC stays in the guest with
+    /// its link down, as the reference's QMP `set_link(false)` left it: a
+    /// kvm guest keeps its virtio-net device (no hot-unplug) and is told
+    /// link down; a sandbox's TAP is parked (carrier off, the interface and
+    /// its name stay until the sandbox ends or a later attach replaces it
+    /// with a fresh one, see [`provium_netsetup::TapPort::park`]).
     pub fn detach_name(&self, name: &str) -> bool {
         let removed = self.lock().members.remove(name);
         let Some(m) = removed else { return false };
-        // Dropping the TAP port detaches it and closes the fd, which removes
-        // the interface from the guest. A kvm guest keeps its virtio-net
-        // device (no hot-unplug), so it is told link down first.
-        if matches!(m.nic, Some((_, NicEnd::Vmm))) {
-            let _ = self.0.switch.disconnect(name);
+        match m.nic {
+            Some((_, NicEnd::Vmm)) => {
+                let _ = self.0.switch.disconnect(name);
+            }
+            Some((_, NicEnd::Tap { port })) => port.park(),
+            // A kvm NIC slot's lease parks the slot (link down) as it drops.
+            other => drop(other),
         }
-        drop(m.nic);
         let _ = self.0.switch.detach(name);
         if let Some(vm) = m.vm {
             vm.unlink_bridge(self);

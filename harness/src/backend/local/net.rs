@@ -7,10 +7,10 @@
 //! bridge's userspace switch holds it (`provium_netsetup::TapPort`). Only the
 //! network namespace is entered, from a short-lived helper thread, so the
 //! rest of the process (and `/dev/net/tun`, opened from the host's mount
-//! namespace) is untouched. Closing the fd removes the interface; a closing
-//! bridge parks it instead (`TapPort::park`: it stays, link down, until the
-//! sandbox's namespace goes), and the next TAP opened under its name
-//! replaces it (`Tap::open`).
+//! namespace) is untouched. Closing the fd removes the interface; a detach,
+//! a shutdown or a closing bridge parks it instead (`TapPort::park`: it
+//! stays, link down, until the sandbox's namespace goes), and the next TAP
+//! opened under its name replaces it (`Tap::open`).
 
 use std::ffi::CString;
 use std::fs::File;
