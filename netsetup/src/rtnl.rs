@@ -591,13 +591,18 @@ mod tests {
     use super::*;
     use netlink_packet_core::Emitable;
 
+    /// Runs `prog` (`ip` or `tc`) with the words of `line`.
+    fn iproute2_output(prog: &str, line: &str) -> std::process::Output {
+        std::process::Command::new(prog)
+            .args(line.split_whitespace())
+            .output()
+            .unwrap_or_else(|e| panic!("{prog} (iproute2) does not run: {e}"))
+    }
+
     /// Runs `prog` (`ip` or `tc`) with the words of `line`: whether it
     /// succeeded, and its stdout.
     fn iproute2_status(prog: &str, line: &str) -> (bool, String) {
-        let out = std::process::Command::new(prog)
-            .args(line.split_whitespace())
-            .output()
-            .unwrap_or_else(|e| panic!("{prog} (iproute2) does not run: {e}"));
+        let out = iproute2_output(prog, line);
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -607,10 +612,7 @@ mod tests {
     /// Runs `prog` (`ip` or `tc`) with the words of `line`, which must
     /// succeed; its stdout.
     fn iproute2(prog: &str, line: &str) -> String {
-        let out = std::process::Command::new(prog)
-            .args(line.split_whitespace())
-            .output()
-            .unwrap_or_else(|e| panic!("{prog} (iproute2) does not run: {e}"));
+        let out = iproute2_output(prog, line);
         assert!(
             out.status.success(),
             "{prog} {line}: {}",

@@ -335,11 +335,11 @@ fn throughput(
     let (oname, pname) = names;
     let (mut ours, mut bridge) = (Vec::new(), Vec::new());
     let (mut lost, mut passed) = ([0u64; 2], [0u64; 2]);
+    let counts = |path| match report {
+        Report::Rates => (0, 0),
+        Report::RatesAndDrops => drop_counts(pair, path, peer),
+    };
     for rep in 0..p.reps {
-        let counts = |path| match report {
-            Report::Rates => (0, 0),
-            Report::RatesAndDrops => drop_counts(pair, path, peer),
-        };
         let mut timed = |path: Path, addr: &str, slot: usize| {
             let (d0, r0) = counts(path);
             let rate = iperf(p.client, addr, p.seconds, 1);

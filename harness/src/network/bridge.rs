@@ -104,6 +104,19 @@ pub(super) enum NicEnd {
     },
 }
 
+impl NicEnd {
+    /// Lets go of the host side, leaving the guest's NIC there with its
+    /// link down: a sandbox's TAP is parked ([`TapPort::park`]), a kvm NIC
+    /// slot's lease parks the slot as it drops; a kvm NIC from boot holds
+    /// nothing here.
+    pub(super) fn let_go(self) {
+        match self {
+            NicEnd::Tap { port } => port.park(),
+            other => drop(other),
+        }
+    }
+}
+
 pub(super) struct UplinkLink {
     pub(super) port: TapPort,
     pub(super) uplink: Uplink,
@@ -244,13 +257,13 @@ impl Bridge {
     pub fn detach_name(&self, name: &str) -> bool {
         let removed = self.lock().members.remove(name);
         let Some(m) = removed else { return false };
-        match m.nic {
-            Some((_, NicEnd::Vmm)) => {
+        if let Some((_, end)) = m.nic {
+            // A kvm NIC from boot is held by its device, not by us: the
+            // guest is told link down here.
+            if matches!(end, NicEnd::Vmm) {
                 let _ = self.0.switch.disconnect(name);
             }
-            Some((_, NicEnd::Tap { port })) => port.park(),
-            // A kvm NIC slot's lease parks the slot (link down) as it drops.
-            other => drop(other),
+            end.let_go();
         }
         let _ = self.0.switch.detach(name);
         if let Some(vm) = m.vm {

@@ -1,7 +1,7 @@
 //! A bridge's end: [`Bridge::close`] (every NIC and the uplink go), run
 //! by the scope that made it ([`Closeable`]).
 
-use super::bridge::{Bridge, NicEnd};
+use super::bridge::Bridge;
 use super::error::NetworkError;
 use crate::runner::Closeable;
 
@@ -38,9 +38,8 @@ impl Bridge {
         let names: Vec<&String> = members.keys().collect();
         self.0.switch.detach_many(&names);
         for (_, m) in members {
-            match m.nic {
-                Some((_, NicEnd::Tap { port })) => port.park(),
-                other => drop(other),
+            if let Some((_, end)) = m.nic {
+                end.let_go();
             }
             if let Some(vm) = m.vm {
                 vm.unlink_bridge(self);
