@@ -300,6 +300,42 @@ fn sleeps_of_tap_threads() -> u64 {
         .sum()
 }
 
+/// The machine's busy CPU time so far, in seconds: user, nice, system, irq
+/// and softirq of `/proc/stat`'s `cpu` line, all CPUs together. Idle,
+/// iowait and steal (time the host gave this VM's vCPUs to something else)
+/// are not work done here.
+fn machine_busy_s() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(line) = stat.lines().find(|l| l.starts_with("cpu ")) else {
+        return f64::NAN;
+    };
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal ...
+    let busy: u64 = [0, 1, 2, 5, 6].iter().filter_map(|&i| ticks.get(i)).sum();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
+    busy as f64 / hz as f64
+}
+
+/// What one measurement cost the whole machine: the share of all CPUs busy
+/// while it ran, and busy CPU seconds per unit it moved (per Gbit for
+/// TCP, per million packets for UDP). A path's rate is its busy CPU
+/// seconds per second over its CPU per unit, and busy CPUs cannot exceed
+/// the machine's: at its measured CPU per unit, ours could at most move
+/// `cpus / ours_per_unit` a second, however it spread its work over
+/// threads. Over the bridge's rate in the same run that is the ceiling of
+/// ours / bridge on this machine: `bridge_per_unit / (ours_per_unit *
+/// bridge_busy_share)`.
+#[derive(Clone, Copy)]
+struct CpuCost {
+    busy_share: f64,
+    cpu_s_per_unit: f64,
+}
+
 /// The median; NaN for a path that was not measured.
 fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
@@ -455,6 +491,10 @@ fn main() {
     let mut tcp1: [Vec<f64>; PATHS] = Default::default();
     let mut tcp4: [Vec<f64>; PATHS] = Default::default();
     let mut udp: [Vec<f64>; PATHS] = Default::default();
+    // CPU seconds per unit of each, per path, and the busy share of all CPUs.
+    let mut cpu1: [Vec<CpuCost>; PATHS] = Default::default();
+    let mut cpu4: [Vec<CpuCost>; PATHS] = Default::default();
+    let mut cpuu: [Vec<CpuCost>; PATHS] = Default::default();
     // A measurement left out (SWITCH_BENCH_MEASURE) reads NaN.
     let wanted = |m: &str| measure.contains(&m);
     for rep in 0..reps {
@@ -471,12 +511,33 @@ fn main() {
                 "ours_switch" => Some(&sw_switch),
                 _ => None,
             };
-            let measured = |m: &str, f: &dyn Fn() -> f64| -> f64 {
+            // The rate, and what it cost all CPUs (`units_per_s`: the rate's
+            // units per unit of CpuCost, 1e9 bits or 1e6 packets).
+            let measured = |m: &str,
+                            units_per_s: f64,
+                            f: &dyn Fn() -> f64|
+             -> (f64, Option<CpuCost>) {
                 if !wanted(m) {
-                    return f64::NAN;
+                    return (f64::NAN, None);
                 }
                 let (stats0, sleeps0) = (ours_sw.map(|s| s.stats()), sleeps_of_tap_threads());
+                let (busy0, started) = (machine_busy_s(), std::time::Instant::now());
                 let v = f();
+                let (busy, wall) = (machine_busy_s() - busy0, started.elapsed().as_secs_f64());
+                let cost = CpuCost {
+                    busy_share: busy / (cpus.max(1) as f64 * wall),
+                    // The rate held over the iperf3 run; the busy time also
+                    // covers its start and the agent's round trip (well
+                    // under a second against `seconds`).
+                    cpu_s_per_unit: busy / (v / units_per_s * seconds as f64),
+                };
+                println!(
+                    "switch: cpu run={} path={name} measure={m} busy_share_of_{cpus}_cpus={:.2} cpu_s_per_{}={:.3}",
+                    rep + 1,
+                    cost.busy_share,
+                    if units_per_s == 1e9 { "gbit" } else { "mpacket" },
+                    cost.cpu_s_per_unit
+                );
                 if let (Some(s), Some(s0)) = (ours_sw, stats0) {
                     let s1 = s.stats();
                     let frames = s1.frames_in - s0.frames_in;
@@ -488,11 +549,14 @@ fn main() {
                         s1.dropped_rx_queue_full - s0.dropped_rx_queue_full
                     );
                 }
-                v
+                (v, Some(cost))
             };
-            let b = measured("tcp1", &|| iperf(&ca, addr, seconds, 1));
-            let b4 = measured("tcp4", &|| iperf(&ca, addr, seconds, 4));
-            let pps = measured("udp", &|| udp_pps(&ca, addr, seconds));
+            let (b, c1) = measured("tcp1", 1e9, &|| iperf(&ca, addr, seconds, 1));
+            let (b4, c4) = measured("tcp4", 1e9, &|| iperf(&ca, addr, seconds, 4));
+            let (pps, cu) = measured("udp", 1e6, &|| udp_pps(&ca, addr, seconds));
+            cpu1[i].extend(c1);
+            cpu4[i].extend(c4);
+            cpuu[i].extend(cu);
             println!(
                 "switch: run={} path={name} seconds={seconds} tcp_gbit_per_s={:.3} tcp4_gbit_per_s={:.3} udp64_kpps={:.1}",
                 rep + 1,
@@ -578,6 +642,32 @@ fn main() {
             u[ours] / u[kernel],
             p50[ours] - p50[kernel]
         );
+        // The ceiling of each ratio at ours' CPU per unit (see CpuCost),
+        // beside how much of the machine each path kept busy.
+        let cpu_line: Vec<String> = [("tcp", &cpu1), ("tcp4", &cpu4), ("udp64_pps", &cpuu)]
+            .into_iter()
+            .filter(|(_, c)| !c[ours].is_empty() && !c[kernel].is_empty())
+            .map(|(m, c)| {
+                let per_unit = |i: usize| median(c[i].iter().map(|c| c.cpu_s_per_unit).collect());
+                let busy = |i: usize| median(c[i].iter().map(|c| c.busy_share).collect());
+                format!(
+                    "{m}={:.2} (cpu_s_per_unit {:.3}/{:.3}, busy {:.2}/{:.2})",
+                    per_unit(kernel) / (per_unit(ours) * busy(kernel)),
+                    per_unit(ours),
+                    per_unit(kernel),
+                    busy(ours),
+                    busy(kernel)
+                )
+            })
+            .collect();
+        if !cpu_line.is_empty() {
+            println!(
+                "switch: cpu_ceiling {}/{} {}",
+                paths[ours].0,
+                paths[kernel].0,
+                cpu_line.join(" ")
+            );
+        }
     }
     // Impaired traffic: ours_switch with an impairment on a -> b against the
     // bridge with netem on its egress toward b (see switch_impaired.rs).
