@@ -8,8 +8,10 @@
 # (bench tools, never installed by CI), builds the release agent, and runs
 # harness/benches/switch.rs. Prints the machine, then `switch: ...` lines:
 # per run and path, TCP throughput with one stream and four, and 64-byte UDP
-# packets per second (iperf3); RTT p50/p99 per path (ping); and the ratios
-# ours / bridge (offloads on both sides: our TAPs carry TSO super-frames) and
+# packets per second (iperf3), each with its CPU cost (`switch: cpu ...`:
+# busy share of all CPUs, CPU seconds per Gbit or per million packets); RTT
+# p50/p99 per path (ping); and the ratios, each followed by its ceiling at
+# ours' CPU per unit (`switch: cpu_ceiling ...`): ours / bridge (offloads on both sides: our TAPs carry TSO super-frames) and
 # ours_no_offload / bridge_no_offload (TSO/GSO/GRO off in the sandboxes, so
 # MTU-sized frames on both); then impaired traffic, ours_switch against the
 # bridge with netem (or the closest qdisc this kernel has) carrying the same
