@@ -336,6 +336,22 @@ struct CpuCost {
     cpu_s_per_unit: f64,
 }
 
+/// The unit a measurement's CPU cost is counted per: its name in the
+/// bench's lines, and how many of the rate's units (bits, packets) it is.
+struct CostUnit {
+    name: &'static str,
+    size: f64,
+}
+
+const PER_GBIT: CostUnit = CostUnit {
+    name: "gbit",
+    size: 1e9,
+};
+const PER_MPACKET: CostUnit = CostUnit {
+    name: "mpacket",
+    size: 1e6,
+};
+
 /// The median; NaN for a path that was not measured.
 fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
@@ -511,10 +527,9 @@ fn main() {
                 "ours_switch" => Some(&sw_switch),
                 _ => None,
             };
-            // The rate, and what it cost all CPUs (`units_per_s`: the rate's
-            // units per unit of CpuCost, 1e9 bits or 1e6 packets).
+            // The rate, and what it cost all CPUs per `unit`.
             let measured = |m: &str,
-                            units_per_s: f64,
+                            unit: CostUnit,
                             f: &dyn Fn() -> f64|
              -> (f64, Option<CpuCost>) {
                 if !wanted(m) {
@@ -529,13 +544,13 @@ fn main() {
                     // The rate held over the iperf3 run; the busy time also
                     // covers its start and the agent's round trip (well
                     // under a second against `seconds`).
-                    cpu_s_per_unit: busy / (v / units_per_s * seconds as f64),
+                    cpu_s_per_unit: busy / (v / unit.size * seconds as f64),
                 };
                 println!(
                     "switch: cpu run={} path={name} measure={m} busy_share_of_{cpus}_cpus={:.2} cpu_s_per_{}={:.3}",
                     rep + 1,
                     cost.busy_share,
-                    if units_per_s == 1e9 { "gbit" } else { "mpacket" },
+                    unit.name,
                     cost.cpu_s_per_unit
                 );
                 if let (Some(s), Some(s0)) = (ours_sw, stats0) {
@@ -551,9 +566,9 @@ fn main() {
                 }
                 (v, Some(cost))
             };
-            let (b, c1) = measured("tcp1", 1e9, &|| iperf(&ca, addr, seconds, 1));
-            let (b4, c4) = measured("tcp4", 1e9, &|| iperf(&ca, addr, seconds, 4));
-            let (pps, cu) = measured("udp", 1e6, &|| udp_pps(&ca, addr, seconds));
+            let (b, c1) = measured("tcp1", PER_GBIT, &|| iperf(&ca, addr, seconds, 1));
+            let (b4, c4) = measured("tcp4", PER_GBIT, &|| iperf(&ca, addr, seconds, 4));
+            let (pps, cu) = measured("udp", PER_MPACKET, &|| udp_pps(&ca, addr, seconds));
             cpu1[i].extend(c1);
             cpu4[i].extend(c4);
             cpuu[i].extend(cu);
